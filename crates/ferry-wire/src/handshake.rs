@@ -1,0 +1,114 @@
+//! The handshake each side of a connection sends first.
+//!
+//! It names the worker, states the protocol version, and lists the transports
+//! and tensor channels the worker offers. Offers are open lists of named
+//! entries with per-device descriptor strings, so a new transport or channel
+//! slots in without a change of format: a peer that does not know a name
+//! simply never selects it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Device, WireError};
+
+/// Version of the connection protocol spoken after the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A transport (a way to carry control messages) a worker can use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportOffer {
+    /// Transport name, e.g. `"tcp"`.
+    pub name: String,
+    /// Higher wins.
+    pub priority: i32,
+    /// Where this transport can reach: two workers can use it only if their
+    /// descriptors are equal (e.g. a boot id for same-host transports).
+    pub descriptor: String,
+}
+
+/// What a channel offers for one local device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceOffer {
+    /// The device.
+    pub device: Device,
+    /// Domain descriptor: the channel connects two devices only if their
+    /// descriptors are equal (TensorPipe's rule).
+    pub descriptor: String,
+}
+
+/// A tensor channel (a way to move tensor bytes) a worker can use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelOffer {
+    /// Channel name, e.g. `"inline"`.
+    pub name: String,
+    /// Higher wins.
+    pub priority: i32,
+    /// The local devices the channel serves, each with its descriptor.
+    pub devices: Vec<DeviceOffer>,
+}
+
+/// The channel chosen for one (source device, target device) pair.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChannelChoice {
+    /// Device of the tensor on the sending worker.
+    pub source: Device,
+    /// Device of the destination on the receiving worker.
+    pub target: Device,
+    /// The chosen channel's name.
+    pub channel: String,
+}
+
+/// The first message on every connection, in both directions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handshake {
+    /// [`PROTOCOL_VERSION`] of the sender.
+    pub protocol_version: u32,
+    /// Name of the sending worker.
+    pub worker_name: String,
+    /// Rank of the sending worker.
+    pub rank: u32,
+    /// Transports the sender offers.
+    pub transports: Vec<TransportOffer>,
+    /// Channels the sender offers.
+    pub channels: Vec<ChannelOffer>,
+    /// In the accepting side's reply: the channel selection it computed for
+    /// this connection, which the connecting side checks against its own.
+    pub selection: Vec<ChannelChoice>,
+    /// Free-form properties for extensions (name, value).
+    pub properties: Vec<(String, String)>,
+}
+
+/// Largest encoded handshake accepted.
+pub const MAX_HANDSHAKE_BYTES: usize = 64 << 10;
+
+impl Handshake {
+    /// Encodes the handshake as a postcard payload.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        postcard::to_stdvec(self).map_err(|e| WireError::Handshake(e.to_string()))
+    }
+
+    /// Decodes a handshake payload and checks its protocol version.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        if bytes.len() > MAX_HANDSHAKE_BYTES {
+            return Err(WireError::TooLarge {
+                what: "handshake",
+                len: bytes.len() as u64,
+                max: MAX_HANDSHAKE_BYTES as u64,
+            });
+        }
+        let (h, rest): (Handshake, _) =
+            postcard::take_from_bytes(bytes).map_err(|e| WireError::Handshake(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(WireError::Trailing {
+                what: "handshake",
+                count: rest.len() as u64,
+            });
+        }
+        if h.protocol_version != PROTOCOL_VERSION {
+            return Err(WireError::Handshake(format!(
+                "peer {:?} speaks protocol version {}, this build speaks {}",
+                h.worker_name, h.protocol_version, PROTOCOL_VERSION
+            )));
+        }
+        Ok(h)
+    }
+}

@@ -1,0 +1,52 @@
+//! # ferry-wire
+//!
+//! Ferry's wire format, sans-IO: no sockets, no async runtime, no libtorch.
+//! It defines what crosses a connection and how to check it:
+//!
+//! - [`TensorDescriptor`]: dtype, shape, strides, storage offset, byte length
+//!   and device of a tensor, so a receiver can allocate before bytes arrive;
+//! - [`FrameHeader`] and [`Frame`]: the message envelope (kind, request id,
+//!   flags, payload length, descriptor table), with [`Limits`] enforced before
+//!   any allocation;
+//! - [`payload`]: serde values whose tensors are pulled out into an
+//!   out-of-band tensor table, wherever they sit in the value;
+//! - [`Handshake`]: the first message of a connection, with the worker's name,
+//!   rank, protocol version and transport/channel offers.
+//!
+//! Every decoder returns `Ok` or a typed [`WireError`] for any input; none
+//! panics (a proptest suite and a cargo-fuzz target check this).
+//!
+//! ```
+//! use ferry_wire::{DType, Device, Flags, Frame, Limits, MessageKind, TensorDescriptor};
+//!
+//! let desc = TensorDescriptor::contiguous(DType::F32, &[2, 2], Device::Cpu);
+//! let bytes = [0u8; 16];
+//! let frame = Frame::encode(MessageKind::REQUEST, Flags::NONE, 7, &[desc.clone()], b"args", &[&bytes]);
+//! let (decoded, used) = Frame::decode(&frame, &Limits::default()).unwrap();
+//! assert_eq!(used, frame.len());
+//! assert_eq!(decoded.header.request_id, 7);
+//! assert_eq!(decoded.descriptors, vec![desc]);
+//! assert_eq!(decoded.payload, b"args");
+//! ```
+
+mod descriptor;
+mod device;
+mod dtype;
+mod error;
+mod frame;
+mod handshake;
+pub mod payload;
+
+pub use descriptor::{contiguous_strides, TensorDescriptor};
+pub use device::Device;
+pub use dtype::DType;
+pub use error::WireError;
+pub use frame::{
+    decode_descriptors, encode_descriptors, Flags, Frame, FrameHeader, Limits, MessageKind,
+    HEADER_LEN, MAGIC, WIRE_VERSION,
+};
+pub use handshake::{
+    ChannelChoice, ChannelOffer, DeviceOffer, Handshake, TransportOffer, MAX_HANDSHAKE_BYTES,
+    PROTOCOL_VERSION,
+};
+pub use payload::{Encoded, IncomingTensor, OutgoingTensor};
