@@ -286,11 +286,13 @@ impl<'a> Frame<'a> {
             })?;
         let header = FrameHeader::decode(head, limits)?;
         let body_end = HEADER_LEN + header.body_len();
-        let body = input.get(HEADER_LEN..body_end).ok_or(WireError::Truncated {
-            what: "frame body",
-            needed: body_end as u64,
-            available: input.len() as u64,
-        })?;
+        let body = input
+            .get(HEADER_LEN..body_end)
+            .ok_or(WireError::Truncated {
+                what: "frame body",
+                needed: body_end as u64,
+                available: input.len() as u64,
+            })?;
         let (table, payload) = body.split_at(header.descriptors_len as usize);
         let descriptors = decode_descriptors(table, header.tensor_count, limits)?;
         let mut at = body_end;

@@ -1,4 +1,5 @@
 //! Property tests: every encoder round-trips, and no decoder panics on any input.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -83,7 +84,10 @@ fn descriptor() -> impl Strategy<Value = TensorDescriptor> {
                 d.strides.reverse();
             }
             d.storage_offset = offset;
-            d.byte_len = d.required_bytes().unwrap().max(offset as u64 * dtype.size() as u64);
+            d.byte_len = d
+                .required_bytes()
+                .unwrap()
+                .max(offset as u64 * dtype.size() as u64);
             d
         })
 }

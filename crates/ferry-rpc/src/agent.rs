@@ -1,0 +1,888 @@
+//! The agent: one per worker. It owns the runtime, the listener, the
+//! connections to peers, the table of outstanding calls and the registry.
+//!
+//! Each worker opens its own connection to a peer the first time it calls
+//! it (like TensorPipe's client pipes): requests go out on it and their
+//! replies come back on it. Connections a worker accepts carry the peer's
+//! requests and this worker's replies. Every connection has a reader task
+//! and a writer task; the writer drains its queue into one vectored write,
+//! so calls in flight share system calls.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, TcpConnection};
+use ferry_wire::payload::{self, Encoded};
+use ferry_wire::{Flags, MessageKind};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::call::{CallSlot, RpcFuture};
+use crate::functions::{panic_message, Body, Signature};
+use crate::protocol::{CallHeader, Extension, Failure, FailureKind};
+use crate::service::{IncomingCall, OutgoingCall, Service};
+use crate::store::{Store, TcpStoreServer};
+use crate::{Functions, Hooks, RpcError, RpcOptions, WorkerInfo, WorkerRef};
+
+const RUNNING: u8 = 0;
+const JOINING: u8 = 1;
+const STOPPED: u8 = 2;
+/// Most messages a writer gathers into one batch.
+const MAX_BATCH: usize = 256;
+
+/// A worker's RPC agent. Cheap to clone; all clones are the same agent.
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// A queue into a connection's writer task.
+type Outbox = mpsc::UnboundedSender<OutgoingMessage>;
+
+#[derive(Clone)]
+struct Link {
+    conn: u64,
+    outbox: Outbox,
+}
+
+struct Pending {
+    slot: Arc<CallSlot>,
+    to: u32,
+    conn: u64,
+    function: String,
+    deadline: Option<(Instant, Duration)>,
+}
+
+#[derive(Default)]
+struct Calls {
+    pending: HashMap<u64, Pending>,
+    deadlines: BTreeSet<(Instant, u64)>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) me: WorkerInfo,
+    pub(crate) workers: Vec<WorkerInfo>,
+    by_name: HashMap<String, u32>,
+    addrs: Vec<SocketAddr>,
+    endpoint: Endpoint,
+    pub(crate) handle: Handle,
+    runtime: Mutex<Option<Runtime>>,
+    functions: Functions,
+    services: HashMap<MessageKind, Arc<dyn Service>>,
+    hooks: Hooks,
+    links: Mutex<HashMap<u32, Link>>,
+    calls: Mutex<Calls>,
+    timer_wake: Notify,
+    next_id: AtomicU64,
+    next_conn: AtomicU64,
+    /// Requests this worker sent (for shutdown's termination detection).
+    pub(crate) sent: AtomicU64,
+    /// Requests this worker finished serving (reply queued).
+    pub(crate) finished: AtomicU64,
+    /// Calls outstanding here: sent and unanswered, or received and running.
+    active: AtomicU64,
+    idle: Notify,
+    state: AtomicU8,
+    pub(crate) store: Arc<dyn Store>,
+    store_server: Mutex<Option<TcpStoreServer>>,
+    rpc_timeout: Duration,
+    pub(crate) init_timeout: Duration,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    span: tracing::Span,
+}
+
+impl Agent {
+    /// Starts a worker: rendezvous with the group, then serve.
+    ///
+    /// Blocks until every worker of the group has joined the rendezvous.
+    /// Fails if the options are invalid, a name is taken twice, or the
+    /// group does not assemble within `init_timeout`.
+    pub fn start(options: RpcOptions) -> Result<Agent, RpcError> {
+        options.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.io_threads)
+            .thread_name(format!("ferry-{}", options.name))
+            .enable_all()
+            .build()
+            .map_err(|e| RpcError::Config(format!("cannot start the agent's runtime: {e}")))?;
+        let handle = runtime.handle().clone();
+        let span = info_span!("worker", name = %options.name, rank = options.rank);
+        let rendezvous =
+            handle.block_on(crate::rendezvous::rendezvous(&options).instrument(span.clone()))?;
+        let me = rendezvous.workers[options.rank as usize].clone();
+        let by_name = rendezvous
+            .workers
+            .iter()
+            .map(|w| (w.name.clone(), w.id))
+            .collect();
+        let mut endpoint = Endpoint::new(options.name.clone(), options.rank);
+        endpoint.channels = options.channels.clone();
+        endpoint.transports = options.transports.clone();
+        endpoint.limits = options.limits;
+        endpoint.allocator = options.allocator.clone();
+        let inner = Arc::new(Inner {
+            me,
+            workers: rendezvous.workers,
+            by_name,
+            addrs: rendezvous.addrs,
+            endpoint,
+            handle: handle.clone(),
+            runtime: Mutex::new(Some(runtime)),
+            functions: options.functions.clone(),
+            services: options.hooks.services.iter().cloned().collect(),
+            hooks: options.hooks.clone(),
+            links: Mutex::new(HashMap::new()),
+            calls: Mutex::new(Calls::default()),
+            timer_wake: Notify::new(),
+            next_id: AtomicU64::new(1),
+            next_conn: AtomicU64::new(1),
+            sent: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            idle: Notify::new(),
+            state: AtomicU8::new(RUNNING),
+            store: rendezvous.store,
+            store_server: Mutex::new(rendezvous.server),
+            rpc_timeout: options.rpc_timeout,
+            init_timeout: options.init_timeout,
+            tasks: Mutex::new(Vec::new()),
+            span: span.clone(),
+        });
+        let accept =
+            handle.spawn(accept_loop(inner.clone(), rendezvous.listener).instrument(span.clone()));
+        let timer = handle.spawn(timer_loop(inner.clone()).instrument(span));
+        inner.tasks.lock().extend([accept, timer]);
+        tracing::debug!(parent: &inner.span, workers = inner.workers.len(), "agent started");
+        Ok(Agent { inner })
+    }
+
+    /// This worker.
+    pub fn worker_info(&self) -> &WorkerInfo {
+        &self.inner.me
+    }
+
+    /// Every worker of the group, by rank.
+    pub fn workers(&self) -> &[WorkerInfo] {
+        &self.inner.workers
+    }
+
+    /// Looks a worker up by name or rank.
+    pub fn get_worker_info(&self, worker: impl Into<WorkerRef>) -> Result<WorkerInfo, RpcError> {
+        let rank = self.inner.resolve(&worker.into())?;
+        Ok(self.inner.workers[rank as usize].clone())
+    }
+
+    /// Calls `function` on `to` with `args` and blocks until its result arrives,
+    /// using the agent's default timeout.
+    pub fn rpc_sync<R: DeserializeOwned, A: Serialize>(
+        &self,
+        to: impl Into<WorkerRef>,
+        function: &str,
+        args: A,
+    ) -> Result<R, RpcError> {
+        self.rpc_async(to, function, args).wait()
+    }
+
+    /// Calls `function` on `to` with `args` and returns at once.
+    pub fn rpc_async<R: DeserializeOwned, A: Serialize>(
+        &self,
+        to: impl Into<WorkerRef>,
+        function: &str,
+        args: A,
+    ) -> RpcFuture<R> {
+        self.rpc_async_timeout(to, function, args, self.inner.rpc_timeout)
+    }
+
+    /// [`rpc_sync`](Self::rpc_sync) with a per-call timeout (zero: none).
+    pub fn rpc_sync_timeout<R: DeserializeOwned, A: Serialize>(
+        &self,
+        to: impl Into<WorkerRef>,
+        function: &str,
+        args: A,
+        timeout: Duration,
+    ) -> Result<R, RpcError> {
+        self.rpc_async_timeout(to, function, args, timeout).wait()
+    }
+
+    /// [`rpc_async`](Self::rpc_async) with a per-call timeout (zero: none).
+    pub fn rpc_async_timeout<R: DeserializeOwned, A: Serialize>(
+        &self,
+        to: impl Into<WorkerRef>,
+        function: &str,
+        args: A,
+        timeout: Duration,
+    ) -> RpcFuture<R> {
+        let signature = Signature::of::<A, R>();
+        match self
+            .inner
+            .start_call(to.into(), function, signature, &args, timeout)
+        {
+            Ok((slot, worker)) => RpcFuture::new(slot, worker, function.to_string(), signature),
+            Err(e) => RpcFuture::failed(e, function, signature),
+        }
+    }
+
+    /// Sends a message of a service kind to the service registered for it
+    /// on `to`, and returns its reply as a raw message.
+    pub fn call_service(
+        &self,
+        to: impl Into<WorkerRef>,
+        kind: MessageKind,
+        message: Encoded,
+        timeout: Duration,
+    ) -> ServiceFuture {
+        let inner = &self.inner;
+        let sig = Signature::of::<(), ()>();
+        let result = (|| {
+            if !kind.is_service() {
+                return Err(RpcError::Config(format!("{kind} is not a service kind")));
+            }
+            let rank = inner.resolve(&to.into())?;
+            let name = format!("service {}", kind.0);
+            let slot =
+                inner.send_request(rank, kind, &name, message.payload, message.tensors, timeout)?;
+            Ok((slot, inner.workers[rank as usize].name.clone(), name))
+        })();
+        match result {
+            Ok((slot, worker, name)) => ServiceFuture(RpcFuture::new(slot, worker, name, sig)),
+            Err(e) => ServiceFuture(RpcFuture::failed(e, "service", sig)),
+        }
+    }
+
+    /// Graceful shutdown: waits until no worker of the group has calls
+    /// outstanding (PyTorch's `join`), then all workers stop together.
+    ///
+    /// Call it from a thread, not from inside an async task on the agent's runtime.
+    pub fn shutdown(&self) -> Result<(), RpcError> {
+        let inner = &self.inner;
+        if inner
+            .state
+            .compare_exchange(RUNNING, JOINING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(RpcError::NotInitialized);
+        }
+        let result = inner
+            .handle
+            .block_on(crate::join::join(inner.clone()).instrument(inner.span.clone()));
+        self.stop();
+        result
+    }
+
+    /// Immediate shutdown: outstanding calls fail with a shut-down error,
+    /// connections close, nothing waits for the other workers.
+    pub fn shutdown_now(&self) {
+        self.inner.state.store(JOINING, Ordering::SeqCst);
+        self.stop();
+    }
+
+    /// Whether the agent is still serving.
+    pub fn is_running(&self) -> bool {
+        self.inner.state.load(Ordering::SeqCst) != STOPPED
+    }
+
+    fn stop(&self) {
+        let inner = &self.inner;
+        if inner.state.swap(STOPPED, Ordering::SeqCst) == STOPPED {
+            return;
+        }
+        inner.links.lock().clear();
+        let pending: Vec<Pending> = {
+            let mut calls = inner.calls.lock();
+            calls.deadlines.clear();
+            calls.pending.drain().map(|(_, p)| p).collect()
+        };
+        for p in pending {
+            let worker = inner.workers[p.to as usize].name.clone();
+            p.slot.complete(Err(RpcError::ShutDown {
+                worker,
+                function: p.function,
+            }));
+        }
+        for t in inner.tasks.lock().drain(..) {
+            t.abort();
+        }
+        if let Some(server) = inner.store_server.lock().take() {
+            drop(server);
+        }
+        if let Some(rt) = inner.runtime.lock().take() {
+            rt.shutdown_background();
+        }
+        debug!(parent: &inner.span, "agent stopped");
+    }
+
+    /// Number of calls this worker has outstanding (sent and unanswered, or
+    /// received and still running).
+    pub fn active_calls(&self) -> u64 {
+        self.inner.active.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.get_mut().take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The reply of a service message: await it or [`wait`](ServiceFuture::wait).
+#[derive(Debug)]
+pub struct ServiceFuture(RpcFuture<()>);
+
+impl ServiceFuture {
+    /// Blocks until the reply arrives; decode it with [`ferry_wire::payload::decode`].
+    pub fn wait(self) -> Result<IncomingMessage, RpcError> {
+        self.0.wait_raw()
+    }
+}
+
+impl std::future::Future for ServiceFuture {
+    type Output = Result<IncomingMessage, RpcError>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.get_mut().0.poll_raw(cx)
+    }
+}
+
+impl Inner {
+    fn running(&self) -> Result<(), RpcError> {
+        if self.state.load(Ordering::SeqCst) == STOPPED {
+            Err(RpcError::NotInitialized)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn resolve(&self, to: &WorkerRef) -> Result<u32, RpcError> {
+        match to {
+            WorkerRef::Name(n) => self
+                .by_name
+                .get(n)
+                .copied()
+                .ok_or_else(|| RpcError::UnknownWorker(n.clone())),
+            WorkerRef::Rank(r) if (*r as usize) < self.workers.len() => Ok(*r),
+            WorkerRef::Rank(r) => Err(RpcError::InvalidRank {
+                rank: *r,
+                world_size: self.workers.len() as u32,
+            }),
+        }
+    }
+
+    fn start_call<A: Serialize>(
+        self: &Arc<Self>,
+        to: WorkerRef,
+        function: &str,
+        signature: Signature,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<(Arc<CallSlot>, String), RpcError> {
+        self.running()?;
+        let rank = self.resolve(&to)?;
+        let mut header = CallHeader {
+            function: function.to_string(),
+            signature: signature.hash(),
+            extensions: Vec::new(),
+        };
+        let codec = |e: ferry_wire::WireError| RpcError::Codec {
+            action: "encode the arguments",
+            function: function.to_string(),
+            message: e.to_string(),
+        };
+        let mut args_payload = Vec::with_capacity(64);
+        let tensors = payload::encode_into(args, &mut args_payload).map_err(codec)?;
+        if !self.hooks.interceptors.is_empty() {
+            let mut extensions: Vec<Extension> = Vec::new();
+            let mut call = OutgoingCall {
+                to: &self.workers[rank as usize],
+                function,
+                tensors: &tensors,
+                extensions: &mut extensions,
+            };
+            for i in &self.hooks.interceptors {
+                i.on_send(&mut call);
+            }
+            header.extensions = extensions;
+        }
+        let mut payload_bytes = Vec::with_capacity(32 + function.len() + args_payload.len());
+        payload::encode_into(&header, &mut payload_bytes).map_err(codec)?;
+        payload_bytes.extend_from_slice(&args_payload);
+        let slot = self.send_request(
+            rank,
+            MessageKind::REQUEST,
+            function,
+            payload_bytes,
+            tensors,
+            timeout,
+        )?;
+        Ok((slot, self.workers[rank as usize].name.clone()))
+    }
+
+    /// Registers a pending call and queues its request on the link to `rank`.
+    fn send_request(
+        self: &Arc<Self>,
+        rank: u32,
+        kind: MessageKind,
+        function: &str,
+        payload: Vec<u8>,
+        tensors: Vec<Arc<dyn ferry_wire::OutgoingTensor>>,
+        timeout: Duration,
+    ) -> Result<Arc<CallSlot>, RpcError> {
+        self.running()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = CallSlot::new();
+        let link = self.link(rank);
+        let deadline = (!timeout.is_zero()).then(|| (Instant::now() + timeout, timeout));
+        self.active.fetch_add(1, Ordering::SeqCst);
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut calls = self.calls.lock();
+            if let Some((at, _)) = deadline {
+                let earliest = calls.deadlines.first().map(|(t, _)| *t);
+                calls.deadlines.insert((at, id));
+                if earliest.is_none_or(|e| at < e) {
+                    self.timer_wake.notify_one();
+                }
+            }
+            calls.pending.insert(
+                id,
+                Pending {
+                    slot: slot.clone(),
+                    to: rank,
+                    conn: link.conn,
+                    function: function.to_string(),
+                    deadline,
+                },
+            );
+        }
+        let message = OutgoingMessage {
+            kind,
+            flags: Flags::NONE,
+            request_id: id,
+            payload,
+            tensors,
+        };
+        if link.outbox.send(message).is_err() {
+            self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                worker,
+                reason: "its connection closed".into(),
+            });
+        }
+        Ok(slot)
+    }
+
+    /// The link to `rank`, connecting lazily.
+    fn link(self: &Arc<Self>, rank: u32) -> Link {
+        let mut links = self.links.lock();
+        if let Some(l) = links.get(&rank) {
+            if !l.outbox.is_closed() {
+                return l.clone();
+            }
+        }
+        let (outbox, rx) = mpsc::unbounded_channel();
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let link = Link {
+            conn,
+            outbox: outbox.clone(),
+        };
+        links.insert(rank, link.clone());
+        let inner = self.clone();
+        let span = self.span.clone();
+        let task = self.handle.spawn(
+            async move { inner.connect_and_serve(rank, conn, outbox, rx).await }.instrument(span),
+        );
+        self.tasks.lock().push(task);
+        link
+    }
+
+    async fn connect_and_serve(
+        self: Arc<Self>,
+        rank: u32,
+        conn: u64,
+        outbox: Outbox,
+        rx: mpsc::UnboundedReceiver<OutgoingMessage>,
+    ) {
+        let peer = &self.workers[rank as usize];
+        let addr = self.addrs[rank as usize];
+        let connected = tokio::time::timeout(
+            self.init_timeout,
+            TcpConnection::connect(addr, &self.endpoint),
+        )
+        .await;
+        let connection = match connected {
+            Ok(Ok(c)) if c.peer.worker_name == peer.name && c.peer.rank == peer.id => c,
+            Ok(Ok(c)) => {
+                return self.fail_connection(
+                    conn,
+                    format!(
+                        "{addr} answered as {:?} (rank {})",
+                        c.peer.worker_name, c.peer.rank
+                    ),
+                )
+            }
+            Ok(Err(e)) => return self.fail_connection(conn, e.to_string()),
+            Err(_) => return self.fail_connection(conn, format!("connecting to {addr} timed out")),
+        };
+        debug!(peer = %peer.name, "connected");
+        self.serve_connection(connection, conn, peer.clone(), outbox, rx)
+            .await;
+    }
+
+    /// Runs a handshaken connection until it closes: a writer task drains
+    /// the outbox, this task reads frames and dispatches them.
+    async fn serve_connection(
+        self: &Arc<Self>,
+        connection: TcpConnection,
+        conn: u64,
+        peer: WorkerInfo,
+        outbox: Outbox,
+        mut rx: mpsc::UnboundedReceiver<OutgoingMessage>,
+    ) {
+        let mut writer = connection.writer;
+        let mut reader = connection.reader;
+        let me = self.clone();
+        let writer_task = self.handle.spawn(
+            async move {
+                let mut batch = Vec::with_capacity(MAX_BATCH);
+                while let Some(first) = rx.recv().await {
+                    batch.push(first);
+                    while batch.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(m) => batch.push(m),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = writer.write_batch(&batch).await {
+                        me.fail_connection(conn, e.to_string());
+                        return;
+                    }
+                    batch.clear();
+                }
+                let _ = writer.shutdown().await;
+            }
+            .in_current_span(),
+        );
+        loop {
+            match reader.read().await {
+                Ok(Some(msg)) => self.on_message(&peer, msg, &outbox),
+                Ok(None) => {
+                    self.fail_connection(conn, "the connection was closed".into());
+                    break;
+                }
+                Err(e) => {
+                    if self.state.load(Ordering::SeqCst) == RUNNING {
+                        warn!(peer = %peer.name, error = %e, "connection failed");
+                    }
+                    self.fail_connection(conn, e.to_string());
+                    break;
+                }
+            }
+        }
+        drop(outbox);
+        writer_task.abort();
+    }
+
+    /// Fails every call waiting on connection `conn` and forgets the link.
+    fn fail_connection(&self, conn: u64, reason: String) {
+        {
+            let mut links = self.links.lock();
+            links.retain(|_, l| l.conn != conn);
+        }
+        let ids: Vec<u64> = self
+            .calls
+            .lock()
+            .pending
+            .iter()
+            .filter(|(_, p)| p.conn == conn)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                worker,
+                reason: reason.clone(),
+            });
+        }
+    }
+
+    fn take_pending(&self, id: u64) -> Option<Pending> {
+        let mut calls = self.calls.lock();
+        let p = calls.pending.remove(&id)?;
+        if let Some((at, _)) = p.deadline {
+            calls.deadlines.remove(&(at, id));
+        }
+        Some(p)
+    }
+
+    fn fail_call(&self, id: u64, error: impl FnOnce(String) -> RpcError) {
+        if let Some(p) = self.take_pending(id) {
+            let worker = self.workers[p.to as usize].name.clone();
+            p.slot.complete(Err(error(worker)));
+            self.call_done();
+        }
+    }
+
+    fn call_done(&self) {
+        if self.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Waits until this worker has no outstanding calls.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.active.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn on_message(self: &Arc<Self>, peer: &WorkerInfo, msg: IncomingMessage, outbox: &Outbox) {
+        let kind = msg.header.kind;
+        if msg.header.flags.contains(Flags::REPLY) {
+            let id = msg.header.request_id;
+            match self.take_pending(id) {
+                Some(p) => {
+                    p.slot.complete(Ok(msg));
+                    self.call_done();
+                }
+                None => debug!(peer = %peer.name, id, "dropping a late reply"),
+            }
+        } else if kind == MessageKind::REQUEST {
+            self.active.fetch_add(1, Ordering::SeqCst);
+            self.serve_request(peer.clone(), msg, outbox.clone());
+        } else if kind.is_service() {
+            self.active.fetch_add(1, Ordering::SeqCst);
+            self.serve_service(peer.clone(), msg, outbox.clone());
+        } else {
+            warn!(peer = %peer.name, %kind, "ignoring an unexpected message");
+        }
+    }
+
+    fn reply(&self, outbox: &Outbox, request_id: u64, result: Result<Encoded, Failure>) {
+        let (kind, encoded) = match result {
+            Ok(e) => (MessageKind::RESPONSE, e),
+            Err(f) => (MessageKind::ERROR, payload::encode(&f).unwrap_or_default()),
+        };
+        let _ = outbox.send(OutgoingMessage {
+            kind,
+            flags: Flags::REPLY,
+            request_id,
+            payload: encoded.payload,
+            tensors: encoded.tensors,
+        });
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.call_done();
+    }
+
+    fn serve_request(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
+        let id = msg.header.request_id;
+        let (header, rest) = match postcard::take_from_bytes::<CallHeader>(&msg.payload) {
+            Ok((h, rest)) => (h, msg.payload.len() - rest.len()),
+            Err(e) => {
+                return self.reply(
+                    &outbox,
+                    id,
+                    Err(Failure {
+                        kind: FailureKind::BadRequest,
+                        message: format!("malformed call header: {e}"),
+                        expected: String::new(),
+                    }),
+                )
+            }
+        };
+        let Some(function) = self.functions.get(&header.function) else {
+            return self.reply(
+                &outbox,
+                id,
+                Err(Failure {
+                    kind: FailureKind::UnknownFunction,
+                    message: String::new(),
+                    expected: String::new(),
+                }),
+            );
+        };
+        if function.signature.hash() != header.signature {
+            return self.reply(
+                &outbox,
+                id,
+                Err(Failure {
+                    kind: FailureKind::WrongType,
+                    message: String::new(),
+                    expected: function.signature.to_string(),
+                }),
+            );
+        }
+        if !self.hooks.interceptors.is_empty() {
+            let call = IncomingCall {
+                from: &from,
+                function: &header.function,
+                tensors: &msg.tensors,
+                extensions: &header.extensions,
+            };
+            for i in &self.hooks.interceptors {
+                i.on_receive(&call);
+            }
+        }
+        let inner = self.clone();
+        let IncomingMessage {
+            payload, tensors, ..
+        } = msg;
+        match function.body.clone() {
+            Body::Blocking(f) => {
+                self.handle.spawn_blocking(move || {
+                    let result = f(&payload[rest..], tensors);
+                    inner.reply(&outbox, id, result);
+                });
+            }
+            Body::Async(f) => {
+                let fut = f(&payload[rest..], tensors);
+                let span = self.span.clone();
+                self.handle.spawn(
+                    async move {
+                        let result = match tokio::spawn(fut).await {
+                            Ok(r) => r,
+                            Err(e) if e.is_panic() => {
+                                Err(Failure::failed(panic_message(&*e.into_panic())))
+                            }
+                            Err(e) => Err(Failure::failed(e.to_string())),
+                        };
+                        inner.reply(&outbox, id, result);
+                    }
+                    .instrument(span),
+                );
+            }
+        }
+    }
+
+    fn serve_service(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
+        let id = msg.header.request_id;
+        let kind = msg.header.kind;
+        let Some(service) = self.services.get(&kind).cloned() else {
+            return self.reply(
+                &outbox,
+                id,
+                Err(Failure {
+                    kind: FailureKind::UnknownFunction,
+                    message: String::new(),
+                    expected: String::new(),
+                }),
+            );
+        };
+        let inner = self.clone();
+        self.handle.spawn(
+            async move {
+                let result = service.handle(from, msg).await.map_err(Failure::failed);
+                inner.reply(&outbox, id, result);
+            }
+            .instrument(self.span.clone()),
+        );
+    }
+
+    /// Expires calls whose deadline passed.
+    fn expire(&self, now: Instant) {
+        let expired: Vec<(u64, Pending)> = {
+            let mut calls = self.calls.lock();
+            let mut out = Vec::new();
+            while let Some(&(at, id)) = calls.deadlines.first() {
+                if at > now {
+                    break;
+                }
+                calls.deadlines.pop_first();
+                if let Some(p) = calls.pending.remove(&id) {
+                    out.push((id, p));
+                }
+            }
+            out
+        };
+        for (_, p) in expired {
+            let worker = self.workers[p.to as usize].name.clone();
+            let after = p.deadline.map(|(_, d)| d).unwrap_or_default();
+            p.slot.complete(Err(RpcError::Timeout {
+                worker,
+                function: p.function,
+                after,
+            }));
+            self.call_done();
+        }
+    }
+}
+
+async fn timer_loop(inner: Arc<Inner>) {
+    loop {
+        let next = inner.calls.lock().deadlines.first().map(|(t, _)| *t);
+        match next {
+            None => inner.timer_wake.notified().await,
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => inner.expire(Instant::now()),
+                    _ = inner.timer_wake.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    loop {
+        let (stream, addr) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let inner2 = inner.clone();
+        let task = inner.handle.spawn(
+            async move {
+                let handshake = tokio::time::timeout(
+                    inner2.init_timeout,
+                    TcpConnection::accept(stream, &inner2.endpoint),
+                )
+                .await;
+                let connection = match handshake {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => return warn!(%addr, error = %e, "rejected a connection"),
+                    Err(_) => return warn!(%addr, "rejected a connection: handshake timed out"),
+                };
+                let rank = connection.peer.rank;
+                let known = inner2
+                    .workers
+                    .get(rank as usize)
+                    .is_some_and(|w| w.name == connection.peer.worker_name);
+                if !known {
+                    return warn!(
+                        %addr,
+                        name = %connection.peer.worker_name,
+                        rank,
+                        "rejected a connection from a worker outside the group"
+                    );
+                }
+                let peer = inner2.workers[rank as usize].clone();
+                let (outbox, rx) = mpsc::unbounded_channel();
+                let conn = inner2.next_conn.fetch_add(1, Ordering::Relaxed);
+                inner2
+                    .serve_connection(connection, conn, peer, outbox, rx)
+                    .await;
+            }
+            .in_current_span(),
+        );
+        let mut tasks = inner.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+}

@@ -1,0 +1,257 @@
+//! Outstanding calls: the slot a reply lands in, and the future a caller holds.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use ferry_transport::IncomingMessage;
+use ferry_wire::{payload, MessageKind};
+use parking_lot::{Condvar, Mutex};
+use serde::de::DeserializeOwned;
+
+use crate::functions::Signature;
+use crate::protocol::{Failure, FailureKind};
+use crate::RpcError;
+
+/// Where the outcome of one call lands: completed exactly once, by the
+/// reply, the timeout timer, a lost connection or shutdown.
+pub(crate) struct CallSlot {
+    state: Mutex<SlotState>,
+    done: Condvar,
+}
+
+enum SlotState {
+    Waiting(Option<Waker>),
+    Done(Result<IncomingMessage, RpcError>),
+    Taken,
+}
+
+impl CallSlot {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(SlotState::Waiting(None)),
+            done: Condvar::new(),
+        })
+    }
+
+    pub(crate) fn ready(result: Result<IncomingMessage, RpcError>) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(SlotState::Done(result)),
+            done: Condvar::new(),
+        })
+    }
+
+    /// Completes the slot; a second completion is ignored.
+    pub(crate) fn complete(&self, result: Result<IncomingMessage, RpcError>) {
+        let waker = {
+            let mut state = self.state.lock();
+            match &mut *state {
+                SlotState::Waiting(w) => {
+                    let w = w.take();
+                    *state = SlotState::Done(result);
+                    w
+                }
+                _ => return,
+            }
+        };
+        self.done.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<IncomingMessage, RpcError>> {
+        let mut state = self.state.lock();
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Done(r) => Poll::Ready(r),
+            SlotState::Waiting(_) => {
+                *state = SlotState::Waiting(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+            SlotState::Taken => Poll::Ready(Err(RpcError::Config(
+                "a call's future was polled after it completed".into(),
+            ))),
+        }
+    }
+
+    fn wait(&self) -> Result<IncomingMessage, RpcError> {
+        let mut state = self.state.lock();
+        loop {
+            match std::mem::replace(&mut *state, SlotState::Taken) {
+                SlotState::Done(r) => return r,
+                SlotState::Taken => {
+                    return Err(RpcError::Config("a call's result was taken twice".into()))
+                }
+                waiting @ SlotState::Waiting(_) => {
+                    *state = waiting;
+                    self.done.wait(&mut state);
+                }
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(&*self.state.lock(), SlotState::Done(_))
+    }
+}
+
+/// The pending result of [`rpc_async`](crate::Agent::rpc_async): `.await`
+/// it in async code or [`wait`](RpcFuture::wait) for it from a thread.
+///
+/// Dropping it does not cancel the call: the callee still runs it, and
+/// graceful shutdown still waits for it (fire-and-forget).
+#[must_use = "an RpcFuture does nothing until awaited or waited for; drop it explicitly for fire-and-forget"]
+pub struct RpcFuture<T> {
+    slot: Arc<CallSlot>,
+    worker: String,
+    function: String,
+    signature: Signature,
+    _result: PhantomData<fn() -> T>,
+}
+
+impl<T> RpcFuture<T> {
+    pub(crate) fn new(
+        slot: Arc<CallSlot>,
+        worker: String,
+        function: String,
+        signature: Signature,
+    ) -> Self {
+        Self {
+            slot,
+            worker,
+            function,
+            signature,
+            _result: PhantomData,
+        }
+    }
+
+    /// A future that has already failed.
+    pub(crate) fn failed(error: RpcError, function: &str, signature: Signature) -> Self {
+        Self::new(
+            CallSlot::ready(Err(error)),
+            String::new(),
+            function.to_string(),
+            signature,
+        )
+    }
+
+    pub(crate) fn wait_raw(self) -> Result<IncomingMessage, RpcError> {
+        let r = self.slot.wait();
+        self.finish_raw(r)
+    }
+
+    pub(crate) fn poll_raw(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<IncomingMessage, RpcError>> {
+        match self.slot.poll(cx) {
+            Poll::Ready(r) => Poll::Ready(self.finish_raw(r)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Whether the outcome has arrived (a following `wait` will not block).
+    pub fn is_done(&self) -> bool {
+        self.slot.is_done()
+    }
+
+    /// The callee's name.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    fn finish_raw(
+        &self,
+        r: Result<IncomingMessage, RpcError>,
+    ) -> Result<IncomingMessage, RpcError> {
+        let msg = r?;
+        if msg.header.kind == MessageKind::ERROR {
+            let failure: Failure =
+                payload::decode(&msg.payload, Vec::new()).map_err(|e| RpcError::Codec {
+                    action: "decode the error reply",
+                    function: self.function.clone(),
+                    message: e.to_string(),
+                })?;
+            return Err(failure_to_error(
+                failure,
+                &self.worker,
+                &self.function,
+                self.signature,
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+impl<T: DeserializeOwned> RpcFuture<T> {
+    /// Blocks the calling thread until the call completes.
+    ///
+    /// Do not call this from an async task on the agent's runtime (use
+    /// `.await` there); blocking functions and user threads may.
+    pub fn wait(self) -> Result<T, RpcError> {
+        let function = self.function.clone();
+        let msg = self.wait_raw()?;
+        decode_reply(&function, msg)
+    }
+}
+
+/// Decodes a successful reply's payload.
+pub(crate) fn decode_reply<T: DeserializeOwned>(
+    function: &str,
+    msg: IncomingMessage,
+) -> Result<T, RpcError> {
+    payload::decode(&msg.payload, msg.tensors).map_err(|e| RpcError::Codec {
+        action: "decode the result",
+        function: function.to_string(),
+        message: e.to_string(),
+    })
+}
+
+pub(crate) fn failure_to_error(
+    failure: Failure,
+    worker: &str,
+    function: &str,
+    signature: Signature,
+) -> RpcError {
+    let worker = worker.to_string();
+    let function = function.to_string();
+    match failure.kind {
+        FailureKind::UnknownFunction => RpcError::UnknownFunction { worker, function },
+        FailureKind::WrongType => RpcError::WrongType {
+            worker,
+            function,
+            expected: failure.expected,
+            got: signature.to_string(),
+        },
+        FailureKind::BadArguments | FailureKind::Failed | FailureKind::BadRequest => {
+            RpcError::Remote {
+                worker,
+                function,
+                message: failure.message,
+            }
+        }
+    }
+}
+
+impl<T: DeserializeOwned> Future for RpcFuture<T> {
+    type Output = Result<T, RpcError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.poll_raw(cx) {
+            Poll::Ready(r) => Poll::Ready(r.and_then(|m| decode_reply(&this.function, m))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for RpcFuture<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcFuture")
+            .field("worker", &self.worker)
+            .field("function", &self.function)
+            .finish()
+    }
+}

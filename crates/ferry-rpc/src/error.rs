@@ -1,0 +1,129 @@
+//! The agent's error type.
+
+use std::time::Duration;
+
+use ferry_transport::TransportError;
+
+use crate::store::StoreError;
+
+/// Why an RPC call, an init or a shutdown failed. Every variant names what
+/// was wrong: the worker, the function, the limit.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// No agent is running in this process (before init or after shutdown).
+    #[error("RPC is not initialized: call init_rpc first (or it was shut down)")]
+    NotInitialized,
+    /// `init_rpc` was called while an agent is running.
+    #[error("RPC is already initialized in this process as worker {name:?}")]
+    AlreadyInitialized {
+        /// Name of the running worker.
+        name: String,
+    },
+    /// A worker name breaks the naming rules.
+    #[error("invalid worker name {name:?}: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// Two workers registered the same name.
+    #[error("duplicate worker name {name:?} used by ranks {ranks:?}")]
+    DuplicateName {
+        /// The name.
+        name: String,
+        /// The ranks that claimed it.
+        ranks: Vec<u32>,
+    },
+    /// A rank outside `0..world_size`.
+    #[error("invalid rank {rank}: world size is {world_size}")]
+    InvalidRank {
+        /// The rank given.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// No worker has this name.
+    #[error("unknown worker {0:?}")]
+    UnknownWorker(String),
+    /// The callee has no function registered under this name.
+    #[error("worker {worker:?} has no function {function:?} registered")]
+    UnknownFunction {
+        /// The callee.
+        worker: String,
+        /// The name called.
+        function: String,
+    },
+    /// The arguments or result type of a call do not match the callee's registration.
+    #[error(
+        "wrong type calling {function:?} on worker {worker:?}: it takes {expected}, the call sent {got}"
+    )]
+    WrongType {
+        /// The callee.
+        worker: String,
+        /// The function.
+        function: String,
+        /// The signature registered on the callee.
+        expected: String,
+        /// The signature the caller used.
+        got: String,
+    },
+    /// The remote function failed (returned an error or panicked).
+    #[error("function {function:?} failed on worker {worker:?}: {message}")]
+    Remote {
+        /// The callee.
+        worker: String,
+        /// The function.
+        function: String,
+        /// The error's text.
+        message: String,
+    },
+    /// The call did not complete in time; a late reply is dropped.
+    #[error("call of {function:?} on worker {worker:?} timed out after {after:?}")]
+    Timeout {
+        /// The callee.
+        worker: String,
+        /// The function.
+        function: String,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// The connection to a worker failed or was lost with the call outstanding.
+    #[error("worker {worker:?} is unreachable: {reason}")]
+    PeerUnreachable {
+        /// The peer.
+        worker: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The call was cut short by an immediate shutdown.
+    #[error("call of {function:?} on worker {worker:?} aborted: RPC is shutting down")]
+    ShutDown {
+        /// The callee.
+        worker: String,
+        /// The function.
+        function: String,
+    },
+    /// Arguments or a result could not be encoded or decoded.
+    #[error("cannot {action} for {function:?}: {message}")]
+    Codec {
+        /// "encode the arguments", "decode the result", ...
+        action: &'static str,
+        /// The function.
+        function: String,
+        /// The codec's error.
+        message: String,
+    },
+    /// Rendezvous through the store failed.
+    #[error("rendezvous failed: {0}")]
+    Rendezvous(#[from] StoreError),
+    /// A transport failure outside any single call.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// Options are missing or inconsistent.
+    #[error("invalid RPC options: {0}")]
+    Config(String),
+    /// Graceful shutdown could not complete.
+    #[error("graceful shutdown failed: {0}")]
+    Join(String),
+}

@@ -1,0 +1,230 @@
+//! Remote functions: ordinary Rust functions registered under a stable name
+//! on every worker, with typed arguments and results through serde.
+
+use std::any::type_name;
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ferry_wire::payload::{self, Encoded, IncomingTensor};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::protocol::{Failure, FailureKind};
+
+/// The type signature of a remote function: its argument and result types.
+///
+/// Calls carry a hash of the caller's signature; the callee refuses a call
+/// whose signature differs from its registration with a wrong-type error
+/// naming both, instead of misreading the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signature {
+    /// `std::any::type_name` of the argument type.
+    pub args: &'static str,
+    /// `std::any::type_name` of the result type.
+    pub result: &'static str,
+}
+
+impl Signature {
+    /// The signature of functions from `A` to `R`.
+    pub fn of<A, R>() -> Self {
+        Self {
+            args: type_name::<A>(),
+            result: type_name::<R>(),
+        }
+    }
+
+    /// A stable 64-bit hash (FNV-1a) of the signature text.
+    pub fn hash(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self
+            .args
+            .bytes()
+            .chain(std::iter::once(0))
+            .chain(self.result.bytes())
+        {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h
+    }
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fn({}) -> {}", self.args, self.result)
+    }
+}
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type CallResult = Result<Encoded, Failure>;
+type BlockingFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> CallResult + Send + Sync;
+type AsyncFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> BoxFuture<CallResult> + Send + Sync;
+
+/// How a registered function runs on the callee.
+#[derive(Clone)]
+pub(crate) enum Body {
+    /// On the blocking thread pool: may block and may make nested `rpc_sync` calls.
+    Blocking(Arc<BlockingFn>),
+    /// As a task on the agent's runtime: must not block; nests with `rpc_async(..).await`.
+    Async(Arc<AsyncFn>),
+}
+
+/// One registered function.
+#[derive(Clone)]
+pub(crate) struct Function {
+    pub(crate) signature: Signature,
+    pub(crate) body: Body,
+}
+
+/// The registry of remote functions a worker serves.
+///
+/// Register the same functions under the same names on every worker (the
+/// usual way is one function that builds the registry, called by every
+/// process), then pass it in the options.
+///
+/// ```
+/// use ferry_rpc::Functions;
+///
+/// let mut functions = Functions::new();
+/// functions.register("add", |(a, b): (i64, i64)| a + b);
+/// functions.register_fallible("div", |(a, b): (f64, f64)| {
+///     if b == 0.0 { Err("division by zero") } else { Ok(a / b) }
+/// });
+/// functions.register_async("greet", |name: String| async move {
+///     Ok::<_, std::convert::Infallible>(format!("hello, {name}"))
+/// });
+/// assert!(functions.contains("add"));
+/// ```
+#[derive(Clone, Default)]
+pub struct Functions {
+    map: HashMap<String, Function>,
+}
+
+impl Functions {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a function that returns its result directly. It runs on the
+    /// blocking pool; a panic becomes an error at the caller.
+    pub fn register<A, R, F>(&mut self, name: &str, f: F) -> &mut Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        F: Fn(A) -> R + Send + Sync + 'static,
+    {
+        self.register_fallible(name, move |a: A| Ok::<R, std::convert::Infallible>(f(a)))
+    }
+
+    /// Registers a function that returns `Result<R, E>`; an `Err` arrives at
+    /// the caller as [`RpcError::Remote`](crate::RpcError::Remote) with `E`'s text.
+    pub fn register_fallible<A, R, E, F>(&mut self, name: &str, f: F) -> &mut Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        E: std::fmt::Display,
+        F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
+    {
+        let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
+            let args: A = decode_args(bytes, tensors)?;
+            match catch_unwind(AssertUnwindSafe(|| f(args))) {
+                Ok(Ok(r)) => encode_result(&r),
+                Ok(Err(e)) => Err(Failure::failed(e.to_string())),
+                Err(panic) => Err(Failure::failed(panic_message(&*panic))),
+            }
+        };
+        self.insert(
+            name,
+            Function {
+                signature: Signature::of::<A, R>(),
+                body: Body::Blocking(Arc::new(body)),
+            },
+        )
+    }
+
+    /// Registers an async function: it runs as a task on the agent's runtime,
+    /// must not block, and makes nested calls with `rpc_async(..).await`.
+    pub fn register_async<A, R, E, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        F: Fn(A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> BoxFuture<CallResult> {
+            let args: Result<A, Failure> = decode_args(bytes, tensors);
+            let f = f.clone();
+            Box::pin(async move {
+                match f(args?).await {
+                    Ok(r) => encode_result(&r),
+                    Err(e) => Err(Failure::failed(e.to_string())),
+                }
+            })
+        };
+        self.insert(
+            name,
+            Function {
+                signature: Signature::of::<A, R>(),
+                body: Body::Async(Arc::new(body)),
+            },
+        )
+    }
+
+    /// Whether a function is registered under `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.map.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&Function> {
+        self.map.get(name)
+    }
+
+    fn insert(&mut self, name: &str, f: Function) -> &mut Self {
+        self.map.insert(name.to_string(), f);
+        self
+    }
+}
+
+impl std::fmt::Debug for Functions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.names()).finish()
+    }
+}
+
+fn decode_args<A: DeserializeOwned>(
+    bytes: &[u8],
+    tensors: Vec<IncomingTensor>,
+) -> Result<A, Failure> {
+    payload::decode(bytes, tensors).map_err(|e| Failure {
+        kind: FailureKind::BadArguments,
+        message: format!("cannot decode the arguments: {e}"),
+        expected: String::new(),
+    })
+}
+
+fn encode_result<R: Serialize>(r: &R) -> Result<Encoded, Failure> {
+    payload::encode(r).map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".into());
+    format!("panicked: {text}")
+}

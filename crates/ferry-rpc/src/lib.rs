@@ -1,0 +1,152 @@
+//! # ferry-rpc
+//!
+//! The RPC agent of Ferry, the way PyTorch's `torch.distributed.rpc` works:
+//! workers rendezvous through a key-value store that rank 0 hosts, then call
+//! each other's registered functions by name with [`rpc_sync`] and
+//! [`rpc_async`], tensors anywhere inside the arguments and results.
+//!
+//! - Worker names are unique in the group; calls go to a name or a rank,
+//!   including the caller itself.
+//! - Remote functions are ordinary Rust functions registered under a stable
+//!   name on every worker ([`Functions`]); arguments and results are serde
+//!   types, checked against the registration's signature.
+//! - A failing function, an unknown function or worker, a wrong type, a dead
+//!   peer, a malformed frame and a timeout each give their own [`RpcError`].
+//! - [`shutdown`] is graceful (like PyTorch's: every worker waits until no
+//!   worker has calls outstanding); [`shutdown_now`] is immediate.
+//! - [`service`] lets the layers above (RRef, autograd) handle their own
+//!   message kinds and see every call.
+//!
+//! ```no_run
+//! use ferry_rpc::{Functions, RpcOptions};
+//!
+//! # fn main() -> Result<(), ferry_rpc::RpcError> {
+//! let mut functions = Functions::new();
+//! functions.register("add", |(a, b): (i64, i64)| a + b);
+//! // MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from the environment.
+//! let rank: u32 = std::env::var("RANK").unwrap().parse().unwrap();
+//! ferry_rpc::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
+//! if rank == 0 {
+//!     let sum: i64 = ferry_rpc::rpc_sync("worker1", "add", (2i64, 3i64))?;
+//!     assert_eq!(sum, 5);
+//! }
+//! ferry_rpc::shutdown()?;
+//! # Ok(()) }
+//! ```
+
+mod agent;
+mod call;
+mod error;
+mod functions;
+mod join;
+mod name;
+mod options;
+mod protocol;
+mod rendezvous;
+pub mod service;
+pub mod store;
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use agent::{Agent, ServiceFuture};
+pub use call::RpcFuture;
+pub use error::RpcError;
+pub use functions::{Functions, Signature};
+pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
+pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
+pub use protocol::Extension;
+pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
+
+/// The process's agent, set by [`init_rpc`] and cleared by shutdown.
+static AGENT: Mutex<Option<Agent>> = Mutex::new(None);
+
+/// Starts this process's worker and makes it the target of the free
+/// functions of this crate. A second init while one runs is an error.
+pub fn init_rpc(options: RpcOptions) -> Result<(), RpcError> {
+    let mut slot = AGENT.lock();
+    if let Some(a) = slot.as_ref() {
+        return Err(RpcError::AlreadyInitialized {
+            name: a.worker_info().name.clone(),
+        });
+    }
+    *slot = Some(Agent::start(options)?);
+    Ok(())
+}
+
+/// The process's agent.
+pub fn agent() -> Result<Agent, RpcError> {
+    AGENT.lock().clone().ok_or(RpcError::NotInitialized)
+}
+
+/// Calls `function` on worker `to` and blocks for its result ([`Agent::rpc_sync`]).
+pub fn rpc_sync<R: DeserializeOwned, A: Serialize>(
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+) -> Result<R, RpcError> {
+    agent()?.rpc_sync(to, function, args)
+}
+
+/// Calls `function` on worker `to` and returns a future of its result ([`Agent::rpc_async`]).
+pub fn rpc_async<R: DeserializeOwned, A: Serialize>(
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+) -> RpcFuture<R> {
+    match agent() {
+        Ok(a) => a.rpc_async(to, function, args),
+        Err(e) => RpcFuture::failed(e, function, Signature::of::<A, R>()),
+    }
+}
+
+/// [`rpc_sync`] with a per-call timeout; zero means none.
+pub fn rpc_sync_timeout<R: DeserializeOwned, A: Serialize>(
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+    timeout: Duration,
+) -> Result<R, RpcError> {
+    agent()?.rpc_sync_timeout(to, function, args, timeout)
+}
+
+/// [`rpc_async`] with a per-call timeout; zero means none.
+pub fn rpc_async_timeout<R: DeserializeOwned, A: Serialize>(
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+    timeout: Duration,
+) -> RpcFuture<R> {
+    match agent() {
+        Ok(a) => a.rpc_async_timeout(to, function, args, timeout),
+        Err(e) => RpcFuture::failed(e, function, Signature::of::<A, R>()),
+    }
+}
+
+/// Looks a worker up by name or rank; `None` gives this worker.
+pub fn get_worker_info(worker: Option<WorkerRef>) -> Result<WorkerInfo, RpcError> {
+    let a = agent()?;
+    match worker {
+        Some(w) => a.get_worker_info(w),
+        None => Ok(a.worker_info().clone()),
+    }
+}
+
+/// Graceful shutdown of this process's agent (see [`Agent::shutdown`]).
+/// Afterwards every call returns [`RpcError::NotInitialized`].
+pub fn shutdown() -> Result<(), RpcError> {
+    let a = agent()?;
+    let r = a.shutdown();
+    AGENT.lock().take();
+    r
+}
+
+/// Immediate shutdown of this process's agent (see [`Agent::shutdown_now`]).
+pub fn shutdown_now() -> Result<(), RpcError> {
+    let a = AGENT.lock().take().ok_or(RpcError::NotInitialized)?;
+    a.shutdown_now();
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! How an agent is configured: from `MASTER_ADDR`, `MASTER_PORT`, `RANK`,
+//! `WORLD_SIZE` like PyTorch, or explicitly.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_transport::{channel, Allocator, RawAllocator};
+use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
+
+use crate::service::{Hooks, Interceptor, Service};
+use crate::store::Store;
+use crate::{Functions, RpcError};
+
+/// Default per-call timeout (PyTorch's default is 60 s too).
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default bound on rendezvous and on each graceful-shutdown round.
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Options of one worker's agent.
+#[derive(Clone)]
+pub struct RpcOptions {
+    /// This worker's name (unique in the group).
+    pub name: String,
+    /// This worker's rank, `0..world_size`.
+    pub rank: u32,
+    /// Number of workers.
+    pub world_size: u32,
+    /// Address of the rendezvous store, hosted by rank 0.
+    pub master_addr: SocketAddr,
+    /// IP this worker listens on for RPC (port chosen by the OS).
+    pub listen_ip: IpAddr,
+    /// Default per-call timeout; zero means none.
+    pub rpc_timeout: Duration,
+    /// Bound on rendezvous, connecting to peers and each shutdown round.
+    pub init_timeout: Duration,
+    /// Worker threads of the agent's runtime.
+    pub io_threads: usize,
+    /// The remote functions this worker serves.
+    pub functions: Functions,
+    /// Services and interceptors of the layers above.
+    pub hooks: Hooks,
+    /// Channels offered, by preference.
+    pub channels: Vec<ChannelOffer>,
+    /// Transports offered, by preference.
+    pub transports: Vec<TransportOffer>,
+    /// Limits on everything read from the network.
+    pub limits: Limits,
+    /// Receive hook for incoming tensors.
+    pub allocator: Arc<dyn Allocator>,
+    /// A store to rendezvous through instead of the TCP store rank 0 hosts.
+    pub store: Option<Arc<dyn Store>>,
+}
+
+impl RpcOptions {
+    /// Options for worker `name` of rank `rank` in a group of `world_size`,
+    /// rendezvousing at `master_addr`.
+    pub fn new(
+        name: impl Into<String>,
+        rank: u32,
+        world_size: u32,
+        master_addr: SocketAddr,
+    ) -> Self {
+        let listen_ip = if master_addr.ip().is_loopback() {
+            master_addr.ip()
+        } else {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        };
+        Self {
+            name: name.into(),
+            rank,
+            world_size,
+            master_addr,
+            listen_ip,
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+            init_timeout: DEFAULT_INIT_TIMEOUT,
+            io_threads: 2,
+            functions: Functions::new(),
+            hooks: Hooks::default(),
+            channels: channel::default_channels(),
+            transports: channel::default_transports(),
+            limits: Limits::default(),
+            allocator: Arc::new(RawAllocator),
+            store: None,
+        }
+    }
+
+    /// Options from the environment: `MASTER_ADDR` (default `127.0.0.1`),
+    /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`; optional `FERRY_RPC_TIMEOUT_MS`,
+    /// `FERRY_CHANNELS` and `FERRY_TRANSPORTS` (comma-separated, by preference).
+    pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
+        let var =
+            |k: &str| std::env::var(k).map_err(|_| RpcError::Config(format!("{k} is not set")));
+        let num = |k: &str| -> Result<u32, RpcError> {
+            var(k)?
+                .parse()
+                .map_err(|_| RpcError::Config(format!("{k} is not a number")))
+        };
+        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let port: u16 = var("MASTER_PORT")?
+            .parse()
+            .map_err(|_| RpcError::Config("MASTER_PORT is not a port number".into()))?;
+        let master = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| RpcError::Config(format!("cannot resolve MASTER_ADDR {host:?}: {e}")))?
+            .next()
+            .ok_or_else(|| RpcError::Config(format!("MASTER_ADDR {host:?} resolves to nothing")))?;
+        let mut o = Self::new(name, num("RANK")?, num("WORLD_SIZE")?, master);
+        if let Ok(ms) = std::env::var("FERRY_RPC_TIMEOUT_MS") {
+            let ms: u64 = ms
+                .parse()
+                .map_err(|_| RpcError::Config("FERRY_RPC_TIMEOUT_MS is not a number".into()))?;
+            o.rpc_timeout = Duration::from_millis(ms);
+        }
+        if let Ok(list) = std::env::var("FERRY_CHANNELS") {
+            o.channels = channel::parse_channels(&list)?;
+        }
+        if let Ok(list) = std::env::var("FERRY_TRANSPORTS") {
+            o.transports = channel::parse_transports(&list)?;
+        }
+        Ok(o)
+    }
+
+    /// Sets the remote functions.
+    pub fn functions(mut self, functions: Functions) -> Self {
+        self.functions = functions;
+        self
+    }
+
+    /// Sets the default per-call timeout (zero: none).
+    pub fn rpc_timeout(mut self, timeout: Duration) -> Self {
+        self.rpc_timeout = timeout;
+        self
+    }
+
+    /// Sets the rendezvous / connect / shutdown-round bound.
+    pub fn init_timeout(mut self, timeout: Duration) -> Self {
+        self.init_timeout = timeout;
+        self
+    }
+
+    /// Registers a service for `kind` (must be at or above [`MessageKind::FIRST_SERVICE`]).
+    pub fn service(mut self, kind: MessageKind, service: Arc<dyn Service>) -> Self {
+        self.hooks.service(kind, service);
+        self
+    }
+
+    /// Adds an interceptor.
+    pub fn interceptor(mut self, interceptor: Arc<dyn Interceptor>) -> Self {
+        self.hooks.interceptor(interceptor);
+        self
+    }
+
+    /// Restricts and orders the channels by name (unknown names are an error).
+    pub fn channels(mut self, names: &str) -> Result<Self, RpcError> {
+        self.channels = channel::parse_channels(names)?;
+        Ok(self)
+    }
+
+    /// Sets the receive hook.
+    pub fn allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
+        self.allocator = allocator;
+        self
+    }
+
+    /// Rendezvous through `store` instead of a TCP store hosted by rank 0.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), RpcError> {
+        crate::name::validate_name(&self.name)?;
+        if self.world_size == 0 {
+            return Err(RpcError::Config("world size must be at least 1".into()));
+        }
+        if self.rank >= self.world_size {
+            return Err(RpcError::InvalidRank {
+                rank: self.rank,
+                world_size: self.world_size,
+            });
+        }
+        if self.io_threads == 0 {
+            return Err(RpcError::Config("io_threads must be at least 1".into()));
+        }
+        for (kind, s) in &self.hooks.services {
+            if !kind.is_service() {
+                return Err(RpcError::Config(format!(
+                    "service {:?} uses {kind}, below the first service kind {}",
+                    s.name(),
+                    MessageKind::FIRST_SERVICE
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for RpcOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcOptions")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("master_addr", &self.master_addr)
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("functions", &self.functions)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,59 @@
+//! What the agent puts in frame payloads: the call header in front of a
+//! request's arguments, and the failure record of an error reply.
+
+use serde::{Deserialize, Serialize};
+
+/// Opaque data an interceptor attaches to an outgoing call and reads on the
+/// callee (distributed autograd carries its context and message ids here).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extension {
+    /// Who the data is for; each upper layer picks its own id.
+    pub id: u16,
+    /// The data.
+    pub data: Vec<u8>,
+}
+
+/// Sent in front of the arguments of every request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CallHeader {
+    /// Registered function name.
+    pub(crate) function: String,
+    /// [`Signature::hash`](crate::Signature::hash) of the caller's types.
+    pub(crate) signature: u64,
+    /// Interceptor data.
+    pub(crate) extensions: Vec<Extension>,
+}
+
+/// Why a call failed on the callee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum FailureKind {
+    /// No such function registered.
+    UnknownFunction,
+    /// The caller's signature differs from the registration.
+    WrongType,
+    /// The arguments did not decode as the registered type.
+    BadArguments,
+    /// The function returned an error or panicked.
+    Failed,
+    /// The request itself was malformed.
+    BadRequest,
+}
+
+/// Payload of an error reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Failure {
+    pub(crate) kind: FailureKind,
+    pub(crate) message: String,
+    /// For `WrongType`: the callee's registered signature.
+    pub(crate) expected: String,
+}
+
+impl Failure {
+    pub(crate) fn failed(message: String) -> Self {
+        Self {
+            kind: FailureKind::Failed,
+            message,
+            expected: String::new(),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Rendezvous: every worker publishes its name and listening address in the
+//! store (hosted by rank 0 unless a store is given), then reads everyone's.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tracing::debug;
+
+use crate::store::{PrefixStore, Store, TcpStore, TcpStoreServer};
+use crate::{RpcError, RpcOptions, WorkerInfo};
+
+/// Key namespace of the agent in the store.
+pub(crate) const NAMESPACE: &str = "ferry/rpc";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct WorkerRecord {
+    name: String,
+    addr: SocketAddr,
+}
+
+pub(crate) struct Rendezvous {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) server: Option<TcpStoreServer>,
+    pub(crate) workers: Vec<WorkerInfo>,
+    pub(crate) addrs: Vec<SocketAddr>,
+    pub(crate) listener: TcpListener,
+}
+
+pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
+    let (base, server): (Arc<dyn Store>, Option<TcpStoreServer>) = match &o.store {
+        Some(s) => (s.clone(), None),
+        None if o.rank == 0 => {
+            let server = TcpStoreServer::bind(o.master_addr).await?;
+            let client = TcpStore::connect(server.local_addr(), o.init_timeout).await?;
+            (Arc::new(client), Some(server))
+        }
+        None => (
+            Arc::new(TcpStore::connect(o.master_addr, o.init_timeout).await?),
+            None,
+        ),
+    };
+    let store: Arc<dyn Store> = Arc::new(PrefixStore::new(NAMESPACE, base));
+
+    let listener = TcpListener::bind((o.listen_ip, 0))
+        .await
+        .map_err(|e| RpcError::Config(format!("cannot listen on {}: {e}", o.listen_ip)))?;
+    let mut addr = listener
+        .local_addr()
+        .map_err(|e| RpcError::Config(format!("listener has no address: {e}")))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(route_to(o.master_addr).unwrap_or(o.master_addr.ip()));
+    }
+    let record = postcard::to_stdvec(&WorkerRecord {
+        name: o.name.clone(),
+        addr,
+    })
+    .map_err(|e| RpcError::Config(e.to_string()))?;
+    let key = |r: u32| format!("worker/{r}");
+    let stored = store
+        .compare_set(&key(o.rank), None, record.clone())
+        .await?;
+    if stored != record {
+        return Err(RpcError::Config(format!(
+            "rank {} is already taken by another process",
+            o.rank
+        )));
+    }
+    let keys: Vec<String> = (0..o.world_size).map(key).collect();
+    store.wait(&keys, o.init_timeout).await?;
+    let mut workers = Vec::with_capacity(keys.len());
+    let mut addrs = Vec::with_capacity(keys.len());
+    for (rank, k) in keys.iter().enumerate() {
+        let bytes = store.get(k).await?;
+        let r: WorkerRecord = postcard::from_bytes(&bytes)
+            .map_err(|e| RpcError::Config(format!("corrupt rendezvous record {k}: {e}")))?;
+        workers.push(WorkerInfo {
+            name: r.name,
+            id: rank as u32,
+        });
+        addrs.push(r.addr);
+    }
+    // Rank 0 keeps the store up until everyone has read the table.
+    store.set(&format!("ready/{}", o.rank), Vec::new()).await?;
+    if o.rank == 0 {
+        let ready: Vec<String> = (0..o.world_size).map(|r| format!("ready/{r}")).collect();
+        store.wait(&ready, o.init_timeout).await?;
+    }
+    check_unique(&workers)?;
+    debug!(?addr, "rendezvous complete");
+    Ok(Rendezvous {
+        store,
+        server,
+        workers,
+        addrs,
+        listener,
+    })
+}
+
+/// Every worker sees the same table, so every worker fails alike.
+fn check_unique(workers: &[WorkerInfo]) -> Result<(), RpcError> {
+    for w in workers {
+        let ranks: Vec<u32> = workers
+            .iter()
+            .filter(|o| o.name == w.name)
+            .map(|o| o.id)
+            .collect();
+        if ranks.len() > 1 {
+            return Err(RpcError::DuplicateName {
+                name: w.name.clone(),
+                ranks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The local IP the kernel would use to reach `to` (no packet is sent).
+fn route_to(to: SocketAddr) -> Option<IpAddr> {
+    let bind: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().ok()?
+    } else {
+        "[::]:0".parse().ok()?
+    };
+    let s = UdpSocket::bind(bind).ok()?;
+    s.connect(to).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}

@@ -1,0 +1,101 @@
+//! Hooks for the layers above the agent: services that handle their own
+//! message kinds, and interceptors that see every call going out and coming in.
+
+use std::sync::Arc;
+
+use ferry_transport::IncomingMessage;
+use ferry_wire::payload::{Encoded, IncomingTensor, OutgoingTensor};
+use ferry_wire::MessageKind;
+
+use crate::functions::BoxFuture;
+use crate::protocol::Extension;
+use crate::WorkerInfo;
+
+/// Handles messages of one service kind (at or above
+/// [`MessageKind::FIRST_SERVICE`]). The RRef and autograd layers plug in here.
+///
+/// The reply goes back to the sender as the outcome of its
+/// [`Agent::call_service`](crate::Agent::call_service); an `Err` arrives
+/// there as [`RpcError::Remote`](crate::RpcError::Remote).
+pub trait Service: Send + Sync + 'static {
+    /// A short name for errors and logs (e.g. `"rref"`).
+    fn name(&self) -> &str;
+    /// Handles one message from `from`.
+    fn handle(
+        &self,
+        from: WorkerInfo,
+        message: IncomingMessage,
+    ) -> BoxFuture<Result<Encoded, String>>;
+}
+
+/// A call about to leave this worker, as an interceptor sees it.
+pub struct OutgoingCall<'a> {
+    /// The callee.
+    pub to: &'a WorkerInfo,
+    /// The function name (or the service name for service messages).
+    pub function: &'a str,
+    /// The tensors the call carries.
+    pub tensors: &'a [Arc<dyn OutgoingTensor>],
+    /// Data to attach; the callee's interceptors see it.
+    pub extensions: &'a mut Vec<Extension>,
+}
+
+/// A call that arrived at this worker, before its function runs.
+pub struct IncomingCall<'a> {
+    /// The caller.
+    pub from: &'a WorkerInfo,
+    /// The function name.
+    pub function: &'a str,
+    /// The tensors the call carries.
+    pub tensors: &'a [IncomingTensor],
+    /// Data the caller's interceptors attached.
+    pub extensions: &'a [Extension],
+}
+
+/// Sees every function call going out of and coming into this worker.
+pub trait Interceptor: Send + Sync + 'static {
+    /// Called on the caller before a request is sent; may attach extensions.
+    fn on_send(&self, call: &mut OutgoingCall<'_>) {
+        let _ = call;
+    }
+    /// Called on the callee before the function runs.
+    fn on_receive(&self, call: &IncomingCall<'_>) {
+        let _ = call;
+    }
+}
+
+/// The services and interceptors of an agent.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub(crate) services: Vec<(MessageKind, Arc<dyn Service>)>,
+    pub(crate) interceptors: Vec<Arc<dyn Interceptor>>,
+}
+
+impl Hooks {
+    /// Registers a service for `kind`.
+    pub fn service(&mut self, kind: MessageKind, service: Arc<dyn Service>) -> &mut Self {
+        self.services.push((kind, service));
+        self
+    }
+    /// Adds an interceptor.
+    pub fn interceptor(&mut self, interceptor: Arc<dyn Interceptor>) -> &mut Self {
+        self.interceptors.push(interceptor);
+        self
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field(
+                "services",
+                &self
+                    .services
+                    .iter()
+                    .map(|(k, s)| (k.0, s.name().to_string()))
+                    .collect::<Vec<_>>(),
+            )
+            .field("interceptors", &self.interceptors.len())
+            .finish()
+    }
+}

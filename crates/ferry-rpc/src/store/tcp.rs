@@ -1,0 +1,846 @@
+//! The store over TCP: a server serving a [`MemoryStore`] and a client
+//! multiplexing requests over one connection.
+//!
+//! Every message is a frame: its length as a `u32` little-endian, then
+//! that many bytes of postcard. A request carries an id, which its
+//! response repeats; responses come back in any order, so a blocking
+//! `get` or `wait` (waited for on the server) never holds up another
+//! request on the same connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use futures::FutureExt;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
+
+/// The largest message (frame body) either side sends or accepts: 64 MiB.
+/// A larger length prefix closes the connection before anything is
+/// allocated; a larger value is refused before it is sent.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How much longer than the server-side bound a client waits for the
+/// answer to a blocking request before giving up on its own.
+const CLIENT_GRACE: Duration = Duration::from_secs(5);
+
+/// First and largest pause between attempts to connect.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Least time one connection attempt gets, even at the deadline.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+
+// ---------------------------------------------------------------------------
+// Protocol
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RequestFrame {
+    id: u64,
+    request: Request,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Request {
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    Get {
+        key: String,
+        timeout: Duration,
+    },
+    Wait {
+        keys: Vec<String>,
+        timeout: Duration,
+    },
+    Add {
+        key: String,
+        delta: i64,
+    },
+    CompareSet {
+        key: String,
+        expected: Option<Vec<u8>>,
+        desired: Vec<u8>,
+    },
+    Delete {
+        key: String,
+    },
+    Check {
+        keys: Vec<String>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ResponseFrame {
+    id: u64,
+    response: Response,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Response {
+    Done,
+    Value(Vec<u8>),
+    Counter(i64),
+    Bool(bool),
+    Failed(Failure),
+}
+
+/// A [`StoreError`] as the server reports it.
+#[derive(Debug, Serialize, Deserialize)]
+enum Failure {
+    Timeout { keys: Vec<String>, after: Duration },
+    NotACounter { key: String },
+    Overflow { key: String, delta: i64 },
+    Other(String),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Timeout { keys, after } => Failure::Timeout { keys, after },
+            StoreError::NotACounter { key } => Failure::NotACounter { key },
+            StoreError::Overflow { key, delta } => Failure::Overflow { key, delta },
+            other => Failure::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<Failure> for StoreError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Timeout { keys, after } => StoreError::Timeout { keys, after },
+            Failure::NotACounter { key } => StoreError::NotACounter { key },
+            Failure::Overflow { key, delta } => StoreError::Overflow { key, delta },
+            Failure::Other(message) => StoreError::Protocol(format!("store server: {message}")),
+        }
+    }
+}
+
+/// Encodes `msg` as one frame, refusing one over [`MAX_MESSAGE_BYTES`].
+fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, StoreError> {
+    let mut buf = postcard::to_extend(msg, vec![0u8; 4])
+        .map_err(|e| StoreError::Protocol(format!("cannot encode a store message: {e}")))?;
+    let len = buf.len() - 4;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(StoreError::Protocol(format!(
+            "a store message of {len} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes"
+        )));
+    }
+    // `len` fits: MAX_MESSAGE_BYTES < u32::MAX.
+    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(buf)
+}
+
+/// Why reading a frame failed.
+#[derive(Debug)]
+enum FrameError {
+    Io(io::Error),
+    TooLarge(usize),
+    Malformed(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Io(e) => write!(f, "{e}"),
+            FrameError::TooLarge(n) => write!(
+                f,
+                "length prefix of {n} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes"
+            ),
+            FrameError::Malformed(e) => write!(f, "malformed message: {e}"),
+        }
+    }
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+async fn read_frame<R, T>(r: &mut R) -> Result<Option<T>, FrameError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
+    let mut prefix = [0u8; 4];
+    let n = r.read(&mut prefix).await.map_err(FrameError::Io)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    r.read_exact(&mut prefix[n..])
+        .await
+        .map_err(FrameError::Io)?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    // Grow with what actually arrives rather than trusting the prefix.
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    r.take(len as u64)
+        .read_to_end(&mut body)
+        .await
+        .map_err(FrameError::Io)?;
+    if body.len() != len {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed inside a {len}-byte message"),
+        )));
+    }
+    match postcard::take_from_bytes::<T>(&body) {
+        Ok((msg, [])) => Ok(Some(msg)),
+        Ok((_, rest)) => Err(FrameError::Malformed(format!(
+            "{} trailing bytes",
+            rest.len()
+        ))),
+        Err(e) => Err(FrameError::Malformed(e.to_string())),
+    }
+}
+
+/// The frames of `r`, as a stream (so reading survives a `select!`).
+fn frames<R, T>(r: R) -> Pin<Box<dyn Stream<Item = Result<T, FrameError>> + Send>>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    T: DeserializeOwned + Send + 'static,
+{
+    futures::stream::unfold(Some(r), |r| async move {
+        let mut r = r?;
+        match read_frame(&mut r).await {
+            Ok(Some(msg)) => Some((Ok(msg), Some(r))),
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+    .boxed()
+}
+
+/// Writes the frames sent on `rx` until it closes or writing fails.
+async fn write_frames<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+) -> io::Result<()> {
+    while let Some(frame) = rx.recv().await {
+        w.write_all(&frame).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Server
+// ---------------------------------------------------------------------------
+
+/// The store server rank 0 hosts, like c10d's `TCPStore` master.
+///
+/// [`bind`](Self::bind) binds and returns; a spawned tokio task then
+/// accepts and serves clients. Dropping the server (or
+/// [`shutdown`](Self::shutdown)) stops it: the listener and every client
+/// connection close, and clients' outstanding requests fail.
+///
+/// A client sending a malformed or oversized message is disconnected
+/// (with a warning); the others are served on.
+#[derive(Debug)]
+pub struct TcpStoreServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl TcpStoreServer {
+    /// Binds `addr` (port 0: any free port) and starts serving in a
+    /// spawned task on the current tokio runtime.
+    pub async fn bind(addr: SocketAddr) -> Result<TcpStoreServer, StoreError> {
+        let io_err = |source| StoreError::Io {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(addr).await.map_err(io_err)?;
+        let local_addr = listener.local_addr().map_err(io_err)?;
+        let state = Arc::new(MemoryStore::new(DEFAULT_STORE_TIMEOUT));
+        let task = tokio::spawn(serve(listener, state));
+        debug!(%local_addr, "store server listening");
+        Ok(TcpStoreServer { local_addr, task })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops serving, as dropping the server does: the listener and the
+    /// client connections close as soon as the runtime cancels the
+    /// serving task.
+    pub fn shutdown(self) {}
+}
+
+impl Drop for TcpStoreServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Accepts clients until cancelled. Connection tasks live in a `JoinSet`,
+/// so cancelling this task cancels them all.
+async fn serve(listener: TcpListener, state: Arc<MemoryStore>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    connections.spawn(serve_connection(state.clone(), stream, peer));
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: let it pass.
+                    warn!(error = %e, "store server cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// What a request needs: an answer now, or a wait first.
+enum Handled {
+    Now(Response),
+    Later(BoxFuture<'static, Response>),
+}
+
+fn handle(state: &Arc<MemoryStore>, request: Request) -> Handled {
+    let answer = |r: Result<Response, StoreError>| r.unwrap_or_else(|e| Response::Failed(e.into()));
+    match request {
+        Request::Set { key, value } => {
+            state.insert(&key, value);
+            Handled::Now(Response::Done)
+        }
+        Request::Add { key, delta } => {
+            Handled::Now(answer(state.increment(&key, delta).map(Response::Counter)))
+        }
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => Handled::Now(Response::Value(state.swap_if(
+            &key,
+            expected.as_deref(),
+            desired,
+        ))),
+        Request::Delete { key } => Handled::Now(Response::Bool(state.remove(&key))),
+        Request::Check { keys } => Handled::Now(Response::Bool(state.contains_all(&keys))),
+        Request::Get { key, timeout } => {
+            let state = state.clone();
+            Handled::Later(
+                async move { answer(state.get_within(&key, timeout).await.map(Response::Value)) }
+                    .boxed(),
+            )
+        }
+        Request::Wait { keys, timeout } => {
+            let state = state.clone();
+            Handled::Later(
+                async move {
+                    answer(
+                        state
+                            .wait_for(&keys, timeout)
+                            .await
+                            .map(|()| Response::Done),
+                    )
+                }
+                .boxed(),
+            )
+        }
+    }
+}
+
+/// Serves one client until it disconnects or misbehaves. Its pending
+/// waits are dropped with it.
+async fn serve_connection(state: Arc<MemoryStore>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let mut requests = frames::<_, RequestFrame>(BufReader::new(rd));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let respond = |id: u64, response: Response| {
+        let frame = encode(&ResponseFrame { id, response }).or_else(|e| {
+            let response = Response::Failed(Failure::Other(e.to_string()));
+            encode(&ResponseFrame { id, response })
+        });
+        if let Ok(frame) = frame {
+            // Fails only once the writer has stopped, which ends the
+            // connection anyway.
+            let _ = tx.send(frame);
+        }
+    };
+    let mut waits = FuturesUnordered::new();
+    let read = async {
+        loop {
+            tokio::select! {
+                request = requests.next() => match request {
+                    None => {
+                        debug!(%peer, "store client disconnected");
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        warn!(%peer, error = %e, "closing store connection");
+                        return;
+                    }
+                    Some(Ok(RequestFrame { id, request })) => match handle(&state, request) {
+                        Handled::Now(response) => respond(id, response),
+                        Handled::Later(wait) => waits.push(wait.map(move |r| (id, r))),
+                    },
+                },
+                Some((id, response)) = waits.next(), if !waits.is_empty() => respond(id, response),
+            }
+        }
+    };
+    tokio::select! {
+        () = read => {}
+        written = write_frames(wr, rx) => {
+            if let Err(e) = written {
+                debug!(%peer, error = %e, "cannot write to store client");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client
+// ---------------------------------------------------------------------------
+
+/// A client of a [`TcpStoreServer`], like c10d's `TCPStore` on a non-zero
+/// rank.
+///
+/// One connection carries every request; concurrent requests do not wait
+/// for each other (a blocking [`Store::wait`] does not hold up a
+/// [`Store::set`] from the same client). When the connection is lost,
+/// outstanding and later requests fail with [`StoreError::Closed`],
+/// [`StoreError::Io`] or [`StoreError::Protocol`]; nothing hangs.
+#[derive(Debug)]
+pub struct TcpStore {
+    addr: SocketAddr,
+    timeout: Duration,
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    next_id: AtomicU64,
+    calls: Mutex<Calls>,
+}
+
+type Reply = oneshot::Sender<Result<Response, StoreError>>;
+
+#[derive(Debug, Default)]
+struct Calls {
+    pending: HashMap<u64, Reply>,
+    /// Set once the connection is gone.
+    lost: Option<Lost>,
+}
+
+/// Why the connection is gone (clonable, unlike `StoreError`).
+#[derive(Debug, Clone)]
+enum Lost {
+    Closed,
+    Io(io::ErrorKind, String),
+    Protocol(String),
+}
+
+impl Lost {
+    fn error(&self, addr: SocketAddr) -> StoreError {
+        match self {
+            Lost::Closed => StoreError::Closed,
+            Lost::Io(kind, message) => StoreError::Io {
+                addr: addr.to_string(),
+                source: io::Error::new(*kind, message.clone()),
+            },
+            Lost::Protocol(message) => StoreError::Protocol(message.clone()),
+        }
+    }
+}
+
+impl Shared {
+    /// Marks the connection lost and fails every outstanding request.
+    fn lose(&self, lost: Lost, addr: SocketAddr) {
+        let (lost, pending) = {
+            let mut calls = self.calls.lock();
+            let lost = calls.lost.get_or_insert(lost).clone();
+            (lost, std::mem::take(&mut calls.pending))
+        };
+        for (_, reply) in pending {
+            let _ = reply.send(Err(lost.error(addr)));
+        }
+    }
+
+    fn lost_error(&self, addr: SocketAddr) -> StoreError {
+        self.calls
+            .lock()
+            .lost
+            .as_ref()
+            .map_or(StoreError::Closed, |l| l.error(addr))
+    }
+}
+
+/// Forgets a request whose caller stopped waiting for it.
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.calls.lock().pending.remove(&self.id);
+    }
+}
+
+impl TcpStore {
+    /// Connects to the server at `addr`, retrying with capped back-off
+    /// while nobody listens there yet (rank 0 may start later), for at
+    /// most `timeout`. `timeout` is also how long [`Store::get`] waits for
+    /// a missing key.
+    pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStore, StoreError> {
+        let stream = connect_with_retry(addr, timeout).await?;
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let writer = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                if let Err(e) = write_frames(wr, rx).await {
+                    shared.lose(Lost::Io(e.kind(), e.to_string()), addr);
+                }
+            })
+        };
+        let reader = tokio::spawn(read_responses(BufReader::new(rd), shared.clone(), addr));
+        debug!(%addr, "connected to the store");
+        Ok(TcpStore {
+            addr,
+            timeout,
+            shared,
+            tx,
+            reader,
+            writer,
+        })
+    }
+
+    /// The server's address.
+    pub fn server_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How long [`Store::get`] waits for a missing key.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends `request` and waits for its response.
+    async fn call(&self, request: Request) -> Result<Response, StoreError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = encode(&RequestFrame { id, request })?;
+        let (reply, response) = oneshot::channel();
+        {
+            let mut calls = self.shared.calls.lock();
+            if let Some(lost) = &calls.lost {
+                return Err(lost.error(self.addr));
+            }
+            calls.pending.insert(id, reply);
+        }
+        let _guard = PendingGuard {
+            shared: &self.shared,
+            id,
+        };
+        if self.tx.send(frame).is_err() {
+            return Err(self.shared.lost_error(self.addr));
+        }
+        match response.await {
+            Ok(result) => result,
+            Err(_) => Err(self.shared.lost_error(self.addr)),
+        }
+    }
+
+    /// [`call`](Self::call) for a request the server bounds by `timeout`;
+    /// gives up on its own a little later (a server that stopped answering
+    /// without closing the connection).
+    async fn call_within(
+        &self,
+        request: Request,
+        timeout: Duration,
+        keys: impl FnOnce() -> Vec<String>,
+    ) -> Result<Response, StoreError> {
+        match tokio::time::timeout(timeout.saturating_add(CLIENT_GRACE), self.call(request)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout {
+                keys: keys(),
+                after: timeout,
+            }),
+        }
+    }
+}
+
+impl Drop for TcpStore {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+/// Dispatches responses to their requests until the connection ends.
+async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, shared: Arc<Shared>, addr: SocketAddr) {
+    let lost = loop {
+        match read_frame::<_, ResponseFrame>(&mut rd).await {
+            Ok(Some(ResponseFrame { id, response })) => {
+                let reply = shared.calls.lock().pending.remove(&id);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(response));
+                }
+            }
+            Ok(None) => break Lost::Closed,
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                break Lost::Closed
+            }
+            Err(FrameError::Io(e)) => break Lost::Io(e.kind(), e.to_string()),
+            Err(e) => {
+                warn!(%addr, error = %e, "closing the store connection");
+                break Lost::Protocol(format!("from the store at {addr}: {e}"));
+            }
+        }
+    };
+    debug!(%addr, ?lost, "store connection lost");
+    shared.lose(lost, addr);
+}
+
+async fn connect_with_retry(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, StoreError> {
+    let start = Instant::now();
+    let deadline = start.checked_add(timeout);
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let remaining = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let error = match tokio::time::timeout(remaining.max(MIN_ATTEMPT), TcpStream::connect(addr))
+            .await
+        {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(e)) if retryable(&e) => e,
+            Ok(Err(e)) => {
+                return Err(StoreError::Io {
+                    addr: addr.to_string(),
+                    source: e,
+                })
+            }
+            Err(_) => io::Error::new(io::ErrorKind::TimedOut, "connection attempt timed out"),
+        };
+        let now = Instant::now();
+        let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+        if left.is_zero() {
+            return Err(StoreError::Io {
+                addr: addr.to_string(),
+                source: io::Error::new(
+                    error.kind(),
+                    format!("no store server reachable within {timeout:?}: {error}"),
+                ),
+            });
+        }
+        debug!(%addr, error = %error, "store server not reachable yet; retrying");
+        tokio::time::sleep(backoff.min(left)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Whether a failed connection attempt is worth repeating: nobody
+/// listening yet, or the network not ready yet.
+fn retryable(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | TimedOut
+            | Interrupted
+            | WouldBlock
+            | AddrNotAvailable
+            | HostUnreachable
+            | NetworkUnreachable
+    )
+}
+
+fn unexpected(op: &str, response: Response) -> StoreError {
+    match response {
+        Response::Failed(f) => f.into(),
+        other => StoreError::Protocol(format!("unexpected response to {op}: {other:?}")),
+    }
+}
+
+impl Store for TcpStore {
+    fn set(&self, key: &str, value: Vec<u8>) -> StoreFuture<'_, ()> {
+        let request = Request::Set {
+            key: key.to_owned(),
+            value,
+        };
+        async move {
+            match self.call(request).await? {
+                Response::Done => Ok(()),
+                other => Err(unexpected("set", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn get(&self, key: &str) -> StoreFuture<'_, Vec<u8>> {
+        let key = key.to_owned();
+        async move {
+            let request = Request::Get {
+                key: key.clone(),
+                timeout: self.timeout,
+            };
+            match self
+                .call_within(request, self.timeout, || vec![key])
+                .await?
+            {
+                Response::Value(v) => Ok(v),
+                other => Err(unexpected("get", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn wait(&self, keys: &[String], timeout: Duration) -> StoreFuture<'_, ()> {
+        let keys = keys.to_vec();
+        async move {
+            let request = Request::Wait {
+                keys: keys.clone(),
+                timeout,
+            };
+            match self.call_within(request, timeout, || keys).await? {
+                Response::Done => Ok(()),
+                other => Err(unexpected("wait", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn add(&self, key: &str, delta: i64) -> StoreFuture<'_, i64> {
+        let request = Request::Add {
+            key: key.to_owned(),
+            delta,
+        };
+        async move {
+            match self.call(request).await? {
+                Response::Counter(n) => Ok(n),
+                other => Err(unexpected("add", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: Option<Vec<u8>>,
+        desired: Vec<u8>,
+    ) -> StoreFuture<'_, Vec<u8>> {
+        let request = Request::CompareSet {
+            key: key.to_owned(),
+            expected,
+            desired,
+        };
+        async move {
+            match self.call(request).await? {
+                Response::Value(v) => Ok(v),
+                other => Err(unexpected("compare_set", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn delete(&self, key: &str) -> StoreFuture<'_, bool> {
+        let request = Request::Delete {
+            key: key.to_owned(),
+        };
+        async move {
+            match self.call(request).await? {
+                Response::Bool(b) => Ok(b),
+                other => Err(unexpected("delete", other)),
+            }
+        }
+        .boxed()
+    }
+
+    fn check(&self, keys: &[String]) -> StoreFuture<'_, bool> {
+        let request = Request::Check {
+            keys: keys.to_vec(),
+        };
+        async move {
+            match self.call(request).await? {
+                Response::Bool(b) => Ok(b),
+                other => Err(unexpected("check", other)),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_limits_hold() {
+        let frame = encode(&RequestFrame {
+            id: 7,
+            request: Request::Check {
+                keys: vec!["a".into()],
+            },
+        })
+        .unwrap();
+        let mut r = &frame[..];
+        let back: Option<RequestFrame> = read_frame(&mut r).await.unwrap();
+        assert!(
+            matches!(back, Some(RequestFrame { id: 7, request: Request::Check { keys } }) if keys == ["a"])
+        );
+        let mut empty = &[][..];
+        assert!(read_frame::<_, RequestFrame>(&mut empty)
+            .await
+            .unwrap()
+            .is_none());
+
+        let huge = ((MAX_MESSAGE_BYTES + 1) as u32).to_le_bytes();
+        let mut r = &huge[..];
+        assert!(matches!(
+            read_frame::<_, RequestFrame>(&mut r).await,
+            Err(FrameError::TooLarge(_))
+        ));
+        let mut trailing = frame.clone();
+        trailing.push(0);
+        let len = (trailing.len() - 4) as u32;
+        trailing[..4].copy_from_slice(&len.to_le_bytes());
+        let mut r = &trailing[..];
+        assert!(matches!(
+            read_frame::<_, RequestFrame>(&mut r).await,
+            Err(FrameError::Malformed(_))
+        ));
+        let big = Request::Set {
+            key: "k".into(),
+            value: vec![0; MAX_MESSAGE_BYTES],
+        };
+        assert!(matches!(
+            encode(&RequestFrame {
+                id: 0,
+                request: big
+            }),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+}

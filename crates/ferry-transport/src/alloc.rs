@@ -1,0 +1,73 @@
+//! The receive hook: the receiver allocates each tensor's destination from
+//! its descriptor, and the channel writes the bytes straight into it.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use ferry_wire::TensorDescriptor;
+
+use crate::{RawTensor, Storage, TransportError};
+
+/// A destination for one incoming tensor's bytes.
+pub trait RecvBuffer: Send {
+    /// Exactly `descriptor.byte_len` bytes to be filled by the channel.
+    fn as_mut_bytes(&mut self) -> &mut [u8];
+    /// Called once the bytes are in; returns the value that the payload's
+    /// tensor type takes from the tensor table (e.g. a [`RawTensor`]).
+    fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError>;
+}
+
+/// Allocates destinations for incoming tensors. The layers above install
+/// their own (libtorch allocates a fresh `Tensor`); the default produces
+/// [`RawTensor`]s.
+pub trait Allocator: Send + Sync + 'static {
+    /// Allocates a destination for a tensor described by `descriptor`
+    /// (already validated against the connection's limits).
+    fn allocate(
+        &self,
+        descriptor: &TensorDescriptor,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError>;
+}
+
+/// The default allocator: zeroed aligned host memory, finished as [`RawTensor`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawAllocator;
+
+struct RawBuffer {
+    storage: Storage,
+    descriptor: TensorDescriptor,
+}
+
+impl RecvBuffer for RawBuffer {
+    fn as_mut_bytes(&mut self) -> &mut [u8] {
+        self.storage.as_bytes_mut()
+    }
+    fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError> {
+        let t = RawTensor::from_storage(Arc::new(self.storage), self.descriptor)?;
+        Ok(Box::new(t))
+    }
+}
+
+impl Allocator for RawAllocator {
+    fn allocate(
+        &self,
+        descriptor: &TensorDescriptor,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        if descriptor.device != ferry_wire::Device::Cpu {
+            return Err(TransportError::Alloc(format!(
+                "the raw allocator only serves cpu tensors, got {}",
+                descriptor.device
+            )));
+        }
+        let len = usize::try_from(descriptor.byte_len).map_err(|_| {
+            TransportError::Alloc(format!(
+                "{} bytes do not fit in memory",
+                descriptor.byte_len
+            ))
+        })?;
+        Ok(Box::new(RawBuffer {
+            storage: Storage::zeroed(len)?,
+            descriptor: descriptor.clone(),
+        }))
+    }
+}

@@ -1,0 +1,64 @@
+//! Errors of connections and channels.
+
+use ferry_wire::WireError;
+
+use crate::selection::SelectionError;
+
+/// Why a connection or a transfer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A socket operation failed.
+    #[error("i/o error with {peer}: {source}")]
+    Io {
+        /// The peer (address or worker name).
+        peer: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer sent bytes that are not a valid frame.
+    #[error("malformed frame from {peer}: {source}")]
+    Malformed {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        #[source]
+        source: WireError,
+    },
+    /// The handshake failed.
+    #[error("handshake with {peer} failed: {reason}")]
+    Handshake {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Channel selection failed or the two ends disagree.
+    #[error(transparent)]
+    Selection(#[from] SelectionError),
+    /// The connection was closed.
+    #[error("connection to {peer} closed")]
+    Closed {
+        /// The peer.
+        peer: String,
+    },
+    /// A destination could not be allocated.
+    #[error("cannot allocate tensor destination: {0}")]
+    Alloc(String),
+    /// A tensor's view or data is inconsistent.
+    #[error("invalid tensor: {0}")]
+    InvalidTensor(String),
+    /// A wire-format error while encoding.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// An option named something that does not exist.
+    #[error("unknown {what} {name:?}; known: {known}")]
+    Unknown {
+        /// "transport" or "channel".
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// The names that exist.
+        known: String,
+    },
+}

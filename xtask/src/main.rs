@@ -1,0 +1,68 @@
+//! Ferry's task runner: `cargo xtask <command>`.
+//!
+//! - `cargo xtask demo [ARGS…]`: build in release and run the demo example;
+//! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
+//!   fuzz harness check, cargo-deny), installing the tools it needs;
+//! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
+//!   table against the PyTorch RPC peer.
+//!
+//! Each module has one job: [`steps`] runs commands and times them,
+//! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
+//! commands, [`table`] builds Ferry-vs-peer comparison tables. Repository
+//! checks ("tidy") are unit tests in `tidy.rs`: `cargo test -p xtask`.
+
+mod bench;
+mod demo;
+mod setup;
+mod steps;
+mod table;
+mod test;
+#[cfg(test)]
+mod tidy;
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  demo [ARGS...]    build in release and run `ferry`'s demo example (ARGS are passed through)
+  test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
+  bench [--quick]   criterion benches + Ferry vs PyTorch RPC table (target/ferry-bench/)
+        [--no-criterion] [--no-peer] [--table-only]
+                    (--table-only: rebuild the tables from results already in target/ferry-bench)
+  help              this text
+";
+
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("xtask: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cmd = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match cmd.as_str() {
+        "demo" => demo::main(&rest),
+        "test" => {
+            no_args("test", &rest)?;
+            test::main()
+        }
+        "bench" => bench::main(&bench::Options::parse(&rest)?),
+        "" | "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+fn no_args(cmd: &str, rest: &[String]) -> Result<()> {
+    if let Some(extra) = rest.first() {
+        bail!("`cargo xtask {cmd}` takes no arguments (got `{extra}`)\n\n{USAGE}");
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! Installing what the other commands need, skipping what is already there.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::steps::{cargo, cmd, root, run, succeeds};
+
+/// The torch version the peer benchmarks were measured with.
+pub(crate) const TORCH_VERSION: &str = "2.13.0";
+
+/// Whether `cargo <sub> --version` works (the tool is installed).
+pub(crate) fn has_cargo_tool(sub: &str) -> bool {
+    succeeds(&mut cargo(&[sub, "--version"]))
+}
+
+/// Installs `crate_name` with `cargo install --locked` unless `cargo <sub>` works.
+pub(crate) fn ensure_cargo_tool(crate_name: &str, sub: &str) -> Result<&'static str> {
+    if has_cargo_tool(sub) {
+        eprintln!("    {crate_name} is installed");
+        return Ok("present");
+    }
+    eprintln!("    {crate_name} is missing: installing it (takes a few minutes, once)");
+    run(&mut cmd("cargo", &["install", "--locked", crate_name]))
+        .with_context(|| format!("could not install {crate_name}"))?;
+    Ok("installed")
+}
+
+/// The project-local Python interpreter (`.venv/bin/python`).
+pub(crate) fn venv_python() -> PathBuf {
+    root().join(".venv").join("bin").join("python")
+}
+
+/// Ensures `.venv` exists with `torch==TORCH_VERSION` and `numpy`.
+pub(crate) fn ensure_venv() -> Result<&'static str> {
+    let py_path = venv_python();
+    let py = py_path.to_string_lossy().into_owned();
+    let check = format!(
+        "import torch, numpy; assert torch.__version__.startswith('{TORCH_VERSION}'), torch.__version__"
+    );
+    if succeeds(&mut cmd(&py, &["-c", &check])) {
+        eprintln!("    .venv has torch {TORCH_VERSION} and numpy");
+        return Ok("present");
+    }
+    if !py_path.exists() {
+        run(&mut cmd("python3", &["-m", "venv", ".venv"]))
+            .context("could not create .venv (is python3 with the venv module installed?)")?;
+    }
+    let torch = format!("torch=={TORCH_VERSION}");
+    run(&mut cmd(
+        &py,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            &torch,
+            "numpy",
+        ],
+    ))
+    .context("could not install torch and numpy into .venv")?;
+    run(&mut cmd(&py, &["-c", &check]))
+        .context(".venv still lacks torch/numpy after pip install")?;
+    Ok("installed")
+}

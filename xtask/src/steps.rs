@@ -1,0 +1,117 @@
+//! Running commands from the repository root as named, timed steps.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The repository root (the parent of `xtask/`).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A command run from the repository root.
+pub(crate) fn cmd(program: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).current_dir(root());
+    c
+}
+
+/// `cargo` with the given arguments, from the repository root.
+pub(crate) fn cargo(args: &[&str]) -> Command {
+    cmd("cargo", args)
+}
+
+/// Runs `c` with inherited stdio; an error names the command and its exit status.
+pub(crate) fn run(c: &mut Command) -> Result<()> {
+    let line = display(c);
+    eprintln!("    $ {line}");
+    let status = c
+        .status()
+        .with_context(|| format!("could not start `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Whether `c` runs and exits with success; its output is discarded.
+pub(crate) fn succeeds(c: &mut Command) -> bool {
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn display(c: &Command) -> String {
+    let mut parts = vec![c.get_program().to_string_lossy().into_owned()];
+    parts.extend(c.get_args().map(|a| {
+        let a = a.to_string_lossy();
+        if a.is_empty() || a.contains(char::is_whitespace) {
+            format!("'{a}'")
+        } else {
+            a.into_owned()
+        }
+    }));
+    parts.join(" ")
+}
+
+/// Named steps with their wall times; fails fast on the first failing step.
+#[derive(Default)]
+pub(crate) struct Steps {
+    done: Vec<(String, Duration, &'static str)>,
+}
+
+impl Steps {
+    /// Runs `f` as step `name`, printing its name and wall time.
+    pub(crate) fn step(&mut self, name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.step_with(name, || f().map(|()| "ok"))
+    }
+
+    /// Like [`Steps::step`], but `f` returns the word reported for the step
+    /// ("ok", "skipped", "installed", …).
+    pub(crate) fn step_with(
+        &mut self,
+        name: &str,
+        f: impl FnOnce() -> Result<&'static str>,
+    ) -> Result<()> {
+        eprintln!("\n==> {name}");
+        let t0 = Instant::now();
+        let res = f();
+        let took = t0.elapsed();
+        match res {
+            Ok(word) => {
+                eprintln!("<== {name}: {word} ({:.1}s)", took.as_secs_f64());
+                self.done.push((name.to_string(), took, word));
+                Ok(())
+            }
+            Err(e) => {
+                self.summary();
+                eprintln!(
+                    "\nxtask: step `{name}` FAILED after {:.1}s",
+                    took.as_secs_f64()
+                );
+                Err(e.context(format!("step `{name}` failed")))
+            }
+        }
+    }
+
+    /// Prints every finished step with its wall time.
+    pub(crate) fn summary(&self) {
+        if self.done.is_empty() {
+            return;
+        }
+        let width = self.done.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
+        let total: Duration = self.done.iter().map(|(_, d, _)| *d).sum();
+        eprintln!("\nsteps:");
+        for (name, took, word) in &self.done {
+            eprintln!("  {name:<width$}  {:>7.1}s  {word}", took.as_secs_f64());
+        }
+        eprintln!("  {:<width$}  {:>7.1}s", "total", total.as_secs_f64());
+    }
+}

@@ -1,0 +1,88 @@
+//! `cargo xtask test`: everything CI runs, in one place.
+
+use anyhow::{Context, Result};
+
+use crate::setup::{ensure_cargo_tool, has_cargo_tool};
+use crate::steps::{cargo, run, Steps};
+
+/// Workspace crates that link libtorch. They are excluded from the plain
+/// clippy/test runs (which must work without libtorch); adding a crate here is
+/// the one edit needed when such a crate lands.
+pub(crate) const LIBTORCH_CRATES: &[&str] = &[];
+
+/// Target dir of the fuzz harness (its own workspace), kept under `target/`
+/// so it is cached with everything else.
+const FUZZ_TARGET_DIR: &str = "target/fuzz";
+
+/// `--workspace` plus one `--exclude` per crate in [`LIBTORCH_CRATES`].
+pub(crate) fn workspace_args() -> Vec<&'static str> {
+    let mut args = vec!["--workspace"];
+    for krate in LIBTORCH_CRATES {
+        args.extend(["--exclude", krate]);
+    }
+    args
+}
+
+fn with(prefix: &[&'static str], rest: &[&'static str]) -> Vec<&'static str> {
+    let mut args = prefix.to_vec();
+    args.extend(workspace_args());
+    args.extend(rest);
+    args
+}
+
+/// Runs every CI step; stops at the first failure.
+pub(crate) fn main() -> Result<()> {
+    let mut steps = Steps::default();
+    steps.step_with("setup: cargo-deny", || {
+        ensure_cargo_tool("cargo-deny", "deny")
+    })?;
+    steps.step("fmt", || {
+        run(&mut cargo(&["fmt", "--all", "--", "--check"]))
+            .context("code is not formatted: run `cargo fmt --all`")
+    })?;
+    steps.step("clippy", || {
+        run(&mut cargo(&with(
+            &["clippy"],
+            &["--all-targets", "--", "-D", "warnings"],
+        )))
+    })?;
+    if has_cargo_tool("nextest") {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let profile = if ci { "ci" } else { "default" };
+        steps.step(&format!("tests (nextest, profile {profile})"), || {
+            run(&mut cargo(&with(
+                &["nextest", "run"],
+                &["--profile", profile],
+            )))
+        })?;
+        // nextest does not run doctests.
+        steps.step("doctests", || run(&mut cargo(&with(&["test"], &["--doc"]))))?;
+    } else {
+        eprintln!("\n(cargo-nextest not installed: using `cargo test`, doctests included)");
+        steps.step("tests + doctests (cargo test)", || {
+            run(&mut cargo(&with(&["test"], &[])))
+        })?;
+    }
+    steps.step("fuzz harness compiles", || {
+        run(&mut cargo(&[
+            "check",
+            "--manifest-path",
+            "fuzz/Cargo.toml",
+            "--target-dir",
+            FUZZ_TARGET_DIR,
+        ]))
+    })?;
+    steps.step("cargo-deny (licenses, bans, sources)", || {
+        run(&mut cargo(&[
+            "deny",
+            "check",
+            "--hide-inclusion-graph",
+            "licenses",
+            "bans",
+            "sources",
+        ]))
+    })?;
+    steps.summary();
+    eprintln!("\nxtask test: all steps passed");
+    Ok(())
+}
