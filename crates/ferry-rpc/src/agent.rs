@@ -181,6 +181,24 @@ impl Agent {
         Ok(self.inner.workers[rank as usize].clone())
     }
 
+    /// The group's rendezvous store (namespaced for this agent); user code
+    /// may keep its own keys there.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.inner.store.clone()
+    }
+
+    /// Runs a future on the agent's runtime from a thread outside it
+    /// (e.g. a store operation).
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.inner.handle.block_on(future)
+    }
+
+    /// The address a worker listens on for RPC connections.
+    pub fn worker_addr(&self, worker: impl Into<WorkerRef>) -> Result<SocketAddr, RpcError> {
+        let rank = self.inner.resolve(&worker.into())?;
+        Ok(self.inner.addrs[rank as usize])
+    }
+
     /// Calls `function` on `to` with `args` and blocks until its result arrives,
     /// using the agent's default timeout.
     pub fn rpc_sync<R: DeserializeOwned, A: Serialize>(

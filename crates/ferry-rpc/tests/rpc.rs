@@ -1,0 +1,586 @@
+//! Multi-process tests of the agent: 4 worker processes on 127.0.0.1 unless
+//! said otherwise, each running the same test function as its rank.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{world, world_ok};
+use ferry_rpc::service::{IncomingCall, Interceptor, OutgoingCall, Service};
+use ferry_rpc::{Extension, Functions, RpcError, RpcOptions, WorkerInfo};
+use ferry_transport::{IncomingMessage, RawTensor};
+use ferry_wire::payload::{self, Encoded};
+use ferry_wire::{DType, MessageKind};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+static HOPS: AtomicU64 = AtomicU64::new(0);
+static SLOW_DONE: AtomicU64 = AtomicU64::new(0);
+static LAST_EXTENSION: Mutex<Option<String>> = Mutex::new(None);
+
+/// Tensors of every kind inside nested containers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Nested {
+    label: String,
+    by_dtype: HashMap<String, Vec<Option<RawTensor>>>,
+    pair: (RawTensor, (u8, RawTensor)),
+}
+
+fn worker_name(rank: u32) -> String {
+    format!("worker{rank}")
+}
+
+/// The functions every test worker registers.
+fn functions() -> Functions {
+    let mut f = Functions::new();
+    f.register("add", |(a, b): (i64, i64)| a + b);
+    f.register("identity", |t: RawTensor| t);
+    f.register("echo_nested", |n: Nested| n);
+    f.register("whoami", |(): ()| {
+        ferry_rpc::get_worker_info(None).unwrap().name
+    });
+    f.register_fallible("fail", |msg: String| Err::<(), _>(format!("boom: {msg}")));
+    f.register("panic", |(): ()| -> u8 { panic!("deliberate panic") });
+    f.register("sleep_ms", |ms: u64| {
+        // The function under test is slow on purpose.
+        std::thread::sleep(Duration::from_millis(ms));
+        SLOW_DONE.fetch_add(1, Ordering::SeqCst);
+        ms
+    });
+    // A -> B -> C: each hop calls the next rank synchronously from a blocking function.
+    f.register_fallible("nested", |(path, hops): (Vec<String>, u32)| {
+        let me = ferry_rpc::get_worker_info(None)?;
+        let mut path = path;
+        path.push(me.name.clone());
+        if hops == 0 {
+            return Ok::<_, RpcError>(path);
+        }
+        let next = (me.id + 1) % 4;
+        ferry_rpc::rpc_sync(next, "nested", (path, hops - 1))
+    });
+    // A fire-and-forget chain: each hop starts the next and returns at once.
+    f.register("chain", |hops: u32| {
+        HOPS.fetch_add(1, Ordering::SeqCst);
+        if hops > 0 {
+            let me = ferry_rpc::get_worker_info(None).unwrap();
+            drop(ferry_rpc::rpc_async::<(), _>(
+                (me.id + 1) % 4,
+                "chain",
+                hops - 1,
+            ));
+        }
+    });
+    f.register_async("async_add", |(a, b): (i64, i64)| async move {
+        // An async function that nests an rpc_async with .await.
+        let r: i64 = ferry_rpc::rpc_async(0u32, "add", (a, b)).await?;
+        Ok::<_, RpcError>(r)
+    });
+    f.register("last_extension", |(): ()| LAST_EXTENSION.lock().clone());
+    f.register("exit_process", exit_process);
+    f
+}
+
+/// Ends the process from inside a remote function: the caller sees its peer die mid-call.
+fn exit_process((): ()) {
+    let _ = std::io::stdout().flush();
+    std::process::exit(0)
+}
+
+fn options(rank: u32) -> RpcOptions {
+    RpcOptions::from_env(worker_name(rank))
+        .unwrap()
+        .functions(functions())
+        .init_timeout(Duration::from_secs(60))
+}
+
+fn start(rank: u32) {
+    ferry_rpc::init_rpc(options(rank)).unwrap();
+}
+
+fn sample(dtype: DType, shape: &[i64], seed: u8) -> RawTensor {
+    let n: i64 = shape.iter().product();
+    let bytes: Vec<u8> = (0..n as usize * dtype.size())
+        .map(|i| match dtype {
+            DType::Bool => (i as u8 ^ seed) & 1,
+            _ => (i as u8).wrapping_mul(37) ^ seed,
+        })
+        .collect();
+    RawTensor::from_bytes(dtype, shape, &bytes).unwrap()
+}
+
+#[test]
+fn call_to_self_by_name_and_by_rank() {
+    world_ok("call_to_self_by_name_and_by_rank", 4, |rank| {
+        start(rank);
+        let me = worker_name(rank);
+        let s: i64 = ferry_rpc::rpc_sync(me.as_str(), "add", (rank as i64, 1i64)).unwrap();
+        assert_eq!(s, rank as i64 + 1);
+        let s: i64 = ferry_rpc::rpc_sync(rank, "add", (2i64, 2i64)).unwrap();
+        assert_eq!(s, 4);
+        // Everyone by name and by rank.
+        for peer in 0..4u32 {
+            let by_name: String = ferry_rpc::rpc_sync(worker_name(peer), "whoami", ()).unwrap();
+            let by_rank: String = ferry_rpc::rpc_sync(peer, "whoami", ()).unwrap();
+            assert_eq!(by_name, worker_name(peer));
+            assert_eq!(by_rank, worker_name(peer));
+        }
+        let info = ferry_rpc::get_worker_info(Some("worker2".into())).unwrap();
+        assert_eq!(
+            info,
+            WorkerInfo {
+                name: "worker2".into(),
+                id: 2
+            }
+        );
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn invalid_rank_and_unknown_worker() {
+    world_ok("invalid_rank_and_unknown_worker", 4, |rank| {
+        start(rank);
+        let err = ferry_rpc::rpc_sync::<i64, _>(4u32, "add", (1i64, 1i64)).unwrap_err();
+        assert_eq!(err.to_string(), "invalid rank 4: world size is 4");
+        let err = ferry_rpc::rpc_sync::<i64, _>("nobody", "add", (1i64, 1i64)).unwrap_err();
+        assert_eq!(err.to_string(), "unknown worker \"nobody\"");
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn nested_calls_a_to_b_to_c() {
+    world_ok("nested_calls_a_to_b_to_c", 4, |rank| {
+        start(rank);
+        if rank == 0 {
+            let path: Vec<String> =
+                ferry_rpc::rpc_sync(1u32, "nested", (Vec::<String>::new(), 2u32)).unwrap();
+            assert_eq!(path, ["worker1", "worker2", "worker3"]);
+            // Async function on worker2 nesting an rpc_async back to worker0.
+            let s: i64 = ferry_rpc::rpc_sync(2u32, "async_add", (20i64, 22i64)).unwrap();
+            assert_eq!(s, 42);
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn hundred_concurrent_rpc_async_calls() {
+    world_ok("hundred_concurrent_rpc_async_calls", 4, |rank| {
+        start(rank);
+        let futures: Vec<_> = (0..100i64)
+            .map(|i| ferry_rpc::rpc_async::<i64, _>((i % 4) as u32, "add", (i, rank as i64 * 1000)))
+            .collect();
+        for (i, f) in futures.into_iter().enumerate() {
+            assert_eq!(f.wait().unwrap(), i as i64 + rank as i64 * 1000);
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn tensors_of_every_dtype_in_nested_containers_round_trip() {
+    world_ok(
+        "tensors_of_every_dtype_in_nested_containers_round_trip",
+        4,
+        |rank| {
+            start(rank);
+            let to = (rank + 1) % 4;
+            let mut by_dtype = HashMap::new();
+            for (i, d) in DType::ALL.iter().enumerate() {
+                let base = sample(*d, &[4, 6], i as u8);
+                by_dtype.insert(
+                    d.name().to_string(),
+                    vec![
+                        Some(base.clone()),
+                        None,
+                        Some(base.t().unwrap()),
+                        Some(base.as_strided(&[2, 3], &[12, 2], 1).unwrap()),
+                        Some(RawTensor::zeros(*d, &[0]).unwrap()),
+                        Some(RawTensor::zeros(*d, &[]).unwrap()),
+                    ],
+                );
+            }
+            let value = Nested {
+                label: format!("from {rank}"),
+                by_dtype,
+                pair: (
+                    sample(DType::F32, &[5], 1),
+                    (7, sample(DType::I64, &[2, 2], 2)),
+                ),
+            };
+            let back: Nested = ferry_rpc::rpc_sync(to, "echo_nested", value.clone()).unwrap();
+            assert_eq!(back, value);
+            for tensors in back.by_dtype.values() {
+                let t = tensors[2].as_ref().unwrap();
+                assert_eq!(t.strides(), &[1, 6], "strides are kept");
+                assert_eq!(tensors[3].as_ref().unwrap().strides(), &[12, 2]);
+                assert_eq!(tensors[5].as_ref().unwrap().numel(), 1, "0-d tensor");
+            }
+            let big = sample(DType::F32, &[1 << 20], 9);
+            let back: RawTensor = ferry_rpc::rpc_sync(to, "identity", big.clone()).unwrap();
+            assert_eq!(back, big);
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}
+
+#[test]
+fn graceful_shutdown_does_not_cut_a_twenty_hop_chain() {
+    let outputs = world_ok(
+        "graceful_shutdown_does_not_cut_a_twenty_hop_chain",
+        4,
+        |rank| {
+            start(rank);
+            if rank == 0 {
+                // Fire and forget: 20 hops around the ring, then shut down at once.
+                drop(ferry_rpc::rpc_async::<(), _>(1u32, "chain", 19u32));
+            }
+            ferry_rpc::shutdown().unwrap();
+            println!("HOPS={}", HOPS.load(Ordering::SeqCst));
+        },
+    );
+    if let Some(outputs) = outputs {
+        let hops: u64 = outputs
+            .iter()
+            .map(|o| o.values("HOPS")[0].parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(hops, 20);
+    }
+}
+
+#[test]
+fn uneven_workload_at_shutdown() {
+    let outputs = world_ok("uneven_workload_at_shutdown", 4, |rank| {
+        start(rank);
+        if rank == 0 {
+            for i in 0..6u64 {
+                drop(ferry_rpc::rpc_async::<u64, _>(
+                    1u32,
+                    "sleep_ms",
+                    50 + 20 * i,
+                ));
+            }
+        }
+        if rank == 3 {
+            drop(ferry_rpc::rpc_async::<u64, _>(2u32, "sleep_ms", 300u64));
+        }
+        ferry_rpc::shutdown().unwrap();
+        println!("SLOW_DONE={}", SLOW_DONE.load(Ordering::SeqCst));
+    });
+    if let Some(outputs) = outputs {
+        let done: Vec<u64> = outputs
+            .iter()
+            .map(|o| o.values("SLOW_DONE")[0].parse().unwrap())
+            .collect();
+        assert_eq!(done, [0, 6, 1, 0]);
+    }
+}
+
+#[test]
+fn remote_errors_name_worker_function_and_message() {
+    world_ok(
+        "remote_errors_name_worker_function_and_message",
+        4,
+        |rank| {
+            start(rank);
+            if rank == 0 {
+                let err = ferry_rpc::rpc_sync::<(), _>(1u32, "fail", "bad input".to_string())
+                    .unwrap_err();
+                assert!(matches!(err, RpcError::Remote { .. }));
+                assert_eq!(
+                    err.to_string(),
+                    "function \"fail\" failed on worker \"worker1\": boom: bad input"
+                );
+                let err = ferry_rpc::rpc_sync::<u8, _>(2u32, "panic", ()).unwrap_err();
+                assert_eq!(
+                    err.to_string(),
+                    "function \"panic\" failed on worker \"worker2\": panicked: deliberate panic"
+                );
+                let err = ferry_rpc::rpc_sync::<(), _>(3u32, "no_such_fn", ()).unwrap_err();
+                assert_eq!(
+                    err.to_string(),
+                    "worker \"worker3\" has no function \"no_such_fn\" registered"
+                );
+                // Wrong argument type: strings where integers are registered.
+                let err =
+                    ferry_rpc::rpc_sync::<i64, _>(1u32, "add", ("1".to_string(), "2".to_string()))
+                        .unwrap_err();
+                assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                let text = err.to_string();
+                assert!(text.contains("it takes fn((i64, i64)) -> i64"), "{text}");
+                assert!(
+                    text.contains("(alloc::string::String, alloc::string::String)"),
+                    "{text}"
+                );
+                // Wrong result type.
+                let err = ferry_rpc::rpc_sync::<String, _>(1u32, "add", (1i64, 2i64)).unwrap_err();
+                assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                // The worker keeps serving after all that.
+                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 2i64)).unwrap();
+                assert_eq!(s, 3);
+            }
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}
+
+#[test]
+fn timeouts_fail_and_zero_means_none() {
+    world_ok("timeouts_fail_and_zero_means_none", 2, |rank| {
+        start(rank);
+        if rank == 0 {
+            let err = ferry_rpc::rpc_sync_timeout::<u64, _>(
+                1u32,
+                "sleep_ms",
+                1000u64,
+                Duration::from_millis(100),
+            )
+            .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "call of \"sleep_ms\" on worker \"worker1\" timed out after 100ms"
+            );
+            let ms: u64 =
+                ferry_rpc::rpc_sync_timeout(1u32, "sleep_ms", 1000u64, Duration::ZERO).unwrap();
+            assert_eq!(ms, 1000);
+            // The late reply of the timed-out call was dropped; calls go on.
+            let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (5i64, 5i64)).unwrap();
+            assert_eq!(s, 10);
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn invalid_names_are_refused_before_rendezvous() {
+    for bad in ["", "has space", "a.b", &"x".repeat(128)] {
+        let o = RpcOptions::new(bad, 0, 1, "127.0.0.1:1".parse().unwrap());
+        let err = ferry_rpc::Agent::start(o).err().unwrap();
+        assert!(matches!(err, RpcError::InvalidName { .. }), "{err}");
+    }
+    let o = RpcOptions::new("w", 3, 2, "127.0.0.1:1".parse().unwrap());
+    let err = ferry_rpc::Agent::start(o).err().unwrap();
+    assert_eq!(err.to_string(), "invalid rank 3: world size is 2");
+}
+
+#[test]
+fn duplicate_names_fail_every_worker() {
+    world_ok("duplicate_names_fail_every_worker", 4, |rank| {
+        let name = if rank == 1 || rank == 2 {
+            "twin".to_string()
+        } else {
+            worker_name(rank)
+        };
+        let o = RpcOptions::from_env(name)
+            .unwrap()
+            .init_timeout(Duration::from_secs(60));
+        let err = ferry_rpc::init_rpc(o).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "duplicate worker name \"twin\" used by ranks [1, 2]"
+        );
+        assert!(matches!(ferry_rpc::agent(), Err(RpcError::NotInitialized)));
+    });
+}
+
+#[test]
+fn second_init_and_calls_after_shutdown_are_errors() {
+    world_ok(
+        "second_init_and_calls_after_shutdown_are_errors",
+        2,
+        |rank| {
+            start(rank);
+            let err = ferry_rpc::init_rpc(options(rank)).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("RPC is already initialized in this process as worker \"worker{rank}\"")
+            );
+            ferry_rpc::shutdown().unwrap();
+            let err = ferry_rpc::rpc_sync::<i64, _>(0u32, "add", (1i64, 1i64)).unwrap_err();
+            assert!(matches!(err, RpcError::NotInitialized), "{err}");
+            assert!(ferry_rpc::rpc_async::<i64, _>(0u32, "add", (1i64, 1i64))
+                .wait()
+                .is_err());
+            assert!(matches!(
+                ferry_rpc::shutdown(),
+                Err(RpcError::NotInitialized)
+            ));
+        },
+    );
+}
+
+#[test]
+fn malformed_bytes_leave_the_worker_serving() {
+    world_ok("malformed_bytes_leave_the_worker_serving", 4, |rank| {
+        start(rank);
+        let agent = ferry_rpc::agent().unwrap();
+        if rank != 1 {
+            let addr = agent.worker_addr(1u32).unwrap();
+            let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+            garbage.write_all(&[0xAB; 4096]).unwrap();
+            // A Ferry header announcing a 4 GiB payload.
+            let mut header = vec![b'F', b'R', b'Y', 1, 1, 0, 0, 0];
+            header.extend_from_slice(&[0; 8]);
+            header.extend_from_slice(&u32::MAX.to_le_bytes());
+            header.extend_from_slice(&[0; 12]);
+            let mut oversized = std::net::TcpStream::connect(addr).unwrap();
+            oversized.write_all(&header).unwrap();
+            for i in 0..10i64 {
+                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (i, 1i64)).unwrap();
+                assert_eq!(s, i + 1);
+            }
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn a_dead_peer_fails_calls_without_hanging() {
+    world_ok("a_dead_peer_fails_calls_without_hanging", 3, |rank| {
+        start(rank);
+        if rank == 0 {
+            let err = ferry_rpc::rpc_sync::<(), _>(2u32, "exit_process", ()).unwrap_err();
+            assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with("worker \"worker2\" is unreachable"),
+                "{err}"
+            );
+            let err = ferry_rpc::rpc_sync::<i64, _>(2u32, "add", (1i64, 1i64)).unwrap_err();
+            assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
+            let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
+            assert_eq!(s, 2);
+            // Tell rank 1 through the store that it may stop serving.
+            let agent = ferry_rpc::agent().unwrap();
+            agent
+                .block_on(agent.store().set("test/done", Vec::new()))
+                .unwrap();
+            // Graceful shutdown would wait for the dead worker: shut down at once.
+            ferry_rpc::shutdown_now().unwrap();
+        } else if rank == 1 {
+            // Serve until rank 0 is done with us (the key is set, or rank 0's
+            // store went away with it), then stop.
+            let agent = ferry_rpc::agent().unwrap();
+            let _ = agent.block_on(
+                agent
+                    .store()
+                    .wait(&["test/done".to_string()], Duration::from_secs(60)),
+            );
+            ferry_rpc::shutdown_now().unwrap();
+        } else {
+            // Rank 2 exits inside `exit_process`; this point is never reached
+            // unless the call never came.
+            std::thread::park();
+        }
+    });
+}
+
+/// Counts service messages and answers with the sum of a list.
+struct SumService;
+impl Service for SumService {
+    fn name(&self) -> &str {
+        "sum"
+    }
+    fn handle(
+        &self,
+        from: WorkerInfo,
+        message: IncomingMessage,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Encoded, String>> + Send>> {
+        Box::pin(async move {
+            let v: Vec<i64> =
+                payload::decode(&message.payload, message.tensors).map_err(|e| e.to_string())?;
+            if v.is_empty() {
+                return Err(format!("empty list from {}", from.name));
+            }
+            payload::encode(&(from.name, v.iter().sum::<i64>())).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Attaches the caller's name to every call and records it on the callee.
+struct Tagger(Arc<AtomicU64>);
+impl Interceptor for Tagger {
+    fn on_send(&self, call: &mut OutgoingCall<'_>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        call.extensions.push(Extension {
+            id: 7,
+            data: format!("to {} calling {}", call.to.name, call.function).into_bytes(),
+        });
+    }
+    fn on_receive(&self, call: &IncomingCall<'_>) {
+        if call.function == "add" {
+            let tag = call.extensions.iter().find(|e| e.id == 7).unwrap();
+            *LAST_EXTENSION.lock() = Some(format!(
+                "{} from {}",
+                String::from_utf8_lossy(&tag.data),
+                call.from.name
+            ));
+        }
+    }
+}
+
+#[test]
+fn services_and_interceptors_plug_in() {
+    world_ok("services_and_interceptors_plug_in", 2, |rank| {
+        let sent = Arc::new(AtomicU64::new(0));
+        let kind = MessageKind(MessageKind::FIRST_SERVICE.0 + 1);
+        let o = options(rank)
+            .service(kind, Arc::new(SumService))
+            .interceptor(Arc::new(Tagger(sent.clone())));
+        ferry_rpc::init_rpc(o).unwrap();
+        if rank == 0 {
+            let agent = ferry_rpc::agent().unwrap();
+            let reply = agent
+                .call_service(
+                    1u32,
+                    kind,
+                    payload::encode(&vec![1i64, 2, 3]).unwrap(),
+                    Duration::from_secs(10),
+                )
+                .wait()
+                .unwrap();
+            let (from, sum): (String, i64) =
+                payload::decode(&reply.payload, reply.tensors).unwrap();
+            assert_eq!((from.as_str(), sum), ("worker0", 6));
+            let err = agent
+                .call_service(
+                    1u32,
+                    kind,
+                    payload::encode(&Vec::<i64>::new()).unwrap(),
+                    Duration::ZERO,
+                )
+                .wait()
+                .unwrap_err();
+            assert!(err.to_string().contains("empty list from worker0"), "{err}");
+            let _: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
+            let seen: Option<String> = ferry_rpc::rpc_sync(1u32, "last_extension", ()).unwrap();
+            assert_eq!(seen.as_deref(), Some("to worker1 calling add from worker0"));
+            assert_eq!(
+                sent.load(Ordering::SeqCst),
+                2,
+                "interceptors see function calls"
+            );
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+#[test]
+fn the_harness_reports_a_failing_rank() {
+    let outputs = world("the_harness_reports_a_failing_rank", 2, |rank| {
+        if rank == 1 {
+            panic!("rank 1 fails on purpose");
+        }
+    });
+    if let Some(outputs) = outputs {
+        assert!(outputs[0].success);
+        assert!(!outputs[1].success);
+        assert!(outputs[1].stderr.contains("rank 1 fails on purpose"));
+    }
+}
