@@ -1,1 +1,44 @@
-//! placeholder
+//! # ferry
+//!
+//! Tensor-aware RPC for distributed deep learning in Rust, after PyTorch's
+//! RPC framework: workers call each other's functions with tensors anywhere
+//! in the arguments; tensor bytes travel out of band, straight from the
+//! sender's memory into a destination the receiver allocated.
+//!
+//! This facade re-exports Ferry's crates, each usable on its own:
+//! [`wire`] (the sans-IO wire format), [`transport`] (connections and tensor
+//! channels, embeddable alone) and [`rpc`] (the agent). [`launch`] starts a
+//! group of local worker processes, like `torchrun` on one host.
+//!
+//! ```no_run
+//! use ferry::launch::{self, Role};
+//! use ferry::rpc::{self, Functions, RpcOptions};
+//! use ferry::transport::RawTensor;
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let Role::Worker { rank, .. } = launch::local(2)? else { return Ok(()) };
+//!     let mut functions = Functions::new();
+//!     functions.register("sum", |t: RawTensor| t.as_slice::<f32>().unwrap().iter().sum::<f32>());
+//!     rpc::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
+//!     if rank == 0 {
+//!         let t = RawTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
+//!         let s: f32 = rpc::rpc_sync("worker1", "sum", t)?;
+//!         assert_eq!(s, 6.0);
+//!     }
+//!     rpc::shutdown()?;
+//!     Ok(())
+//! }
+//! ```
+
+pub mod launch;
+
+pub use ferry_rpc as rpc;
+pub use ferry_transport as transport;
+pub use ferry_wire as wire;
+
+pub use ferry_rpc::{
+    init_rpc, rpc_async, rpc_sync, shutdown, Agent, Functions, RpcError, RpcFuture, RpcOptions,
+    WorkerInfo,
+};
+pub use ferry_transport::RawTensor;
+pub use ferry_wire::{DType, Device};

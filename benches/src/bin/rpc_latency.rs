@@ -1,0 +1,286 @@
+//! Ferry's side of the PyTorch RPC latency comparison: the same cells as
+//! `../shared/peers/pt_rpc_latency.py` (identity on float32 tensors, two
+//! processes on 127.0.0.1), written as JSON in the same schema so
+//! `cargo xtask bench` can put both in one table.
+//!
+//! rank 0 = caller, rank 1 = callee. Per size: `rpc_sync` round-trip latency
+//! after warm-up (median/p10/p90/mean), the paper's 10 × `rpc_async` protocol,
+//! and empty-call throughput with 64 calls in flight.
+//!
+//! Usage: `rpc_latency [--quick] [--sizes 0 1KB 1MB 4MB] [--out PATH]`
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ferry::launch::{self, Role};
+use ferry::rpc::{self, Functions, RpcOptions};
+use ferry::{DType, RawTensor};
+use serde_json::{json, Value};
+
+struct Config {
+    quick: bool,
+    sizes: Vec<u64>,
+    cell_seconds: f64,
+    min_reps: usize,
+    max_reps: usize,
+    warmup: usize,
+    async_max_reps: usize,
+    inflight: usize,
+    tput_seconds: f64,
+    tput_runs: usize,
+    out: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64> {
+    let u = s.trim().to_uppercase();
+    for (suffix, mult) in [
+        ("KB", 1u64 << 10),
+        ("MB", 1 << 20),
+        ("GB", 1 << 30),
+        ("B", 1),
+    ] {
+        if let Some(n) = u.strip_suffix(suffix) {
+            return Ok((n.parse::<f64>()? * mult as f64) as u64);
+        }
+    }
+    Ok(u.parse()?)
+}
+
+fn size_label(n: u64) -> String {
+    if n == 0 {
+        return "0B".into();
+    }
+    for (suffix, mult) in [("GB", 1u64 << 30), ("MB", 1 << 20), ("KB", 1 << 10)] {
+        if n % mult == 0 {
+            return format!("{}{suffix}", n / mult);
+        }
+    }
+    format!("{n}B")
+}
+
+fn config() -> Result<Config> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut c = Config {
+        quick: false,
+        sizes: vec![0, 1 << 10, 1 << 20, 4 << 20],
+        cell_seconds: 10.0,
+        min_reps: 5,
+        max_reps: 2000,
+        warmup: 20,
+        async_max_reps: 200,
+        inflight: 64,
+        tput_seconds: 5.0,
+        tput_runs: 3,
+        out: None,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--quick" => c.quick = true,
+            "--out" => {
+                i += 1;
+                c.out = Some(args.get(i).context("--out needs a path")?.clone());
+            }
+            "--sizes" => {
+                c.sizes.clear();
+                while i + 1 < args.len() && !args[i + 1].starts_with("--") {
+                    i += 1;
+                    c.sizes.push(parse_size(&args[i])?);
+                }
+            }
+            other => bail!("unknown argument {other:?}"),
+        }
+        i += 1;
+    }
+    if c.quick {
+        c.cell_seconds = 1.0;
+        c.min_reps = 3;
+        c.warmup = 5;
+        c.tput_seconds = 1.0;
+        c.tput_runs = 1;
+    }
+    Ok(c)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let idx = p * (sorted.len() - 1) as f64;
+    let lo = idx.floor() as usize;
+    let hi = (lo + 1).min(sorted.len() - 1);
+    sorted[lo] * (1.0 - (idx - lo as f64)) + sorted[hi] * (idx - lo as f64)
+}
+
+fn stats_ms(secs: &[f64]) -> Value {
+    let mut ms: Vec<f64> = secs.iter().map(|s| s * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    let var = ms.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / ms.len() as f64;
+    json!({
+        "n": ms.len(), "median_ms": pct(&ms, 0.5), "p10_ms": pct(&ms, 0.1), "p90_ms": pct(&ms, 0.9),
+        "mean_ms": mean, "std_ms": var.sqrt(), "min_ms": ms[0], "max_ms": ms[ms.len() - 1],
+    })
+}
+
+const CALLEE: u32 = 1;
+
+fn measure_sync(t: &RawTensor, c: &Config) -> Result<Vec<f64>> {
+    let start = Instant::now();
+    let mut n = 0;
+    while n < c.warmup || start.elapsed() < Duration::from_millis(300) {
+        let s = Instant::now();
+        let _: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+        n += 1;
+        if s.elapsed() > Duration::from_millis(500) && n >= 2 {
+            break;
+        }
+    }
+    let mut lats = Vec::new();
+    let start = Instant::now();
+    while lats.len() < c.max_reps
+        && (lats.len() < c.min_reps || start.elapsed().as_secs_f64() < c.cell_seconds)
+    {
+        let s = Instant::now();
+        let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+        lats.push(s.elapsed().as_secs_f64());
+        drop(r);
+    }
+    Ok(lats)
+}
+
+fn measure_async10(t: &RawTensor, c: &Config, est_single: f64) -> Result<Vec<f64>> {
+    let est = 10.0 * est_single;
+    let reps = ((c.cell_seconds / est.max(1e-9)) as usize).clamp(3, c.async_max_reps);
+    let ten = || -> Result<()> {
+        let futures: Vec<_> = (0..10)
+            .map(|_| rpc::rpc_async::<RawTensor, _>(CALLEE, "identity", t.clone()))
+            .collect();
+        for f in futures {
+            f.wait()?;
+        }
+        Ok(())
+    };
+    if est < 1.0 {
+        ten()?;
+    }
+    let mut totals = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let s = Instant::now();
+        ten()?;
+        totals.push(s.elapsed().as_secs_f64());
+    }
+    Ok(totals)
+}
+
+fn measure_tput(c: &Config) -> Result<Value> {
+    let empty = RawTensor::zeros(DType::F32, &[0])?;
+    let call = || rpc::rpc_async::<RawTensor, _>(CALLEE, "identity", empty.clone());
+    let warm: Vec<_> = (0..c.inflight).map(|_| call()).collect();
+    for f in warm {
+        f.wait()?;
+    }
+    let mut runs = Vec::new();
+    for _ in 0..c.tput_runs {
+        let mut q = VecDeque::with_capacity(c.inflight);
+        let mut done = 0u64;
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < c.tput_seconds {
+            while q.len() < c.inflight {
+                q.push_back(call());
+            }
+            q.pop_front().context("queue")?.wait()?;
+            done += 1;
+        }
+        while let Some(f) = q.pop_front() {
+            f.wait()?;
+            done += 1;
+        }
+        runs.push(done as f64 / start.elapsed().as_secs_f64());
+    }
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(json!({
+        "inflight": c.inflight, "seconds_per_run": c.tput_seconds, "runs_calls_per_s": runs,
+        "median_calls_per_s": pct(&sorted, 0.5), "p10_calls_per_s": pct(&sorted, 0.1),
+        "p90_calls_per_s": pct(&sorted, 0.9),
+    }))
+}
+
+fn caller(c: &Config) -> Result<Value> {
+    let mut cells = Vec::new();
+    for &bytes in &c.sizes {
+        let numel = (bytes / 4) as usize;
+        let data: Vec<f32> = (0..numel).map(|i| (i % 1000) as f32 * 0.001).collect();
+        let t = RawTensor::from_slice(&data, &[numel as i64])?;
+        let label = size_label(bytes);
+        eprintln!("[ferry] identity {label} ...");
+        let cell_start = Instant::now();
+        let lats = measure_sync(&t, c)?;
+        let sync = stats_ms(&lats);
+        let median_s = sync["median_ms"].as_f64().unwrap_or(0.0) / 1e3;
+        let mut cell = json!({
+            "func": "identity", "size": label, "bytes": bytes, "numel": numel, "rpc_sync": sync,
+        });
+        if bytes >= 1 << 20 {
+            let best = lats.iter().copied().fold(f64::INFINITY, f64::min);
+            cell["eff_bandwidth_GBps_median"] = json!(2.0 * bytes as f64 / median_s / 1e9);
+            cell["eff_bandwidth_GBps_best"] = json!(2.0 * bytes as f64 / best / 1e9);
+        }
+        let totals = measure_async10(&t, c, median_s)?;
+        let a10 = stats_ms(&totals);
+        cell["async10_per_call_ms_median"] = json!(a10["median_ms"].as_f64().unwrap_or(0.0) / 10.0);
+        cell["async10_total"] = a10;
+        cell["cell_wall_s"] = json!(cell_start.elapsed().as_secs_f64());
+        eprintln!(
+            "    rpc_sync median {:.4} ms (n={})",
+            median_s * 1e3,
+            lats.len()
+        );
+        cells.push(cell);
+    }
+    eprintln!("[ferry] throughput ...");
+    let tput = measure_tput(c)?;
+    Ok(json!({
+        "bench": "ferry_rpc_latency",
+        "config": {
+            "quick": c.quick, "sizes": c.sizes, "cell_seconds": c.cell_seconds,
+            "inflight": c.inflight, "tput_seconds": c.tput_seconds, "tput_runs": c.tput_runs,
+        },
+        "cells": cells,
+        "throughput_empty": tput,
+    }))
+}
+
+fn main() -> Result<()> {
+    let c = config()?;
+    let rank = match launch::local(2)? {
+        Role::Worker { rank, .. } => rank,
+        Role::Launcher => return Ok(()),
+    };
+    let mut functions = Functions::new();
+    // The callee answers on its runtime like TensorPipe's agent answers on its
+    // thread pool: a cheap function needs no extra thread hop.
+    functions.register_async("identity", |t: RawTensor| async move {
+        Ok::<_, std::convert::Infallible>(t)
+    });
+    rpc::init_rpc(
+        RpcOptions::from_env(format!("worker{rank}"))?
+            .functions(functions)
+            .rpc_timeout(Duration::from_secs(900)),
+    )?;
+    let result = if rank == 0 { Some(caller(&c)) } else { None };
+    rpc::shutdown()?;
+    if let Some(result) = result {
+        let value = result?;
+        let text = serde_json::to_string_pretty(&value)?;
+        match &c.out {
+            Some(path) => {
+                if let Some(dir) = std::path::Path::new(path).parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(path, &text)?;
+            }
+            None => println!("{text}"),
+        }
+    }
+    Ok(())
+}
