@@ -768,16 +768,13 @@ impl Inner {
                 });
             }
             Body::Async(f) => {
-                let fut = f(&payload[rest..], tensors);
+                let fut = std::panic::AssertUnwindSafe(f(&payload[rest..], tensors));
                 let span = self.span.clone();
                 self.handle.spawn(
                     async move {
-                        let result = match tokio::spawn(fut).await {
+                        let result = match futures::FutureExt::catch_unwind(fut).await {
                             Ok(r) => r,
-                            Err(e) if e.is_panic() => {
-                                Err(Failure::failed(panic_message(&*e.into_panic())))
-                            }
-                            Err(e) => Err(Failure::failed(e.to_string())),
+                            Err(panic) => Err(Failure::failed(panic_message(&*panic))),
                         };
                         inner.reply(&outbox, id, result);
                     }

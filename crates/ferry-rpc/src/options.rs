@@ -87,7 +87,8 @@ impl RpcOptions {
 
     /// Options from the environment: `MASTER_ADDR` (default `127.0.0.1`),
     /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`; optional `FERRY_RPC_TIMEOUT_MS`,
-    /// `FERRY_CHANNELS` and `FERRY_TRANSPORTS` (comma-separated, by preference).
+    /// `FERRY_IO_THREADS`, `FERRY_CHANNELS` and `FERRY_TRANSPORTS` (comma-separated,
+    /// by preference).
     pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
         let var =
             |k: &str| std::env::var(k).map_err(|_| RpcError::Config(format!("{k} is not set")));
@@ -111,6 +112,11 @@ impl RpcOptions {
                 .parse()
                 .map_err(|_| RpcError::Config("FERRY_RPC_TIMEOUT_MS is not a number".into()))?;
             o.rpc_timeout = Duration::from_millis(ms);
+        }
+        if let Ok(n) = std::env::var("FERRY_IO_THREADS") {
+            o.io_threads = n
+                .parse()
+                .map_err(|_| RpcError::Config("FERRY_IO_THREADS is not a number".into()))?;
         }
         if let Ok(list) = std::env::var("FERRY_CHANNELS") {
             o.channels = channel::parse_channels(&list)?;
