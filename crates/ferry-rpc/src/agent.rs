@@ -715,11 +715,10 @@ impl Inner {
                 return self.reply(
                     &outbox,
                     id,
-                    Err(Failure {
-                        kind: FailureKind::BadRequest,
-                        message: format!("malformed call header: {e}"),
-                        expected: String::new(),
-                    }),
+                    Err(Failure::new(
+                        FailureKind::BadRequest,
+                        format!("malformed call header: {e}"),
+                    )),
                 )
             }
         };
@@ -727,11 +726,7 @@ impl Inner {
             return self.reply(
                 &outbox,
                 id,
-                Err(Failure {
-                    kind: FailureKind::UnknownFunction,
-                    message: String::new(),
-                    expected: String::new(),
-                }),
+                Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
         };
         if function.signature.hash() != header.signature {
@@ -791,11 +786,7 @@ impl Inner {
             return self.reply(
                 &outbox,
                 id,
-                Err(Failure {
-                    kind: FailureKind::UnknownFunction,
-                    message: String::new(),
-                    expected: String::new(),
-                }),
+                Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
         };
         let inner = self.clone();

@@ -49,11 +49,15 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    pub(crate) fn failed(message: String) -> Self {
+    pub(crate) fn new(kind: FailureKind, message: String) -> Self {
         Self {
-            kind: FailureKind::Failed,
+            kind,
             message,
             expected: String::new(),
         }
+    }
+
+    pub(crate) fn failed(message: String) -> Self {
+        Self::new(FailureKind::Failed, message)
     }
 }

@@ -73,26 +73,20 @@ pub fn default_transports() -> Vec<TransportOffer> {
 /// variable), in the given order of preference: the first gets the highest
 /// priority. Unknown names are an error listing the known ones.
 pub fn parse_channels(list: &str) -> Result<Vec<ChannelOffer>, TransportError> {
-    let names: Vec<&str> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
-    let count = names.len() as i32;
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            channel_offer(n).map(|mut o| {
-                o.priority = count - i as i32;
-                o
-            })
-        })
-        .collect()
+    parse_list(list, channel_offer, |o, p| o.priority = p)
 }
 
 /// Parses a comma-separated transport list, like [`parse_channels`].
 pub fn parse_transports(list: &str) -> Result<Vec<TransportOffer>, TransportError> {
+    parse_list(list, transport_offer, |o, p| o.priority = p)
+}
+
+/// Offers for the names in `list`, prioritised by their order.
+fn parse_list<T>(
+    list: &str,
+    offer: fn(&str) -> Result<T, TransportError>,
+    set_priority: fn(&mut T, i32),
+) -> Result<Vec<T>, TransportError> {
     let names: Vec<&str> = list
         .split(',')
         .map(str::trim)
@@ -103,10 +97,9 @@ pub fn parse_transports(list: &str) -> Result<Vec<TransportOffer>, TransportErro
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            transport_offer(n).map(|mut o| {
-                o.priority = count - i as i32;
-                o
-            })
+            let mut o = offer(n)?;
+            set_priority(&mut o, count - i as i32);
+            Ok(o)
         })
         .collect()
 }
