@@ -29,9 +29,9 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::call::{CallSlot, RpcFuture};
 use crate::functions::{panic_message, Body, Signature};
 use crate::protocol::{CallHeader, Extension, Failure, FailureKind};
-use crate::service::{IncomingCall, OutgoingCall, Service};
+use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
-use crate::{Functions, Hooks, RpcError, RpcOptions, WorkerInfo, WorkerRef};
+use crate::{Functions, RpcError, RpcOptions, WorkerInfo, WorkerRef};
 
 const RUNNING: u8 = 0;
 const JOINING: u8 = 1;
@@ -78,7 +78,7 @@ pub(crate) struct Inner {
     runtime: Mutex<Option<Runtime>>,
     functions: Functions,
     services: HashMap<MessageKind, Arc<dyn Service>>,
-    hooks: Hooks,
+    interceptors: Vec<Arc<dyn Interceptor>>,
     links: Mutex<HashMap<u32, Link>>,
     calls: Mutex<Calls>,
     timer_wake: Notify,
@@ -139,7 +139,7 @@ impl Agent {
             runtime: Mutex::new(Some(runtime)),
             functions: options.functions.clone(),
             services: options.hooks.services.iter().cloned().collect(),
-            hooks: options.hooks.clone(),
+            interceptors: options.hooks.interceptors.clone(),
             links: Mutex::new(HashMap::new()),
             calls: Mutex::new(Calls::default()),
             timer_wake: Notify::new(),
@@ -329,9 +329,8 @@ impl Agent {
         for t in inner.tasks.lock().drain(..) {
             t.abort();
         }
-        if let Some(server) = inner.store_server.lock().take() {
-            drop(server);
-        }
+        // Dropping the server stops it (rank 0 only).
+        inner.store_server.lock().take();
         if let Some(rt) = inner.runtime.lock().take() {
             rt.shutdown_background();
         }
@@ -420,7 +419,7 @@ impl Inner {
         };
         let mut args_payload = Vec::with_capacity(64);
         let tensors = payload::encode_into(args, &mut args_payload).map_err(codec)?;
-        if !self.hooks.interceptors.is_empty() {
+        if !self.interceptors.is_empty() {
             let mut extensions: Vec<Extension> = Vec::new();
             let mut call = OutgoingCall {
                 to: &self.workers[rank as usize],
@@ -428,7 +427,7 @@ impl Inner {
                 tensors: &tensors,
                 extensions: &mut extensions,
             };
-            for i in &self.hooks.interceptors {
+            for i in &self.interceptors {
                 i.on_send(&mut call);
             }
             header.extensions = extensions;
@@ -740,14 +739,14 @@ impl Inner {
                 }),
             );
         }
-        if !self.hooks.interceptors.is_empty() {
+        if !self.interceptors.is_empty() {
             let call = IncomingCall {
                 from: &from,
                 function: &header.function,
                 tensors: &msg.tensors,
                 extensions: &header.extensions,
             };
-            for i in &self.hooks.interceptors {
+            for i in &self.interceptors {
                 i.on_receive(&call);
             }
         }

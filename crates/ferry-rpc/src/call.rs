@@ -137,7 +137,7 @@ impl<T> RpcFuture<T> {
         )
     }
 
-    pub(crate) fn wait_raw(self) -> Result<IncomingMessage, RpcError> {
+    pub(crate) fn wait_raw(&self) -> Result<IncomingMessage, RpcError> {
         let r = self.slot.wait();
         self.finish_raw(r)
     }
@@ -191,9 +191,8 @@ impl<T: DeserializeOwned> RpcFuture<T> {
     /// Do not call this from an async task on the agent's runtime (use
     /// `.await` there); blocking functions and user threads may.
     pub fn wait(self) -> Result<T, RpcError> {
-        let function = self.function.clone();
         let msg = self.wait_raw()?;
-        decode_reply(&function, msg)
+        decode_reply(&self.function, msg)
     }
 }
 

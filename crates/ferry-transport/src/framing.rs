@@ -76,13 +76,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             .await
             .map_err(|e| self.io(e))?;
         let header = FrameHeader::decode(&head, &self.limits).map_err(|e| self.malformed(e))?;
-        let mut body = vec![0u8; header.body_len()];
+        let mut table = vec![0u8; header.descriptors_len as usize];
         self.inner
-            .read_exact(&mut body)
+            .read_exact(&mut table)
             .await
             .map_err(|e| self.io(e))?;
-        let payload = body.split_off(header.descriptors_len as usize);
-        let descriptors = decode_descriptors(&body, header.tensor_count, &self.limits)
+        let mut payload = vec![0u8; header.payload_len as usize];
+        self.inner
+            .read_exact(&mut payload)
+            .await
+            .map_err(|e| self.io(e))?;
+        let descriptors = decode_descriptors(&table, header.tensor_count, &self.limits)
             .map_err(|e| self.malformed(e))?;
         let mut tensors = Vec::with_capacity(descriptors.len());
         for descriptor in descriptors {
