@@ -1,0 +1,5 @@
+//! # ferry-rref
+//!
+//! Remote References for Ferry.
+
+pub mod protocol;
