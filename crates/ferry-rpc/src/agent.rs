@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, TcpConnection};
-use ferry_wire::payload::{self, Encoded};
+use ferry_wire::payload::{self, Encoded, IncomingTensor};
 use ferry_wire::{Flags, MessageKind};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -27,11 +27,12 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::call::{CallSlot, RpcFuture};
-use crate::functions::{panic_message, Body, Signature};
+use crate::current;
+use crate::functions::{panic_message, Body, CallResult, Function, Signature};
 use crate::protocol::{CallHeader, Extension, Failure, FailureKind};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
-use crate::{Functions, RpcError, RpcOptions, WorkerInfo, WorkerRef};
+use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
 
 const RUNNING: u8 = 0;
 const JOINING: u8 = 1;
@@ -78,6 +79,7 @@ pub(crate) struct Inner {
     runtime: Mutex<Option<Runtime>>,
     functions: Functions,
     services: HashMap<MessageKind, Arc<dyn Service>>,
+    layers: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     interceptors: Vec<Arc<dyn Interceptor>>,
     links: Mutex<HashMap<u32, Link>>,
     calls: Mutex<Calls>,
@@ -139,6 +141,7 @@ impl Agent {
             runtime: Mutex::new(Some(runtime)),
             functions: options.functions.clone(),
             services: options.hooks.services.iter().cloned().collect(),
+            layers: options.hooks.layers.clone(),
             interceptors: options.hooks.interceptors.clone(),
             links: Mutex::new(HashMap::new()),
             calls: Mutex::new(Calls::default()),
@@ -162,7 +165,75 @@ impl Agent {
         let timer = handle.spawn(timer_loop(inner.clone()).instrument(span));
         inner.tasks.lock().extend([accept, timer]);
         tracing::debug!(parent: &inner.span, workers = inner.workers.len(), "agent started");
-        Ok(Agent { inner })
+        let agent = Agent { inner };
+        for service in agent.inner.services.values() {
+            service.started(&agent);
+        }
+        Ok(agent)
+    }
+
+    /// The agent this thread works for: set while a remote function runs
+    /// (and while its arguments decode) and while a reply decodes, so that
+    /// types deserialized there can find their worker. `None` elsewhere.
+    pub fn current() -> Option<Agent> {
+        current::get()
+    }
+
+    /// Runs `f` with this agent as the thread's [`current`](Self::current) one.
+    pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        current::enter(self, f)
+    }
+
+    /// A reference that does not keep the agent alive.
+    pub fn downgrade(&self) -> WeakAgent {
+        WeakAgent(Arc::downgrade(&self.inner))
+    }
+
+    /// The layer of type `T` installed with [`Hooks::layer`](crate::Hooks::layer).
+    pub fn layer<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.inner
+            .layers
+            .iter()
+            .find_map(|l| l.clone().downcast::<T>().ok())
+    }
+
+    /// Runs the registered function `function` on this worker, as a call
+    /// from another worker would run it (blocking pool or task, panics
+    /// caught), and returns its result as a [`Value`]. `signature` is the
+    /// caller's [`Signature::hash`]; `args` its encoded arguments.
+    ///
+    /// This is how a layer keeps a result on this worker instead of
+    /// replying with it (an RRef's owner runs `remote` calls this way).
+    pub fn run_function(
+        &self,
+        function: &str,
+        signature: u64,
+        args: Vec<u8>,
+        tensors: Vec<IncomingTensor>,
+    ) -> crate::functions::BoxFuture<Result<Value, RpcError>> {
+        let inner = &self.inner;
+        let worker = inner.me.name.clone();
+        let name = function.to_string();
+        let to_error = move |failure: Failure| {
+            crate::call::failure_to_error(failure, &worker, &name, Signature::of::<(), ()>())
+        };
+        let body = match inner.lookup(function, signature) {
+            Ok(f) => f.body,
+            Err(failure) => {
+                let e = to_error(failure);
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.run_body(body, args, 0, tensors, move |result| {
+            let _ = tx.send(result);
+        });
+        Box::pin(async move {
+            match rx.await {
+                Ok(result) => result.map_err(to_error),
+                Err(_) => Err(RpcError::NotInitialized),
+            }
+        })
     }
 
     /// This worker.
@@ -244,7 +315,8 @@ impl Agent {
             .inner
             .start_call(to.into(), function, signature, &args, timeout)
         {
-            Ok((slot, worker)) => RpcFuture::new(slot, worker, function.to_string(), signature),
+            Ok((slot, worker)) => RpcFuture::new(slot, worker, function.to_string(), signature)
+                .with_agent(self.downgrade()),
             Err(e) => RpcFuture::failed(e, function, signature),
         }
     }
@@ -289,9 +361,20 @@ impl Agent {
         {
             return Err(RpcError::NotInitialized);
         }
-        let result = inner
-            .handle
-            .block_on(crate::join::join(inner.clone()).instrument(inner.span.clone()));
+        let services: Vec<Arc<dyn Service>> = inner.services.values().cloned().collect();
+        let result = inner.handle.block_on(
+            async {
+                for s in &services {
+                    s.before_join().await;
+                }
+                let joined = crate::join::join(inner.clone()).await;
+                for s in &services {
+                    s.after_join().await;
+                }
+                joined
+            }
+            .instrument(inner.span.clone()),
+        );
         self.stop();
         result
     }
@@ -349,6 +432,17 @@ impl Drop for Inner {
         if let Some(rt) = self.runtime.get_mut().take() {
             rt.shutdown_background();
         }
+    }
+}
+
+/// A reference to an [`Agent`] that does not keep it alive.
+#[derive(Clone, Debug)]
+pub struct WeakAgent(std::sync::Weak<Inner>);
+
+impl WeakAgent {
+    /// The agent, if it still exists.
+    pub fn upgrade(&self) -> Option<Agent> {
+        self.0.upgrade().map(|inner| Agent { inner })
     }
 }
 
@@ -721,24 +815,10 @@ impl Inner {
                 )
             }
         };
-        let Some(function) = self.functions.get(&header.function) else {
-            return self.reply(
-                &outbox,
-                id,
-                Err(Failure::new(FailureKind::UnknownFunction, String::new())),
-            );
+        let function = match self.lookup(&header.function, header.signature) {
+            Ok(f) => f,
+            Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
-        if function.signature.hash() != header.signature {
-            return self.reply(
-                &outbox,
-                id,
-                Err(Failure {
-                    kind: FailureKind::WrongType,
-                    message: String::new(),
-                    expected: function.signature.to_string(),
-                }),
-            );
-        }
         if !self.interceptors.is_empty() {
             let call = IncomingCall {
                 from: &from,
@@ -750,19 +830,43 @@ impl Inner {
                 i.on_receive(&call);
             }
         }
-        let inner = self.clone();
         let IncomingMessage {
             payload, tensors, ..
         } = msg;
-        match function.body.clone() {
+        let inner = self.clone();
+        self.run_body(function.body.clone(), payload, rest, tensors, move |result| {
+            let encoded = result.and_then(|v| {
+                v.encode()
+                    .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
+            });
+            inner.reply(&outbox, id, encoded);
+        });
+    }
+
+    /// Runs a function body the way its registration asks (blocking pool or
+    /// task), with this agent as the current one, then hands the outcome to `done`.
+    fn run_body(
+        self: &Arc<Self>,
+        body: Body,
+        payload: Vec<u8>,
+        offset: usize,
+        tensors: Vec<IncomingTensor>,
+        done: impl FnOnce(CallResult) + Send + 'static,
+    ) {
+        let agent = Agent {
+            inner: self.clone(),
+        };
+        match body {
             Body::Blocking(f) => {
                 self.handle.spawn_blocking(move || {
-                    let result = f(&payload[rest..], tensors);
-                    inner.reply(&outbox, id, result);
+                    let result = current::enter(&agent, || f(&payload[offset..], tensors));
+                    current::enter(&agent, || done(result));
                 });
             }
             Body::Async(f) => {
-                let fut = std::panic::AssertUnwindSafe(f(&payload[rest..], tensors));
+                let fut = current::enter(&agent, || {
+                    std::panic::AssertUnwindSafe(f(&payload[offset..], tensors))
+                });
                 let span = self.span.clone();
                 self.handle.spawn(
                     async move {
@@ -770,12 +874,27 @@ impl Inner {
                             Ok(r) => r,
                             Err(panic) => Err(Failure::failed(panic_message(&*panic))),
                         };
-                        inner.reply(&outbox, id, result);
+                        current::enter(&agent, || done(result));
                     }
                     .instrument(span),
                 );
             }
         }
+    }
+
+    /// The registered function `name`, if its signature hash matches.
+    fn lookup(&self, name: &str, signature: u64) -> Result<Function, Failure> {
+        let Some(function) = self.functions.get(name) else {
+            return Err(Failure::new(FailureKind::UnknownFunction, String::new()));
+        };
+        if function.signature.hash() != signature {
+            return Err(Failure {
+                kind: FailureKind::WrongType,
+                message: String::new(),
+                expected: function.signature.to_string(),
+            });
+        }
+        Ok(function.clone())
     }
 
     fn serve_service(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {

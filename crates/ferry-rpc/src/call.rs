@@ -108,6 +108,8 @@ pub struct RpcFuture<T> {
     worker: String,
     function: String,
     signature: Signature,
+    /// The caller's agent: current while the reply decodes.
+    agent: Option<crate::WeakAgent>,
     _result: PhantomData<fn() -> T>,
 }
 
@@ -123,7 +125,21 @@ impl<T> RpcFuture<T> {
             worker,
             function,
             signature,
+            agent: None,
             _result: PhantomData,
+        }
+    }
+
+    /// Sets the agent that is current while the reply decodes.
+    pub(crate) fn with_agent(mut self, agent: crate::WeakAgent) -> Self {
+        self.agent = Some(agent);
+        self
+    }
+
+    fn decode<R: DeserializeOwned>(&self, msg: IncomingMessage) -> Result<R, RpcError> {
+        match self.agent.as_ref().and_then(crate::WeakAgent::upgrade) {
+            Some(agent) => agent.enter(|| decode_reply(&self.function, msg)),
+            None => decode_reply(&self.function, msg),
         }
     }
 
@@ -192,7 +208,7 @@ impl<T: DeserializeOwned> RpcFuture<T> {
     /// `.await` there); blocking functions and user threads may.
     pub fn wait(self) -> Result<T, RpcError> {
         let msg = self.wait_raw()?;
-        decode_reply(&self.function, msg)
+        self.decode(msg)
     }
 }
 
@@ -240,7 +256,7 @@ impl<T: DeserializeOwned> Future for RpcFuture<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match this.poll_raw(cx) {
-            Poll::Ready(r) => Poll::Ready(r.and_then(|m| decode_reply(&this.function, m))),
+            Poll::Ready(r) => Poll::Ready(r.and_then(|m| this.decode(m))),
             Poll::Pending => Poll::Pending,
         }
     }

@@ -8,11 +8,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ferry_wire::payload::{self, Encoded, IncomingTensor};
+use ferry_wire::payload::{self, IncomingTensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::protocol::{Failure, FailureKind};
+use crate::Value;
 
 /// The type signature of a remote function: its argument and result types.
 ///
@@ -58,8 +59,9 @@ impl std::fmt::Display for Signature {
     }
 }
 
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-type CallResult = Result<Encoded, Failure>;
+/// A boxed, sendable future (what services and layers return).
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) type CallResult = Result<Value, Failure>;
 type BlockingFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> CallResult + Send + Sync;
 type AsyncFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> BoxFuture<CallResult> + Send + Sync;
 
@@ -80,6 +82,9 @@ pub(crate) struct Function {
 }
 
 /// The registry of remote functions a worker serves.
+///
+/// Results are `Send + Sync` so that a `remote` call can keep them on the
+/// callee, shared by every handle to them.
 ///
 /// Register the same functions under the same names on every worker (the
 /// usual way is one function that builds the registry, called by every
@@ -114,7 +119,7 @@ impl Functions {
     pub fn register<A, R, F>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
+        R: Serialize + Send + Sync + 'static,
         F: Fn(A) -> R + Send + Sync + 'static,
     {
         self.register_fallible(name, move |a: A| Ok::<R, std::convert::Infallible>(f(a)))
@@ -125,14 +130,14 @@ impl Functions {
     pub fn register_fallible<A, R, E, F>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
+        R: Serialize + Send + Sync + 'static,
         E: std::fmt::Display,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
         let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
             let args: A = decode_args(bytes, tensors)?;
             match catch_unwind(AssertUnwindSafe(|| f(args))) {
-                Ok(Ok(r)) => encode_result(&r),
+                Ok(Ok(r)) => Ok(Value::new(r)),
                 Ok(Err(e)) => Err(Failure::failed(e.to_string())),
                 Err(panic) => Err(Failure::failed(panic_message(&*panic))),
             }
@@ -151,7 +156,7 @@ impl Functions {
     pub fn register_async<A, R, E, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
+        R: Serialize + Send + Sync + 'static,
         E: std::fmt::Display + Send + 'static,
         F: Fn(A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
@@ -162,7 +167,7 @@ impl Functions {
             let f = f.clone();
             Box::pin(async move {
                 match f(args?).await {
-                    Ok(r) => encode_result(&r),
+                    Ok(r) => Ok(Value::new(r)),
                     Err(e) => Err(Failure::failed(e.to_string())),
                 }
             })
@@ -213,10 +218,6 @@ fn decode_args<A: DeserializeOwned>(
         message: format!("cannot decode the arguments: {e}"),
         expected: String::new(),
     })
-}
-
-fn encode_result<R: Serialize>(r: &R) -> Result<Encoded, Failure> {
-    payload::encode(r).map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
 }
 
 /// The text of a panic payload.

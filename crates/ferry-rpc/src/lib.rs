@@ -36,6 +36,7 @@
 
 mod agent;
 mod call;
+mod current;
 mod error;
 mod functions;
 mod join;
@@ -45,6 +46,7 @@ mod protocol;
 mod rendezvous;
 pub mod service;
 pub mod store;
+mod value;
 
 use std::time::Duration;
 
@@ -52,14 +54,15 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use agent::{Agent, ServiceFuture};
+pub use agent::{Agent, ServiceFuture, WeakAgent};
 pub use call::RpcFuture;
 pub use error::RpcError;
-pub use functions::{Functions, Signature};
+pub use functions::{BoxFuture, Functions, Signature};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
 pub use protocol::Extension;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
+pub use value::Value;
 
 /// The process's agent, set by [`init_rpc`] and cleared by shutdown.
 static AGENT: Mutex<Option<Agent>> = Mutex::new(None);

@@ -9,7 +9,7 @@ use ferry_wire::MessageKind;
 
 use crate::functions::BoxFuture;
 use crate::protocol::Extension;
-use crate::WorkerInfo;
+use crate::{Agent, WorkerInfo};
 
 /// Handles messages of one service kind (at or above
 /// [`MessageKind::FIRST_SERVICE`]). The RRef and autograd layers plug in here.
@@ -26,6 +26,20 @@ pub trait Service: Send + Sync + 'static {
         from: WorkerInfo,
         message: IncomingMessage,
     ) -> BoxFuture<Result<Encoded, String>>;
+    /// Called once the agent has started, before any message arrives.
+    fn started(&self, agent: &Agent) {
+        let _ = agent;
+    }
+    /// Called by graceful shutdown before the group decides it is idle:
+    /// finish or send what this layer still owes other workers.
+    fn before_join(&self) -> BoxFuture<()> {
+        Box::pin(async {})
+    }
+    /// Called by graceful shutdown once no worker has calls outstanding,
+    /// before the agent stops.
+    fn after_join(&self) -> BoxFuture<()> {
+        Box::pin(async {})
+    }
 }
 
 /// A call about to leave this worker, as an interceptor sees it.
@@ -69,12 +83,19 @@ pub trait Interceptor: Send + Sync + 'static {
 pub struct Hooks {
     pub(crate) services: Vec<(MessageKind, Arc<dyn Service>)>,
     pub(crate) interceptors: Vec<Arc<dyn Interceptor>>,
+    pub(crate) layers: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Hooks {
     /// Registers a service for `kind`.
     pub fn service(&mut self, kind: MessageKind, service: Arc<dyn Service>) -> &mut Self {
         self.services.push((kind, service));
+        self
+    }
+    /// Installs a layer object that code can find again with
+    /// [`Agent::layer`] (the RRef layer keeps its context here).
+    pub fn layer<T: std::any::Any + Send + Sync>(&mut self, layer: Arc<T>) -> &mut Self {
+        self.layers.push(layer);
         self
     }
     /// Adds an interceptor.
@@ -96,6 +117,7 @@ impl std::fmt::Debug for Hooks {
                     .collect::<Vec<_>>(),
             )
             .field("interceptors", &self.interceptors.len())
+            .field("layers", &self.layers.len())
             .finish()
     }
 }
