@@ -236,6 +236,24 @@ impl Agent {
         })
     }
 
+    /// Runs `future` as a task on the agent's runtime, in the worker's span.
+    /// Layers use it for background work (retries, waits); it is stopped
+    /// with the agent.
+    pub fn spawn(&self, future: impl std::future::Future<Output = ()> + Send + 'static) {
+        let task = self
+            .inner
+            .handle
+            .spawn(future.instrument(self.inner.span.clone()));
+        let mut tasks = self.inner.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    /// The default timeout of calls.
+    pub fn rpc_timeout(&self) -> Duration {
+        self.inner.rpc_timeout
+    }
+
     /// This worker.
     pub fn worker_info(&self) -> &WorkerInfo {
         &self.inner.me
@@ -834,13 +852,19 @@ impl Inner {
             payload, tensors, ..
         } = msg;
         let inner = self.clone();
-        self.run_body(function.body.clone(), payload, rest, tensors, move |result| {
-            let encoded = result.and_then(|v| {
-                v.encode()
-                    .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
-            });
-            inner.reply(&outbox, id, encoded);
-        });
+        self.run_body(
+            function.body.clone(),
+            payload,
+            rest,
+            tensors,
+            move |result| {
+                let encoded = result.and_then(|v| {
+                    v.encode()
+                        .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
+                });
+                inner.reply(&outbox, id, encoded);
+            },
+        );
     }
 
     /// Runs a function body the way its registration asks (blocking pool or

@@ -31,7 +31,9 @@ pub struct Value {
 impl Value {
     /// Wraps `value`.
     pub fn new<T: Serialize + Send + Sync + 'static>(value: T) -> Self {
-        fn encode<T: Serialize + 'static>(v: &(dyn Any + Send + Sync)) -> Result<Encoded, WireError> {
+        fn encode<T: Serialize + 'static>(
+            v: &(dyn Any + Send + Sync),
+        ) -> Result<Encoded, WireError> {
             match v.downcast_ref::<T>() {
                 Some(v) => payload::encode(v),
                 None => Err(WireError::Payload(format!(

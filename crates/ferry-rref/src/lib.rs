@@ -1,5 +1,131 @@
 //! # ferry-rref
 //!
-//! Remote References for Ferry.
+//! Remote References (RRefs) for Ferry, as in PyTorch's
+//! `torch.distributed.rpc`: [`remote`] runs a function on another worker
+//! and returns at once an [`RRef`] to its result, which stays on that
+//! worker (the owner). Any worker holding the RRef can fetch a copy
+//! ([`RRef::to_here`]), run methods on the value where it lives
+//! ([`RRef::rpc_sync`], [`RRef::rpc_async`], [`RRef::remote`]), and pass
+//! the RRef on inside the arguments or results of any call.
+//!
+//! The owner keeps the value exactly as long as some worker can still reach
+//! it, by the reference-counting protocol of the seed "Remote Reference
+//! Protocol" ([`protocol`], a sans-IO state machine proven by a simulator
+//! under reordered, duplicated and dropped messages).
+//!
+//! ```no_run
+//! use ferry_rpc::{Functions, RpcOptions};
+//! use ferry_rref::RRef;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut functions = Functions::new();
+//! functions.register("add", |(a, b): (i64, i64)| a + b);
+//! functions.register("get", |r: RRef<i64>| r.to_here().unwrap_or(-1));
+//! let rank: u32 = std::env::var("RANK")?.parse()?;
+//! let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
+//! ferry_rref::install(&mut options);
+//! ferry_rpc::init_rpc(options)?;
+//! if rank == 0 {
+//!     let sum: RRef<i64> = ferry_rref::remote("worker1", "add", (2i64, 3i64))?;
+//!     assert_eq!(sum.to_here()?, 5);
+//!     // Pass it on: worker2 fetches it from worker1 directly.
+//!     let again: i64 = ferry_rpc::rpc_sync("worker2", "get", sum.clone())?;
+//!     assert_eq!(again, 5);
+//! }
+//! ferry_rpc::shutdown()?;
+//! # Ok(()) }
+//! ```
 
+mod context;
+mod error;
+mod message;
 pub mod protocol;
+mod proxy;
+mod rref;
+mod slot;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_rpc::{Agent, RpcOptions, Signature, WorkerRef};
+use ferry_wire::payload;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use context::{DebugInfo, RRefContext};
+pub use error::RRefError;
+pub use message::RREF_SERVICE;
+pub use protocol::{ForkId, RRefId};
+pub use proxy::{method_name, register_method, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
+pub use rref::RRef;
+
+/// Installs the RRef layer into `options` (its service and its context);
+/// call it on every worker before starting the agent. `ferry::init_rpc`
+/// does it for you.
+pub fn install(options: &mut RpcOptions) -> Arc<RRefContext> {
+    let ctx = Arc::new(RRefContext::new());
+    options
+        .hooks
+        .service(RREF_SERVICE, Arc::new(context::RRefService(ctx.clone())))
+        .layer(ctx.clone());
+    ctx
+}
+
+/// Runs `function(args)` on worker `to` and returns at once an RRef to its
+/// result, which stays on `to`. Uses the process's agent and its default
+/// timeout for the creation.
+pub fn remote<R, A>(to: impl Into<WorkerRef>, function: &str, args: A) -> Result<RRef<R>, RRefError>
+where
+    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    A: Serialize,
+{
+    let agent = ferry_rpc::agent()?;
+    let timeout = agent.rpc_timeout();
+    remote_with(&agent, to, function, args, timeout)
+}
+
+/// [`remote`] with a creation timeout (zero: none): if the owner has not
+/// run the function within it, the RRef's creation counts as failed.
+pub fn remote_timeout<R, A>(
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+    timeout: Duration,
+) -> Result<RRef<R>, RRefError>
+where
+    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    A: Serialize,
+{
+    let agent = ferry_rpc::agent()?;
+    remote_with(&agent, to, function, args, timeout)
+}
+
+/// [`remote`] through a given agent.
+pub fn remote_with<R, A>(
+    agent: &Agent,
+    to: impl Into<WorkerRef>,
+    function: &str,
+    args: A,
+    timeout: Duration,
+) -> Result<RRef<R>, RRefError>
+where
+    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    A: Serialize,
+{
+    let ctx = RRefContext::of(agent)?;
+    let owner = agent.get_worker_info(to)?.id;
+    let signature = Signature::of::<A, R>().hash();
+    let args = payload::encode(&args)
+        .map_err(|e| RRefError::Codec(format!("cannot encode the arguments of {function}: {e}")))?;
+    let (rref_id, holder) = ctx.remote(agent, owner, function, signature, args, timeout);
+    Ok(RRef::from_parts(ctx, rref_id, holder, owner))
+}
+
+/// Counts of this process's RRef tables.
+pub fn debug_info() -> Result<DebugInfo, RRefError> {
+    Ok(RRefContext::current()?.debug_info())
+}
+
+fn agent_of<T>(rref: &RRef<T>) -> Result<Agent, RRefError> {
+    rref.agent()
+}

@@ -1,0 +1,545 @@
+//! The driver of the RRef protocol on one worker: it feeds the sans-IO
+//! [`RRefProtocol`] with what happens to handles and messages, sends its
+//! control messages over the agent (retried with back-off), keeps owned
+//! values, and serves `remote` and `to_here`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferry_rpc::{Agent, BoxFuture, RpcError, Service, Value, WeakAgent, WorkerInfo};
+use ferry_transport::IncomingMessage;
+use ferry_wire::payload::{self, Encoded};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+use crate::error::RRefError;
+use crate::message::{RRefMessage, RREF_SERVICE};
+use crate::protocol::{
+    Counts, Envelope, Event, ForkData, ForkId, Holder, RRefId, RRefProtocol, Transmit, WorkerId,
+};
+use crate::slot::{OwnerSlot, SlotState};
+
+/// How often a control message is tried before it is given up (and the
+/// RRef reported as leaked at shutdown).
+const SEND_ATTEMPTS: u32 = 8;
+/// First back-off between tries; doubles each time.
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+/// Timeout of one try of a control message.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The RRef layer of one worker: PyTorch's `RRefContext`.
+///
+/// Installed into the agent's options with [`install`](crate::install);
+/// found again with [`RRefContext::of`].
+pub struct RRefContext {
+    agent: OnceLock<WeakAgent>,
+    protocol: Mutex<RRefProtocol>,
+    values: Mutex<HashMap<RRefId, Arc<OwnerSlot>>>,
+    /// Woken whenever an owned value is created here.
+    created: Notify,
+    /// Why creations failed, for the errors of later uses.
+    creation_errors: Mutex<HashMap<ForkId, String>>,
+    /// `remote` calls this worker sent that have not been answered.
+    pending_remotes: AtomicUsize,
+    /// Woken whenever a control message is acknowledged or given up, or a
+    /// remote call answered.
+    progress: Notify,
+    shut_down: AtomicBool,
+    leaked: Mutex<Vec<RRefId>>,
+}
+
+impl std::fmt::Debug for RRefContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RRefContext")
+            .field("counts", &self.debug_info())
+            .finish()
+    }
+}
+
+/// Debug counts of the RRef layer on one worker (PyTorch's
+/// `_get_debug_info` RRef part).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DebugInfo {
+    /// RRefs owned here.
+    pub num_owner_rrefs: usize,
+    /// Users here confirmed by their owners.
+    pub num_confirmed_users: usize,
+    /// Users here waiting for their owner's confirmation.
+    pub num_pending_users: usize,
+    /// Forks of users here waiting for the child to be confirmed.
+    pub num_pending_children: usize,
+    /// Control messages sent and not yet acknowledged.
+    pub num_pending_control: usize,
+    /// `remote` calls sent and not yet answered.
+    pub num_pending_remotes: usize,
+}
+
+impl RRefContext {
+    pub(crate) fn new() -> Self {
+        Self {
+            agent: OnceLock::new(),
+            protocol: Mutex::new(RRefProtocol::new(0)),
+            values: Mutex::new(HashMap::new()),
+            created: Notify::new(),
+            creation_errors: Mutex::new(HashMap::new()),
+            pending_remotes: AtomicUsize::new(0),
+            progress: Notify::new(),
+            shut_down: AtomicBool::new(false),
+            leaked: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The RRef layer of `agent`.
+    pub fn of(agent: &Agent) -> Result<Arc<RRefContext>, RRefError> {
+        agent.layer::<RRefContext>().ok_or(RRefError::NotInstalled)
+    }
+
+    /// The RRef layer of the agent this thread works for: the current one
+    /// inside remote functions and reply decoding, else the process's.
+    pub fn current() -> Result<Arc<RRefContext>, RRefError> {
+        let agent = match Agent::current() {
+            Some(a) => a,
+            None => ferry_rpc::agent()?,
+        };
+        Self::of(&agent)
+    }
+
+    /// The agent, while it runs.
+    pub(crate) fn agent(&self) -> Option<Agent> {
+        self.agent
+            .get()
+            .and_then(WeakAgent::upgrade)
+            .filter(|a| a.is_running() && !self.shut_down.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn me(&self) -> WorkerId {
+        self.protocol.lock().me()
+    }
+
+    /// The name of worker `id` (its rank as text if unknown).
+    pub(crate) fn worker_name(&self, id: WorkerId) -> String {
+        self.agent
+            .get()
+            .and_then(WeakAgent::upgrade)
+            .and_then(|a| a.workers().get(id as usize).map(|w| w.name.clone()))
+            .unwrap_or_else(|| format!("rank {id}"))
+    }
+
+    /// Counts of this worker's RRef tables.
+    pub fn debug_info(&self) -> DebugInfo {
+        let Counts {
+            owners,
+            confirmed_users,
+            pending_users,
+            pending_children,
+            unacked,
+        } = self.protocol.lock().counts();
+        DebugInfo {
+            num_owner_rrefs: owners,
+            num_confirmed_users: confirmed_users,
+            num_pending_users: pending_users,
+            num_pending_children: pending_children,
+            num_pending_control: unacked,
+            num_pending_remotes: self.pending_remotes.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The owned RRefs that were still referenced when RPC shut down.
+    pub fn leaked(&self) -> Vec<RRefId> {
+        self.leaked.lock().clone()
+    }
+
+    /// Runs `f` on the protocol, then carries out what it asked for.
+    pub(crate) fn with_protocol<R>(self: &Arc<Self>, f: impl FnOnce(&mut RRefProtocol) -> R) -> R {
+        let r = f(&mut self.protocol.lock());
+        self.flush();
+        r
+    }
+
+    /// Sends the protocol's transmits and applies its events. Values
+    /// deleted here are dropped after every lock is released (a value may
+    /// hold RRefs whose drop comes back here).
+    fn flush(self: &Arc<Self>) {
+        let (transmits, events) = {
+            let mut p = self.protocol.lock();
+            let mut t = Vec::new();
+            while let Some(x) = p.poll_transmit() {
+                t.push(x);
+            }
+            let mut e = Vec::new();
+            while let Some(x) = p.poll_event() {
+                e.push(x);
+            }
+            (t, e)
+        };
+        let mut dropped = Vec::new();
+        for event in events {
+            match event {
+                Event::OwnerDeleted(id) => {
+                    debug!(rref = %id, "owner deleted");
+                    dropped.push(self.values.lock().remove(&id));
+                }
+                Event::UserConfirmed(fork) => debug!(fork = %fork, "user confirmed"),
+            }
+        }
+        for t in transmits {
+            self.send_control(t);
+        }
+        drop(dropped);
+    }
+
+    fn send_control(self: &Arc<Self>, t: Transmit) {
+        let Some(agent) = self.agent.get().and_then(WeakAgent::upgrade) else {
+            return;
+        };
+        if !agent.is_running() {
+            return;
+        }
+        let message = match payload::encode(&RRefMessage::Control(t.envelope)) {
+            Ok(m) => m,
+            Err(e) => return warn!(error = %e, "cannot encode a control message"),
+        };
+        // The first try is queued now, so graceful shutdown counts it.
+        let first = agent.call_service(t.to, RREF_SERVICE, message, CONTROL_TIMEOUT);
+        let ctx = self.clone();
+        let agent2 = agent.clone();
+        agent.spawn(async move {
+            let mut result = first.await;
+            let mut backoff = FIRST_BACKOFF;
+            for attempt in 1..SEND_ATTEMPTS {
+                match &result {
+                    Ok(_) => break,
+                    Err(e) if retryable(e) && agent2.is_running() => {
+                        debug!(to = t.to, attempt, error = %e, "retrying an RRef control message");
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                        let Ok(m) = payload::encode(&RRefMessage::Control(t.envelope)) else {
+                            break;
+                        };
+                        result = agent2
+                            .call_service(t.to, RREF_SERVICE, m, CONTROL_TIMEOUT)
+                            .await;
+                    }
+                    Err(_) => break,
+                }
+            }
+            match result {
+                Ok(_) => ctx.with_protocol(|p| p.handle_ack(t.to, t.envelope.seq)),
+                Err(e) => {
+                    if agent2.is_running() {
+                        warn!(to = t.to, error = %e, control = ?t.envelope.control, "giving up an RRef control message");
+                    }
+                }
+            }
+            ctx.progress.notify_waiters();
+        });
+    }
+
+    /// Takes in an RRef that arrived in a message.
+    pub(crate) fn receive(self: &Arc<Self>, data: ForkData) -> Holder {
+        self.with_protocol(|p| p.receive(data))
+    }
+
+    /// Forks a handle into a message being encoded.
+    pub(crate) fn fork(
+        self: &Arc<Self>,
+        holder: Holder,
+        rref_id: RRefId,
+        owner: WorkerId,
+    ) -> Result<ForkData, RRefError> {
+        if self.is_shut_down() {
+            return Err(RRefError::ShutDown { rref_id });
+        }
+        let r = self.with_protocol(|p| p.fork(holder));
+        r.map_err(|_| self.creation_failed(holder, rref_id, owner))
+    }
+
+    /// The last handle to `holder` here was dropped.
+    pub(crate) fn drop_handle(self: &Arc<Self>, holder: Holder) {
+        self.with_protocol(|p| p.drop_handle(holder));
+        if let Holder::User(f) = holder {
+            self.creation_errors.lock().remove(&f);
+        }
+    }
+
+    pub(crate) fn is_confirmed(&self, holder: Holder) -> bool {
+        self.protocol.lock().is_confirmed(holder)
+    }
+
+    /// The error of a handle whose creation failed.
+    pub(crate) fn creation_failed(
+        &self,
+        holder: Holder,
+        rref_id: RRefId,
+        owner: WorkerId,
+    ) -> RRefError {
+        let reason = match holder {
+            Holder::User(f) => self.creation_errors.lock().get(&f).cloned(),
+            Holder::Owner(_) => None,
+        };
+        RRefError::CreationFailed {
+            rref_id,
+            owner: self.worker_name(owner),
+            reason: reason.unwrap_or_else(|| "the owner never confirmed it".into()),
+        }
+    }
+
+    pub(crate) fn has_failed(&self, holder: Holder) -> bool {
+        self.protocol.lock().creation_failed(holder)
+    }
+
+    /// Keeps `value` as a new RRef owned here.
+    pub(crate) fn create_local(self: &Arc<Self>, value: Value) -> RRefId {
+        let id = self.with_protocol(RRefProtocol::create_owner);
+        self.values
+            .lock()
+            .insert(id, Arc::new(OwnerSlot::ready(value)));
+        self.created.notify_waiters();
+        id
+    }
+
+    /// Starts a `remote` call of `function` on `owner`; returns the new
+    /// handle at once.
+    pub(crate) fn remote(
+        self: &Arc<Self>,
+        agent: &Agent,
+        owner: WorkerId,
+        function: &str,
+        signature: u64,
+        args: Encoded,
+        timeout: Duration,
+    ) -> (RRefId, Holder) {
+        // A call to this worker itself still goes through its own
+        // connection, so arguments decode exactly as elsewhere.
+        let (rref_id, holder, fork_id) = if owner == self.me() {
+            let id = self.with_protocol(RRefProtocol::create_owner);
+            self.values
+                .lock()
+                .insert(id, Arc::new(OwnerSlot::pending()));
+            self.created.notify_waiters();
+            (id, Holder::Owner(id), None)
+        } else {
+            let (rref_id, fork_id) = self.with_protocol(|p| p.create_user(owner));
+            (rref_id, Holder::User(fork_id), Some(fork_id))
+        };
+        let header = RRefMessage::Remote {
+            rref_id,
+            fork_id,
+            function: function.to_string(),
+            signature,
+        };
+        let message = match payload::encode(&header) {
+            Ok(mut m) => {
+                m.payload.extend_from_slice(&args.payload);
+                m.tensors = args.tensors;
+                m
+            }
+            Err(e) => {
+                self.fail_creation(rref_id, fork_id, format!("cannot encode the call: {e}"));
+                return (rref_id, holder);
+            }
+        };
+        self.pending_remotes.fetch_add(1, Ordering::SeqCst);
+        let reply = agent.call_service(owner, RREF_SERVICE, message, timeout);
+        let ctx = self.clone();
+        agent.spawn(async move {
+            match (reply.await, fork_id) {
+                (Ok(_), Some(f)) => ctx.with_protocol(|p| p.remote_confirmed(f)),
+                (Ok(_), None) => {}
+                (Err(e), _) => ctx.fail_creation(rref_id, fork_id, e.to_string()),
+            }
+            ctx.pending_remotes.fetch_sub(1, Ordering::SeqCst);
+            ctx.progress.notify_waiters();
+        });
+        (rref_id, holder)
+    }
+
+    fn fail_creation(self: &Arc<Self>, rref_id: RRefId, fork_id: Option<ForkId>, reason: String) {
+        debug!(rref = %rref_id, %reason, "RRef creation failed");
+        match fork_id {
+            Some(f) => {
+                self.creation_errors.lock().insert(f, reason);
+                self.with_protocol(|p| p.remote_failed(f));
+            }
+            // Owned here: the value itself records the failure.
+            None => {
+                if let Some(slot) = self.slot(rref_id) {
+                    slot.set(Err(format!("RRef creation failed: {reason}")));
+                }
+            }
+        }
+    }
+
+    /// The slot of a value owned here, if it exists.
+    pub(crate) fn slot(&self, id: RRefId) -> Option<Arc<OwnerSlot>> {
+        self.values.lock().get(&id).cloned()
+    }
+
+    /// Waits (async) until the slot of `id` exists, up to `timeout`.
+    async fn slot_async(&self, id: RRefId, timeout: Duration) -> Option<Arc<OwnerSlot>> {
+        let wait = async {
+            loop {
+                let notified = self.created.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if let Some(s) = self.slot(id) {
+                    return s;
+                }
+                notified.await;
+            }
+        };
+        if timeout.is_zero() {
+            return Some(wait.await);
+        }
+        tokio::time::timeout(timeout, wait).await.ok()
+    }
+
+    async fn serve(
+        self: Arc<Self>,
+        from: WorkerInfo,
+        msg: IncomingMessage,
+    ) -> Result<Encoded, String> {
+        let (header, rest) = postcard::take_from_bytes::<RRefMessage>(&msg.payload)
+            .map(|(h, rest)| (h, msg.payload.len() - rest.len()))
+            .map_err(|e| format!("malformed RRef message: {e}"))?;
+        match header {
+            RRefMessage::Control(envelope) => {
+                self.on_control(from.id, envelope);
+                Ok(Encoded::default())
+            }
+            RRefMessage::Remote {
+                rref_id,
+                fork_id,
+                function,
+                signature,
+            } => {
+                let agent = self.agent().ok_or("the worker is shutting down")?;
+                let slot = self
+                    .values
+                    .lock()
+                    .entry(rref_id)
+                    .or_insert_with(|| Arc::new(OwnerSlot::pending()))
+                    .clone();
+                if let Some(fork_id) = fork_id {
+                    self.with_protocol(|p| p.remote_received(rref_id, fork_id));
+                }
+                self.created.notify_waiters();
+                let IncomingMessage {
+                    payload, tensors, ..
+                } = msg;
+                let args = payload[rest..].to_vec();
+                let outcome = agent
+                    .run_function(&function, signature, args, tensors)
+                    .await
+                    .map_err(|e| e.to_string());
+                slot.set(outcome);
+                Ok(Encoded::default())
+            }
+            RRefMessage::ToHere {
+                rref_id,
+                type_name,
+                timeout_ms,
+            } => {
+                let timeout = Duration::from_millis(timeout_ms);
+                let slot = self
+                    .slot_async(rref_id, timeout)
+                    .await
+                    .ok_or_else(|| format!("unknown:{rref_id} is not owned here"))?;
+                match slot.wait_async(timeout).await {
+                    SlotState::Pending => Err(format!("timeout:{rref_id} has no value yet")),
+                    SlotState::Failed(e) => Err(format!("failed:{e}")),
+                    SlotState::Ready(v) if v.type_name() != type_name => {
+                        Err(format!("type:{}", v.type_name()))
+                    }
+                    SlotState::Ready(v) => {
+                        let agent = self.agent().ok_or("the worker is shutting down")?;
+                        agent
+                            .enter(|| v.encode())
+                            .map_err(|e| format!("failed:cannot encode the value: {e}"))
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_control(self: &Arc<Self>, from: WorkerId, envelope: Envelope) {
+        self.with_protocol(|p| {
+            p.handle_control(from, envelope);
+        });
+    }
+
+    /// Shutdown, before the group's termination detection: every user
+    /// still held is released, and this waits until this worker's control
+    /// messages and `remote` calls are answered.
+    async fn release_users(self: Arc<Self>) {
+        self.with_protocol(RRefProtocol::release_all_users);
+        loop {
+            let notified = self.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let info = self.debug_info();
+            if info.num_pending_control == 0 && info.num_pending_remotes == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Shutdown, once no worker has calls outstanding: owned values no
+    /// user references are deleted; the others are reported as leaked.
+    fn release_owners(self: &Arc<Self>) {
+        let leaked = self.with_protocol(RRefProtocol::release_owners);
+        if !leaked.is_empty() {
+            warn!(count = leaked.len(), rrefs = ?leaked, "RRefs still referenced by users at shutdown (leaked)");
+        }
+        *self.leaked.lock() = leaked;
+        self.shut_down.store(true, Ordering::SeqCst);
+        let values: Vec<_> = self.values.lock().drain().collect();
+        drop(values);
+    }
+}
+
+fn retryable(e: &RpcError) -> bool {
+    matches!(
+        e,
+        RpcError::PeerUnreachable { .. } | RpcError::Timeout { .. }
+    )
+}
+
+/// The agent-facing side of the context.
+pub(crate) struct RRefService(pub(crate) Arc<RRefContext>);
+
+impl Service for RRefService {
+    fn name(&self) -> &str {
+        "rref"
+    }
+
+    fn handle(
+        &self,
+        from: WorkerInfo,
+        message: IncomingMessage,
+    ) -> BoxFuture<Result<Encoded, String>> {
+        Box::pin(self.0.clone().serve(from, message))
+    }
+
+    fn started(&self, agent: &Agent) {
+        *self.0.protocol.lock() = RRefProtocol::new(agent.worker_info().id);
+        let _ = self.0.agent.set(agent.downgrade());
+    }
+
+    fn before_join(&self) -> BoxFuture<()> {
+        Box::pin(self.0.clone().release_users())
+    }
+
+    fn after_join(&self) -> BoxFuture<()> {
+        self.0.release_owners();
+        Box::pin(async {})
+    }
+}

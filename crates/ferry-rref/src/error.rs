@@ -1,0 +1,89 @@
+//! What can go wrong with an RRef.
+
+use std::time::Duration;
+
+use ferry_rpc::RpcError;
+
+use crate::protocol::RRefId;
+
+/// An RRef operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RRefError {
+    /// The `remote` call that creates the value timed out or could not be
+    /// delivered; the RRef has no value to fetch or share.
+    #[error("RRef creation failed/timed out: {rref_id} on owner {owner}: {reason}")]
+    CreationFailed {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+        /// What went wrong with the creating call.
+        reason: String,
+    },
+    /// The function that computes the value failed on the owner; the error
+    /// was stored there and is raised by every `to_here`.
+    #[error("the function creating {rref_id} failed on owner {owner}: {message}")]
+    ValueFailed {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+        /// The owner's error.
+        message: String,
+    },
+    /// `local_value` on a worker that is not the owner.
+    #[error("local_value() of {rref_id} called on {worker}, but its owner is {owner}")]
+    NotOwner {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The worker that asked.
+        worker: String,
+        /// The owner's name.
+        owner: String,
+    },
+    /// The value did not become available in time.
+    #[error("{rref_id} on owner {owner}: no value after {after:?}")]
+    Timeout {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+        /// The time waited.
+        after: Duration,
+    },
+    /// The value is not of the type the RRef claims.
+    #[error("{rref_id} on owner {owner} holds a {actual}, not a {expected}")]
+    WrongType {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+        /// The type asked for.
+        expected: String,
+        /// The type held.
+        actual: String,
+    },
+    /// The owner no longer has the RRef (deleted, or never created there).
+    #[error("{rref_id} is unknown on its owner {owner}")]
+    Unknown {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+    },
+    /// The RRef was used after RPC shut down.
+    #[error("{rref_id} used after shutdown")]
+    ShutDown {
+        /// The RRef.
+        rref_id: RRefId,
+    },
+    /// The RRef layer is not installed on this worker's agent.
+    #[error("RRefs are not installed on this worker: call ferry_rref::install(&mut options) before starting RPC (ferry::init_rpc does it)")]
+    NotInstalled,
+    /// The call carrying the request failed.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// A message could not be encoded or decoded.
+    #[error("{0}")]
+    Codec(String),
+}

@@ -1,0 +1,37 @@
+//! The RRef service's messages (one service kind; the payload starts with
+//! an [`RRefMessage`], and a `remote` call's encoded arguments follow it).
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{Envelope, ForkData, ForkId, RRefId};
+
+/// The message kind of the RRef service.
+pub const RREF_SERVICE: ferry_wire::MessageKind = ferry_wire::MessageKind(0x101);
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum RRefMessage {
+    /// A protocol control message; the reply acknowledges it.
+    Control(Envelope),
+    /// Create the value of `rref_id` here by running `function` on the
+    /// arguments that follow; reply once it has run.
+    Remote {
+        rref_id: RRefId,
+        /// The creator's user; `None` when the creator is the owner.
+        fork_id: Option<ForkId>,
+        function: String,
+        signature: u64,
+    },
+    /// Reply with the value of `rref_id` once it exists.
+    ToHere {
+        rref_id: RRefId,
+        type_name: String,
+        timeout_ms: u64,
+    },
+}
+
+/// How an RRef travels inside a payload.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct RRefWire {
+    pub(crate) fork: ForkData,
+    pub(crate) type_name: String,
+}

@@ -1,0 +1,172 @@
+//! Method calls on an RRef's value, run on its owner: `rref.rpc_sync()`,
+//! `rref.rpc_async()` and `rref.remote()`.
+//!
+//! A method is an ordinary remote function registered with
+//! [`register_method`]: it receives the RRef (forked to the owner like any
+//! argument) and runs against the owner's value, as PyTorch's proxies do.
+
+use std::any::type_name;
+use std::time::Duration;
+
+use ferry_rpc::{Functions, RpcError, RpcFuture};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::RRefError;
+use crate::RRef;
+
+/// The registered name of method `method` of type `T`.
+pub fn method_name<T>(method: &str) -> String {
+    format!("{}::{}", type_name::<T>(), method)
+}
+
+/// Registers `f` as method `method` of values of type `T`, callable through
+/// an `RRef<T>`'s proxies on the value's owner.
+///
+/// ```
+/// use ferry_rpc::Functions;
+/// use std::sync::atomic::{AtomicI64, Ordering};
+///
+/// struct Counter(AtomicI64);
+/// # impl serde::Serialize for Counter {
+/// #     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+/// #         self.0.load(Ordering::SeqCst).serialize(s)
+/// #     }
+/// # }
+/// let mut functions = Functions::new();
+/// ferry_rref::register_method(&mut functions, "add", |c: &Counter, n: i64| {
+///     c.0.fetch_add(n, Ordering::SeqCst) + n
+/// });
+/// assert!(functions.contains(&ferry_rref::method_name::<Counter>("add")));
+/// ```
+pub fn register_method<T, A, R, F>(functions: &mut Functions, method: &str, f: F)
+where
+    T: Send + Sync + 'static,
+    A: DeserializeOwned + Send + 'static,
+    R: Serialize + Send + Sync + 'static,
+    F: Fn(&T, A) -> R + Send + Sync + 'static,
+{
+    functions.register_fallible(
+        &method_name::<T>(method),
+        move |(rref, args): (RRef<T>, A)| -> Result<R, RRefError> {
+            let value = rref.local_value()?;
+            Ok(f(&value, args))
+        },
+    );
+}
+
+fn rpc_error(e: RpcError) -> RRefError {
+    RRefError::Rpc(e)
+}
+
+/// Runs methods of an RRef's value on its owner, blocking for the result.
+#[derive(Debug)]
+pub struct RpcSyncProxy<'a, T> {
+    rref: &'a RRef<T>,
+    timeout: Option<Duration>,
+}
+
+impl<'a, T: DeserializeOwned + 'static> RpcSyncProxy<'a, T> {
+    pub(crate) fn new(rref: &'a RRef<T>) -> Self {
+        Self {
+            rref,
+            timeout: None,
+        }
+    }
+
+    /// Sets the call's timeout (zero: none).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Calls `method` with `args` and waits for its result.
+    pub fn call<R: DeserializeOwned, A: Serialize>(
+        &self,
+        method: &str,
+        args: A,
+    ) -> Result<R, RRefError> {
+        RpcAsyncProxy {
+            rref: self.rref,
+            timeout: self.timeout,
+        }
+        .call(method, args)
+        .wait()
+        .map_err(rpc_error)
+    }
+}
+
+/// Runs methods of an RRef's value on its owner, returning futures.
+#[derive(Debug)]
+pub struct RpcAsyncProxy<'a, T> {
+    rref: &'a RRef<T>,
+    timeout: Option<Duration>,
+}
+
+impl<'a, T: DeserializeOwned + 'static> RpcAsyncProxy<'a, T> {
+    pub(crate) fn new(rref: &'a RRef<T>) -> Self {
+        Self {
+            rref,
+            timeout: None,
+        }
+    }
+
+    /// Sets the call's timeout (zero: none).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Calls `method` with `args`; the future gives its result.
+    pub fn call<R: DeserializeOwned, A: Serialize>(&self, method: &str, args: A) -> RpcFuture<R> {
+        let name = method_name::<T>(method);
+        let owner = self.rref.owner();
+        let args = (self.rref.clone(), args);
+        match (crate::agent_of(self.rref), self.timeout) {
+            (Ok(agent), Some(t)) => agent.rpc_async_timeout(owner, &name, args, t),
+            (Ok(agent), None) => agent.rpc_async(owner, &name, args),
+            // Shut down: the process-level call fails with the right error.
+            (Err(_), _) => ferry_rpc::rpc_async(owner, &name, args),
+        }
+    }
+}
+
+/// Runs methods of an RRef's value on its owner with `remote`: each result
+/// stays there as a new RRef.
+#[derive(Debug)]
+pub struct RemoteProxy<'a, T> {
+    rref: &'a RRef<T>,
+    timeout: Option<Duration>,
+}
+
+impl<'a, T: DeserializeOwned + 'static> RemoteProxy<'a, T> {
+    pub(crate) fn new(rref: &'a RRef<T>) -> Self {
+        Self {
+            rref,
+            timeout: None,
+        }
+    }
+
+    /// Sets the creation's timeout (zero: none).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Calls `method` with `args` on the owner; returns the result's RRef at once.
+    pub fn call<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
+    where
+        R: Serialize + DeserializeOwned + Send + Sync + 'static,
+        A: Serialize,
+    {
+        let agent = crate::agent_of(self.rref)?;
+        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+        crate::remote_with::<R, _>(
+            &agent,
+            self.rref.owner(),
+            &method_name::<T>(method),
+            (self.rref.clone(), args),
+            timeout,
+        )
+    }
+}

@@ -1,0 +1,324 @@
+//! [`RRef<T>`]: a handle to a value that lives on one worker (its owner).
+
+use std::any::type_name;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_rpc::{RpcError, Value, WorkerInfo};
+use ferry_wire::payload;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::ser::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::context::RRefContext;
+use crate::error::RRefError;
+use crate::message::{RRefMessage, RRefWire, RREF_SERVICE};
+use crate::protocol::{Holder, RRefId, WorkerId};
+use crate::slot::SlotState;
+
+/// One local reference to an RRef: the owner's value or a user's fork.
+/// Dropping the last clone of an [`RRef`] drops it, which tells the
+/// protocol (and, for a user, eventually the owner).
+struct Handle {
+    ctx: Arc<RRefContext>,
+    holder: Holder,
+    rref_id: RRefId,
+    owner: WorkerId,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.ctx.drop_handle(self.holder);
+    }
+}
+
+/// A remote reference to a value of type `T` held by its owner worker.
+///
+/// Made by [`remote`](crate::remote) (the value is the result of a function
+/// run on the owner) or by [`RRef::new`] (owned by the caller). Cloning is
+/// cheap and shares the handle. An `RRef` can travel inside the arguments
+/// and results of `rpc_sync`, `rpc_async` and `remote`, also nested in
+/// containers or in other RRefs' values; the protocol keeps the value on
+/// the owner exactly as long as some worker can still reach it.
+pub struct RRef<T> {
+    handle: Arc<Handle>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for RRef<T> {
+    fn clone(&self) -> Self {
+        Self {
+            handle: self.handle.clone(),
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for RRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RRef")
+            .field("id", &self.handle.rref_id)
+            .field("owner", &self.handle.owner)
+            .field("type", &type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T> RRef<T> {
+    pub(crate) fn from_parts(
+        ctx: Arc<RRefContext>,
+        rref_id: RRefId,
+        holder: Holder,
+        owner: WorkerId,
+    ) -> Self {
+        Self {
+            handle: Arc::new(Handle {
+                ctx,
+                holder,
+                rref_id,
+                owner,
+            }),
+            _value: PhantomData,
+        }
+    }
+
+    /// The RRef's globally unique id.
+    pub fn id(&self) -> RRefId {
+        self.handle.rref_id
+    }
+
+    /// The owner's rank.
+    pub fn owner(&self) -> WorkerId {
+        self.handle.owner
+    }
+
+    /// The owner's name.
+    pub fn owner_name(&self) -> String {
+        self.handle.ctx.worker_name(self.handle.owner)
+    }
+
+    /// The owner's worker info.
+    pub fn owner_info(&self) -> Result<WorkerInfo, RRefError> {
+        let agent = self.agent()?;
+        Ok(agent.get_worker_info(self.handle.owner)?)
+    }
+
+    /// Whether this worker owns the value.
+    pub fn is_owner(&self) -> bool {
+        matches!(self.handle.holder, Holder::Owner(_))
+    }
+
+    /// Whether the owner has confirmed this user (always true on the owner).
+    pub fn confirmed_by_owner(&self) -> bool {
+        self.handle.ctx.is_confirmed(self.handle.holder)
+    }
+
+    pub(crate) fn agent(&self) -> Result<ferry_rpc::Agent, RRefError> {
+        self.handle.ctx.agent().ok_or(RRefError::ShutDown {
+            rref_id: self.handle.rref_id,
+        })
+    }
+
+    fn check_created(&self) -> Result<(), RRefError> {
+        if self.handle.ctx.has_failed(self.handle.holder) {
+            return Err(self.handle.ctx.creation_failed(
+                self.handle.holder,
+                self.handle.rref_id,
+                self.handle.owner,
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<T: Send + Sync + 'static> RRef<T> {
+    /// The value, on the owner only; blocks until the function creating it
+    /// has run (up to the agent's default timeout). Elsewhere: an error
+    /// naming the RRef and its owner.
+    pub fn local_value(&self) -> Result<Arc<T>, RRefError> {
+        let ctx = &self.handle.ctx;
+        let id = self.handle.rref_id;
+        if !self.is_owner() {
+            return Err(RRefError::NotOwner {
+                rref_id: id,
+                worker: ctx.worker_name(ctx.me()),
+                owner: self.owner_name(),
+            });
+        }
+        let timeout = self.agent()?.rpc_timeout();
+        let slot = ctx.slot(id).ok_or(RRefError::ShutDown { rref_id: id })?;
+        match slot.wait(timeout) {
+            SlotState::Ready(v) => v.downcast::<T>().ok_or_else(|| RRefError::WrongType {
+                rref_id: id,
+                owner: self.owner_name(),
+                expected: type_name::<T>().into(),
+                actual: v.type_name().into(),
+            }),
+            SlotState::Failed(message) => Err(RRefError::ValueFailed {
+                rref_id: id,
+                owner: self.owner_name(),
+                message,
+            }),
+            SlotState::Pending => Err(RRefError::Timeout {
+                rref_id: id,
+                owner: self.owner_name(),
+                after: timeout,
+            }),
+        }
+    }
+}
+
+impl<T: Serialize + Send + Sync + 'static> RRef<T> {
+    /// A new RRef owned by this worker, holding `value`.
+    pub fn new(value: T) -> Result<Self, RRefError> {
+        let ctx = RRefContext::current()?;
+        let owner = ctx.me();
+        let id = ctx.create_local(Value::new(value));
+        Ok(Self::from_parts(ctx, id, Holder::Owner(id), owner))
+    }
+}
+
+impl<T: DeserializeOwned + 'static> RRef<T> {
+    /// Fetches a copy of the value from the owner, waiting until it exists,
+    /// with the agent's default timeout.
+    pub fn to_here(&self) -> Result<T, RRefError> {
+        let timeout = self.agent()?.rpc_timeout();
+        self.to_here_timeout(timeout)
+    }
+
+    /// [`to_here`](Self::to_here) with a timeout (zero: none).
+    pub fn to_here_timeout(&self, timeout: Duration) -> Result<T, RRefError> {
+        let agent = self.agent()?;
+        let future = self.fetch(&agent, timeout)?;
+        agent.block_on(future)
+    }
+
+    /// [`to_here`](Self::to_here) for async code.
+    pub async fn to_here_async(&self, timeout: Duration) -> Result<T, RRefError> {
+        let agent = self.agent()?;
+        self.fetch(&agent, timeout)?.await
+    }
+
+    fn fetch(
+        &self,
+        agent: &ferry_rpc::Agent,
+        timeout: Duration,
+    ) -> Result<impl std::future::Future<Output = Result<T, RRefError>> + Send + 'static, RRefError>
+    {
+        self.check_created()?;
+        let h = &self.handle;
+        let request = RRefMessage::ToHere {
+            rref_id: h.rref_id,
+            type_name: type_name::<T>().to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        let message = payload::encode(&request).map_err(|e| RRefError::Codec(e.to_string()))?;
+        let reply = agent.call_service(h.owner, RREF_SERVICE, message, timeout);
+        let (rref_id, owner) = (h.rref_id, self.owner_name());
+        let me = self.clone();
+        let agent = agent.clone();
+        Ok(async move {
+            let result = match reply.await {
+                Ok(msg) => agent
+                    .enter(|| payload::decode::<T>(&msg.payload, msg.tensors))
+                    .map_err(|e| {
+                        RRefError::Codec(format!("cannot decode the value of {rref_id}: {e}"))
+                    }),
+                Err(RpcError::Remote { message, .. }) => {
+                    Err(to_here_error(rref_id, owner, message, timeout))
+                }
+                Err(RpcError::Timeout { after, .. }) => Err(RRefError::Timeout {
+                    rref_id,
+                    owner,
+                    after,
+                }),
+                Err(e) => Err(e.into()),
+            };
+            // The handle lives until the reply has arrived.
+            drop(me);
+            result
+        })
+    }
+
+    /// A proxy that runs methods of the value on its owner with `rpc_sync`.
+    pub fn rpc_sync(&self) -> crate::proxy::RpcSyncProxy<'_, T> {
+        crate::proxy::RpcSyncProxy::new(self)
+    }
+
+    /// A proxy that runs methods of the value on its owner with `rpc_async`.
+    pub fn rpc_async(&self) -> crate::proxy::RpcAsyncProxy<'_, T> {
+        crate::proxy::RpcAsyncProxy::new(self)
+    }
+
+    /// A proxy that runs methods of the value on its owner with `remote`,
+    /// leaving each result there as a new RRef.
+    pub fn remote(&self) -> crate::proxy::RemoteProxy<'_, T> {
+        crate::proxy::RemoteProxy::new(self)
+    }
+}
+
+fn to_here_error(rref_id: RRefId, owner: String, message: String, timeout: Duration) -> RRefError {
+    if let Some(m) = message.strip_prefix("failed:") {
+        RRefError::ValueFailed {
+            rref_id,
+            owner,
+            message: m.to_string(),
+        }
+    } else if let Some(actual) = message.strip_prefix("type:") {
+        RRefError::WrongType {
+            rref_id,
+            owner,
+            expected: String::new(),
+            actual: actual.to_string(),
+        }
+    } else if message.starts_with("timeout:") {
+        RRefError::Timeout {
+            rref_id,
+            owner,
+            after: timeout,
+        }
+    } else if message.starts_with("unknown:") {
+        RRefError::Unknown { rref_id, owner }
+    } else {
+        RRefError::ValueFailed {
+            rref_id,
+            owner,
+            message,
+        }
+    }
+}
+
+impl<T> Serialize for RRef<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let h = &self.handle;
+        let fork = h
+            .ctx
+            .fork(h.holder, h.rref_id, h.owner)
+            .map_err(S::Error::custom)?;
+        RRefWire {
+            fork,
+            type_name: type_name::<T>().to_string(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de, T> Deserialize<'de> for RRef<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = RRefWire::deserialize(deserializer)?;
+        let ctx = RRefContext::current().map_err(D::Error::custom)?;
+        let holder = ctx.receive(wire.fork);
+        let rref = RRef::from_parts(ctx, wire.fork.rref_id, holder, wire.fork.owner);
+        if wire.type_name != type_name::<T>() {
+            // Dropping the handle completes its bookkeeping.
+            return Err(D::Error::custom(format!(
+                "expected an RRef<{}>, got an RRef<{}> ({})",
+                type_name::<T>(),
+                wire.type_name,
+                wire.fork.rref_id
+            )));
+        }
+        Ok(rref)
+    }
+}
