@@ -2,17 +2,15 @@
 //! said otherwise, each running the same test function as its rank.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{world, world_ok};
 use ferry_rpc::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use ferry_rpc::{Extension, Functions, RpcError, RpcOptions, WorkerInfo};
+use ferry_testkit::{world, world_ok};
 use ferry_transport::{IncomingMessage, RawTensor};
 use ferry_wire::payload::{self, Encoded};
 use ferry_wire::{DType, MessageKind};

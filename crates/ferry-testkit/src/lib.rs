@@ -1,8 +1,22 @@
+//! # ferry-testkit
+//!
 //! A harness for multi-process tests: the test binary re-runs itself once
-//! per rank, each child runs the same test function as a worker, and the
+//! per rank, each child runs the same test function as a worker (with
+//! `MASTER_ADDR`, `MASTER_PORT`, `RANK` and `WORLD_SIZE` set), and the
 //! parent collects every child's exit status and output.
-
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+//!
+//! ```no_run
+//! #[test]
+//! fn two_workers() {
+//!     let Some(outputs) = ferry_testkit::world_ok("two_workers", 2, |rank| {
+//!         println!("RANK_SEEN={rank}");
+//!     }) else {
+//!         return; // a child: done
+//!     };
+//!     assert_eq!(outputs[1].values("RANK_SEEN"), ["1"]);
+//! }
+//! ```
+#![allow(clippy::unwrap_used)]
 
 use std::io::Read;
 use std::net::TcpListener;
