@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferry_rpc::{Agent, BoxFuture, RpcError, Service, Value, WeakAgent, WorkerInfo};
 use ferry_transport::IncomingMessage;
 use ferry_wire::payload::{self, Encoded};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
@@ -49,6 +49,9 @@ pub struct RRefContext {
     progress: Notify,
     shut_down: AtomicBool,
     leaked: Mutex<Vec<RRefId>>,
+    /// Bumped whenever the tables may have changed, for threads waiting on them.
+    generation: Mutex<u64>,
+    changed: Condvar,
 }
 
 impl std::fmt::Debug for RRefContext {
@@ -89,6 +92,8 @@ impl RRefContext {
             progress: Notify::new(),
             shut_down: AtomicBool::new(false),
             leaked: Mutex::new(Vec::new()),
+            generation: Mutex::new(0),
+            changed: Condvar::new(),
         }
     }
 
@@ -151,6 +156,38 @@ impl RRefContext {
         }
     }
 
+    /// Blocks until this worker's RRef tables are empty (no owned values,
+    /// no users, nothing pending) or `timeout` passes; on timeout returns
+    /// what is left. Useful before a checkpoint, and in tests to see that
+    /// every value was deleted once its last user went away.
+    pub fn wait_until_empty(&self, timeout: Duration) -> Result<(), DebugInfo> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut generation = self.generation.lock();
+        loop {
+            let info = self.debug_info();
+            if info == DebugInfo::default() {
+                return Ok(());
+            }
+            if self
+                .changed
+                .wait_until(&mut generation, deadline)
+                .timed_out()
+            {
+                let info = self.debug_info();
+                return if info == DebugInfo::default() {
+                    Ok(())
+                } else {
+                    Err(info)
+                };
+            }
+        }
+    }
+
+    fn bump(&self) {
+        *self.generation.lock() += 1;
+        self.changed.notify_all();
+    }
+
     /// The owned RRefs that were still referenced when RPC shut down.
     pub fn leaked(&self) -> Vec<RRefId> {
         self.leaked.lock().clone()
@@ -193,6 +230,7 @@ impl RRefContext {
             self.send_control(t);
         }
         drop(dropped);
+        self.bump();
     }
 
     fn send_control(self: &Arc<Self>, t: Transmit) {
@@ -295,6 +333,19 @@ impl RRefContext {
         self.protocol.lock().creation_failed(holder)
     }
 
+    /// Resolves when `holder`'s creation has failed (never, if it does not).
+    pub(crate) async fn creation_failure(&self, holder: Holder) {
+        loop {
+            let notified = self.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.has_failed(holder) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Keeps `value` as a new RRef owned here.
     pub(crate) fn create_local(self: &Arc<Self>, value: Value) -> RRefId {
         let id = self.with_protocol(RRefProtocol::create_owner);
@@ -357,6 +408,7 @@ impl RRefContext {
             }
             ctx.pending_remotes.fetch_sub(1, Ordering::SeqCst);
             ctx.progress.notify_waiters();
+            ctx.bump();
         });
         (rref_id, holder)
     }

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use ferry_rpc::{RpcError, Value, WorkerInfo};
 use ferry_wire::payload;
-use serde::de::{DeserializeOwned, Error as _};
-use serde::ser::Error as _;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::context::RRefContext;
@@ -218,8 +217,16 @@ impl<T: DeserializeOwned + 'static> RRef<T> {
         let (rref_id, owner) = (h.rref_id, self.owner_name());
         let me = self.clone();
         let agent = agent.clone();
+        let holder = h.holder;
         Ok(async move {
-            let result = match reply.await {
+            let ctx = me.handle.ctx.clone();
+            let outcome = tokio::select! {
+                r = reply => r,
+                () = ctx.creation_failure(holder) => {
+                    return Err(ctx.creation_failed(holder, rref_id, me.handle.owner));
+                }
+            };
+            let result = match outcome {
                 Ok(msg) => agent
                     .enter(|| payload::decode::<T>(&msg.payload, msg.tensors))
                     .map_err(|e| {
@@ -295,7 +302,7 @@ impl<T> Serialize for RRef<T> {
         let fork = h
             .ctx
             .fork(h.holder, h.rref_id, h.owner)
-            .map_err(S::Error::custom)?;
+            .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
         RRefWire {
             fork,
             type_name: type_name::<T>().to_string(),
@@ -307,12 +314,13 @@ impl<T> Serialize for RRef<T> {
 impl<'de, T> Deserialize<'de> for RRef<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = RRefWire::deserialize(deserializer)?;
-        let ctx = RRefContext::current().map_err(D::Error::custom)?;
+        let ctx =
+            RRefContext::current().map_err(|e| payload::custom_error::<D::Error>(e.to_string()))?;
         let holder = ctx.receive(wire.fork);
         let rref = RRef::from_parts(ctx, wire.fork.rref_id, holder, wire.fork.owner);
         if wire.type_name != type_name::<T>() {
             // Dropping the handle completes its bookkeeping.
-            return Err(D::Error::custom(format!(
+            return Err(payload::custom_error::<D::Error>(format!(
                 "expected an RRef<{}>, got an RRef<{}> ({})",
                 type_name::<T>(),
                 wire.type_name,

@@ -206,6 +206,12 @@ pub fn custom_error<E: serde::de::Error>(msg: impl Into<String>) -> E {
     E::custom(custom(msg))
 }
 
+/// [`custom_error`] for serialization: a type that refuses to be encoded
+/// (an RRef whose creation failed) names the reason this way.
+pub fn custom_ser_error<E: serde::ser::Error>(msg: impl Into<String>) -> E {
+    E::custom(custom(msg))
+}
+
 /// Called by a tensor type's `Deserialize` impl: reads an index and takes
 /// that tensor out of the active table.
 pub fn deserialize_tensor<'de, D: Deserializer<'de>>(
