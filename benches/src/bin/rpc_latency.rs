@@ -262,7 +262,7 @@ fn main() -> Result<()> {
     functions.register_async("identity", |t: RawTensor| async move {
         Ok::<_, std::convert::Infallible>(t)
     });
-    rpc::init_rpc(
+    ferry::init_rpc(
         RpcOptions::from_env(format!("worker{rank}"))?
             .functions(functions)
             .rpc_timeout(Duration::from_secs(900)),

@@ -51,7 +51,7 @@ fn main() -> Result<()> {
         }
     };
     let started = Instant::now();
-    rpc::init_rpc(RpcOptions::from_env(name(rank))?.functions(functions()))?;
+    ferry::init_rpc(RpcOptions::from_env(name(rank))?.functions(functions()))?;
     if rank == 0 {
         println!(
             "demo: {world_size} workers joined the rendezvous in {:.1} ms",

@@ -7,8 +7,10 @@
 //!
 //! This facade re-exports Ferry's crates, each usable on its own:
 //! [`wire`] (the sans-IO wire format), [`transport`] (connections and tensor
-//! channels, embeddable alone) and [`rpc`] (the agent). [`launch`] starts a
-//! group of local worker processes, like `torchrun` on one host.
+//! channels, embeddable alone), [`rpc`] (the agent) and [`rref`] (Remote
+//! References). [`init_rpc`] starts the agent with the RRef layer installed.
+//! [`launch`] starts a group of local worker processes, like `torchrun` on
+//! one host.
 //!
 //! ```no_run
 //! use ferry::launch::{self, Role};
@@ -19,11 +21,14 @@
 //!     let Role::Worker { rank, .. } = launch::local(2)? else { return Ok(()) };
 //!     let mut functions = Functions::new();
 //!     functions.register("sum", |t: RawTensor| t.as_slice::<f32>().unwrap().iter().sum::<f32>());
-//!     rpc::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
+//!     ferry::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
 //!     if rank == 0 {
 //!         let t = RawTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
-//!         let s: f32 = rpc::rpc_sync("worker1", "sum", t)?;
+//!         let s: f32 = rpc::rpc_sync("worker1", "sum", t.clone())?;
 //!         assert_eq!(s, 6.0);
+//!         // The result stays on worker1; fetch it when needed.
+//!         let r: ferry::RRef<f32> = ferry::remote("worker1", "sum", t)?;
+//!         assert_eq!(r.to_here()?, 6.0);
 //!     }
 //!     rpc::shutdown()?;
 //!     Ok(())
@@ -33,12 +38,20 @@
 pub mod launch;
 
 pub use ferry_rpc as rpc;
+pub use ferry_rref as rref;
 pub use ferry_transport as transport;
 pub use ferry_wire as wire;
 
 pub use ferry_rpc::{
-    init_rpc, rpc_async, rpc_sync, shutdown, Agent, Functions, RpcError, RpcFuture, RpcOptions,
-    WorkerInfo,
+    rpc_async, rpc_sync, shutdown, Agent, Functions, RpcError, RpcFuture, RpcOptions, WorkerInfo,
 };
+pub use ferry_rref::{remote, RRef, RRefError};
+
+/// Starts this process's worker with every layer installed (RRefs), then
+/// makes it the target of the free functions ([`rpc_sync`], [`remote`], ...).
+pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
+    ferry_rref::install(&mut options);
+    ferry_rpc::init_rpc(options)
+}
 pub use ferry_transport::RawTensor;
 pub use ferry_wire::{DType, Device};
