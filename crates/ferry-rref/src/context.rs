@@ -234,12 +234,10 @@ impl RRefContext {
     }
 
     fn send_control(self: &Arc<Self>, t: Transmit) {
-        let Some(agent) = self.agent.get().and_then(WeakAgent::upgrade) else {
+        // After shutdown nothing is sent (the group has stopped serving).
+        let Some(agent) = self.agent() else {
             return;
         };
-        if !agent.is_running() {
-            return;
-        }
         let message = match payload::encode(&RRefMessage::Control(t.envelope)) {
             Ok(m) => m,
             Err(e) => return warn!(error = %e, "cannot encode a control message"),
