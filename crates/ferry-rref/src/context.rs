@@ -471,12 +471,22 @@ impl RRefContext {
                 signature,
             } => {
                 let agent = self.agent().ok_or("the worker is shutting down")?;
-                let slot = self
-                    .values
-                    .lock()
-                    .entry(rref_id)
-                    .or_insert_with(|| Arc::new(OwnerSlot::pending()))
-                    .clone();
+                let slot = {
+                    let mut values = self.values.lock();
+                    match fork_id {
+                        Some(_) => values
+                            .entry(rref_id)
+                            .or_insert_with(|| Arc::new(OwnerSlot::pending()))
+                            .clone(),
+                        // A call to itself: the slot was made with the RRef.
+                        // If every handle is already gone the function still
+                        // runs (it may have effects) and its result is dropped.
+                        None => values
+                            .get(&rref_id)
+                            .cloned()
+                            .unwrap_or_else(|| Arc::new(OwnerSlot::pending())),
+                    }
+                };
                 if let Some(fork_id) = fork_id {
                     self.with_protocol(|p| p.remote_received(rref_id, fork_id));
                 }

@@ -227,6 +227,9 @@ fn self_owned_rrefs_and_rrefs_passed_back_to_their_owner() {
                 let back: RRef<i64> = ferry_rpc::rpc_sync("worker1", "echo", r.clone()).unwrap();
                 assert!(back.is_owner());
                 assert_eq!(*back.local_value().unwrap(), 2);
+                // Dropped before their functions have run: nothing may stay behind.
+                drop(ferry_rref::remote::<i64, _>("worker0", "add", (5i64, 5i64)).unwrap());
+                drop(ferry_rref::remote::<i64, _>("worker3", "add", (5i64, 5i64)).unwrap());
             }
             finish(rank, &ctx);
         },
