@@ -1,5 +1,7 @@
 //! `cargo xtask bench [--quick]`: criterion benches, then Ferry and the
-//! PyTorch RPC peer side by side (`target/ferry-bench/`).
+//! PyTorch RPC peer side by side (`target/ferry-bench/`): RPC latency
+//! (`rpc_latency` / `pt_rpc_latency.py`) and the paper's Table 1, tensor vs
+//! RRef argument overhead (`rref_overhead` / `pt_rref_overhead.py`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,8 +17,37 @@ use crate::table::{self, Better, Metric, RowSpec};
 const OUT_DIR: &str = "target/ferry-bench";
 /// Sizes of the RPC latency cells (same labels on both sides).
 const RPC_SIZES: &[&str] = &["0", "1KB", "1MB", "4MB"];
+/// Sizes of the RRef overhead rows (float32; the paper's Table 1).
+const RREF_SIZES: &[&str] = &["4MB", "40MB", "400MB"];
+/// [`RREF_SIZES`] under `--quick`.
+const RREF_SIZES_QUICK: &[&str] = &["4MB", "40MB"];
 /// `cargo xtask bench --quick` must finish within this many seconds.
 const QUICK_BUDGET_S: f64 = 600.0;
+
+/// The benchmarks `cargo xtask bench` runs (`--only` picks one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bench {
+    /// The criterion benches (`ferry-benches`, bench `wire`).
+    Criterion,
+    /// RPC latency and throughput, Ferry vs PyTorch.
+    Rpc,
+    /// Tensor vs RRef argument overhead (Table 1), Ferry vs PyTorch.
+    Rref,
+}
+
+impl Bench {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "criterion" => Some(Bench::Criterion),
+            "rpc" => Some(Bench::Rpc),
+            "rref" => Some(Bench::Rref),
+            _ => None,
+        }
+    }
+}
+
+/// What `--only` accepts, for error texts.
+const ONLY_NAMES: &str = "criterion, rpc, rref";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -30,24 +61,40 @@ pub(crate) struct Options {
     /// Run nothing: rebuild the tables from the JSON results already in
     /// `target/ferry-bench/`.
     pub(crate) table_only: bool,
+    /// Run (or tabulate) only this benchmark.
+    pub(crate) only: Option<Bench>,
 }
 
 impl Options {
     pub(crate) fn parse(args: &[String]) -> Result<Self> {
         let mut o = Options::default();
-        for a in args {
+        let mut args = args.iter();
+        while let Some(a) = args.next() {
             match a.as_str() {
                 "--quick" => o.quick = true,
                 "--no-criterion" => o.no_criterion = true,
                 "--no-peer" => o.no_peer = true,
                 "--table-only" => o.table_only = true,
+                "--only" => {
+                    let name = args.next().map(String::as_str).unwrap_or("");
+                    o.only = Some(Bench::parse(name).with_context(|| {
+                        format!("`--only` takes one of {ONLY_NAMES} (got `{name}`)")
+                    })?);
+                }
                 other => bail!(
                     "unknown option `{other}` for `cargo xtask bench` \
-                     (expected --quick, --no-criterion, --no-peer, --table-only)"
+                     (expected --quick, --no-criterion, --no-peer, --table-only, \
+                     --only {{{}}})",
+                    ONLY_NAMES.replace(", ", "|")
                 ),
             }
         }
         Ok(o)
+    }
+
+    /// Whether benchmark `b` is selected (all are, without `--only`).
+    fn runs(&self, b: Bench) -> bool {
+        self.only.is_none_or(|only| only == b)
     }
 }
 
@@ -57,7 +104,22 @@ fn peers_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("FERRY_PEERS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("..").join("shared").join("peers"));
-    dir.join("pt_rpc_latency.py").is_file().then_some(dir)
+    dir.is_dir().then_some(dir)
+}
+
+/// The peer script `name` in `peers`, if both are there; says so when the
+/// directory is there but the script is not.
+fn peer_script(peers: Option<&Path>, name: &str) -> Option<PathBuf> {
+    let script = peers?.join(name);
+    if script.is_file() {
+        Some(script)
+    } else {
+        eprintln!(
+            "peer script {} not found: skipping its column",
+            script.display()
+        );
+        None
+    }
 }
 
 /// `target/ferry-bench/<name>`, relative to the repository root (every
@@ -87,18 +149,21 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         let found = peers_dir();
         if found.is_none() {
             eprintln!(
-                "peer scripts not found (../shared/peers/pt_rpc_latency.py or $FERRY_PEERS_DIR): \
+                "peer scripts not found (../shared/peers or $FERRY_PEERS_DIR): \
                  skipping the peer column"
             );
         }
         found
     };
-    if peers.is_some() && !o.table_only {
+    let side_by_side = o.runs(Bench::Rpc) || o.runs(Bench::Rref);
+    if peers.is_some() && side_by_side && !o.table_only {
         steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
     }
 
     if o.table_only {
         eprintln!("(--table-only: tables from the results already in {OUT_DIR})");
+    } else if !o.runs(Bench::Criterion) {
+        eprintln!("(--only: skipping criterion benches)");
     } else if o.no_criterion {
         eprintln!("(--no-criterion: skipping criterion benches)");
     } else {
@@ -111,7 +176,12 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         })?;
     }
 
-    rpc_latency(&mut steps, o, peers.as_deref())?;
+    if o.runs(Bench::Rpc) {
+        rpc_latency(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Rref) {
+        rref_overhead(&mut steps, o, peers.as_deref())?;
+    }
 
     steps.summary();
     let took = t0.elapsed().as_secs_f64();
@@ -135,21 +205,54 @@ fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<(
         run_rpc_latency(steps, o, peers, &ferry_out, &peer_out)?;
     }
 
-    steps.step("table: rpc_latency", || {
-        let ferry = table::read_result(&root().join(&ferry_out))?;
-        let peer_path = root().join(&peer_out);
-        let peer = if !o.no_peer && peer_path.is_file() {
-            Some(table::read_result(&peer_path)?)
-        } else {
-            None
-        };
-        let rows = table::compare(&ferry, peer.as_ref(), &rpc_latency_specs(&ferry, peer.as_ref()));
-        println!("\nFerry vs PyTorch RPC (TensorPipe), same host, CPU tensors; ratio > 1: Ferry is better\n");
-        print!("{}", table::render(&rows));
-        table::write_json(&root().join(&table_out), &rows)?;
-        println!("\nwritten: {}", table_out.display());
-        Ok(())
-    })
+    let table = Table {
+        name: "rpc_latency",
+        heading:
+            "Ferry vs PyTorch RPC (TensorPipe), same host, CPU tensors; ratio > 1: Ferry is better",
+        ferry_out: &ferry_out,
+        peer_out: &peer_out,
+        table_out: &table_out,
+        specs: rpc_latency_specs,
+    };
+    table.step(steps, o)
+}
+
+/// One comparison table: where its inputs and output are, and its rows.
+struct Table<'a> {
+    name: &'a str,
+    heading: &'a str,
+    ferry_out: &'a Path,
+    peer_out: &'a Path,
+    table_out: &'a Path,
+    specs: fn(&Value, Option<&Value>) -> Vec<RowSpec>,
+}
+
+impl Table<'_> {
+    /// The step `table: <name>`: reads both results (the peer's if there),
+    /// prints the table and writes its JSON. Under `--table-only`, a
+    /// missing Ferry result skips the table.
+    fn step(&self, steps: &mut Steps, o: &Options) -> Result<()> {
+        steps.step_with(&format!("table: {}", self.name), || {
+            let ferry_path = root().join(self.ferry_out);
+            if o.table_only && !ferry_path.is_file() {
+                eprintln!("    no {}: skipping this table", self.ferry_out.display());
+                return Ok("skipped");
+            }
+            let ferry = table::read_result(&ferry_path)?;
+            let peer_path = root().join(self.peer_out);
+            let peer = if !o.no_peer && peer_path.is_file() {
+                Some(table::read_result(&peer_path)?)
+            } else {
+                None
+            };
+            let rows = table::compare(&ferry, peer.as_ref(), &(self.specs)(&ferry, peer.as_ref()));
+            println!("\n{}\n", self.heading);
+            print!("{}", table::render(&rows));
+            table::write_json(&root().join(self.table_out), &rows)?;
+            println!("\nwritten: {}", self.table_out.display());
+            Ok("ok")
+        })
+    }
 }
 
 fn run_rpc_latency(
@@ -177,9 +280,8 @@ fn run_rpc_latency(
         run(&mut c)
     })?;
 
-    if let Some(dir) = peers {
+    if let Some(script) = peer_script(peers, "pt_rpc_latency.py") {
         steps.step("peer: pt_rpc_latency.py (PyTorch RPC)", || {
-            let script = dir.join("pt_rpc_latency.py");
             let py = venv_python();
             let mut c = cmd(&py.to_string_lossy(), &[]);
             c.arg(&script).args(["--funcs", "identity", "--sizes"]);
@@ -192,6 +294,102 @@ fn run_rpc_latency(
         })?;
     }
     Ok(())
+}
+
+/// Ferry's `rref_overhead` binary and the peer's `pt_rref_overhead.py`
+/// (the paper's Table 1: tensor vs RRef argument), then the table.
+fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    let ferry_out = out_path("ferry_rref_overhead.json");
+    let peer_out = out_path("peer_rref_overhead.json");
+    let table_out = out_path("rref_overhead.json");
+    let sizes = if o.quick {
+        RREF_SIZES_QUICK
+    } else {
+        RREF_SIZES
+    };
+
+    if !o.table_only {
+        // A peer file left from an earlier run must not pose as this run's.
+        remove_stale(&peer_out)?;
+        steps.step("ferry: rref_overhead", || {
+            remove_stale(&ferry_out)?;
+            let mut c = cargo(&[
+                "run",
+                "--release",
+                "-p",
+                "ferry-benches",
+                "--bin",
+                "rref_overhead",
+                "--",
+            ]);
+            if o.quick {
+                c.arg("--quick");
+            }
+            c.arg("--sizes").args(sizes);
+            c.arg("--out").arg(&ferry_out);
+            run(&mut c)
+        })?;
+        if let Some(script) = peer_script(peers, "pt_rref_overhead.py") {
+            steps.step("peer: pt_rref_overhead.py (PyTorch RPC)", || {
+                let py = venv_python();
+                let mut c = cmd(&py.to_string_lossy(), &[]);
+                c.arg(&script).arg("--sizes").args(sizes);
+                if o.quick {
+                    c.arg("--quick");
+                }
+                c.arg("--out").arg(&peer_out);
+                run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
+            })?;
+        }
+    }
+
+    let table = Table {
+        name: "rref_overhead",
+        heading: "Ferry vs PyTorch RPC: tensor vs RRef argument (the paper's Table 1), same host, \
+                  CPU float32 tensors\nratio > 1: Ferry is better; an rref-tensor row has a \
+                  ratio only when both differences are positive",
+        ferry_out: &ferry_out,
+        peer_out: &peer_out,
+        table_out: &table_out,
+        specs: rref_overhead_specs,
+    };
+    table.step(steps, o)
+}
+
+/// Row specs for the RRef overhead table: per size found on either side
+/// (Ferry's order first, matched by bytes), the tensor and RRef medians and
+/// their difference, then both means with their standard deviations and
+/// the difference of the means.
+pub(crate) fn rref_overhead_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowSpec> {
+    let mut sizes: Vec<(String, Value)> = Vec::new(); // (size label, bytes)
+    for result in std::iter::once(ferry).chain(peer) {
+        let list = result.get("rows").and_then(Value::as_array);
+        for row in list.into_iter().flatten() {
+            let size = row.get("size").and_then(Value::as_str).unwrap_or("?");
+            let bytes = row.get("bytes").cloned().unwrap_or(Value::Null);
+            if !sizes.iter().any(|(_, b)| b.as_f64() == bytes.as_f64()) {
+                sizes.push((size.to_string(), bytes));
+            }
+        }
+    }
+    let mut specs = Vec::new();
+    for (size, bytes) in sizes {
+        let field = |f: &str| Metric::InList {
+            list: "/rows".into(),
+            matching: vec![("bytes".into(), bytes.clone())],
+            field: f.into(),
+        };
+        let row = |case: &str, f: &str| {
+            RowSpec::new(format!("{size} {case}"), "ms", Better::Lower, field(f))
+        };
+        specs.push(row("tensor median", "/tensor/median_ms"));
+        specs.push(row("rref median", "/rref/median_ms"));
+        specs.push(row("rref-tensor median", "/rref_minus_tensor_median_ms"));
+        specs.push(row("tensor mean±std", "/tensor/mean_ms").with_std(field("/tensor/std_ms")));
+        specs.push(row("rref mean±std", "/rref/mean_ms").with_std(field("/rref/std_ms")));
+        specs.push(row("rref-tensor mean", "/rref_minus_tensor_mean_ms"));
+    }
+    specs
 }
 
 /// Row specs for the RPC latency table: three rows per (func, size) cell
@@ -302,9 +500,82 @@ mod tests {
     }
 
     #[test]
+    fn rref_rows_follow_the_peer_schema() {
+        let stats = |median: f64, mean: f64, std: f64| {
+            json!({"n": 20, "mean_ms": mean, "std_ms": std, "median_ms": median,
+                   "p10_ms": median, "p90_ms": median, "min_ms": median, "max_ms": median})
+        };
+        let ferry = json!({
+            "bench": "ferry_rref_overhead",
+            "rows": [{"size": "4MB", "bytes": 4194304, "reps": 20,
+                      "tensor": stats(1.0, 1.5, 0.5), "rref": stats(1.25, 2.0, 0.25),
+                      "rref_minus_tensor_mean_ms": 0.5, "rref_minus_tensor_median_ms": 0.25,
+                      "rref_over_tensor_mean_ratio": 1.333, "wall_s": 0.1}]
+        });
+        let peer = json!({
+            "bench": "pt_rref_overhead",
+            "rows": [{"size": "4MB", "bytes": 4194304.0, "reps": 20,
+                      "tensor": stats(2.0, 3.0, 1.0), "rref": stats(3.0, 4.0, 1.0),
+                      "rref_minus_tensor_mean_ms": 1.0, "rref_minus_tensor_median_ms": 1.0,
+                      "rref_over_tensor_mean_ratio": 1.333, "wall_s": 0.2},
+                     {"size": "40MB", "bytes": 41943040, "reps": 20,
+                      "tensor": stats(20.0, 21.0, 2.0), "rref": stats(19.0, 20.0, 2.0),
+                      "rref_minus_tensor_mean_ms": -1.0, "rref_minus_tensor_median_ms": -1.0,
+                      "rref_over_tensor_mean_ratio": 0.95, "wall_s": 1.0}]
+        });
+        let specs = rref_overhead_specs(&ferry, Some(&peer));
+        let rows = table::compare(&ferry, Some(&peer), &specs);
+        let cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
+        assert_eq!(
+            cases,
+            [
+                "4MB tensor median",
+                "4MB rref median",
+                "4MB rref-tensor median",
+                "4MB tensor mean±std",
+                "4MB rref mean±std",
+                "4MB rref-tensor mean",
+                "40MB tensor median",
+                "40MB rref median",
+                "40MB rref-tensor median",
+                "40MB tensor mean±std",
+                "40MB rref mean±std",
+                "40MB rref-tensor mean",
+            ]
+        );
+        assert!(rows.iter().all(|r| r.unit == "ms"));
+        assert_eq!(rows[0].ratio, Some(2.0));
+        assert_eq!(rows[1].ratio, Some(2.4));
+        assert_eq!(rows[2].ratio, Some(4.0));
+        assert_eq!((rows[3].ferry, rows[3].ferry_std), (Some(1.5), Some(0.5)));
+        assert_eq!((rows[3].peer, rows[3].peer_std), (Some(3.0), Some(1.0)));
+        assert_eq!(rows[3].ratio, Some(2.0));
+        assert_eq!(rows[5].ratio, Some(2.0));
+        assert!(!rows[0].has_std && rows[4].has_std);
+        // Only the peer has 40MB; its negative overhead has no ratio.
+        assert_eq!((rows[6].ferry, rows[6].peer), (None, Some(20.0)));
+        assert_eq!((rows[8].peer, rows[8].ratio), (Some(-1.0), None));
+    }
+
+    #[test]
     fn options_parse() {
         let o = Options::parse(&["--quick".into()]).expect("valid");
-        assert!(o.quick && !o.no_peer && !o.no_criterion);
+        assert!(o.quick && !o.no_peer && !o.no_criterion && o.only.is_none());
+        assert!(o.runs(Bench::Rpc) && o.runs(Bench::Rref) && o.runs(Bench::Criterion));
         assert!(Options::parse(&["--slow".into()]).is_err());
+        let o = Options::parse(&["--only".into(), "rref".into(), "--quick".into()]).expect("valid");
+        assert_eq!(o.only, Some(Bench::Rref));
+        assert!(o.quick && o.runs(Bench::Rref) && !o.runs(Bench::Rpc));
+        let err = Options::parse(&["--only".into(), "wire".into()]).expect_err("unknown name");
+        assert!(
+            format!("{err:#}").contains("criterion, rpc, rref"),
+            "{err:#}"
+        );
+        assert!(Options::parse(&["--only".into()]).is_err());
+        let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
+        assert!(
+            format!("{err}").contains("--only {criterion|rpc|rref}"),
+            "{err}"
+        );
     }
 }

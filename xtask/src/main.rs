@@ -4,7 +4,7 @@
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
-//!   table against the PyTorch RPC peer.
+//!   tables against the PyTorch RPC peer (RPC latency, RRef overhead).
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
 //! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
@@ -28,9 +28,11 @@ usage: cargo xtask <command> [args]
 commands:
   demo [ARGS...]    build in release and run `ferry`'s demo example (ARGS are passed through)
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
-  bench [--quick]   criterion benches + Ferry vs PyTorch RPC table (target/ferry-bench/)
-        [--no-criterion] [--no-peer] [--table-only]
-                    (--table-only: rebuild the tables from results already in target/ferry-bench)
+  bench [--quick]   criterion benches + Ferry vs PyTorch RPC tables (target/ferry-bench/):
+                    RPC latency, and tensor vs RRef argument overhead (the paper's Table 1)
+        [--no-criterion] [--no-peer] [--table-only] [--only criterion|rpc|rref]
+                    (--table-only: rebuild the tables from results already in target/ferry-bench;
+                     --only: run or tabulate just that benchmark)
   help              this text
 ";
 

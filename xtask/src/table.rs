@@ -1,5 +1,5 @@
 //! Ferry-vs-peer comparison tables, shared by every side-by-side benchmark
-//! (RPC latency now; RRef, autograd, lighthouse later).
+//! (RPC latency and RRef overhead now; autograd, lighthouse later).
 //!
 //! A benchmark run on each side writes one JSON result object. A list of
 //! [`RowSpec`]s says which numbers to pull out of both objects and which
@@ -65,13 +65,15 @@ fn same(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// One row to build: its label, unit, better direction and where its number is.
+/// One row to build: its label, unit, better direction, where its number
+/// is and, optionally, where its standard deviation is (shown as `mean±std`).
 #[derive(Debug, Clone)]
 pub(crate) struct RowSpec {
     pub(crate) case: String,
     pub(crate) unit: String,
     pub(crate) better: Better,
     pub(crate) metric: Metric,
+    pub(crate) std: Option<Metric>,
 }
 
 impl RowSpec {
@@ -81,7 +83,14 @@ impl RowSpec {
             unit: unit.to_string(),
             better,
             metric,
+            std: None,
         }
+    }
+
+    /// The same row, with the standard deviation of its number at `std`.
+    pub(crate) fn with_std(mut self, std: Metric) -> Self {
+        self.std = Some(std);
+        self
     }
 }
 
@@ -94,9 +103,18 @@ pub(crate) struct Row {
     pub(crate) unit: String,
     /// > 1 means Ferry is better, whatever the unit.
     pub(crate) ratio: Option<f64>,
+    /// Standard deviations of `ferry` and `peer`, for rows whose spec names one.
+    pub(crate) ferry_std: Option<f64>,
+    pub(crate) peer_std: Option<f64>,
+    /// Whether the spec names a standard deviation (the JSON then has
+    /// `ferry_std` and `peer_std`, `null` where missing).
+    pub(crate) has_std: bool,
 }
 
 /// Builds one row per spec from the Ferry result and (if any) the peer result.
+///
+/// A ratio needs both numbers positive: a difference (e.g. an overhead
+/// that can come out negative) has no meaningful ratio otherwise.
 pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) -> Vec<Row> {
     specs
         .iter()
@@ -104,16 +122,21 @@ pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) ->
             let f = spec.metric.get(ferry);
             let p = peer.and_then(|p| spec.metric.get(p));
             let ratio = match (f, p, spec.better) {
-                (Some(f), Some(p), Better::Lower) if f > 0.0 => Some(p / f),
-                (Some(f), Some(p), Better::Higher) if p > 0.0 => Some(f / p),
+                (Some(f), Some(p), _) if f <= 0.0 || p <= 0.0 => None,
+                (Some(f), Some(p), Better::Lower) => Some(p / f),
+                (Some(f), Some(p), Better::Higher) => Some(f / p),
                 _ => None,
             };
+            let std = |side: Option<&Value>| spec.std.as_ref()?.get(side?);
             Row {
                 case: spec.case.clone(),
                 ferry: f,
                 peer: p,
                 unit: spec.unit.clone(),
                 ratio,
+                ferry_std: std(Some(ferry)),
+                peer_std: std(peer),
+                has_std: spec.std.is_some(),
             }
         })
         .collect()
@@ -130,15 +153,24 @@ fn num(v: Option<f64>) -> String {
     }
 }
 
-/// The rows as one aligned text table: case | ferry | peer | unit | ratio.
+/// A number with its standard deviation, if any: `12.345±0.4567`.
+fn num_std(v: Option<f64>, std: Option<f64>) -> String {
+    match (v, std) {
+        (Some(_), Some(_)) => format!("{}±{}", num(v), num(std)),
+        _ => num(v),
+    }
+}
+
+/// The rows as one aligned text table: case | ferry | peer | unit | ratio
+/// (numbers with a standard deviation read `mean±std`).
 pub(crate) fn render(rows: &[Row]) -> String {
     let header = ["case", "ferry", "peer", "unit", "ratio"].map(String::from);
     let mut cells: Vec<[String; 5]> = vec![header];
     for r in rows {
         cells.push([
             r.case.clone(),
-            num(r.ferry),
-            num(r.peer),
+            num_std(r.ferry, r.ferry_std),
+            num_std(r.peer, r.peer_std),
             r.unit.clone(),
             r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x")),
         ]);
@@ -176,14 +208,24 @@ pub(crate) fn render(rows: &[Row]) -> String {
 }
 
 /// The rows as a JSON list of `{case, ferry, peer, unit, ratio}` (in that
-/// key order, one row per line; missing numbers are `null`).
+/// key order, one row per line; missing numbers are `null`), followed by
+/// `ferry_std` and `peer_std` in rows whose spec names a standard deviation.
 pub(crate) fn to_json(rows: &[Row]) -> String {
     let field = |v: Value| v.to_string();
     let lines: Vec<String> = rows
         .iter()
         .map(|r| {
+            let std = if r.has_std {
+                format!(
+                    ", \"ferry_std\": {}, \"peer_std\": {}",
+                    field(json!(r.ferry_std)),
+                    field(json!(r.peer_std)),
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}}}",
+                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}{std}}}",
                 field(json!(r.case)),
                 field(json!(r.ferry)),
                 field(json!(r.peer)),
@@ -265,6 +307,30 @@ mod tests {
         let js: Value = serde_json::from_str(&text).expect("valid JSON");
         assert_eq!(js[1]["unit"], "calls/s");
         assert_eq!(js[2]["peer"], Value::Null);
+    }
+
+    #[test]
+    fn std_and_differences() {
+        let std_spec = RowSpec::new("mean", "ms", Better::Lower, Metric::At("/m".into()))
+            .with_std(Metric::At("/s".into()));
+        let diff_spec = RowSpec::new("diff", "ms", Better::Lower, Metric::At("/d".into()));
+        let ferry = json!({"m": 2.0, "s": 0.5, "d": -0.25});
+        let peer = json!({"m": 4.0, "d": 1.0});
+        let rows = compare(&ferry, Some(&peer), &[std_spec, diff_spec]);
+        assert_eq!(rows[0].ratio, Some(2.0));
+        assert_eq!((rows[0].ferry_std, rows[0].peer_std), (Some(0.5), None));
+        // A negative difference has no ratio.
+        assert_eq!(rows[1].ratio, None);
+        let text = render(&rows);
+        assert!(text.contains("2.000±0.5000"), "{text}");
+        let text = to_json(&rows);
+        assert!(
+            text.contains(r#""ratio": 2.0, "ferry_std": 0.5, "peer_std": null}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""ratio": null}"#), "{text}");
+        let js: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert!(js[1].get("ferry_std").is_none());
     }
 
     #[test]

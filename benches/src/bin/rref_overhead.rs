@@ -1,0 +1,310 @@
+//! Ferry's side of Table 1 of the PyTorch RPC paper: the overhead of passing
+//! a tensor by RRef instead of by value. Same protocol and JSON schema as
+//! `../shared/peers/pt_rref_overhead.py`, so `cargo xtask bench` can put both
+//! in one table.
+//!
+//! Two processes on 127.0.0.1; rank 0 = caller `worker0` (owns the tensor),
+//! rank 1 = callee `worker1`. Per size, float32:
+//!
+//! - Tensor: `rpc_sync("worker1", "identity", t)`, which returns `t`;
+//! - RRef: `rref = RRef::new(t.clone())` on the caller (untimed; the clone
+//!   shares the storage), then `rpc_sync("worker1", "identity_rref", rref)`
+//!   (timed), where the callee fetches the value from its owner (the caller)
+//!   with `to_here` and returns it; then the RRef is dropped.
+//!
+//! After `--warmup` calls of each variant, the two are interleaved in blocks
+//! of `--block` calls until each has `--reps` timings (`--reps-large` for
+//! sizes of at least 400MB). Per variant: mean, std (sample), median, p10,
+//! p90, min, max in ms; per size the RRef-minus-tensor differences.
+//!
+//! Usage: `rref_overhead [--quick] [--sizes 4MB 40MB 400MB] [--reps N]
+//! [--reps-large N] [--warmup N] [--block N] [--out PATH]`
+//! (`--quick`: 20 reps, 5 for large sizes, warm-up 2, sizes 4MB 40MB;
+//! explicit options win over it).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry::launch::{self, Role};
+use ferry::rpc::{self, Functions, RpcOptions};
+use ferry::{RRef, RawTensor};
+use serde_json::{json, Value};
+
+/// Timeout of every call and of `to_here` (a 400MB round trip is slow on a
+/// busy host; a stuck call should still end the run eventually).
+const TIMEOUT: Duration = Duration::from_secs(600);
+/// Sizes at or above this use `reps_large` (like the peer's `--large-threshold`).
+const LARGE_THRESHOLD: u64 = 400 << 20;
+const CALLEE: &str = "worker1";
+
+struct Config {
+    quick: bool,
+    sizes: Vec<u64>,
+    reps: usize,
+    reps_large: usize,
+    warmup: usize,
+    block: usize,
+    out: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64> {
+    let u = s.trim().to_uppercase();
+    for (suffix, mult) in [
+        ("KB", 1u64 << 10),
+        ("MB", 1 << 20),
+        ("GB", 1 << 30),
+        ("B", 1),
+    ] {
+        if let Some(n) = u.strip_suffix(suffix) {
+            return Ok((n.parse::<f64>()? * mult as f64) as u64);
+        }
+    }
+    Ok(u.parse()?)
+}
+
+fn size_label(n: u64) -> String {
+    if n == 0 {
+        return "0B".into();
+    }
+    for (suffix, mult) in [("GB", 1u64 << 30), ("MB", 1 << 20), ("KB", 1 << 10)] {
+        if n % mult == 0 {
+            return format!("{}{suffix}", n / mult);
+        }
+    }
+    format!("{n}B")
+}
+
+fn config() -> Result<Config> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut quick = false;
+    let mut sizes: Option<Vec<u64>> = None;
+    let (mut reps, mut reps_large, mut warmup, mut block) = (None, None, None, 10);
+    let mut out = None;
+    let mut i = 0;
+    let number = |i: usize, name: &str| -> Result<usize> {
+        let v = args
+            .get(i)
+            .with_context(|| format!("{name} needs a number"))?;
+        v.parse()
+            .with_context(|| format!("{name}: {v:?} is not a number"))
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--quick" => quick = true,
+            "--out" => {
+                i += 1;
+                out = Some(args.get(i).context("--out needs a path")?.clone());
+            }
+            "--sizes" => {
+                let mut list = Vec::new();
+                while i + 1 < args.len() && !args[i + 1].starts_with("--") {
+                    i += 1;
+                    list.push(parse_size(&args[i])?);
+                }
+                sizes = Some(list);
+            }
+            "--reps" => {
+                i += 1;
+                reps = Some(number(i, "--reps")?);
+            }
+            "--reps-large" => {
+                i += 1;
+                reps_large = Some(number(i, "--reps-large")?);
+            }
+            "--warmup" => {
+                i += 1;
+                warmup = Some(number(i, "--warmup")?);
+            }
+            "--block" => {
+                i += 1;
+                block = number(i, "--block")?;
+            }
+            other => bail!(
+                "unknown argument {other:?} (expected --quick, --sizes, --reps, --reps-large, \
+                 --warmup, --block, --out)"
+            ),
+        }
+        i += 1;
+    }
+    let c = Config {
+        quick,
+        sizes: sizes.unwrap_or_else(|| {
+            if quick {
+                vec![4 << 20, 40 << 20]
+            } else {
+                vec![4 << 20, 40 << 20, 400 << 20]
+            }
+        }),
+        reps: reps.unwrap_or(if quick { 20 } else { 100 }),
+        reps_large: reps_large.unwrap_or(if quick { 5 } else { 30 }),
+        warmup: warmup.unwrap_or(if quick { 2 } else { 3 }),
+        block,
+        out,
+    };
+    ensure!(c.block > 0, "--block must be at least 1");
+    ensure!(
+        c.reps > 0 && c.reps_large > 0,
+        "--reps and --reps-large must be at least 1"
+    );
+    Ok(c)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let idx = p * (sorted.len() - 1) as f64;
+    let lo = idx.floor() as usize;
+    let hi = (lo + 1).min(sorted.len() - 1);
+    sorted[lo] * (1.0 - (idx - lo as f64)) + sorted[hi] * (idx - lo as f64)
+}
+
+/// The peer's `stats_ms`: the std is the sample one (`statistics.stdev`).
+fn stats_ms(secs: &[f64]) -> Value {
+    let mut ms: Vec<f64> = secs.iter().map(|s| s * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let n = ms.len();
+    let mean = ms.iter().sum::<f64>() / n as f64;
+    let std = if n > 1 {
+        (ms.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
+    json!({
+        "n": n, "mean_ms": mean, "std_ms": std, "median_ms": pct(&ms, 0.5),
+        "p10_ms": pct(&ms, 0.1), "p90_ms": pct(&ms, 0.9), "min_ms": ms[0], "max_ms": ms[n - 1],
+    })
+}
+
+fn call_tensor(t: &RawTensor) -> Result<f64> {
+    let s = Instant::now();
+    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+    let e = s.elapsed().as_secs_f64();
+    ensure!(
+        r.numel() == t.numel(),
+        "identity returned {} elements",
+        r.numel()
+    );
+    Ok(e)
+}
+
+fn call_rref(t: &RawTensor) -> Result<f64> {
+    // Owned by the caller; creation is local and not timed. The clone shares
+    // the tensor's storage: no bytes are copied.
+    let rref = RRef::new(t.clone())?;
+    let s = Instant::now();
+    // By value (an `Arc` clone): the callee's signature names `RRef<RawTensor>`.
+    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity_rref", rref.clone())?;
+    let e = s.elapsed().as_secs_f64();
+    ensure!(
+        r.numel() == t.numel(),
+        "identity_rref returned {} elements",
+        r.numel()
+    );
+    drop(rref);
+    Ok(e)
+}
+
+fn mean_median(v: &Value) -> (f64, f64) {
+    let get = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    (get("mean_ms"), get("median_ms"))
+}
+
+fn caller(c: &Config) -> Result<Value> {
+    let mut rows = Vec::new();
+    for &bytes in &c.sizes {
+        let reps = if bytes < LARGE_THRESHOLD {
+            c.reps
+        } else {
+            c.reps_large
+        };
+        let numel = (bytes / 4) as usize;
+        let t = {
+            let data: Vec<f32> = (0..numel).map(|i| (i % 1000) as f32 * 0.001).collect();
+            RawTensor::from_slice(&data, &[numel as i64])?
+        };
+        let label = size_label(bytes);
+        eprintln!("[ferry rref] {label}: warm-up");
+        for _ in 0..c.warmup {
+            call_tensor(&t)?;
+            call_rref(&t)?;
+        }
+        let (mut tensor, mut rref) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        let c0 = Instant::now();
+        while rref.len() < reps {
+            let k = c.block.min(reps - rref.len());
+            for _ in 0..k {
+                tensor.push(call_tensor(&t)?);
+            }
+            for _ in 0..k {
+                rref.push(call_rref(&t)?);
+            }
+        }
+        let (tensor, rref) = (stats_ms(&tensor), stats_ms(&rref));
+        let (t_mean, t_median) = mean_median(&tensor);
+        let (r_mean, r_median) = mean_median(&rref);
+        eprintln!(
+            "    tensor {t_mean:.2}±{:.2} ms  rref {r_mean:.2}±{:.2} ms",
+            tensor["std_ms"].as_f64().unwrap_or(f64::NAN),
+            rref["std_ms"].as_f64().unwrap_or(f64::NAN),
+        );
+        rows.push(json!({
+            "size": label, "bytes": bytes, "reps": reps, "tensor": tensor, "rref": rref,
+            "rref_minus_tensor_mean_ms": r_mean - t_mean,
+            "rref_minus_tensor_median_ms": r_median - t_median,
+            "rref_over_tensor_mean_ratio": r_mean / t_mean,
+            "wall_s": c0.elapsed().as_secs_f64(),
+        }));
+    }
+    Ok(json!({ "rows": rows }))
+}
+
+fn main() -> Result<()> {
+    let c = config()?;
+    let t0 = Instant::now();
+    let rank = match launch::local(2)? {
+        Role::Worker { rank, .. } => rank,
+        Role::Launcher => return Ok(()),
+    };
+    let mut functions = Functions::new();
+    // Both answer on the callee's runtime (no blocking-pool hop), like the
+    // `identity` of `rpc_latency`; `identity_rref` awaits the fetch from the
+    // owner instead of blocking a thread on it.
+    functions.register_async("identity", |t: RawTensor| async move {
+        Ok::<_, std::convert::Infallible>(t)
+    });
+    functions.register_async("identity_rref", |rref: RRef<RawTensor>| async move {
+        rref.to_here_async(TIMEOUT).await
+    });
+    ferry::init_rpc(
+        RpcOptions::from_env(format!("worker{rank}"))?
+            .functions(functions)
+            .rpc_timeout(TIMEOUT),
+    )?;
+    let result = if rank == 0 { Some(caller(&c)) } else { None };
+    rpc::shutdown()?;
+    if let Some(result) = result {
+        let mut value = json!({
+            "bench": "ferry_rref_overhead",
+            "versions": {
+                "ferry": env!("CARGO_PKG_VERSION"),
+                "platform": format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+            },
+            "config": {
+                "quick": c.quick, "sizes": c.sizes.iter().map(|&b| size_label(b)).collect::<Vec<_>>(),
+                "sizes_bytes": c.sizes, "reps": c.reps, "reps_large": c.reps_large,
+                "large_threshold": LARGE_THRESHOLD, "warmup": c.warmup, "block": c.block,
+            },
+        });
+        value["rows"] = result?["rows"].take();
+        value["elapsed_s"] = json!(t0.elapsed().as_secs_f64());
+        let text = serde_json::to_string_pretty(&value)?;
+        match &c.out {
+            Some(path) => {
+                if let Some(dir) = std::path::Path::new(path).parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(path, &text)?;
+            }
+            None => println!("{text}"),
+        }
+    }
+    Ok(())
+}
