@@ -391,7 +391,14 @@ impl RRefContext {
                 m
             }
             Err(e) => {
-                self.fail_creation(rref_id, fork_id, format!("cannot encode the call: {e}"));
+                let reason = format!("cannot encode the call: {e}");
+                match fork_id {
+                    Some(f) => {
+                        self.creation_errors.lock().insert(f, reason);
+                        self.with_protocol(|p| p.remote_not_sent(f));
+                    }
+                    None => self.fail_creation(rref_id, None, reason),
+                }
                 return (rref_id, holder);
             }
         };

@@ -56,7 +56,9 @@ pub use context::{DebugInfo, RRefContext};
 pub use error::RRefError;
 pub use message::RREF_SERVICE;
 pub use protocol::{ForkId, RRefId};
-pub use proxy::{method_name, register_method, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
+pub use proxy::{
+    kind, method_name, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy,
+};
 pub use rref::RRef;
 
 /// Installs the RRef layer into `options` (its service and its context);

@@ -6,6 +6,7 @@
 //! argument) and runs against the owner's value, as PyTorch's proxies do.
 
 use std::any::type_name;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use ferry_rpc::{Functions, RpcError, RpcFuture};
@@ -59,18 +60,42 @@ fn rpc_error(e: RpcError) -> RRefError {
     RRefError::Rpc(e)
 }
 
-/// Runs methods of an RRef's value on its owner, blocking for the result.
-#[derive(Debug)]
-pub struct RpcSyncProxy<'a, T> {
-    rref: &'a RRef<T>,
-    timeout: Option<Duration>,
+/// How a [`Proxy`] calls: blocking ([`Sync`]), with a future ([`Async`]) or
+/// leaving the result on the owner ([`Remote`]).
+pub mod kind {
+    /// `rref.rpc_sync()`: blocks for the result.
+    #[derive(Debug)]
+    pub enum Sync {}
+    /// `rref.rpc_async()`: returns a future.
+    #[derive(Debug)]
+    pub enum Async {}
+    /// `rref.remote()`: returns an RRef to the result.
+    #[derive(Debug)]
+    pub enum Remote {}
 }
 
-impl<'a, T: DeserializeOwned + 'static> RpcSyncProxy<'a, T> {
+/// Runs methods of an RRef's value on its owner; `K` says how (see [`kind`]).
+#[derive(Debug)]
+pub struct Proxy<'a, T, K> {
+    rref: &'a RRef<T>,
+    timeout: Option<Duration>,
+    _kind: PhantomData<K>,
+}
+
+/// Runs methods of an RRef's value on its owner, blocking for the result.
+pub type RpcSyncProxy<'a, T> = Proxy<'a, T, kind::Sync>;
+/// Runs methods of an RRef's value on its owner, returning futures.
+pub type RpcAsyncProxy<'a, T> = Proxy<'a, T, kind::Async>;
+/// Runs methods of an RRef's value on its owner with `remote`: each result
+/// stays there as a new RRef.
+pub type RemoteProxy<'a, T> = Proxy<'a, T, kind::Remote>;
+
+impl<'a, T, K> Proxy<'a, T, K> {
     pub(crate) fn new(rref: &'a RRef<T>) -> Self {
         Self {
             rref,
             timeout: None,
+            _kind: PhantomData,
         }
     }
 
@@ -79,16 +104,19 @@ impl<'a, T: DeserializeOwned + 'static> RpcSyncProxy<'a, T> {
         self.timeout = Some(timeout);
         self
     }
+}
 
+impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
     /// Calls `method` with `args` and waits for its result.
     pub fn call<R: DeserializeOwned, A: Serialize>(
         &self,
         method: &str,
         args: A,
     ) -> Result<R, RRefError> {
-        RpcAsyncProxy {
+        Proxy::<T, kind::Async> {
             rref: self.rref,
             timeout: self.timeout,
+            _kind: PhantomData,
         }
         .call(method, args)
         .wait()
@@ -96,27 +124,7 @@ impl<'a, T: DeserializeOwned + 'static> RpcSyncProxy<'a, T> {
     }
 }
 
-/// Runs methods of an RRef's value on its owner, returning futures.
-#[derive(Debug)]
-pub struct RpcAsyncProxy<'a, T> {
-    rref: &'a RRef<T>,
-    timeout: Option<Duration>,
-}
-
-impl<'a, T: DeserializeOwned + 'static> RpcAsyncProxy<'a, T> {
-    pub(crate) fn new(rref: &'a RRef<T>) -> Self {
-        Self {
-            rref,
-            timeout: None,
-        }
-    }
-
-    /// Sets the call's timeout (zero: none).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
+impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
     /// Calls `method` with `args`; the future gives its result.
     pub fn call<R: DeserializeOwned, A: Serialize>(&self, method: &str, args: A) -> RpcFuture<R> {
         let name = method_name::<T>(method);
@@ -131,28 +139,7 @@ impl<'a, T: DeserializeOwned + 'static> RpcAsyncProxy<'a, T> {
     }
 }
 
-/// Runs methods of an RRef's value on its owner with `remote`: each result
-/// stays there as a new RRef.
-#[derive(Debug)]
-pub struct RemoteProxy<'a, T> {
-    rref: &'a RRef<T>,
-    timeout: Option<Duration>,
-}
-
-impl<'a, T: DeserializeOwned + 'static> RemoteProxy<'a, T> {
-    pub(crate) fn new(rref: &'a RRef<T>) -> Self {
-        Self {
-            rref,
-            timeout: None,
-        }
-    }
-
-    /// Sets the creation's timeout (zero: none).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
+impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
     /// Calls `method` with `args` on the owner; returns the result's RRef at once.
     pub fn call<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
     where

@@ -78,6 +78,9 @@ struct User {
     children: u32,
     /// The parent to notify once the owner confirms this user.
     accept_to: Option<WorkerId>,
+    /// The creating `remote` call never left: the owner does not know
+    /// this user, so it is forgotten without a deletion.
+    never_sent: bool,
 }
 
 impl User {
@@ -204,6 +207,7 @@ impl RRefProtocol {
                 alive: true,
                 children: 0,
                 accept_to: None,
+                never_sent: false,
             },
         );
         (rref_id, fork_id)
@@ -239,6 +243,20 @@ impl RRefProtocol {
         if let Some(u) = self.users.get_mut(&fork_id) {
             if u.confirmation == Confirmation::Pending {
                 u.confirmation = Confirmation::CreationFailed;
+            }
+            self.maybe_delete_user(fork_id);
+        }
+    }
+
+    /// The creator's `remote` call never left this worker (it could not be
+    /// encoded or queued): the owner will never hear of `fork_id`, so the
+    /// user fails like [`remote_failed`](Self::remote_failed) but is
+    /// forgotten without a deletion message.
+    pub fn remote_not_sent(&mut self, fork_id: ForkId) {
+        if let Some(u) = self.users.get_mut(&fork_id) {
+            if u.confirmation == Confirmation::Pending {
+                u.confirmation = Confirmation::CreationFailed;
+                u.never_sent = true;
             }
             self.maybe_delete_user(fork_id);
         }
@@ -322,6 +340,7 @@ impl RRefProtocol {
                 alive: true,
                 children: 0,
                 accept_to: (!from_owner).then_some(parent),
+                never_sent: false,
             },
         );
         if !from_owner {
@@ -541,9 +560,11 @@ impl RRefProtocol {
         if !u.deletable() {
             return;
         }
-        let (owner, rref_id) = (u.owner, u.rref_id);
+        let (owner, rref_id, never_sent) = (u.owner, u.rref_id, u.never_sent);
         self.users.remove(&fork_id);
-        self.send(owner, Control::UserDelete { rref_id, fork_id });
+        if !never_sent {
+            self.send(owner, Control::UserDelete { rref_id, fork_id });
+        }
     }
 
     fn send(&mut self, to: WorkerId, control: Control) {
