@@ -195,51 +195,128 @@ pub(crate) fn main(o: &Options) -> Result<()> {
 
 /// Ferry's `rpc_latency` binary and the peer's `pt_rpc_latency.py`, then the table.
 fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
-    let ferry_out = out_path("ferry_rpc_latency.json");
-    let peer_out = out_path("peer_rpc_latency.json");
-    let table_out = out_path("rpc_latency.json");
-
-    if !o.table_only {
-        // A peer file left from an earlier run must not pose as this run's.
-        remove_stale(&peer_out)?;
-        run_rpc_latency(steps, o, peers, &ferry_out, &peer_out)?;
-    }
-
-    let table = Table {
+    let peer_args = [&["--funcs", "identity", "--sizes"][..], RPC_SIZES].concat();
+    Comparison {
         name: "rpc_latency",
+        ferry_args: &[],
+        peer_script: "pt_rpc_latency.py",
+        peer_args: &peer_args,
         heading:
             "Ferry vs PyTorch RPC (TensorPipe), same host, CPU tensors; ratio > 1: Ferry is better",
-        ferry_out: &ferry_out,
-        peer_out: &peer_out,
-        table_out: &table_out,
         specs: rpc_latency_specs,
-    };
-    table.step(steps, o)
+    }
+    .run(steps, o, peers)
 }
 
-/// One comparison table: where its inputs and output are, and its rows.
-struct Table<'a> {
+/// Ferry's `rref_overhead` binary and the peer's `pt_rref_overhead.py`
+/// (the paper's Table 1: tensor vs RRef argument), then the table.
+fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    let sizes = if o.quick {
+        RREF_SIZES_QUICK
+    } else {
+        RREF_SIZES
+    };
+    let sizes_args = [&["--sizes"][..], sizes].concat();
+    Comparison {
+        name: "rref_overhead",
+        ferry_args: &sizes_args,
+        peer_script: "pt_rref_overhead.py",
+        peer_args: &sizes_args,
+        heading: "Ferry vs PyTorch RPC: tensor vs RRef argument (the paper's Table 1), same host, \
+                  CPU float32 tensors\nratio > 1: Ferry is better; an rref-tensor row has a \
+                  ratio only when both differences are positive",
+        specs: rref_overhead_specs,
+    }
+    .run(steps, o, peers)
+}
+
+/// One side-by-side benchmark: Ferry's binary and the peer's script, run
+/// with the same settings, then their comparison table.
+struct Comparison<'a> {
+    /// The `ferry-benches` binary, also the table's name and the stem of
+    /// the result files in `target/ferry-bench/`: `ferry_<name>.json`,
+    /// `peer_<name>.json` and the table's `<name>.json`.
     name: &'a str,
+    /// Arguments of Ferry's binary, after `--quick` and before `--out`.
+    ferry_args: &'a [&'a str],
+    /// The peer script's file name in the peers directory.
+    peer_script: &'a str,
+    /// Arguments of the peer script, before `--quick` and `--out`.
+    peer_args: &'a [&'a str],
+    /// The line(s) printed above the table.
     heading: &'a str,
-    ferry_out: &'a Path,
-    peer_out: &'a Path,
-    table_out: &'a Path,
+    /// The table's rows, from Ferry's result and the peer's (if there).
     specs: fn(&Value, Option<&Value>) -> Vec<RowSpec>,
 }
 
-impl Table<'_> {
+impl Comparison<'_> {
+    /// The steps `ferry: <name>`, `peer: <script> (PyTorch RPC)` (where the
+    /// script is there) and `table: <name>`; under `--table-only`, only
+    /// the table.
+    fn run(&self, steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+        if !o.table_only {
+            let ferry_out = self.out_path("ferry_");
+            let peer_out = self.out_path("peer_");
+            // A peer file left from an earlier run must not pose as this run's.
+            remove_stale(&peer_out)?;
+            steps.step(&format!("ferry: {}", self.name), || {
+                remove_stale(&ferry_out)?;
+                let mut c = cargo(&[
+                    "run",
+                    "--release",
+                    "-p",
+                    "ferry-benches",
+                    "--bin",
+                    self.name,
+                    "--",
+                ]);
+                if o.quick {
+                    c.arg("--quick");
+                }
+                c.args(self.ferry_args);
+                c.arg("--out").arg(&ferry_out);
+                run(&mut c)
+            })?;
+            if let Some(script) = peer_script(peers, self.peer_script) {
+                let name = format!("peer: {} (PyTorch RPC)", self.peer_script);
+                steps.step(&name, || {
+                    let py = venv_python();
+                    let mut c = cmd(&py.to_string_lossy(), &[]);
+                    c.arg(&script).args(self.peer_args);
+                    if o.quick {
+                        c.arg("--quick");
+                    }
+                    c.arg("--out").arg(&peer_out);
+                    run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
+                })?;
+            }
+        }
+
+        self.table(steps, o)
+    }
+
+    /// `target/ferry-bench/<prefix><name>.json`.
+    fn out_path(&self, prefix: &str) -> PathBuf {
+        out_path(&format!("{prefix}{}.json", self.name))
+    }
+
     /// The step `table: <name>`: reads both results (the peer's if there),
     /// prints the table and writes its JSON. Under `--table-only`, a
     /// missing Ferry result skips the table.
-    fn step(&self, steps: &mut Steps, o: &Options) -> Result<()> {
+    fn table(&self, steps: &mut Steps, o: &Options) -> Result<()> {
+        let (ferry_out, peer_out, table_out) = (
+            self.out_path("ferry_"),
+            self.out_path("peer_"),
+            self.out_path(""),
+        );
         steps.step_with(&format!("table: {}", self.name), || {
-            let ferry_path = root().join(self.ferry_out);
+            let ferry_path = root().join(&ferry_out);
             if o.table_only && !ferry_path.is_file() {
-                eprintln!("    no {}: skipping this table", self.ferry_out.display());
+                eprintln!("    no {}: skipping this table", ferry_out.display());
                 return Ok("skipped");
             }
             let ferry = table::read_result(&ferry_path)?;
-            let peer_path = root().join(self.peer_out);
+            let peer_path = root().join(&peer_out);
             let peer = if !o.no_peer && peer_path.is_file() {
                 Some(table::read_result(&peer_path)?)
             } else {
@@ -248,112 +325,11 @@ impl Table<'_> {
             let rows = table::compare(&ferry, peer.as_ref(), &(self.specs)(&ferry, peer.as_ref()));
             println!("\n{}\n", self.heading);
             print!("{}", table::render(&rows));
-            table::write_json(&root().join(self.table_out), &rows)?;
-            println!("\nwritten: {}", self.table_out.display());
+            table::write_json(&root().join(&table_out), &rows)?;
+            println!("\nwritten: {}", table_out.display());
             Ok("ok")
         })
     }
-}
-
-fn run_rpc_latency(
-    steps: &mut Steps,
-    o: &Options,
-    peers: Option<&Path>,
-    ferry_out: &Path,
-    peer_out: &Path,
-) -> Result<()> {
-    steps.step("ferry: rpc_latency", || {
-        remove_stale(ferry_out)?;
-        let mut c = cargo(&[
-            "run",
-            "--release",
-            "-p",
-            "ferry-benches",
-            "--bin",
-            "rpc_latency",
-            "--",
-        ]);
-        if o.quick {
-            c.arg("--quick");
-        }
-        c.arg("--out").arg(ferry_out);
-        run(&mut c)
-    })?;
-
-    if let Some(script) = peer_script(peers, "pt_rpc_latency.py") {
-        steps.step("peer: pt_rpc_latency.py (PyTorch RPC)", || {
-            let py = venv_python();
-            let mut c = cmd(&py.to_string_lossy(), &[]);
-            c.arg(&script).args(["--funcs", "identity", "--sizes"]);
-            c.args(RPC_SIZES);
-            if o.quick {
-                c.arg("--quick");
-            }
-            c.arg("--out").arg(peer_out);
-            run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
-        })?;
-    }
-    Ok(())
-}
-
-/// Ferry's `rref_overhead` binary and the peer's `pt_rref_overhead.py`
-/// (the paper's Table 1: tensor vs RRef argument), then the table.
-fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
-    let ferry_out = out_path("ferry_rref_overhead.json");
-    let peer_out = out_path("peer_rref_overhead.json");
-    let table_out = out_path("rref_overhead.json");
-    let sizes = if o.quick {
-        RREF_SIZES_QUICK
-    } else {
-        RREF_SIZES
-    };
-
-    if !o.table_only {
-        // A peer file left from an earlier run must not pose as this run's.
-        remove_stale(&peer_out)?;
-        steps.step("ferry: rref_overhead", || {
-            remove_stale(&ferry_out)?;
-            let mut c = cargo(&[
-                "run",
-                "--release",
-                "-p",
-                "ferry-benches",
-                "--bin",
-                "rref_overhead",
-                "--",
-            ]);
-            if o.quick {
-                c.arg("--quick");
-            }
-            c.arg("--sizes").args(sizes);
-            c.arg("--out").arg(&ferry_out);
-            run(&mut c)
-        })?;
-        if let Some(script) = peer_script(peers, "pt_rref_overhead.py") {
-            steps.step("peer: pt_rref_overhead.py (PyTorch RPC)", || {
-                let py = venv_python();
-                let mut c = cmd(&py.to_string_lossy(), &[]);
-                c.arg(&script).arg("--sizes").args(sizes);
-                if o.quick {
-                    c.arg("--quick");
-                }
-                c.arg("--out").arg(&peer_out);
-                run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
-            })?;
-        }
-    }
-
-    let table = Table {
-        name: "rref_overhead",
-        heading: "Ferry vs PyTorch RPC: tensor vs RRef argument (the paper's Table 1), same host, \
-                  CPU float32 tensors\nratio > 1: Ferry is better; an rref-tensor row has a \
-                  ratio only when both differences are positive",
-        ferry_out: &ferry_out,
-        peer_out: &peer_out,
-        table_out: &table_out,
-        specs: rref_overhead_specs,
-    };
-    table.step(steps, o)
 }
 
 /// Row specs for the RRef overhead table: per size found on either side

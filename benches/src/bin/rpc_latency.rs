@@ -13,9 +13,11 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ferry::launch::{self, Role};
-use ferry::rpc::{self, Functions, RpcOptions};
+use ferry::rpc;
 use ferry::{DType, RawTensor};
+use ferry_benches::{
+    parse_size, pct, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
+};
 use serde_json::{json, Value};
 
 struct Config {
@@ -30,33 +32,6 @@ struct Config {
     tput_seconds: f64,
     tput_runs: usize,
     out: Option<String>,
-}
-
-fn parse_size(s: &str) -> Result<u64> {
-    let u = s.trim().to_uppercase();
-    for (suffix, mult) in [
-        ("KB", 1u64 << 10),
-        ("MB", 1 << 20),
-        ("GB", 1 << 30),
-        ("B", 1),
-    ] {
-        if let Some(n) = u.strip_suffix(suffix) {
-            return Ok((n.parse::<f64>()? * mult as f64) as u64);
-        }
-    }
-    Ok(u.parse()?)
-}
-
-fn size_label(n: u64) -> String {
-    if n == 0 {
-        return "0B".into();
-    }
-    for (suffix, mult) in [("GB", 1u64 << 30), ("MB", 1 << 20), ("KB", 1 << 10)] {
-        if n % mult == 0 {
-            return format!("{}{suffix}", n / mult);
-        }
-    }
-    format!("{n}B")
 }
 
 fn config() -> Result<Config> {
@@ -101,24 +76,6 @@ fn config() -> Result<Config> {
         c.tput_runs = 1;
     }
     Ok(c)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let idx = p * (sorted.len() - 1) as f64;
-    let lo = idx.floor() as usize;
-    let hi = (lo + 1).min(sorted.len() - 1);
-    sorted[lo] * (1.0 - (idx - lo as f64)) + sorted[hi] * (idx - lo as f64)
-}
-
-fn stats_ms(secs: &[f64]) -> Value {
-    let mut ms: Vec<f64> = secs.iter().map(|s| s * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
-    let var = ms.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / ms.len() as f64;
-    json!({
-        "n": ms.len(), "median_ms": pct(&ms, 0.5), "p10_ms": pct(&ms, 0.1), "p90_ms": pct(&ms, 0.9),
-        "mean_ms": mean, "std_ms": var.sqrt(), "min_ms": ms[0], "max_ms": ms[ms.len() - 1],
-    })
 }
 
 const CALLEE: u32 = 1;
@@ -209,13 +166,12 @@ fn caller(c: &Config) -> Result<Value> {
     let mut cells = Vec::new();
     for &bytes in &c.sizes {
         let numel = (bytes / 4) as usize;
-        let data: Vec<f32> = (0..numel).map(|i| (i % 1000) as f32 * 0.001).collect();
-        let t = RawTensor::from_slice(&data, &[numel as i64])?;
+        let t = test_tensor(numel)?;
         let label = size_label(bytes);
         eprintln!("[ferry] identity {label} ...");
         let cell_start = Instant::now();
         let lats = measure_sync(&t, c)?;
-        let sync = stats_ms(&lats);
+        let sync = stats_ms(&lats, Std::Population);
         let median_s = sync["median_ms"].as_f64().unwrap_or(0.0) / 1e3;
         let mut cell = json!({
             "func": "identity", "size": label, "bytes": bytes, "numel": numel, "rpc_sync": sync,
@@ -226,7 +182,7 @@ fn caller(c: &Config) -> Result<Value> {
             cell["eff_bandwidth_GBps_best"] = json!(2.0 * bytes as f64 / best / 1e9);
         }
         let totals = measure_async10(&t, c, median_s)?;
-        let a10 = stats_ms(&totals);
+        let a10 = stats_ms(&totals, Std::Population);
         cell["async10_per_call_ms_median"] = json!(a10["median_ms"].as_f64().unwrap_or(0.0) / 10.0);
         cell["async10_total"] = a10;
         cell["cell_wall_s"] = json!(cell_start.elapsed().as_secs_f64());
@@ -252,35 +208,9 @@ fn caller(c: &Config) -> Result<Value> {
 
 fn main() -> Result<()> {
     let c = config()?;
-    let rank = match launch::local(2)? {
-        Role::Worker { rank, .. } => rank,
-        Role::Launcher => return Ok(()),
-    };
-    let mut functions = Functions::new();
-    // The callee answers on its runtime like TensorPipe's agent answers on its
-    // thread pool: a cheap function needs no extra thread hop.
-    functions.register_async("identity", |t: RawTensor| async move {
-        Ok::<_, std::convert::Infallible>(t)
-    });
-    ferry::init_rpc(
-        RpcOptions::from_env(format!("worker{rank}"))?
-            .functions(functions)
-            .rpc_timeout(Duration::from_secs(900)),
-    )?;
-    let result = if rank == 0 { Some(caller(&c)) } else { None };
-    rpc::shutdown()?;
-    if let Some(result) = result {
-        let value = result?;
-        let text = serde_json::to_string_pretty(&value)?;
-        match &c.out {
-            Some(path) => {
-                if let Some(dir) = std::path::Path::new(path).parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                std::fs::write(path, &text)?;
-            }
-            None => println!("{text}"),
-        }
+    let result = two_workers(Duration::from_secs(900), |_| {}, || caller(&c))?;
+    if let Some(value) = result {
+        write_result(&value, c.out.as_deref())?;
     }
     Ok(())
 }

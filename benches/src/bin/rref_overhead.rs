@@ -25,9 +25,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry::launch::{self, Role};
-use ferry::rpc::{self, Functions, RpcOptions};
+use ferry::rpc::{self, Functions};
 use ferry::{RRef, RawTensor};
+use ferry_benches::{
+    parse_size, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
+};
 use serde_json::{json, Value};
 
 /// Timeout of every call and of `to_here` (a 400MB round trip is slow on a
@@ -45,33 +47,6 @@ struct Config {
     warmup: usize,
     block: usize,
     out: Option<String>,
-}
-
-fn parse_size(s: &str) -> Result<u64> {
-    let u = s.trim().to_uppercase();
-    for (suffix, mult) in [
-        ("KB", 1u64 << 10),
-        ("MB", 1 << 20),
-        ("GB", 1 << 30),
-        ("B", 1),
-    ] {
-        if let Some(n) = u.strip_suffix(suffix) {
-            return Ok((n.parse::<f64>()? * mult as f64) as u64);
-        }
-    }
-    Ok(u.parse()?)
-}
-
-fn size_label(n: u64) -> String {
-    if n == 0 {
-        return "0B".into();
-    }
-    for (suffix, mult) in [("GB", 1u64 << 30), ("MB", 1 << 20), ("KB", 1 << 10)] {
-        if n % mult == 0 {
-            return format!("{}{suffix}", n / mult);
-        }
-    }
-    format!("{n}B")
 }
 
 fn config() -> Result<Config> {
@@ -149,30 +124,6 @@ fn config() -> Result<Config> {
     Ok(c)
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let idx = p * (sorted.len() - 1) as f64;
-    let lo = idx.floor() as usize;
-    let hi = (lo + 1).min(sorted.len() - 1);
-    sorted[lo] * (1.0 - (idx - lo as f64)) + sorted[hi] * (idx - lo as f64)
-}
-
-/// The peer's `stats_ms`: the std is the sample one (`statistics.stdev`).
-fn stats_ms(secs: &[f64]) -> Value {
-    let mut ms: Vec<f64> = secs.iter().map(|s| s * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let n = ms.len();
-    let mean = ms.iter().sum::<f64>() / n as f64;
-    let std = if n > 1 {
-        (ms.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
-    } else {
-        0.0
-    };
-    json!({
-        "n": n, "mean_ms": mean, "std_ms": std, "median_ms": pct(&ms, 0.5),
-        "p10_ms": pct(&ms, 0.1), "p90_ms": pct(&ms, 0.9), "min_ms": ms[0], "max_ms": ms[n - 1],
-    })
-}
-
 fn call_tensor(t: &RawTensor) -> Result<f64> {
     let s = Instant::now();
     let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
@@ -216,10 +167,7 @@ fn caller(c: &Config) -> Result<Value> {
             c.reps_large
         };
         let numel = (bytes / 4) as usize;
-        let t = {
-            let data: Vec<f32> = (0..numel).map(|i| (i % 1000) as f32 * 0.001).collect();
-            RawTensor::from_slice(&data, &[numel as i64])?
-        };
+        let t = test_tensor(numel)?;
         let label = size_label(bytes);
         eprintln!("[ferry rref] {label}: warm-up");
         for _ in 0..c.warmup {
@@ -237,7 +185,8 @@ fn caller(c: &Config) -> Result<Value> {
                 rref.push(call_rref(&t)?);
             }
         }
-        let (tensor, rref) = (stats_ms(&tensor), stats_ms(&rref));
+        // The peer's `stats_ms`: the std is the sample one (`statistics.stdev`).
+        let (tensor, rref) = (stats_ms(&tensor, Std::Sample), stats_ms(&rref, Std::Sample));
         let (t_mean, t_median) = mean_median(&tensor);
         let (r_mean, r_median) = mean_median(&rref);
         eprintln!(
@@ -259,28 +208,15 @@ fn caller(c: &Config) -> Result<Value> {
 fn main() -> Result<()> {
     let c = config()?;
     let t0 = Instant::now();
-    let rank = match launch::local(2)? {
-        Role::Worker { rank, .. } => rank,
-        Role::Launcher => return Ok(()),
+    // `identity_rref` answers on the callee's runtime like `identity`, and
+    // awaits the fetch from the owner instead of blocking a thread on it.
+    let register = |functions: &mut Functions| {
+        functions.register_async("identity_rref", |rref: RRef<RawTensor>| async move {
+            rref.to_here_async(TIMEOUT).await
+        });
     };
-    let mut functions = Functions::new();
-    // Both answer on the callee's runtime (no blocking-pool hop), like the
-    // `identity` of `rpc_latency`; `identity_rref` awaits the fetch from the
-    // owner instead of blocking a thread on it.
-    functions.register_async("identity", |t: RawTensor| async move {
-        Ok::<_, std::convert::Infallible>(t)
-    });
-    functions.register_async("identity_rref", |rref: RRef<RawTensor>| async move {
-        rref.to_here_async(TIMEOUT).await
-    });
-    ferry::init_rpc(
-        RpcOptions::from_env(format!("worker{rank}"))?
-            .functions(functions)
-            .rpc_timeout(TIMEOUT),
-    )?;
-    let result = if rank == 0 { Some(caller(&c)) } else { None };
-    rpc::shutdown()?;
-    if let Some(result) = result {
+    let result = two_workers(TIMEOUT, register, || caller(&c))?;
+    if let Some(mut result) = result {
         let mut value = json!({
             "bench": "ferry_rref_overhead",
             "versions": {
@@ -293,18 +229,9 @@ fn main() -> Result<()> {
                 "large_threshold": LARGE_THRESHOLD, "warmup": c.warmup, "block": c.block,
             },
         });
-        value["rows"] = result?["rows"].take();
+        value["rows"] = result["rows"].take();
         value["elapsed_s"] = json!(t0.elapsed().as_secs_f64());
-        let text = serde_json::to_string_pretty(&value)?;
-        match &c.out {
-            Some(path) => {
-                if let Some(dir) = std::path::Path::new(path).parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                std::fs::write(path, &text)?;
-            }
-            None => println!("{text}"),
-        }
+        write_result(&value, c.out.as_deref())?;
     }
     Ok(())
 }

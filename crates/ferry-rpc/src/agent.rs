@@ -160,15 +160,18 @@ impl Agent {
             tasks: Mutex::new(Vec::new()),
             span: span.clone(),
         });
+        let agent = Agent {
+            inner: inner.clone(),
+        };
+        // Layers learn their agent before any message can arrive.
+        for service in agent.inner.services.values() {
+            service.started(&agent);
+        }
         let accept =
             handle.spawn(accept_loop(inner.clone(), rendezvous.listener).instrument(span.clone()));
         let timer = handle.spawn(timer_loop(inner.clone()).instrument(span));
         inner.tasks.lock().extend([accept, timer]);
         tracing::debug!(parent: &inner.span, workers = inner.workers.len(), "agent started");
-        let agent = Agent { inner };
-        for service in agent.inner.services.values() {
-            service.started(&agent);
-        }
         Ok(agent)
     }
 
