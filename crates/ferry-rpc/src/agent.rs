@@ -385,14 +385,21 @@ impl Agent {
         let services: Vec<Arc<dyn Service>> = inner.services.values().cloned().collect();
         let result = inner.handle.block_on(
             async {
-                for s in &services {
-                    s.before_join().await;
+                crate::join::join(inner.clone(), "join").await?;
+                if services.is_empty() {
+                    return Ok(());
                 }
-                let joined = crate::join::join(inner.clone()).await;
+                // The group is idle: layers send what they still owe (the
+                // RRef layer deletes its users), then the group waits until
+                // that traffic has drained too, and layers release the rest.
                 for s in &services {
                     s.after_join().await;
                 }
-                joined
+                let drained = crate::join::join(inner.clone(), "drain").await;
+                for s in &services {
+                    s.before_stop().await;
+                }
+                drained
             }
             .instrument(inner.span.clone()),
         );

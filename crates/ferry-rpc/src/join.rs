@@ -17,7 +17,8 @@ use crate::agent::Inner;
 use crate::store::StoreError;
 use crate::RpcError;
 
-pub(crate) async fn join(inner: Arc<Inner>) -> Result<(), RpcError> {
+/// One termination detection over the store keys under `phase/`.
+pub(crate) async fn join(inner: Arc<Inner>, phase: &str) -> Result<(), RpcError> {
     let store = inner.store.clone();
     let n = inner.workers.len() as u32;
     let rank = inner.me.id;
@@ -26,7 +27,7 @@ pub(crate) async fn join(inner: Arc<Inner>) -> Result<(), RpcError> {
         inner.wait_idle().await;
         let sent = inner.sent.load(Ordering::SeqCst);
         let finished = inner.finished.load(Ordering::SeqCst);
-        let key = |r: u32| format!("join/{round}/{r}");
+        let key = |r: u32| format!("{phase}/{round}/{r}");
         store
             .set(&key(rank), format!("{sent},{finished}").into_bytes())
             .await
@@ -51,7 +52,7 @@ pub(crate) async fn join(inner: Arc<Inner>) -> Result<(), RpcError> {
         previous = Some(total);
     }
     // Rank 0 hosts the store: it stops last.
-    let exit = |r: u32| format!("join/exit/{r}");
+    let exit = |r: u32| format!("{phase}/exit/{r}");
     store
         .set(&exit(rank), Vec::new())
         .await

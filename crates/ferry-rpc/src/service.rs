@@ -30,14 +30,15 @@ pub trait Service: Send + Sync + 'static {
     fn started(&self, agent: &Agent) {
         let _ = agent;
     }
-    /// Called by graceful shutdown before the group decides it is idle:
-    /// finish or send what this layer still owes other workers.
-    fn before_join(&self) -> BoxFuture<()> {
+    /// Called by graceful shutdown once no worker of the group has calls
+    /// outstanding: send what this layer still owes other workers. A
+    /// second round of termination detection waits for that traffic.
+    fn after_join(&self) -> BoxFuture<()> {
         Box::pin(async {})
     }
-    /// Called by graceful shutdown once no worker has calls outstanding,
-    /// before the agent stops.
-    fn after_join(&self) -> BoxFuture<()> {
+    /// Called by graceful shutdown after that second round, just before the
+    /// agent stops: release what is left.
+    fn before_stop(&self) -> BoxFuture<()> {
         Box::pin(async {})
     }
 }

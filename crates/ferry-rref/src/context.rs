@@ -542,9 +542,9 @@ impl RRefContext {
         });
     }
 
-    /// Shutdown, before the group's termination detection: every user
-    /// still held is released, and this waits until this worker's control
-    /// messages and `remote` calls are answered.
+    /// Shutdown, once the group is idle (no function runs anywhere): every
+    /// user still held is released, and this waits until this worker's
+    /// control messages and `remote` calls are answered.
     async fn release_users(self: Arc<Self>) {
         self.with_protocol(RRefProtocol::release_all_users);
         loop {
@@ -559,8 +559,9 @@ impl RRefContext {
         }
     }
 
-    /// Shutdown, once no worker has calls outstanding: owned values no
-    /// user references are deleted; the others are reported as leaked.
+    /// Shutdown, once the deletions above have drained everywhere: owned
+    /// values no user references are deleted; the others are reported as
+    /// leaked.
     fn release_owners(self: &Arc<Self>) {
         let leaked = self.with_protocol(RRefProtocol::release_owners);
         if !leaked.is_empty() {
@@ -601,11 +602,11 @@ impl Service for RRefService {
         let _ = self.0.agent.set(agent.downgrade());
     }
 
-    fn before_join(&self) -> BoxFuture<()> {
+    fn after_join(&self) -> BoxFuture<()> {
         Box::pin(self.0.clone().release_users())
     }
 
-    fn after_join(&self) -> BoxFuture<()> {
+    fn before_stop(&self) -> BoxFuture<()> {
         self.0.release_owners();
         Box::pin(async {})
     }
