@@ -44,11 +44,16 @@ fn functions() -> Functions {
     });
     f.register_fallible("fail", |msg: String| Err::<(), _>(format!("boom: {msg}")));
     f.register("panic", |(): ()| -> u8 { panic!("deliberate panic") });
-    f.register("sleep_ms", |ms: u64| {
-        // The function under test is slow on purpose.
-        std::thread::sleep(Duration::from_millis(ms));
+    // A slow function: it runs until every key in `keys` is set in the
+    // group's store (state the test controls, not time), then returns `v`.
+    f.register("gated", |(keys, v): (Vec<String>, u64)| {
+        let agent = ferry_rpc::Agent::current().unwrap();
+        let store = agent.store();
+        agent
+            .block_on(store.wait(&keys, Duration::from_secs(60)))
+            .unwrap();
         SLOW_DONE.fetch_add(1, Ordering::SeqCst);
-        ms
+        v
     });
     // A -> B -> C: each hop calls the next rank synchronously from a blocking function.
     f.register_fallible("nested", |(path, hops): (Vec<String>, u32)| {
@@ -256,18 +261,29 @@ fn graceful_shutdown_does_not_cut_a_twenty_hop_chain() {
 fn uneven_workload_at_shutdown() {
     let outputs = world_ok("uneven_workload_at_shutdown", 4, |rank| {
         start(rank);
+        // Each slow call runs until every worker has begun its shutdown,
+        // so shutdown provably starts with calls still running.
+        let all_stopping: Vec<String> = (0..4).map(|r| format!("stopping/{r}")).collect();
         if rank == 0 {
             for i in 0..6u64 {
                 drop(ferry_rpc::rpc_async::<u64, _>(
                     1u32,
-                    "sleep_ms",
-                    50 + 20 * i,
+                    "gated",
+                    (all_stopping.clone(), i),
                 ));
             }
         }
         if rank == 3 {
-            drop(ferry_rpc::rpc_async::<u64, _>(2u32, "sleep_ms", 300u64));
+            drop(ferry_rpc::rpc_async::<u64, _>(
+                2u32,
+                "gated",
+                (all_stopping.clone(), 0u64),
+            ));
         }
+        let agent = ferry_rpc::agent().unwrap();
+        agent
+            .block_on(agent.store().set(&format!("stopping/{rank}"), vec![1]))
+            .unwrap();
         ferry_rpc::shutdown().unwrap();
         println!("SLOW_DONE={}", SLOW_DONE.load(Ordering::SeqCst));
     });
@@ -333,20 +349,31 @@ fn timeouts_fail_and_zero_means_none() {
     world_ok("timeouts_fail_and_zero_means_none", 2, |rank| {
         start(rank);
         if rank == 0 {
+            let agent = ferry_rpc::agent().unwrap();
+            let gate = vec!["gate/open".to_string()];
+            // No timeout: still waiting after another call has timed out.
+            let unbounded = ferry_rpc::rpc_async_timeout::<u64, _>(
+                1u32,
+                "gated",
+                (gate.clone(), 1000u64),
+                Duration::ZERO,
+            );
             let err = ferry_rpc::rpc_sync_timeout::<u64, _>(
                 1u32,
-                "sleep_ms",
-                1000u64,
+                "gated",
+                (gate.clone(), 7u64),
                 Duration::from_millis(100),
             )
             .unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "call of \"sleep_ms\" on worker \"worker1\" timed out after 100ms"
+                "call of \"gated\" on worker \"worker1\" timed out after 100ms"
             );
-            let ms: u64 =
-                ferry_rpc::rpc_sync_timeout(1u32, "sleep_ms", 1000u64, Duration::ZERO).unwrap();
-            assert_eq!(ms, 1000);
+            assert!(!unbounded.is_done());
+            agent
+                .block_on(agent.store().set("gate/open", vec![1]))
+                .unwrap();
+            assert_eq!(unbounded.wait().unwrap(), 1000);
             // The late reply of the timed-out call was dropped; calls go on.
             let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (5i64, 5i64)).unwrap();
             assert_eq!(s, 10);
