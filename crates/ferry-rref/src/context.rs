@@ -16,11 +16,12 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::error::RRefError;
-use crate::message::{RRefMessage, RREF_SERVICE};
+use crate::message::{RRefMessage, ToHereReply, RREF_SERVICE};
 use crate::protocol::{
     Counts, Envelope, Event, ForkData, ForkId, Holder, RRefId, RRefProtocol, Transmit, WorkerId,
 };
 use crate::slot::{OwnerSlot, SlotState};
+use crate::wait;
 
 /// How often a control message is tried before it is given up (and the
 /// RRef reported as leaked at shutdown).
@@ -333,15 +334,7 @@ impl RRefContext {
 
     /// Resolves when `holder`'s creation has failed (never, if it does not).
     pub(crate) async fn creation_failure(&self, holder: Holder) {
-        loop {
-            let notified = self.progress.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.has_failed(holder) {
-                return;
-            }
-            notified.await;
-        }
+        wait::until(&self.progress, || self.has_failed(holder).then_some(())).await;
     }
 
     /// Keeps `value` as a new RRef owned here.
@@ -441,21 +434,7 @@ impl RRefContext {
 
     /// Waits (async) until the slot of `id` exists, up to `timeout`.
     async fn slot_async(&self, id: RRefId, timeout: Duration) -> Option<Arc<OwnerSlot>> {
-        let wait = async {
-            loop {
-                let notified = self.created.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if let Some(s) = self.slot(id) {
-                    return s;
-                }
-                notified.await;
-            }
-        };
-        if timeout.is_zero() {
-            return Some(wait.await);
-        }
-        tokio::time::timeout(timeout, wait).await.ok()
+        wait::until_timeout(&self.created, timeout, || self.slot(id)).await
     }
 
     async fn serve(
@@ -515,21 +494,29 @@ impl RRefContext {
                 timeout_ms,
             } => {
                 let timeout = Duration::from_millis(timeout_ms);
-                let slot = self
-                    .slot_async(rref_id, timeout)
-                    .await
-                    .ok_or_else(|| format!("unknown:{rref_id} is not owned here"))?;
+                let reply = |r: ToHereReply| payload::encode(&r).map_err(|e| e.to_string());
+                let Some(slot) = self.slot_async(rref_id, timeout).await else {
+                    return reply(ToHereReply::Unknown);
+                };
                 match slot.wait_async(timeout).await {
-                    SlotState::Pending => Err(format!("timeout:{rref_id} has no value yet")),
-                    SlotState::Failed(e) => Err(format!("failed:{e}")),
+                    SlotState::Pending => reply(ToHereReply::NotYet),
+                    SlotState::Failed(e) => reply(ToHereReply::Failed(e)),
                     SlotState::Ready(v) if v.type_name() != type_name => {
-                        Err(format!("type:{}", v.type_name()))
+                        reply(ToHereReply::WrongType(v.type_name().to_string()))
                     }
                     SlotState::Ready(v) => {
                         let agent = self.agent().ok_or("the worker is shutting down")?;
-                        agent
-                            .enter(|| v.encode())
-                            .map_err(|e| format!("failed:cannot encode the value: {e}"))
+                        match agent.enter(|| v.encode()) {
+                            Ok(value) => {
+                                let mut out = reply(ToHereReply::Value)?;
+                                out.payload.extend_from_slice(&value.payload);
+                                out.tensors = value.tensors;
+                                Ok(out)
+                            }
+                            Err(e) => {
+                                reply(ToHereReply::Failed(format!("cannot encode the value: {e}")))
+                            }
+                        }
                     }
                 }
             }
@@ -547,16 +534,11 @@ impl RRefContext {
     /// control messages and `remote` calls are answered.
     async fn release_users(self: Arc<Self>) {
         self.with_protocol(RRefProtocol::release_all_users);
-        loop {
-            let notified = self.progress.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        wait::until(&self.progress, || {
             let info = self.debug_info();
-            if info.num_pending_control == 0 && info.num_pending_remotes == 0 {
-                return;
-            }
-            notified.await;
-        }
+            (info.num_pending_control == 0 && info.num_pending_remotes == 0).then_some(())
+        })
+        .await;
     }
 
     /// Shutdown, once the deletions above have drained everywhere: owned

@@ -43,6 +43,7 @@ pub mod protocol;
 mod proxy;
 mod rref;
 mod slot;
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;

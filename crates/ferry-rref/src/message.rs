@@ -29,6 +29,21 @@ pub(crate) enum RRefMessage {
     },
 }
 
+/// The owner's answer to [`RRefMessage::ToHere`]; with `Value`, the
+/// encoded value follows it in the payload.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum ToHereReply {
+    Value,
+    /// Not owned here (deleted, or its creating call never arrived in time).
+    Unknown,
+    /// The value was not made within the request's timeout.
+    NotYet,
+    /// The function creating the value failed with this text.
+    Failed(String),
+    /// The value is of this other type.
+    WrongType(String),
+}
+
 /// How an RRef travels inside a payload.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct RRefWire {

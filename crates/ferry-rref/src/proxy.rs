@@ -9,7 +9,7 @@ use std::any::type_name;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcError, RpcFuture};
+use ferry_rpc::{Functions, RpcFuture};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -54,10 +54,6 @@ where
             Ok(f(&value, args))
         },
     );
-}
-
-fn rpc_error(e: RpcError) -> RRefError {
-    RRefError::Rpc(e)
 }
 
 /// How a [`Proxy`] calls: blocking ([`Sync`]), with a future ([`Async`]) or
@@ -120,7 +116,7 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
         }
         .call(method, args)
         .wait()
-        .map_err(rpc_error)
+        .map_err(RRefError::Rpc)
     }
 }
 

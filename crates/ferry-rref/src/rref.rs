@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::context::RRefContext;
 use crate::error::RRefError;
-use crate::message::{RRefMessage, RRefWire, RREF_SERVICE};
+use crate::message::{RRefMessage, RRefWire, ToHereReply, RREF_SERVICE};
 use crate::protocol::{Holder, RRefId, WorkerId};
 use crate::slot::SlotState;
 
@@ -227,14 +227,7 @@ impl<T: DeserializeOwned + 'static> RRef<T> {
                 }
             };
             let result = match outcome {
-                Ok(msg) => agent
-                    .enter(|| payload::decode::<T>(&msg.payload, msg.tensors))
-                    .map_err(|e| {
-                        RRefError::Codec(format!("cannot decode the value of {rref_id}: {e}"))
-                    }),
-                Err(RpcError::Remote { message, .. }) => {
-                    Err(to_here_error(rref_id, owner, message, timeout))
-                }
+                Ok(msg) => to_here_reply::<T>(&agent, msg, rref_id, owner, timeout),
                 Err(RpcError::Timeout { after, .. }) => Err(RRefError::Timeout {
                     rref_id,
                     owner,
@@ -265,34 +258,43 @@ impl<T: DeserializeOwned + 'static> RRef<T> {
     }
 }
 
-fn to_here_error(rref_id: RRefId, owner: String, message: String, timeout: Duration) -> RRefError {
-    if let Some(m) = message.strip_prefix("failed:") {
-        RRefError::ValueFailed {
-            rref_id,
-            owner,
-            message: m.to_string(),
+/// Reads the owner's [`ToHereReply`] and, with a value, the value.
+fn to_here_reply<T: DeserializeOwned>(
+    agent: &ferry_rpc::Agent,
+    msg: ferry_transport::IncomingMessage,
+    rref_id: RRefId,
+    owner: String,
+    timeout: Duration,
+) -> Result<T, RRefError> {
+    let codec = |e: &dyn std::fmt::Display| {
+        RRefError::Codec(format!("cannot decode the value of {rref_id}: {e}"))
+    };
+    let (reply, rest) =
+        postcard::take_from_bytes::<ToHereReply>(&msg.payload).map_err(|e| codec(&e))?;
+    match reply {
+        ToHereReply::Value => {
+            let offset = msg.payload.len() - rest.len();
+            agent
+                .enter(|| payload::decode::<T>(&msg.payload[offset..], msg.tensors))
+                .map_err(|e| codec(&e))
         }
-    } else if let Some(actual) = message.strip_prefix("type:") {
-        RRefError::WrongType {
-            rref_id,
-            owner,
-            expected: String::new(),
-            actual: actual.to_string(),
-        }
-    } else if message.starts_with("timeout:") {
-        RRefError::Timeout {
+        ToHereReply::Unknown => Err(RRefError::Unknown { rref_id, owner }),
+        ToHereReply::NotYet => Err(RRefError::Timeout {
             rref_id,
             owner,
             after: timeout,
-        }
-    } else if message.starts_with("unknown:") {
-        RRefError::Unknown { rref_id, owner }
-    } else {
-        RRefError::ValueFailed {
+        }),
+        ToHereReply::Failed(message) => Err(RRefError::ValueFailed {
             rref_id,
             owner,
             message,
-        }
+        }),
+        ToHereReply::WrongType(actual) => Err(RRefError::WrongType {
+            rref_id,
+            owner,
+            expected: type_name::<T>().to_string(),
+            actual,
+        }),
     }
 }
 

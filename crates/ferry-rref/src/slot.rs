@@ -7,6 +7,8 @@ use ferry_rpc::Value;
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::Notify;
 
+use crate::wait;
+
 /// The state of an owned value.
 #[derive(Debug, Clone)]
 pub(crate) enum SlotState {
@@ -71,24 +73,12 @@ impl OwnerSlot {
 
     /// Waits in async code until the outcome is known or `timeout` passes.
     pub(crate) async fn wait_async(&self, timeout: Duration) -> SlotState {
-        let wait = async {
-            loop {
-                let notified = self.notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let state = self.state.lock().clone();
-                if !matches!(state, SlotState::Pending) {
-                    return state;
-                }
-                notified.await;
-            }
+        let ready = || {
+            let state = self.state.lock().clone();
+            (!matches!(state, SlotState::Pending)).then_some(state)
         };
-        if timeout.is_zero() {
-            return wait.await;
-        }
-        match tokio::time::timeout(timeout, wait).await {
-            Ok(s) => s,
-            Err(_) => self.state.lock().clone(),
-        }
+        wait::until_timeout(&self.notify, timeout, ready)
+            .await
+            .unwrap_or(SlotState::Pending)
     }
 }
