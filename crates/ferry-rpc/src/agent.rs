@@ -29,7 +29,8 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::call::{CallSlot, RpcFuture};
 use crate::current;
 use crate::functions::{panic_message, Body, CallResult, Function, Signature};
-use crate::protocol::{CallHeader, Extension, Failure, FailureKind};
+use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader};
+use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
 use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
@@ -228,7 +229,7 @@ impl Agent {
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        inner.run_body(body, args, 0, tensors, move |result| {
+        inner.run_body(body, args, 0, tensors, Scopes::current(), move |result| {
             let _ = tx.send(result);
         });
         Box::pin(async move {
@@ -359,8 +360,17 @@ impl Agent {
             }
             let rank = inner.resolve(&to.into())?;
             let name = format!("service {}", kind.0);
-            let slot =
-                inner.send_request(rank, kind, &name, message.payload, message.tensors, timeout)?;
+            let header = ServiceHeader {
+                extensions: inner.intercept_send(rank, &name, &message.tensors),
+            };
+            let mut payload = Vec::with_capacity(8 + message.payload.len());
+            payload::encode_into(&header, &mut payload).map_err(|e| RpcError::Codec {
+                action: "encode the service header",
+                function: name.clone(),
+                message: e.to_string(),
+            })?;
+            payload.extend_from_slice(&message.payload);
+            let slot = inner.send_request(rank, kind, &name, payload, message.tensors, timeout)?;
             Ok((slot, inner.workers[rank as usize].name.clone(), name))
         })();
         match result {
@@ -541,19 +551,7 @@ impl Inner {
         };
         let mut args_payload = Vec::with_capacity(64);
         let tensors = payload::encode_into(args, &mut args_payload).map_err(codec)?;
-        if !self.interceptors.is_empty() {
-            let mut extensions: Vec<Extension> = Vec::new();
-            let mut call = OutgoingCall {
-                to: &self.workers[rank as usize],
-                function,
-                tensors: &tensors,
-                extensions: &mut extensions,
-            };
-            for i in &self.interceptors {
-                i.on_send(&mut call);
-            }
-            header.extensions = extensions;
-        }
+        header.extensions = self.intercept_send(rank, function, &tensors);
         let mut payload_bytes = Vec::with_capacity(32 + function.len() + args_payload.len());
         payload::encode_into(&header, &mut payload_bytes).map_err(codec)?;
         payload_bytes.extend_from_slice(&args_payload);
@@ -566,6 +564,52 @@ impl Inner {
             timeout,
         )?;
         Ok((slot, self.workers[rank as usize].name.clone()))
+    }
+
+    /// Runs the interceptors over a call about to leave; returns what they attach.
+    fn intercept_send(
+        &self,
+        rank: u32,
+        function: &str,
+        tensors: &[Arc<dyn ferry_wire::OutgoingTensor>],
+    ) -> Vec<Extension> {
+        let mut extensions: Vec<Extension> = Vec::new();
+        let mut call = OutgoingCall {
+            to: &self.workers[rank as usize],
+            function,
+            tensors,
+            extensions: &mut extensions,
+        };
+        for i in &self.interceptors {
+            i.on_send(&mut call);
+        }
+        extensions
+    }
+
+    /// Runs the interceptors over a call that arrived; returns the scopes
+    /// it is to run in.
+    fn intercept_receive(
+        &self,
+        from: &WorkerInfo,
+        function: &str,
+        tensors: &[IncomingTensor],
+        extensions: &[Extension],
+    ) -> Scopes {
+        if self.interceptors.is_empty() {
+            return Scopes::default();
+        }
+        let call = IncomingCall {
+            from,
+            function,
+            tensors,
+            extensions,
+        };
+        Scopes::new(
+            self.interceptors
+                .iter()
+                .filter_map(|i| i.on_receive(&call))
+                .collect(),
+        )
     }
 
     /// Registers a pending call and queues its request on the link to `rank`.
@@ -847,17 +891,8 @@ impl Inner {
             Ok(f) => f,
             Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
-        if !self.interceptors.is_empty() {
-            let call = IncomingCall {
-                from: &from,
-                function: &header.function,
-                tensors: &msg.tensors,
-                extensions: &header.extensions,
-            };
-            for i in &self.interceptors {
-                i.on_receive(&call);
-            }
-        }
+        let scopes =
+            self.intercept_receive(&from, &header.function, &msg.tensors, &header.extensions);
         let IncomingMessage {
             payload, tensors, ..
         } = msg;
@@ -867,6 +902,7 @@ impl Inner {
             payload,
             rest,
             tensors,
+            scopes,
             move |result| {
                 let encoded = result.and_then(|v| {
                     v.encode()
@@ -885,6 +921,7 @@ impl Inner {
         payload: Vec<u8>,
         offset: usize,
         tensors: Vec<IncomingTensor>,
+        scopes: Scopes,
         done: impl FnOnce(CallResult) + Send + 'static,
     ) {
         let agent = Agent {
@@ -893,13 +930,19 @@ impl Inner {
         match body {
             Body::Blocking(f) => {
                 self.handle.spawn_blocking(move || {
-                    let result = current::enter(&agent, || f(&payload[offset..], tensors));
-                    current::enter(&agent, || done(result));
+                    current::enter(&agent, || {
+                        scopes.run(|| {
+                            let result = f(&payload[offset..], tensors);
+                            done(result)
+                        })
+                    })
                 });
             }
             Body::Async(f) => {
-                let fut = current::enter(&agent, || {
-                    std::panic::AssertUnwindSafe(f(&payload[offset..], tensors))
+                let fut = current::enter(&agent, || scopes.run(|| f(&payload[offset..], tensors)));
+                let fut = std::panic::AssertUnwindSafe(Scoped {
+                    scopes: scopes.clone(),
+                    future: Box::pin(fut),
                 });
                 let span = self.span.clone();
                 self.handle.spawn(
@@ -908,7 +951,7 @@ impl Inner {
                             Ok(r) => r,
                             Err(panic) => Err(Failure::failed(panic_message(&*panic))),
                         };
-                        current::enter(&agent, || done(result));
+                        current::enter(&agent, || scopes.run(|| done(result)));
                     }
                     .instrument(span),
                 );
@@ -941,10 +984,35 @@ impl Inner {
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
         };
+        let (header, offset) = match postcard::take_from_bytes::<ServiceHeader>(&msg.payload) {
+            Ok((h, rest)) => (h, msg.payload.len() - rest.len()),
+            Err(e) => {
+                return self.reply(
+                    &outbox,
+                    id,
+                    Err(Failure::new(
+                        FailureKind::BadRequest,
+                        format!("malformed service header: {e}"),
+                    )),
+                )
+            }
+        };
+        let scopes =
+            self.intercept_receive(&from, service.name(), &msg.tensors, &header.extensions);
+        let mut msg = msg;
+        msg.payload.drain(..offset);
         let inner = self.clone();
+        let agent = Agent {
+            inner: self.clone(),
+        };
+        let handled = current::enter(&agent, || scopes.run(|| service.handle(from, msg)));
+        let handled = Scoped {
+            scopes,
+            future: Box::pin(handled),
+        };
         self.handle.spawn(
             async move {
-                let result = service.handle(from, msg).await.map_err(Failure::failed);
+                let result = handled.await.map_err(Failure::failed);
                 inner.reply(&outbox, id, result);
             }
             .instrument(self.span.clone()),

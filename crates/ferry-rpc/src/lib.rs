@@ -44,6 +44,7 @@ mod name;
 mod options;
 mod protocol;
 mod rendezvous;
+pub mod scope;
 pub mod service;
 pub mod store;
 mod value;
@@ -61,6 +62,7 @@ pub use functions::{BoxFuture, Functions, Signature};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
 pub use protocol::Extension;
+pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
 pub use value::Value;
 

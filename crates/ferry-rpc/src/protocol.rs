@@ -24,6 +24,13 @@ pub(crate) struct CallHeader {
     pub(crate) extensions: Vec<Extension>,
 }
 
+/// Sent in front of the service's own bytes in every service message.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct ServiceHeader {
+    /// Interceptor data.
+    pub(crate) extensions: Vec<Extension>,
+}
+
 /// Why a call failed on the callee.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum FailureKind {

@@ -9,6 +9,7 @@ use ferry_wire::MessageKind;
 
 use crate::functions::BoxFuture;
 use crate::protocol::Extension;
+use crate::scope::CallScope;
 use crate::{Agent, WorkerInfo};
 
 /// Handles messages of one service kind (at or above
@@ -43,7 +44,8 @@ pub trait Service: Send + Sync + 'static {
     }
 }
 
-/// A call about to leave this worker, as an interceptor sees it.
+/// A call about to leave this worker, as an interceptor sees it: a function
+/// call, or a service message (then `function` is the service's name).
 pub struct OutgoingCall<'a> {
     /// The callee.
     pub to: &'a WorkerInfo,
@@ -73,9 +75,12 @@ pub trait Interceptor: Send + Sync + 'static {
     fn on_send(&self, call: &mut OutgoingCall<'_>) {
         let _ = call;
     }
-    /// Called on the callee before the function runs.
-    fn on_receive(&self, call: &IncomingCall<'_>) {
+    /// Called on the callee before the function (or service handler) runs.
+    /// A returned scope is entered while the arguments decode, the function
+    /// runs and its result encodes (see [`scope`](crate::scope)).
+    fn on_receive(&self, call: &IncomingCall<'_>) -> Option<Arc<dyn CallScope>> {
         let _ = call;
+        None
     }
 }
 

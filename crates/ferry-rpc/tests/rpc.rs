@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_rpc::service::{IncomingCall, Interceptor, OutgoingCall, Service};
-use ferry_rpc::{Extension, Functions, RpcError, RpcOptions, WorkerInfo};
+use ferry_rpc::{CallScope, Extension, Functions, RpcError, RpcOptions, WorkerInfo};
 use ferry_testkit::{world, world_ok};
 use ferry_transport::{IncomingMessage, RawTensor};
 use ferry_wire::payload::{self, Encoded};
@@ -20,6 +20,11 @@ use serde::{Deserialize, Serialize};
 static HOPS: AtomicU64 = AtomicU64::new(0);
 static SLOW_DONE: AtomicU64 = AtomicU64::new(0);
 static LAST_EXTENSION: Mutex<Option<String>> = Mutex::new(None);
+
+thread_local! {
+    /// Set by the `Tagger` interceptor's scope while a call it saw runs.
+    static SCOPE_TAG: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
 
 /// Tensors of every kind inside nested containers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +89,14 @@ fn functions() -> Functions {
         Ok::<_, RpcError>(r)
     });
     f.register("last_extension", |(): ()| LAST_EXTENSION.lock().clone());
+    // What the interceptor's scope says while a function runs.
+    f.register("scope_tag", |(): ()| SCOPE_TAG.with(|t| t.borrow().clone()));
+    f.register_async("scope_tag_async", |(): ()| async move {
+        let before = SCOPE_TAG.with(|t| t.borrow().clone());
+        tokio::task::yield_now().await;
+        let after = SCOPE_TAG.with(|t| t.borrow().clone());
+        Ok::<_, RpcError>((before, after))
+    });
     f.register("exit_process", exit_process);
     f
 }
@@ -523,7 +536,9 @@ impl Service for SumService {
             if v.is_empty() {
                 return Err(format!("empty list from {}", from.name));
             }
-            payload::encode(&(from.name, v.iter().sum::<i64>())).map_err(|e| e.to_string())
+            tokio::task::yield_now().await;
+            let tag = SCOPE_TAG.with(|t| t.borrow().clone());
+            payload::encode(&(from.name, v.iter().sum::<i64>(), tag)).map_err(|e| e.to_string())
         })
     }
 }
@@ -538,15 +553,32 @@ impl Interceptor for Tagger {
             data: format!("to {} calling {}", call.to.name, call.function).into_bytes(),
         });
     }
-    fn on_receive(&self, call: &IncomingCall<'_>) {
+    fn on_receive(&self, call: &IncomingCall<'_>) -> Option<Arc<dyn CallScope>> {
+        let tag = call.extensions.iter().find(|e| e.id == 7)?;
+        let tag = format!(
+            "{} from {}",
+            String::from_utf8_lossy(&tag.data),
+            call.from.name
+        );
         if call.function == "add" {
-            let tag = call.extensions.iter().find(|e| e.id == 7).unwrap();
-            *LAST_EXTENSION.lock() = Some(format!(
-                "{} from {}",
-                String::from_utf8_lossy(&tag.data),
-                call.from.name
-            ));
+            *LAST_EXTENSION.lock() = Some(tag.clone());
         }
+        Some(Arc::new(TagScope(tag)))
+    }
+}
+
+/// Makes its tag the thread's `SCOPE_TAG` while entered.
+struct TagScope(String);
+impl CallScope for TagScope {
+    fn enter(&self) -> Box<dyn std::any::Any> {
+        struct Restore(Option<String>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SCOPE_TAG.with(|t| *t.borrow_mut() = self.0.take());
+            }
+        }
+        let previous = SCOPE_TAG.with(|t| t.borrow_mut().replace(self.0.clone()));
+        Box::new(Restore(previous))
     }
 }
 
@@ -570,9 +602,12 @@ fn services_and_interceptors_plug_in() {
                 )
                 .wait()
                 .unwrap();
-            let (from, sum): (String, i64) =
+            let (from, sum, tag): (String, i64, Option<String>) =
                 payload::decode(&reply.payload, reply.tensors).unwrap();
             assert_eq!((from.as_str(), sum), ("worker0", 6));
+            // Service messages carry extensions, and the handler runs in the scope.
+            let want = format!("to worker1 calling service {} from worker0", kind.0);
+            assert_eq!(tag, Some(want));
             let err = agent
                 .call_service(
                     1u32,
@@ -586,10 +621,23 @@ fn services_and_interceptors_plug_in() {
             let _: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
             let seen: Option<String> = ferry_rpc::rpc_sync(1u32, "last_extension", ()).unwrap();
             assert_eq!(seen.as_deref(), Some("to worker1 calling add from worker0"));
+            // The scope the interceptor returned is current while the
+            // function runs, across the awaits of an async one.
+            let tag: Option<String> = ferry_rpc::rpc_sync(1u32, "scope_tag", ()).unwrap();
+            assert_eq!(
+                tag.as_deref(),
+                Some("to worker1 calling scope_tag from worker0")
+            );
+            let (before, after): (Option<String>, Option<String>) =
+                ferry_rpc::rpc_sync(1u32, "scope_tag_async", ()).unwrap();
+            let want = Some("to worker1 calling scope_tag_async from worker0".to_string());
+            assert_eq!((before, after), (want.clone(), want));
+            // The caller's own thread never saw a scope.
+            assert_eq!(SCOPE_TAG.with(|t| t.borrow().clone()), None);
             assert_eq!(
                 sent.load(Ordering::SeqCst),
-                2,
-                "interceptors see function calls"
+                6,
+                "interceptors see function calls and service messages"
             );
         }
         ferry_rpc::shutdown().unwrap();
