@@ -63,3 +63,20 @@ pub(crate) fn ensure_venv() -> Result<&'static str> {
         .context(".venv still lacks torch/numpy after pip install")?;
     Ok("installed")
 }
+
+/// Points `c` (a cargo command building a libtorch crate) at the `.venv`'s
+/// PyTorch: `LIBTORCH_USE_PYTORCH=1` with the venv's python first on `PATH`
+/// (torch-sys asks it where libtorch is). The crates' build scripts then
+/// give every test and binary an rpath to that libtorch, so nothing needs
+/// `LD_LIBRARY_PATH` at run time.
+pub(crate) fn with_libtorch(c: &mut std::process::Command) -> &mut std::process::Command {
+    let venv = root().join(".venv");
+    let mut path = std::ffi::OsString::from(venv.join("bin"));
+    if let Some(p) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(p);
+    }
+    c.env("LIBTORCH_USE_PYTORCH", "1")
+        .env("VIRTUAL_ENV", &venv)
+        .env("PATH", path)
+}

@@ -2,13 +2,13 @@
 
 use anyhow::{Context, Result};
 
-use crate::setup::{ensure_cargo_tool, has_cargo_tool};
+use crate::setup::{ensure_cargo_tool, ensure_venv, has_cargo_tool, with_libtorch};
 use crate::steps::{cargo, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
 /// the one edit needed when such a crate lands.
-pub(crate) const LIBTORCH_CRATES: &[&str] = &[];
+pub(crate) const LIBTORCH_CRATES: &[&str] = &["ferry-tch"];
 
 /// Target dir of the fuzz harness (its own workspace), kept under `target/`
 /// so it is cached with everything else.
@@ -20,6 +20,16 @@ pub(crate) fn workspace_args() -> Vec<&'static str> {
     for krate in LIBTORCH_CRATES {
         args.extend(["--exclude", krate]);
     }
+    args
+}
+
+/// One `--package` per crate in [`LIBTORCH_CRATES`].
+fn libtorch_args(prefix: &[&'static str], rest: &[&'static str]) -> Vec<&'static str> {
+    let mut args = prefix.to_vec();
+    for krate in LIBTORCH_CRATES {
+        args.extend(["--package", krate]);
+    }
+    args.extend(rest);
     args
 }
 
@@ -61,6 +71,34 @@ pub(crate) fn main() -> Result<()> {
         eprintln!("\n(cargo-nextest not installed: using `cargo test`, doctests included)");
         steps.step("tests + doctests (cargo test)", || {
             run(&mut cargo(&with(&["test"], &[])))
+        })?;
+    }
+    // The libtorch crates, built against the .venv's PyTorch.
+    steps.step_with("setup: .venv (torch for libtorch)", ensure_venv)?;
+    steps.step("clippy (libtorch crates)", || {
+        run(with_libtorch(&mut cargo(&libtorch_args(
+            &["clippy"],
+            &["--all-targets", "--", "-D", "warnings"],
+        ))))
+    })?;
+    if has_cargo_tool("nextest") {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let profile = if ci { "ci" } else { "default" };
+        steps.step("tests (libtorch crates)", || {
+            run(with_libtorch(&mut cargo(&libtorch_args(
+                &["nextest", "run"],
+                &["--profile", profile],
+            ))))
+        })?;
+        steps.step("doctests (libtorch crates)", || {
+            run(with_libtorch(&mut cargo(&libtorch_args(
+                &["test"],
+                &["--doc"],
+            ))))
+        })?;
+    } else {
+        steps.step("tests + doctests (libtorch crates)", || {
+            run(with_libtorch(&mut cargo(&libtorch_args(&["test"], &[]))))
         })?;
     }
     steps.step("fuzz harness compiles", || {

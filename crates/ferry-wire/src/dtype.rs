@@ -30,11 +30,25 @@ pub enum DType {
     F32 = 8,
     /// `torch.float64`.
     F64 = 9,
+    /// `torch.complex32` (two halves).
+    C32 = 10,
+    /// `torch.complex64` (two float32).
+    C64 = 11,
+    /// `torch.complex128` (two float64).
+    C128 = 12,
+    /// `torch.float8_e5m2`.
+    F8E5M2 = 13,
+    /// `torch.float8_e4m3fn`.
+    F8E4M3FN = 14,
+    /// `torch.float8_e5m2fnuz`.
+    F8E5M2FNUZ = 15,
+    /// `torch.float8_e4m3fnuz`.
+    F8E4M3FNUZ = 16,
 }
 
 impl DType {
     /// Every element type, in wire-code order.
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 17] = [
         DType::Bool,
         DType::U8,
         DType::I8,
@@ -45,15 +59,29 @@ impl DType {
         DType::BF16,
         DType::F32,
         DType::F64,
+        DType::C32,
+        DType::C64,
+        DType::C128,
+        DType::F8E5M2,
+        DType::F8E4M3FN,
+        DType::F8E5M2FNUZ,
+        DType::F8E4M3FNUZ,
     ];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
-            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::Bool
+            | DType::U8
+            | DType::I8
+            | DType::F8E5M2
+            | DType::F8E4M3FN
+            | DType::F8E5M2FNUZ
+            | DType::F8E4M3FNUZ => 1,
             DType::I16 | DType::F16 | DType::BF16 => 2,
-            DType::I32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
+            DType::I32 | DType::F32 | DType::C32 => 4,
+            DType::I64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
         }
     }
 
@@ -83,6 +111,13 @@ impl DType {
             DType::BF16 => "bfloat16",
             DType::F32 => "float32",
             DType::F64 => "float64",
+            DType::C32 => "complex32",
+            DType::C64 => "complex64",
+            DType::C128 => "complex128",
+            DType::F8E5M2 => "float8_e5m2",
+            DType::F8E4M3FN => "float8_e4m3fn",
+            DType::F8E5M2FNUZ => "float8_e5m2fnuz",
+            DType::F8E4M3FNUZ => "float8_e4m3fnuz",
         }
     }
 }
@@ -102,7 +137,7 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_code(d.code()).unwrap(), d);
         }
-        assert_eq!(DType::from_code(10), Err(WireError::UnknownDType(10)));
+        assert_eq!(DType::from_code(17), Err(WireError::UnknownDType(17)));
         assert_eq!(DType::from_code(255), Err(WireError::UnknownDType(255)));
     }
 }
