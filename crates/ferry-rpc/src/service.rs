@@ -104,6 +104,12 @@ impl Hooks {
         self.layers.push(layer);
         self
     }
+    /// Whether a layer of type `T` is installed.
+    pub fn has_layer<T: std::any::Any + Send + Sync>(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.clone().downcast::<T>().is_ok())
+    }
     /// Adds an interceptor.
     pub fn interceptor(&mut self, interceptor: Arc<dyn Interceptor>) -> &mut Self {
         self.interceptors.push(interceptor);

@@ -1,0 +1,192 @@
+//! Safe wrappers over `csrc/engine_shim.cpp`: what the engine needs from
+//! libtorch beyond the tch crate (see the crate docs for why a shim).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use tch::Tensor;
+
+/// `at::Tensor`, as tch's `C_tensor` pointers point to.
+#[repr(C)]
+struct AtTensor {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    fn ferry_free_error(error: *mut c_char);
+    fn ferry_tensor_impl(t: *const AtTensor) -> *const c_void;
+    fn ferry_grad(
+        roots: *const *const AtTensor,
+        grad_outputs: *const *const AtTensor,
+        n: c_int,
+        inputs: *const *const AtTensor,
+        ninputs: c_int,
+        keep_graph: c_int,
+        outputs: *mut *mut AtTensor,
+    ) -> *mut c_char;
+    fn ferry_leaves(
+        roots: *const *const AtTensor,
+        n: c_int,
+        state: *mut c_void,
+        push: extern "C" fn(*mut c_void, *mut AtTensor),
+    ) -> *mut c_char;
+}
+
+fn ptr(t: &Tensor) -> *const AtTensor {
+    t.as_ptr() as *const AtTensor
+}
+
+/// Takes an error text from the shim.
+fn check(error: *mut c_char) -> Result<(), String> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null result is a NUL-terminated malloc'd string from the
+    // shim, freed exactly once here.
+    let text = unsafe { CStr::from_ptr(error) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: as above.
+    unsafe { ferry_free_error(error) };
+    Err(text)
+}
+
+/// Wraps a tensor the shim allocated with `new`.
+fn own(t: *mut AtTensor) -> Tensor {
+    // SAFETY: the shim returns `new at::Tensor(..)`, which tch's `Tensor`
+    // owns and frees with `delete` (its `C_tensor` is `at::Tensor`).
+    unsafe { Tensor::from_ptr(t as *mut torch_sys::C_tensor) }
+}
+
+/// The identity of a tensor: its TensorImpl, shared by its shallow clones.
+pub(crate) fn tensor_id(t: &Tensor) -> usize {
+    // SAFETY: `t` is a live tch tensor.
+    unsafe { ferry_tensor_impl(ptr(t)) as usize }
+}
+
+/// Gradients of `roots`, seeded with `grad_outputs`, with respect to
+/// `inputs`: `None` where an input is not reached. `.grad` is not touched.
+pub(crate) fn grad(
+    roots: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    keep_graph: bool,
+) -> Result<Vec<Option<Tensor>>, String> {
+    if roots.len() != grad_outputs.len() {
+        return Err(format!(
+            "{} roots but {} gradients",
+            roots.len(),
+            grad_outputs.len()
+        ));
+    }
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let r: Vec<_> = roots.iter().map(ptr).collect();
+    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
+    let i: Vec<_> = inputs.iter().map(ptr).collect();
+    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
+    // SAFETY: every pointer is a live tch tensor for the duration of the
+    // call; `out` has room for one tensor per input.
+    check(unsafe {
+        ferry_grad(
+            r.as_ptr(),
+            g.as_ptr(),
+            r.len() as c_int,
+            i.as_ptr(),
+            i.len() as c_int,
+            c_int::from(keep_graph),
+            out.as_mut_ptr(),
+        )
+    })?;
+    Ok(out
+        .into_iter()
+        .map(|p| {
+            let t = own(p);
+            t.defined().then_some(t)
+        })
+        .collect())
+}
+
+/// The leaf tensors (those with an AccumulateGrad node) that a backward
+/// pass from `roots` reaches, roots that are leaves included, each once.
+pub(crate) fn leaves(roots: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    extern "C" fn push(state: *mut c_void, leaf: *mut AtTensor) {
+        // SAFETY: `state` is the `Vec<Tensor>` passed below, alive and not
+        // otherwise borrowed during the call.
+        let out = unsafe { &mut *(state as *mut Vec<Tensor>) };
+        out.push(own(leaf));
+    }
+    let r: Vec<_> = roots.iter().map(ptr).collect();
+    let mut out: Vec<Tensor> = Vec::new();
+    // SAFETY: live tensors; `push` only appends to `out`.
+    check(unsafe {
+        ferry_leaves(
+            r.as_ptr(),
+            r.len() as c_int,
+            &mut out as *mut Vec<Tensor> as *mut c_void,
+            push,
+        )
+    })?;
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn grad_with_seeds_matches_the_engine_and_leaves_are_found() {
+        let a = Tensor::randn([3, 3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+        let b = Tensor::randn([3, 3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+        let unused = Tensor::randn([3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+        let y = (&a * &b).relu() + &a;
+        let seed = Tensor::randn([3, 3], (Kind::Double, Device::Cpu));
+        let found = leaves(std::slice::from_ref(&y)).unwrap();
+        let ids: Vec<usize> = found.iter().map(tensor_id).collect();
+        assert_eq!(found.len(), 2);
+        assert!(ids.contains(&tensor_id(&a)) && ids.contains(&tensor_id(&b)));
+        assert!(!ids.contains(&tensor_id(&unused)));
+        let g = grad(
+            std::slice::from_ref(&y),
+            std::slice::from_ref(&seed),
+            &[a.shallow_clone(), b.shallow_clone(), unused.shallow_clone()],
+            true,
+        )
+        .unwrap();
+        // The (t * g).sum() identity: the same gradients via tch's own backward.
+        let reference =
+            Tensor::run_backward(&[(&y * &seed).sum(Kind::Double)], &[&a, &b], true, false);
+        assert!(g[0]
+            .as_ref()
+            .unwrap()
+            .allclose(&reference[0], 1e-12, 1e-12, false));
+        assert!(g[1]
+            .as_ref()
+            .unwrap()
+            .allclose(&reference[1], 1e-12, 1e-12, false));
+        assert!(g[2].is_none(), "an unreached input has no gradient");
+        // .grad was never touched.
+        assert!(!a.grad().defined());
+        // A leaf root is its own leaf, and its gradient is the seed.
+        let g = grad(
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&seed),
+            std::slice::from_ref(&a),
+            true,
+        )
+        .unwrap();
+        assert!(g[0].as_ref().unwrap().equal(&seed));
+        assert_eq!(leaves(std::slice::from_ref(&a)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn engine_errors_are_returned_not_thrown() {
+        let a = Tensor::randn([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let y = &a * 2.0;
+        let wrong_seed = Tensor::ones([4], (Kind::Float, Device::Cpu));
+        let err = grad(std::slice::from_ref(&y), &[wrong_seed], &[a], true).unwrap_err();
+        assert!(err.contains("shape") || err.contains("size"), "{err}");
+    }
+}

@@ -1,0 +1,69 @@
+//! The user's handle on a distributed autograd context.
+
+use std::sync::Arc;
+
+use tch::Tensor;
+
+use crate::container::{DistAutogradContainer, Entered};
+use crate::context::{Context, Gradients};
+use crate::{engine, AutogradError};
+
+/// A distributed autograd context, current on the thread that created it
+/// until dropped (PyTorch's `with dist_autograd.context() as context_id`).
+///
+/// RPCs made on this thread while it lives record send and recv functions
+/// for the tensors that require grad, on every worker they reach. Dropping
+/// it releases the context on every worker that took part.
+#[must_use = "the context ends when the guard drops"]
+pub struct ContextGuard {
+    ctx: Arc<Context>,
+    container: Arc<DistAutogradContainer>,
+    // Declared last: leaves the thread's context after the fields above.
+    _entered: Entered,
+}
+
+impl ContextGuard {
+    pub(crate) fn new(container: Arc<DistAutogradContainer>) -> Result<Self, AutogradError> {
+        if let Some(existing) = crate::container::current_id() {
+            return Err(AutogradError::NestedContext { existing });
+        }
+        let ctx = container.new_context();
+        let entered = container.enter_user(&ctx)?;
+        Ok(ContextGuard {
+            ctx,
+            container,
+            _entered: entered,
+        })
+    }
+
+    /// The context id, unique across the cluster (`worker_id << 48 | counter`).
+    pub fn id(&self) -> u64 {
+        self.ctx.id
+    }
+
+    /// Runs the distributed backward pass from `roots` (scalars on this
+    /// worker) and returns once every participating worker has finished.
+    /// Gradients accumulate in the context, never in `.grad`.
+    pub fn backward(&self, roots: &[Tensor], retain_graph: bool) -> Result<(), AutogradError> {
+        engine::backward(&self.container, self.ctx.id, roots, retain_graph)
+    }
+
+    /// The gradients accumulated on this worker in this context.
+    pub fn gradients(&self) -> Gradients {
+        crate::gradients_of(&self.ctx)
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        self.container.release(self.ctx.id, None);
+    }
+}
+
+impl std::fmt::Debug for ContextGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextGuard")
+            .field("id", &self.ctx.id)
+            .finish()
+    }
+}

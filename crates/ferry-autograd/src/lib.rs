@@ -1,0 +1,148 @@
+//! # ferry-autograd
+//!
+//! Distributed autograd over libtorch, as PyTorch's
+//! `torch.distributed.autograd` does it (see the distributed autograd
+//! design in the seeds), and the [`DistributedOptimizer`].
+//!
+//! - [`context`] opens a distributed autograd context on this thread. Every
+//!   RPC made inside it (`rpc_sync`, `rpc_async`, `remote`, and `to_here`,
+//!   including nested calls made by the functions it reaches) records a send
+//!   function on the sender and a recv function on the receiver for each
+//!   tensor that requires grad, paired by a unique message id.
+//! - [`ContextGuard::backward`] runs FAST mode: libtorch's engine here, then
+//!   the gradients of received tensors travel back to their senders, whose
+//!   engines continue, recursively; it returns when every worker is done.
+//!   Gradients accumulate per context ([`get_gradients`]), never in `.grad`,
+//!   so concurrent contexts over the same parameters do not mix.
+//! - Dropping the guard releases the context on every worker that took part.
+//!
+//! ## How it drives libtorch's engine
+//!
+//! The `tch` crate has no custom autograd functions and no `grad_outputs`.
+//! Ferry uses a small C++ shim compiled against the same libtorch
+//! (`csrc/engine_shim.cpp`, two functions): `torch::autograd::grad` with
+//! explicit incoming gradients (the send function's gradient seeds the sent
+//! tensor), and a walk of the graph to the `AccumulateGrad` leaves a pass
+//! reaches. Recv functions are plain leaves (the received tensor requires
+//! grad): a pass finds them among the leaves and sends their gradients on.
+//! The `(t * g).sum()` trick would have done the first, but not the second,
+//! which PyTorch's `get_gradients` needs for leaves never sent anywhere.
+//!
+//! ```no_run
+//! use ferry_rpc::{Functions, RpcOptions};
+//! use ferry_tch::Tensor;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut functions = Functions::new();
+//! functions.register("my_add", |(a, b): (Tensor, Tensor)| Tensor::from(&*a + &*b));
+//! let mut options = RpcOptions::from_env("worker0")?.functions(functions);
+//! ferry_autograd::install(&mut options);
+//! ferry_rpc::init_rpc(options)?;
+//!
+//! let opts = (tch::Kind::Float, tch::Device::Cpu);
+//! let t1 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
+//! let t2 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
+//! let ctx = ferry_autograd::context()?;
+//! let t3: Tensor = ferry_rpc::rpc_sync("worker1", "my_add", (Tensor::from(t1.shallow_clone()), Tensor::from(t2.shallow_clone())))?;
+//! let loss = (&*t3 * 2.0).sum(tch::Kind::Float);
+//! ctx.backward(&[loss], false)?;
+//! let grads = ctx.gradients();
+//! assert!(grads.get(&t1).is_some() && grads.get(&t2).is_some());
+//! drop(ctx);
+//! ferry_rpc::shutdown()?;
+//! # Ok(()) }
+//! ```
+
+mod container;
+mod context;
+mod engine;
+mod engine_shim;
+mod error;
+mod guard;
+mod message;
+pub mod optim;
+
+use std::sync::Arc;
+
+use ferry_rpc::{Agent, RpcOptions};
+
+pub use container::DistAutogradContainer;
+pub use context::Gradients;
+pub use error::AutogradError;
+pub use guard::ContextGuard;
+pub use message::AUTOGRAD_SERVICE;
+pub use optim::{DistributedOptimizer, OptimizerKind};
+
+use crate::context::Context;
+
+/// Installs distributed autograd on a worker's options: the autograd
+/// service, the interceptor that carries contexts on calls, the tensor
+/// recorder, libtorch tensors ([`ferry_tch::install`]), Remote References
+/// ([`ferry_rref::install`], unless already there) and the optimizer's
+/// remote functions.
+pub fn install(options: &mut RpcOptions) -> Arc<DistAutogradContainer> {
+    let container = Arc::new(DistAutogradContainer::new());
+    ferry_tch::install(options);
+    if !options.hooks.has_layer::<ferry_rref::RRefContext>() {
+        ferry_rref::install(options);
+    }
+    options
+        .hooks
+        .service(
+            AUTOGRAD_SERVICE,
+            Arc::new(message::AutogradService(container.clone())),
+        )
+        .interceptor(Arc::new(container::ContextInterceptor(container.clone())))
+        .layer(container.clone())
+        .layer(Arc::new(ferry_tch::grad::RecorderLayer(container.clone())));
+    optim::register(&mut options.functions);
+    container
+}
+
+/// The container of `agent`.
+pub fn container_of(agent: &Agent) -> Result<Arc<DistAutogradContainer>, AutogradError> {
+    agent
+        .layer::<DistAutogradContainer>()
+        .ok_or(AutogradError::NotInstalled)
+}
+
+fn container() -> Result<Arc<DistAutogradContainer>, AutogradError> {
+    container_of(&ferry_rpc::agent()?)
+}
+
+/// Opens a distributed autograd context on this thread (the process's
+/// agent). Contexts do not nest: a second one on the same thread is an error.
+pub fn context() -> Result<ContextGuard, AutogradError> {
+    ContextGuard::new(container()?)
+}
+
+/// Runs the distributed backward pass of context `context_id` from `roots`
+/// (see [`ContextGuard::backward`]).
+pub fn backward(
+    context_id: u64,
+    roots: &[tch::Tensor],
+    retain_graph: bool,
+) -> Result<(), AutogradError> {
+    engine::backward(&*container()?, context_id, roots, retain_graph)
+}
+
+/// The gradients context `context_id` accumulated on this worker.
+pub fn get_gradients(context_id: u64) -> Result<Gradients, AutogradError> {
+    Ok(gradients_of(&*container()?.get(context_id)?))
+}
+
+pub(crate) fn gradients_of(ctx: &Context) -> Gradients {
+    let state = ctx.state.lock();
+    Gradients {
+        entries: state
+            .grads
+            .values()
+            .map(|(t, g)| (t.shallow_clone(), g.shallow_clone()))
+            .collect(),
+    }
+}
+
+/// Ids of the distributed autograd contexts alive on this process's worker.
+pub fn context_ids() -> Result<Vec<u64>, AutogradError> {
+    Ok(container()?.context_ids())
+}

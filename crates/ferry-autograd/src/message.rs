@@ -1,0 +1,134 @@
+//! The autograd service: what workers send each other during backward and
+//! clean-up, and the handler that serves it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_rpc::{Agent, BoxFuture, RpcError, Service, WorkerInfo};
+use ferry_tch::Tensor;
+use ferry_transport::IncomingMessage;
+use ferry_wire::payload::{self, Encoded};
+use ferry_wire::MessageKind;
+use serde::{Deserialize, Serialize};
+
+use crate::container::DistAutogradContainer;
+use crate::engine;
+
+/// The service kind of distributed autograd messages.
+pub const AUTOGRAD_SERVICE: MessageKind = MessageKind(0x102);
+
+/// The service's name (errors, logs, and the interceptor's check).
+pub(crate) const SERVICE_NAME: &str = "autograd";
+
+/// Tries of a clean-up message before giving up.
+const RELEASE_TRIES: u32 = 6;
+/// Timeout of one try of a clean-up message.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A message of the autograd service.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum AutogradMessage {
+    /// The gradient of a tensor this worker sent (PyTorch's
+    /// `PropagateGradientsReq`): run the send function's part of backward
+    /// here and further on. Replied to once all of it finished, with the
+    /// workers that took part.
+    Propagate {
+        context_id: u64,
+        message_id: u64,
+        grad: Tensor,
+    },
+    /// A backward without `retain_graph` finished: free the graph.
+    ReleaseGraph { context_id: u64 },
+    /// The context ended: release it here and pass it on.
+    ReleaseContext { context_id: u64 },
+}
+
+/// Sends a clean-up message, retrying on dead-peer and timeout errors with
+/// back-off; never blocks the caller.
+pub(crate) fn send_with_retries(agent: &Agent, to: u32, message: AutogradMessage) {
+    let Ok(encoded) = payload::encode(&message) else {
+        return;
+    };
+    let first = agent.call_service(to, AUTOGRAD_SERVICE, encoded, RELEASE_TIMEOUT);
+    let weak = agent.downgrade();
+    agent.spawn(async move {
+        let mut attempt = first;
+        let mut backoff = Duration::from_millis(20);
+        for tries in 1..=RELEASE_TRIES {
+            match attempt.await {
+                Ok(_) => return,
+                Err(RpcError::PeerUnreachable { .. } | RpcError::Timeout { .. })
+                    if tries < RELEASE_TRIES =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                    let Some(agent) = weak.upgrade() else { return };
+                    let Ok(encoded) = payload::encode(&message) else {
+                        return;
+                    };
+                    attempt = agent.call_service(to, AUTOGRAD_SERVICE, encoded, RELEASE_TIMEOUT);
+                }
+                Err(e) => {
+                    tracing::warn!(to, error = %e, "distributed autograd clean-up message failed");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// Serves [`AUTOGRAD_SERVICE`].
+pub(crate) struct AutogradService(pub(crate) Arc<DistAutogradContainer>);
+
+impl Service for AutogradService {
+    fn name(&self) -> &str {
+        SERVICE_NAME
+    }
+
+    fn started(&self, agent: &Agent) {
+        self.0.started(agent);
+    }
+
+    fn handle(
+        &self,
+        from: WorkerInfo,
+        message: IncomingMessage,
+    ) -> BoxFuture<Result<Encoded, String>> {
+        let container = self.0.clone();
+        Box::pin(async move {
+            let msg: AutogradMessage = payload::decode(&message.payload, message.tensors)
+                .map_err(|e| format!("malformed autograd message: {e}"))?;
+            match msg {
+                AutogradMessage::Propagate {
+                    context_id,
+                    message_id,
+                    grad,
+                } => {
+                    let participants = tokio::task::spawn_blocking(move || {
+                        engine::on_propagate(&container, context_id, message_id, grad.into_inner())
+                    })
+                    .await
+                    .map_err(|e| format!("the backward task failed: {e}"))?
+                    .map_err(|e| e.to_string())?;
+                    payload::encode(&participants).map_err(|e| e.to_string())
+                }
+                AutogradMessage::ReleaseGraph { context_id } => {
+                    if let Ok(ctx) = container.get(context_id) {
+                        engine::release_graph(&ctx);
+                    }
+                    payload::encode(&()).map_err(|e| e.to_string())
+                }
+                AutogradMessage::ReleaseContext { context_id } => {
+                    container.release(context_id, Some(from.id));
+                    payload::encode(&()).map_err(|e| e.to_string())
+                }
+            }
+        })
+    }
+}
+
+/// Decodes the reply of a `Propagate`.
+pub(crate) fn decode_participants(reply: IncomingMessage) -> Result<BTreeSet<u32>, String> {
+    payload::decode(&reply.payload, reply.tensors).map_err(|e| e.to_string())
+}

@@ -1,0 +1,228 @@
+//! [`DistributedOptimizer`]: one [`LocalOptimizer`] per owner of the
+//! parameters, stepped remotely with a context's gradients.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferry_rpc::{Agent, Functions};
+use ferry_rref::RRef;
+use ferry_tch::Tensor;
+use parking_lot::Mutex;
+
+use super::{LocalOptimizer, OptimizerKind};
+use crate::engine_shim::tensor_id;
+use crate::{container_of, AutogradError};
+
+const NEW: &str = "ferry_autograd::optimizer_new";
+const STEP: &str = "ferry_autograd::optimizer_step";
+const DROP: &str = "ferry_autograd::optimizer_drop";
+
+/// The local optimizers living on this worker, by id.
+#[derive(Default)]
+pub(crate) struct LocalOptimizers {
+    /// Serialises every step on this worker (PyTorch's `_LocalOptimizer.global_lock`):
+    /// concurrent distributed optimizers over the same parameters apply
+    /// their updates one at a time.
+    optimizers: Mutex<HashMap<u64, Arc<Mutex<LocalOptimizer>>>>,
+    step_lock: Mutex<()>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Registers the remote functions the distributed optimizer calls on owners.
+pub(crate) fn register(functions: &mut Functions) {
+    functions.register_fallible(
+        NEW,
+        |(id, kind, params): (u64, OptimizerKind, Vec<RRef<Tensor>>)| {
+            let agent = Agent::current().ok_or("no agent")?;
+            let container = container_of(&agent).map_err(|e| e.to_string())?;
+            let mut tensors = Vec::with_capacity(params.len());
+            for p in &params {
+                let v = p.local_value().map_err(|e| e.to_string())?;
+                tensors.push(v.0.shallow_clone());
+            }
+            let local = LocalOptimizer::new(kind, tensors).map_err(|e| e.to_string())?;
+            container
+                .optimizers
+                .optimizers
+                .lock()
+                .insert(id, Arc::new(Mutex::new(local)));
+            Ok::<_, String>(())
+        },
+    );
+    functions.register_fallible(STEP, |(id, context_id): (u64, u64)| {
+        let agent = Agent::current().ok_or("no agent")?;
+        let container = container_of(&agent).map_err(|e| e.to_string())?;
+        let local = container
+            .optimizers
+            .optimizers
+            .lock()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("no optimizer {id} on this worker"))?;
+        let ctx = container.get(context_id).map_err(|e| e.to_string())?;
+        let _serial = container.optimizers.step_lock.lock();
+        let mut local = local.lock();
+        let grads: Vec<Option<tch::Tensor>> = {
+            let state = ctx.state.lock();
+            local
+                .params()
+                .iter()
+                .map(|p| {
+                    state
+                        .grads
+                        .get(&tensor_id(p))
+                        .map(|(_, g)| g.shallow_clone())
+                })
+                .collect()
+        };
+        local.step(&grads).map_err(|e| e.to_string())
+    });
+    functions.register(DROP, |id: u64| {
+        if let Some(container) = Agent::current().and_then(|a| container_of(&a).ok()) {
+            container.optimizers.optimizers.lock().remove(&id);
+        }
+    });
+}
+
+/// Optimizes parameters that live on any workers, given as RRefs, with the
+/// gradients of a distributed autograd context (PyTorch's
+/// `torch.distributed.optim.DistributedOptimizer`).
+///
+/// Construction creates one local optimizer of `kind` on each distinct
+/// owner, holding that owner's parameters; [`step`](Self::step) runs them
+/// all in parallel, each applying the context's gradients on its owner.
+pub struct DistributedOptimizer {
+    agent: Agent,
+    id: u64,
+    /// Owner rank → owner name.
+    owners: BTreeMap<u32, String>,
+}
+
+impl DistributedOptimizer {
+    /// Builds local optimizers of `kind` on the owners of `params` (the
+    /// process's agent).
+    pub fn new(kind: OptimizerKind, params: Vec<RRef<Tensor>>) -> Result<Self, AutogradError> {
+        Self::with_agent(&ferry_rpc::agent()?, kind, params)
+    }
+
+    /// [`new`](Self::new) on a given agent.
+    pub fn with_agent(
+        agent: &Agent,
+        kind: OptimizerKind,
+        params: Vec<RRef<Tensor>>,
+    ) -> Result<Self, AutogradError> {
+        kind.validate().map_err(|e| AutogradError::Optimizer {
+            worker: agent.worker_info().name.clone(),
+            message: e.to_string(),
+        })?;
+        let mut by_owner: BTreeMap<u32, Vec<RRef<Tensor>>> = BTreeMap::new();
+        for p in params {
+            by_owner.entry(p.owner()).or_default().push(p);
+        }
+        let id =
+            (u64::from(agent.worker_info().id) << 48) | NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let calls: Vec<_> = by_owner
+            .into_iter()
+            .map(|(owner, ps)| {
+                (
+                    owner,
+                    agent.rpc_async::<(), _>(owner, NEW, (id, kind.clone(), ps)),
+                )
+            })
+            .collect();
+        let mut owners = BTreeMap::new();
+        let mut first_error = None;
+        for (owner, call) in calls {
+            let name = owner_name(agent, owner);
+            match call.wait() {
+                Ok(()) => {
+                    owners.insert(owner, name);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(optimizer_error(&name, e));
+                }
+            }
+        }
+        let this = DistributedOptimizer {
+            agent: agent.clone(),
+            id,
+            owners,
+        };
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(this),
+        }
+    }
+
+    /// Applies the gradients of context `context_id` on every owner, in
+    /// parallel across owners; returns once all are applied. An error names
+    /// the owner whose step failed.
+    pub fn step(&self, context_id: u64) -> Result<(), AutogradError> {
+        let calls: Vec<_> = self
+            .owners
+            .iter()
+            .map(|(&owner, name)| {
+                (
+                    name,
+                    self.agent
+                        .rpc_async::<(), _>(owner, STEP, (self.id, context_id)),
+                )
+            })
+            .collect();
+        let mut first_error = None;
+        for (name, call) in calls {
+            if let Err(e) = call.wait() {
+                first_error.get_or_insert(optimizer_error(name, e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The workers holding parameters of this optimizer.
+    pub fn owners(&self) -> Vec<String> {
+        self.owners.values().cloned().collect()
+    }
+}
+
+impl Drop for DistributedOptimizer {
+    fn drop(&mut self) {
+        // Best effort: the local optimizers also go when their workers stop.
+        let calls: Vec<_> = self
+            .owners
+            .keys()
+            .map(|&o| self.agent.rpc_async::<(), _>(o, DROP, self.id))
+            .collect();
+        for c in calls {
+            let _ = c.wait();
+        }
+    }
+}
+
+impl std::fmt::Debug for DistributedOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistributedOptimizer")
+            .field("id", &self.id)
+            .field("owners", &self.owners)
+            .finish()
+    }
+}
+
+fn owner_name(agent: &Agent, owner: u32) -> String {
+    agent
+        .get_worker_info(owner)
+        .map(|w| w.name)
+        .unwrap_or_else(|_| format!("rank {owner}"))
+}
+
+fn optimizer_error(owner: &str, e: ferry_rpc::RpcError) -> AutogradError {
+    let message = match e {
+        ferry_rpc::RpcError::Remote { message, .. } => message,
+        other => other.to_string(),
+    };
+    AutogradError::Optimizer {
+        worker: owner.to_string(),
+        message,
+    }
+}
