@@ -50,7 +50,9 @@ pub use ferry_rref::{remote, RRef, RRefError};
 /// Starts this process's worker with every layer installed (RRefs), then
 /// makes it the target of the free functions ([`rpc_sync`], [`remote`], ...).
 pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
-    ferry_rref::install(&mut options);
+    if !options.hooks.has_layer::<ferry_rref::RRefContext>() {
+        ferry_rref::install(&mut options);
+    }
     ferry_rpc::init_rpc(options)
 }
 pub use ferry_transport::RawTensor;
