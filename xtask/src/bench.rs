@@ -1,7 +1,9 @@
 //! `cargo xtask bench [--quick]`: criterion benches, then Ferry and the
 //! PyTorch RPC peer side by side (`target/ferry-bench/`): RPC latency
-//! (`rpc_latency` / `pt_rpc_latency.py`) and the paper's Table 1, tensor vs
-//! RRef argument overhead (`rref_overhead` / `pt_rref_overhead.py`).
+//! (`rpc_latency` / `pt_rpc_latency.py`), the paper's Table 1, tensor vs
+//! RRef argument overhead (`rref_overhead` / `pt_rref_overhead.py`), and its
+//! Table 2, distributed autograd overhead (`ferry-autograd`'s example
+//! `autograd_overhead` / `pt_dist_autograd_overhead.py`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -9,7 +11,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::setup::{ensure_venv, venv_python};
+use crate::setup::{ensure_venv, venv_python, with_libtorch};
 use crate::steps::{cargo, cmd, root, run, Steps};
 use crate::table::{self, Better, Metric, RowSpec};
 
@@ -21,6 +23,10 @@ const RPC_SIZES: &[&str] = &["0", "1KB", "1MB", "4MB"];
 const RREF_SIZES: &[&str] = &["4MB", "40MB", "400MB"];
 /// [`RREF_SIZES`] under `--quick`.
 const RREF_SIZES_QUICK: &[&str] = &["4MB", "40MB"];
+/// The issue's target for distributed autograd: each of Ferry's overheads
+/// (forward, backward, optimizer step) at most 1/4 of PyTorch's, i.e. a
+/// ratio (PyTorch / Ferry) of at least 4.
+const AUTOGRAD_TARGET: f64 = 4.0;
 /// `cargo xtask bench --quick` must finish within this many seconds.
 const QUICK_BUDGET_S: f64 = 600.0;
 
@@ -33,6 +39,8 @@ pub(crate) enum Bench {
     Rpc,
     /// Tensor vs RRef argument overhead (Table 1), Ferry vs PyTorch.
     Rref,
+    /// Distributed autograd overhead (Table 2), Ferry vs PyTorch.
+    Autograd,
 }
 
 impl Bench {
@@ -41,13 +49,14 @@ impl Bench {
             "criterion" => Some(Bench::Criterion),
             "rpc" => Some(Bench::Rpc),
             "rref" => Some(Bench::Rref),
+            "autograd" => Some(Bench::Autograd),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref";
+const ONLY_NAMES: &str = "criterion, rpc, rref, autograd";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -155,8 +164,10 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         }
         found
     };
-    let side_by_side = o.runs(Bench::Rpc) || o.runs(Bench::Rref);
-    if peers.is_some() && side_by_side && !o.table_only {
+    let side_by_side = o.runs(Bench::Rpc) || o.runs(Bench::Rref) || o.runs(Bench::Autograd);
+    // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
+    let needs_venv = (peers.is_some() && side_by_side) || o.runs(Bench::Autograd);
+    if needs_venv && !o.table_only {
         steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
     }
 
@@ -182,6 +193,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     if o.runs(Bench::Rref) {
         rref_overhead(&mut steps, o, peers.as_deref())?;
     }
+    if o.runs(Bench::Autograd) {
+        autograd_overhead(&mut steps, o, peers.as_deref())?;
+    }
 
     steps.summary();
     let took = t0.elapsed().as_secs_f64();
@@ -198,6 +212,8 @@ fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<(
     let peer_args = [&["--funcs", "identity", "--sizes"][..], RPC_SIZES].concat();
     Comparison {
         name: "rpc_latency",
+        ferry_target: &["-p", "ferry-benches", "--bin", "rpc_latency"],
+        libtorch: false,
         ferry_args: &[],
         peer_script: "pt_rpc_latency.py",
         peer_args: &peer_args,
@@ -219,6 +235,8 @@ fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result
     let sizes_args = [&["--sizes"][..], sizes].concat();
     Comparison {
         name: "rref_overhead",
+        ferry_target: &["-p", "ferry-benches", "--bin", "rref_overhead"],
+        libtorch: false,
         ferry_args: &sizes_args,
         peer_script: "pt_rref_overhead.py",
         peer_args: &sizes_args,
@@ -230,13 +248,40 @@ fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result
     .run(steps, o, peers)
 }
 
+/// Ferry's `autograd_overhead` example (`ferry-autograd`, built against the
+/// `.venv`'s libtorch) and the peer's `pt_dist_autograd_overhead.py` (the
+/// paper's Table 2), then the table.
+fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    Comparison {
+        name: "autograd_overhead",
+        ferry_target: &["-p", "ferry-autograd", "--example", "autograd_overhead"],
+        libtorch: true,
+        ferry_args: &[],
+        peer_script: "pt_dist_autograd_overhead.py",
+        peer_args: &[],
+        heading: "Ferry vs PyTorch RPC: distributed autograd overhead (the paper's Table 2), same \
+                  host, two Linear(1024, 1024), batch 32, CPU float32; medians in ms\n\
+                  ratio = PyTorch / Ferry (> 1: Ferry is better); overheads are differences of \
+                  the medians and have a ratio only when both are positive\n\
+                  target ≥4x: Ferry's overhead at most 1/4 of PyTorch's",
+        specs: autograd_overhead_specs,
+    }
+    .run(steps, o, peers)
+}
+
 /// One side-by-side benchmark: Ferry's binary and the peer's script, run
 /// with the same settings, then their comparison table.
 struct Comparison<'a> {
-    /// The `ferry-benches` binary, also the table's name and the stem of
-    /// the result files in `target/ferry-bench/`: `ferry_<name>.json`,
-    /// `peer_<name>.json` and the table's `<name>.json`.
+    /// The table's name and the stem of the result files in
+    /// `target/ferry-bench/`: `ferry_<name>.json`, `peer_<name>.json` and
+    /// the table's `<name>.json`.
     name: &'a str,
+    /// Cargo's package and target selection for Ferry's side, as given to
+    /// `cargo run --release` (e.g. `-p ferry-benches --bin rpc_latency`).
+    ferry_target: &'a [&'a str],
+    /// Whether Ferry's side links libtorch: it then builds and runs against
+    /// the `.venv`'s PyTorch ([`with_libtorch`]).
+    libtorch: bool,
     /// Arguments of Ferry's binary, after `--quick` and before `--out`.
     ferry_args: &'a [&'a str],
     /// The peer script's file name in the peers directory.
@@ -261,15 +306,11 @@ impl Comparison<'_> {
             remove_stale(&peer_out)?;
             steps.step(&format!("ferry: {}", self.name), || {
                 remove_stale(&ferry_out)?;
-                let mut c = cargo(&[
-                    "run",
-                    "--release",
-                    "-p",
-                    "ferry-benches",
-                    "--bin",
-                    self.name,
-                    "--",
-                ]);
+                let mut c = cargo(&["run", "--release"]);
+                c.args(self.ferry_target).arg("--");
+                if self.libtorch {
+                    with_libtorch(&mut c);
+                }
                 if o.quick {
                     c.arg("--quick");
                 }
@@ -365,6 +406,65 @@ pub(crate) fn rref_overhead_specs(ferry: &Value, peer: Option<&Value>) -> Vec<Ro
         specs.push(row("rref mean±std", "/rref/mean_ms").with_std(field("/rref/std_ms")));
         specs.push(row("rref-tensor mean", "/rref_minus_tensor_mean_ms"));
     }
+    specs
+}
+
+/// Row specs for the distributed autograd table (the paper's Table 2): the
+/// median of each column, then the overheads inferred from those medians on
+/// each side: RPC forward (nograd-fwd − norpc-fwd), distributed autograd
+/// forward (grad-fwd − nograd-fwd), distributed autograd backward as the
+/// peer reports it (grad-bwd − norpc-bwd) and as the paper infers it (also
+/// minus the RPC forward overhead). The optimizer step and the three
+/// autograd overheads carry [`AUTOGRAD_TARGET`].
+pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
+    let median = |col: &str| Metric::At(format!("/columns/{col}/median_ms"));
+    let combination = |terms: &[(f64, &str)]| {
+        Metric::Sum(terms.iter().map(|&(k, col)| (k, median(col))).collect())
+    };
+    let row = |case: &str, metric: Metric| RowSpec::new(case, "ms", Better::Lower, metric);
+    let mut specs: Vec<RowSpec> = [
+        "norpc-fwd",
+        "nograd-fwd",
+        "grad-fwd",
+        "norpc-bwd",
+        "grad-bwd",
+    ]
+    .iter()
+    .map(|col| row(&format!("{col} median"), median(col)))
+    .collect();
+    specs.push(
+        row("dist-optim-step median", median("dist-optim-step")).with_target(AUTOGRAD_TARGET),
+    );
+    specs.push(row(
+        "rpc fwd overhead (nograd-fwd - norpc-fwd)",
+        combination(&[(1.0, "nograd-fwd"), (-1.0, "norpc-fwd")]),
+    ));
+    specs.push(
+        row(
+            "dist autograd fwd overhead (grad-fwd - nograd-fwd)",
+            combination(&[(1.0, "grad-fwd"), (-1.0, "nograd-fwd")]),
+        )
+        .with_target(AUTOGRAD_TARGET),
+    );
+    specs.push(
+        row(
+            "dist autograd bwd overhead (grad-bwd - norpc-bwd)",
+            combination(&[(1.0, "grad-bwd"), (-1.0, "norpc-bwd")]),
+        )
+        .with_target(AUTOGRAD_TARGET),
+    );
+    specs.push(
+        row(
+            "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
+            combination(&[
+                (1.0, "grad-bwd"),
+                (-1.0, "norpc-bwd"),
+                (-1.0, "nograd-fwd"),
+                (1.0, "norpc-fwd"),
+            ]),
+        )
+        .with_target(AUTOGRAD_TARGET),
+    );
     specs
 }
 
@@ -534,6 +634,46 @@ mod tests {
     }
 
     #[test]
+    fn autograd_rows_follow_the_peer_schema() {
+        let col = |median: f64| json!({"n": 40, "mean_ms": median, "median_ms": median});
+        let result = |m: [f64; 6]| {
+            json!({"columns": {
+                "norpc-fwd": col(m[0]), "nograd-fwd": col(m[1]), "grad-fwd": col(m[2]),
+                "norpc-bwd": col(m[3]), "grad-bwd": col(m[4]), "dist-optim-step": col(m[5]),
+            }})
+        };
+        let ferry = result([1.0, 1.25, 1.375, 2.0, 2.5, 0.25]);
+        let peer = result([1.0, 2.0, 3.0, 2.0, 6.0, 0.5]);
+        let specs = autograd_overhead_specs(&ferry, Some(&peer));
+        let rows = table::compare(&ferry, Some(&peer), &specs);
+        let cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
+        assert_eq!(
+            cases,
+            [
+                "norpc-fwd median",
+                "nograd-fwd median",
+                "grad-fwd median",
+                "norpc-bwd median",
+                "grad-bwd median",
+                "dist-optim-step median",
+                "rpc fwd overhead (nograd-fwd - norpc-fwd)",
+                "dist autograd fwd overhead (grad-fwd - nograd-fwd)",
+                "dist autograd bwd overhead (grad-bwd - norpc-bwd)",
+                "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
+            ]
+        );
+        let got = |i: usize| (rows[i].ferry, rows[i].peer, rows[i].ratio, rows[i].met);
+        assert_eq!(got(2), (Some(1.375), Some(3.0), Some(3.0 / 1.375), None));
+        assert_eq!(got(5), (Some(0.25), Some(0.5), Some(2.0), Some(false)));
+        assert_eq!(got(6), (Some(0.25), Some(1.0), Some(4.0), None));
+        assert_eq!(got(7), (Some(0.125), Some(1.0), Some(8.0), Some(true)));
+        assert_eq!(got(8), (Some(0.5), Some(4.0), Some(8.0), Some(true)));
+        // 2.5 - 2 - 0.25 = 0.25 against 6 - 2 - 1 = 3.
+        assert_eq!(got(9), (Some(0.25), Some(3.0), Some(12.0), Some(true)));
+        assert_eq!(rows.iter().filter(|r| r.target == Some(4.0)).count(), 4);
+    }
+
+    #[test]
     fn options_parse() {
         let o = Options::parse(&["--quick".into()]).expect("valid");
         assert!(o.quick && !o.no_peer && !o.no_criterion && o.only.is_none());
@@ -550,8 +690,11 @@ mod tests {
         assert!(Options::parse(&["--only".into()]).is_err());
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
-            format!("{err}").contains("--only {criterion|rpc|rref}"),
+            format!("{err}").contains("--only {criterion|rpc|rref|autograd}"),
             "{err}"
         );
+        let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
+        assert!(o.runs(Bench::Autograd) && !o.runs(Bench::Rref) && !o.runs(Bench::Criterion));
+        assert!(Options::default().runs(Bench::Autograd));
     }
 }

@@ -1,10 +1,13 @@
 //! Ferry-vs-peer comparison tables, shared by every side-by-side benchmark
-//! (RPC latency and RRef overhead now; autograd, lighthouse later).
+//! (RPC latency, RRef overhead and distributed autograd overhead now;
+//! lighthouse later).
 //!
 //! A benchmark run on each side writes one JSON result object. A list of
 //! [`RowSpec`]s says which numbers to pull out of both objects and which
 //! direction is better; [`compare`] turns them into [`Row`]s whose `ratio` is
-//! always "> 1 means Ferry is better".
+//! always "> 1 means Ferry is better". A row may carry a target, the least
+//! ratio Ferry should reach ([`RowSpec::with_target`]): the table then gets a
+//! `target` column saying whether it holds.
 
 use std::path::Path;
 
@@ -32,6 +35,10 @@ pub(crate) enum Metric {
         matching: Vec<(String, Value)>,
         field: String,
     },
+    /// A linear combination `Σ coefficient × metric` (e.g. a difference of
+    /// two medians), computed the same way on both sides; missing if any
+    /// term is.
+    Sum(Vec<(f64, Metric)>),
 }
 
 impl Metric {
@@ -54,6 +61,7 @@ impl Metric {
                 })?
                 .pointer(field)?
                 .as_f64(),
+            Metric::Sum(terms) => terms.iter().map(|(k, m)| Some(k * m.get(result)?)).sum(),
         }
     }
 }
@@ -66,7 +74,8 @@ fn same(a: &Value, b: &Value) -> bool {
 }
 
 /// One row to build: its label, unit, better direction, where its number
-/// is and, optionally, where its standard deviation is (shown as `mean±std`).
+/// is and, optionally, where its standard deviation is (shown as `mean±std`)
+/// and the least ratio Ferry should reach.
 #[derive(Debug, Clone)]
 pub(crate) struct RowSpec {
     pub(crate) case: String,
@@ -74,6 +83,7 @@ pub(crate) struct RowSpec {
     pub(crate) better: Better,
     pub(crate) metric: Metric,
     pub(crate) std: Option<Metric>,
+    pub(crate) target: Option<f64>,
 }
 
 impl RowSpec {
@@ -84,12 +94,21 @@ impl RowSpec {
             better,
             metric,
             std: None,
+            target: None,
         }
     }
 
     /// The same row, with the standard deviation of its number at `std`.
     pub(crate) fn with_std(mut self, std: Metric) -> Self {
         self.std = Some(std);
+        self
+    }
+
+    /// The same row, with a target: Ferry should reach at least ratio
+    /// `min_ratio` (for a latency, Ferry's number at most `1 / min_ratio`
+    /// of the peer's).
+    pub(crate) fn with_target(mut self, min_ratio: f64) -> Self {
+        self.target = Some(min_ratio);
         self
     }
 }
@@ -109,12 +128,20 @@ pub(crate) struct Row {
     /// Whether the spec names a standard deviation (the JSON then has
     /// `ferry_std` and `peer_std`, `null` where missing).
     pub(crate) has_std: bool,
+    /// The spec's target (least ratio), if any.
+    pub(crate) target: Option<f64>,
+    /// Whether the target holds; `None` without a target or without a
+    /// positive peer number to hold it against.
+    pub(crate) met: Option<bool>,
 }
 
 /// Builds one row per spec from the Ferry result and (if any) the peer result.
 ///
 /// A ratio needs both numbers positive: a difference (e.g. an overhead
-/// that can come out negative) has no meaningful ratio otherwise.
+/// that can come out negative) has no meaningful ratio otherwise. A target
+/// is judged on the numbers themselves (for a latency: Ferry's ≤ the
+/// peer's / target), so a Ferry overhead at or below zero meets it; it needs
+/// the peer's number positive.
 pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) -> Vec<Row> {
     specs
         .iter()
@@ -128,6 +155,11 @@ pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) ->
                 _ => None,
             };
             let std = |side: Option<&Value>| spec.std.as_ref()?.get(side?);
+            let met = match (spec.target, f, p, spec.better) {
+                (Some(t), Some(f), Some(p), Better::Lower) if p > 0.0 => Some(f * t <= p),
+                (Some(t), Some(f), Some(p), Better::Higher) if p > 0.0 => Some(f >= t * p),
+                _ => None,
+            };
             Row {
                 case: spec.case.clone(),
                 ferry: f,
@@ -137,6 +169,8 @@ pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) ->
                 ferry_std: std(Some(ferry)),
                 peer_std: std(peer),
                 has_std: spec.std.is_some(),
+                target: spec.target,
+                met,
             }
         })
         .collect()
@@ -161,41 +195,68 @@ fn num_std(v: Option<f64>, std: Option<f64>) -> String {
     }
 }
 
-/// The rows as one aligned text table: case | ferry | peer | unit | ratio
-/// (numbers with a standard deviation read `mean±std`).
+/// A row's target cell: `≥4x met`, `≥4x MISSED`, `≥4x ?` (not judged),
+/// empty without a target.
+fn target_cell(r: &Row) -> String {
+    let Some(t) = r.target else {
+        return String::new();
+    };
+    let verdict = match r.met {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "?",
+    };
+    format!("≥{t}x {verdict}")
+}
+
+/// The rows as one aligned text table: case | ferry | peer | unit | ratio,
+/// and a last column `target` when any row has one (numbers with a
+/// standard deviation read `mean±std`).
 pub(crate) fn render(rows: &[Row]) -> String {
-    let header = ["case", "ferry", "peer", "unit", "ratio"].map(String::from);
-    let mut cells: Vec<[String; 5]> = vec![header];
+    let targets = rows.iter().any(|r| r.target.is_some());
+    let mut header: Vec<String> = ["case", "ferry", "peer", "unit", "ratio"]
+        .map(String::from)
+        .into();
+    if targets {
+        header.push("target".into());
+    }
+    let mut cells: Vec<Vec<String>> = vec![header];
     for r in rows {
-        cells.push([
+        let mut row = vec![
             r.case.clone(),
             num_std(r.ferry, r.ferry_std),
             num_std(r.peer, r.peer_std),
             r.unit.clone(),
             r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x")),
-        ]);
+        ];
+        if targets {
+            row.push(target_cell(r));
+        }
+        cells.push(row);
     }
-    let mut width = [0usize; 5];
+    let mut width = vec![0usize; cells[0].len()];
     for row in &cells {
         for (w, c) in width.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
     }
+    // Text columns align left, numbers right.
+    let left = [true, false, false, true, false, true];
     let mut out = String::new();
     for (i, row) in cells.iter().enumerate() {
-        let line = format!(
-            "{:<w0$} | {:>w1$} | {:>w2$} | {:<w3$} | {:>w4$}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            row[4],
-            w0 = width[0],
-            w1 = width[1],
-            w2 = width[2],
-            w3 = width[3],
-            w4 = width[4],
-        );
+        let line = row
+            .iter()
+            .zip(&width)
+            .zip(left)
+            .map(|((c, &w), left)| {
+                if left {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" | ");
         out.push_str(line.trim_end());
         out.push('\n');
         if i == 0 {
@@ -209,7 +270,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
 
 /// The rows as a JSON list of `{case, ferry, peer, unit, ratio}` (in that
 /// key order, one row per line; missing numbers are `null`), followed by
-/// `ferry_std` and `peer_std` in rows whose spec names a standard deviation.
+/// `ferry_std` and `peer_std` in rows whose spec names a standard deviation,
+/// and by `target` and `met` in rows with a target.
 pub(crate) fn to_json(rows: &[Row]) -> String {
     let field = |v: Value| v.to_string();
     let lines: Vec<String> = rows
@@ -224,8 +286,16 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             } else {
                 String::new()
             };
+            let target = match r.target {
+                Some(t) => format!(
+                    ", \"target\": {}, \"met\": {}",
+                    field(json!(t)),
+                    field(json!(r.met))
+                ),
+                None => String::new(),
+            };
             format!(
-                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}{std}}}",
+                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}{std}{target}}}",
                 field(json!(r.case)),
                 field(json!(r.ferry)),
                 field(json!(r.peer)),
@@ -339,5 +409,58 @@ mod tests {
         let rows = compare(&ferry, None, &specs());
         assert!(rows.iter().all(|r| r.peer.is_none() && r.ratio.is_none()));
         assert_eq!(rows[1].ferry, Some(1.0));
+    }
+
+    #[test]
+    fn sums_and_targets() {
+        let diff = Metric::Sum(vec![
+            (1.0, Metric::At("/a".into())),
+            (-1.0, Metric::At("/b".into())),
+        ]);
+        let spec = |case: &str, m: Metric| RowSpec::new(case, "ms", Better::Lower, m);
+        let specs = [
+            spec("a", Metric::At("/a".into())).with_target(4.0),
+            spec("a-b", diff.clone()).with_target(4.0),
+            spec("plain", diff),
+            spec(
+                "missing",
+                Metric::Sum(vec![(1.0, Metric::At("/nope".into()))]),
+            )
+            .with_target(4.0),
+        ];
+        let ferry = json!({"a": 1.0, "b": 1.5});
+        let peer = json!({"a": 5.0, "b": 4.0});
+        let rows = compare(&ferry, Some(&peer), &specs);
+        // 1.0 <= 5.0 / 4: met.
+        assert_eq!((rows[0].ratio, rows[0].met), (Some(5.0), Some(true)));
+        // Ferry's difference is negative: no ratio, but the target holds.
+        assert_eq!((rows[1].ferry, rows[1].peer), (Some(-0.5), Some(1.0)));
+        assert_eq!((rows[1].ratio, rows[1].met), (None, Some(true)));
+        assert_eq!((rows[2].target, rows[2].met), (None, None));
+        assert_eq!((rows[3].ferry, rows[3].met), (None, None));
+        let missed = compare(&json!({"a": 2.0}), Some(&peer), &specs[..1]);
+        assert_eq!((missed[0].ratio, missed[0].met), (Some(2.5), Some(false)));
+        let text = render(&rows);
+        assert!(
+            text.lines().next().is_some_and(|h| h.ends_with("| target")),
+            "{text}"
+        );
+        assert!(text.contains("≥4x met") && text.contains("≥4x ?"), "{text}");
+        assert!(render(&missed).contains("≥4x MISSED"));
+        let text = to_json(&rows);
+        assert!(
+            text.contains(r#""ratio": 5.0, "target": 4.0, "met": true}"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#""case": "plain", "ferry": -0.5, "peer": 1.0, "unit": "ms", "ratio": null}"#
+            ),
+            "{text}"
+        );
+        let js: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(js[3]["met"], Value::Null);
+        // Tables without targets keep their five columns.
+        assert!(!render(&rows[2..3]).contains("target"));
     }
 }
