@@ -301,6 +301,12 @@ impl Interceptor for ContextInterceptor {
         if self.0.contexts.lock().released.contains(&id) {
             return None;
         }
+        if !call.service {
+            // A function call brings the context to this worker at once
+            // (a service message, such as an RRef control message, only
+            // when it records something here).
+            self.0.get_or_create(id, Some(call.from.id));
+        }
         Some(Arc::new(ContextScope {
             id,
             from: call.from.id,

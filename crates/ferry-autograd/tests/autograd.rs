@@ -233,6 +233,18 @@ fn round_trips_nested_calls_multiple_roots_and_unused_sends() {
                         .unwrap();
                 // Sent, returned, and never used by the losses.
                 let _unused: Tensor = ferry_rpc::rpc_sync(name(2), "scale", (t(&w), 5.0)).unwrap();
+                // The context exists on every worker the forward touched (asked
+                // from a thread outside it).
+                let id = ctx.id();
+                std::thread::spawn(move || {
+                    for w in 1..3 {
+                        let ids: Vec<u64> =
+                            ferry_rpc::rpc_sync(name(w), "context_ids", ()).unwrap();
+                        assert_eq!(ids, vec![id], "worker {w}");
+                    }
+                })
+                .join()
+                .unwrap();
                 let loss1 = d.sum(tch::Kind::Double);
                 let loss2 = (&*c * &*c).sum(tch::Kind::Double);
                 ctx.backward(&[loss1, loss2], false).unwrap();
@@ -399,6 +411,12 @@ fn errors_name_the_worker_and_leave_everyone_usable() {
                         AutogradError::BadRoot { index: 0, .. }
                     ));
                 }
+                // An optimizer that cannot be built names the owner.
+                let ints: RRef<Tensor> = ferry_rref::remote(name(1), "int_tensor", ()).unwrap();
+                let err =
+                    DistributedOptimizer::new(OptimizerKind::adam(0.1), vec![ints]).unwrap_err();
+                let text = err.to_string();
+                assert!(text.starts_with("optimizer on worker worker1: "), "{text}");
                 // Both workers still work.
                 let ctx = ferry_autograd::context().unwrap();
                 let y: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();

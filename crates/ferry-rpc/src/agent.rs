@@ -592,6 +592,7 @@ impl Inner {
         &self,
         from: &WorkerInfo,
         function: &str,
+        service: bool,
         tensors: &[IncomingTensor],
         extensions: &[Extension],
     ) -> Scopes {
@@ -601,6 +602,7 @@ impl Inner {
         let call = IncomingCall {
             from,
             function,
+            service,
             tensors,
             extensions,
         };
@@ -891,8 +893,13 @@ impl Inner {
             Ok(f) => f,
             Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
-        let scopes =
-            self.intercept_receive(&from, &header.function, &msg.tensors, &header.extensions);
+        let scopes = self.intercept_receive(
+            &from,
+            &header.function,
+            false,
+            &msg.tensors,
+            &header.extensions,
+        );
         let IncomingMessage {
             payload, tensors, ..
         } = msg;
@@ -997,8 +1004,13 @@ impl Inner {
                 )
             }
         };
-        let scopes =
-            self.intercept_receive(&from, service.name(), &msg.tensors, &header.extensions);
+        let scopes = self.intercept_receive(
+            &from,
+            service.name(),
+            true,
+            &msg.tensors,
+            &header.extensions,
+        );
         let mut msg = msg;
         msg.payload.drain(..offset);
         let inner = self.clone();

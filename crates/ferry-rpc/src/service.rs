@@ -61,8 +61,10 @@ pub struct OutgoingCall<'a> {
 pub struct IncomingCall<'a> {
     /// The caller.
     pub from: &'a WorkerInfo,
-    /// The function name.
+    /// The function name (the service's name for a service message).
     pub function: &'a str,
+    /// Whether this is a service message rather than a function call.
+    pub service: bool,
     /// The tensors the call carries.
     pub tensors: &'a [IncomingTensor],
     /// Data the caller's interceptors attached.

@@ -114,10 +114,11 @@ pub(crate) fn functions() -> Functions {
     f.register_fallible("nested_scale", |(x, via, k): (Tensor, String, f64)| {
         ferry_rpc::rpc_sync::<Tensor, _>(via.as_str(), "scale", (x, k)).map_err(|e| e.to_string())
     });
-    f.register("context_count", |(): ()| {
-        ferry_autograd::context_ids()
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX)
+    f.register_fallible("context_ids", |(): ()| {
+        ferry_autograd::context_ids().map_err(|e| e.to_string())
+    });
+    f.register("int_tensor", |(): ()| {
+        Tensor::from(tch::Tensor::arange(3, (Kind::Int64, Device::Cpu)))
     });
     f
 }
