@@ -29,6 +29,8 @@ fn libtorch_args(prefix: &[&'static str], rest: &[&'static str]) -> Vec<&'static
     for krate in LIBTORCH_CRATES {
         args.extend(["--package", krate]);
     }
+    // The facade with its libtorch layers.
+    args.extend(["--package", "ferry", "--features", "ferry/torch"]);
     args.extend(rest);
     args
 }

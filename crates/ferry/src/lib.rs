@@ -8,7 +8,10 @@
 //! This facade re-exports Ferry's crates, each usable on its own:
 //! [`wire`] (the sans-IO wire format), [`transport`] (connections and tensor
 //! channels, embeddable alone), [`rpc`] (the agent) and [`rref`] (Remote
-//! References). [`init_rpc`] starts the agent with the RRef layer installed.
+//! References). With the `torch` feature, `tensor` (libtorch tensors,
+//! `ferry-tch`) and `autograd` (distributed autograd and the distributed
+//! optimizer, `ferry-autograd`) too. [`init_rpc`] starts the agent with
+//! every layer installed.
 //! [`launch`] starts a group of local worker processes, like `torchrun` on
 //! one host.
 //!
@@ -47,9 +50,26 @@ pub use ferry_rpc::{
 };
 pub use ferry_rref::{remote, RRef, RRefError};
 
-/// Starts this process's worker with every layer installed (RRefs), then
-/// makes it the target of the free functions ([`rpc_sync`], [`remote`], ...).
+/// libtorch tensors on the wire (`ferry-tch`; feature `torch`).
+#[cfg(feature = "torch")]
+pub use ferry_tch as tensor;
+
+/// Distributed autograd and the distributed optimizer (`ferry-autograd`;
+/// feature `torch`).
+#[cfg(feature = "torch")]
+pub use ferry_autograd as autograd;
+
+/// Starts this process's worker with every layer installed (RRefs, and with
+/// the `torch` feature libtorch tensors and distributed autograd), then makes
+/// it the target of the free functions ([`rpc_sync`], [`remote`], ...).
 pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
+    #[cfg(feature = "torch")]
+    if !options
+        .hooks
+        .has_layer::<ferry_autograd::DistAutogradContainer>()
+    {
+        ferry_autograd::install(&mut options);
+    }
     if !options.hooks.has_layer::<ferry_rref::RRefContext>() {
         ferry_rref::install(&mut options);
     }
