@@ -1,0 +1,18 @@
+//! The lighthouse's decisions, sans-IO.
+//!
+//! The lighthouse collects quorum requests from replica groups (one per
+//! group, sent by the group's manager) and heartbeats, and decides when the
+//! next quorum is ready and who is in it. Everything here takes `now` as an
+//! argument: [`quorum_compute`] is a pure function of (now, state, options),
+//! and [`LighthouseState`] holds the participants, heartbeats and the previous
+//! quorum, with [`LighthouseState::tick`] turning a ready decision into the
+//! [`Quorum`](crate::proto::Quorum) to deliver. The gRPC server around it only
+//! feeds requests in and hands quorums out.
+
+mod options;
+mod quorum;
+mod state;
+
+pub use options::LighthouseOptions;
+pub use quorum::{quorum_changed, quorum_compute};
+pub use state::{LighthouseState, MemberDetails};

@@ -1,0 +1,53 @@
+//! Lighthouse options.
+
+use std::time::Duration;
+
+/// The lighthouse's knobs, as torchft's `LighthouseOpt` (which spells the
+/// durations in milliseconds: `join_timeout_ms`, `quorum_tick_ms`,
+/// `heartbeat_timeout_ms`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LighthouseOptions {
+    /// Fewest healthy participants a new (non-fast) quorum may have.
+    pub min_replicas: u64,
+    /// How long to wait for heartbeating replicas that have not joined yet,
+    /// counted from the first healthy participant's join (torchft: 60 s).
+    pub join_timeout: Duration,
+    /// How often the server re-evaluates the quorum while replicas wait
+    /// (torchft: 100 ms). Not used by the pure decision itself.
+    pub quorum_tick: Duration,
+    /// A replica is healthy while its last heartbeat is younger than this
+    /// (torchft: 5 s).
+    pub heartbeat_timeout: Duration,
+}
+
+impl LighthouseOptions {
+    /// torchft's defaults with the given `min_replicas` (which torchft
+    /// requires on the command line): join timeout 60 s, quorum tick
+    /// 100 ms, heartbeat timeout 5 s.
+    pub fn new(min_replicas: u64) -> Self {
+        Self {
+            min_replicas,
+            join_timeout: Duration::from_millis(60_000),
+            quorum_tick: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_millis(5_000),
+        }
+    }
+
+    /// Sets [`join_timeout`](Self::join_timeout).
+    pub fn with_join_timeout(mut self, join_timeout: Duration) -> Self {
+        self.join_timeout = join_timeout;
+        self
+    }
+
+    /// Sets [`quorum_tick`](Self::quorum_tick).
+    pub fn with_quorum_tick(mut self, quorum_tick: Duration) -> Self {
+        self.quorum_tick = quorum_tick;
+        self
+    }
+
+    /// Sets [`heartbeat_timeout`](Self::heartbeat_timeout).
+    pub fn with_heartbeat_timeout(mut self, heartbeat_timeout: Duration) -> Self {
+        self.heartbeat_timeout = heartbeat_timeout;
+        self
+    }
+}
