@@ -14,16 +14,26 @@
 //!   generated from `proto/torchft.proto` with the same names and field
 //!   numbers as torchft, so torchft's clients work against Ferry's servers.
 //! - [`lighthouse`]: the quorum decision ([`lighthouse::quorum_compute`], a
-//!   pure function of now, state and options) and the lighthouse state
-//!   machine ([`lighthouse::LighthouseState`]: join, heartbeat, tick).
+//!   pure function of now, state and options), the lighthouse state
+//!   machine ([`lighthouse::LighthouseState`]: join, heartbeat, tick) and
+//!   what its dashboard shows ([`lighthouse::LighthouseStatus`]); and the
+//!   server around them, [`lighthouse::Lighthouse`]: `torchft.LighthouseService`
+//!   over gRPC plus the status dashboard (`GET /`, `GET /status` as JSON,
+//!   `POST /replica/{id}/kill`) on one port.
 //! - [`manager`]: rank gathering ([`manager::QuorumGather`]), quorum results
 //!   and recovery assignment ([`manager::compute_quorum_results`]), and the
 //!   should-commit vote ([`manager::ShouldCommitVotes`]).
+//! - The `ferry-lighthouse` binary (feature `cli`, on by default): the
+//!   lighthouse as a program taking torchft's `torchft_lighthouse` flags
+//!   (`--min_replicas` or `--min-replicas`, and so on).
 //!
-//! All of it is sans-IO: time comes in as an [`Instant`](std::time::Instant)
-//! argument, nothing sleeps, reads a clock or touches a socket, so every rule
-//! is tested with explicit instants. The gRPC servers that wrap these state
-//! machines are thin shells on top.
+//! The rules are sans-IO: time comes in as an
+//! [`Instant`](std::time::Instant) argument, nothing in them sleeps, reads a
+//! clock or touches a socket, so every rule is tested with explicit
+//! instants. The servers that wrap these state machines are thin tokio /
+//! tonic shells on top: [`lighthouse::Lighthouse`] feeds requests in, ticks
+//! the state every `quorum_tick` and on every request, and hands the quorums
+//! out.
 //!
 //! ## Example
 //!

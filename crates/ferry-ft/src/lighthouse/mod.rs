@@ -6,13 +6,24 @@
 //! argument: [`quorum_compute`] is a pure function of (now, state, options),
 //! and [`LighthouseState`] holds the participants, heartbeats and the previous
 //! quorum, with [`LighthouseState::tick`] turning a ready decision into the
-//! [`Quorum`](crate::proto::Quorum) to deliver. The gRPC server around it only
-//! feeds requests in and hands quorums out.
+//! [`Quorum`](crate::proto::Quorum) to deliver. [`LighthouseStatus`] is what
+//! the dashboard shows, computed from the state.
+//!
+//! [`Lighthouse`] is the server around them: `torchft.LighthouseService`
+//! over gRPC and the status dashboard over HTTP on one port. It only feeds
+//! requests in and hands quorums out; the rules stay in the pure core.
 
+mod dashboard;
 mod options;
 mod quorum;
+mod server;
 mod state;
+mod status;
 
 pub use options::LighthouseOptions;
 pub use quorum::{quorum_changed, quorum_compute};
+pub use server::{Lighthouse, LighthouseError};
 pub use state::{LighthouseState, MemberDetails};
+pub use status::{
+    HeartbeatStatus, KillOutcome, LighthouseStatus, MemberStatus, OptionsStatus, QuorumStatus,
+};

@@ -1,0 +1,707 @@
+//! The lighthouse as a server: `torchft.LighthouseService` over gRPC (tonic)
+//! and the status dashboard over HTTP/1, on one TCP port.
+//!
+//! A thin shell around [`LighthouseState`]: every quorum request joins the
+//! state and ticks it at once, a background task ticks it every
+//! `quorum_tick`, and each delivered quorum is broadcast to the waiting
+//! requests; a request whose replica is not in the delivered quorum joins
+//! the next round and keeps waiting, as torchft's server does.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::Path;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse};
+use axum::routing::{get, post};
+use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tonic::metadata::MetadataMap;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic::{Request, Response, Status};
+use tracing::{info, info_span, warn, Instrument};
+
+use super::dashboard::render_page;
+use super::status::{KillOutcome, LighthouseStatus};
+use super::{LighthouseOptions, LighthouseState};
+use crate::proto::lighthouse_service_server::{LighthouseService, LighthouseServiceServer};
+use crate::proto::manager_service_client::ManagerServiceClient;
+use crate::proto::{
+    KillRequest, LighthouseHeartbeatRequest, LighthouseHeartbeatResponse, LighthouseQuorumRequest,
+    LighthouseQuorumResponse, Quorum, QuorumMember,
+};
+
+/// How many delivered quorums a waiting request may fall behind before it
+/// gives up (torchft: 16). Each slot is one `Arc`.
+const QUORUM_CHANNEL_CAPACITY: usize = 1024;
+
+/// How long the dashboard's `Kill` may take to connect and to be answered
+/// (torchft's dashboard connects with a 10 s timeout).
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`Lighthouse::shutdown`] waits for open connections to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The message the dashboard's `Kill` carries (torchft's wording).
+const KILL_MESSAGE: &str = "killed from dashboard";
+
+/// Why the lighthouse server could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum LighthouseError {
+    /// The listening socket could not be bound.
+    #[error("lighthouse: cannot bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The gRPC/HTTP server failed.
+    #[error("lighthouse: server failed: {0}")]
+    Serve(#[source] tonic::transport::Error),
+    /// The server task panicked or was cancelled.
+    #[error("lighthouse: server task ended abnormally: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// A running lighthouse: `torchft.LighthouseService` (`Quorum`, `Heartbeat`)
+/// and the dashboard (`GET /`, `GET /status`, `POST /replica/{id}/kill`) on
+/// one TCP port.
+///
+/// [`bind`](Self::bind) binds and returns at once (bind port 0 and read
+/// [`local_addr`](Self::local_addr)); the server runs on the current tokio
+/// runtime until [`shutdown`](Self::shutdown) or drop. Quorum requests must
+/// carry a gRPC deadline (`grpc-timeout`), as torchft requires.
+///
+/// ```no_run
+/// use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
+///
+/// # async fn run() -> Result<(), ferry_ft::lighthouse::LighthouseError> {
+/// let lighthouse = Lighthouse::bind("127.0.0.1:29510", LighthouseOptions::new(2)).await?;
+/// println!("lighthouse and dashboard on http://{}", lighthouse.local_addr());
+/// // ... replica groups' managers ask it for quorums ...
+/// lighthouse.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct Lighthouse {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    serve: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Lighthouse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lighthouse")
+            .field("local_addr", &self.local_addr)
+            .field("options", &self.shared.opt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lighthouse {
+    /// Binds `addr` (e.g. `"[::]:29510"`, torchft's default, or
+    /// `"127.0.0.1:0"`) and starts serving on the current tokio runtime.
+    /// Returns once the socket is bound.
+    ///
+    /// A zero `quorum_tick` is taken as 1 ms.
+    pub async fn bind(
+        addr: impl ToSocketAddrs + fmt::Display,
+        options: LighthouseOptions,
+    ) -> Result<Self, LighthouseError> {
+        let bind_error = |source| LighthouseError::Bind {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(&addr).await.map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (quorums, _) = broadcast::channel(QUORUM_CHANNEL_CAPACITY);
+        let (changes, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            local_addr,
+            opt: options,
+            state: Mutex::new(LighthouseState::new()),
+            quorums,
+            changes,
+            shutdown: shutdown_rx.clone(),
+            last_kill: Mutex::new(None),
+        });
+
+        let span = info_span!("lighthouse", addr = %local_addr);
+        let ticker = tokio::spawn(
+            run_ticks(Arc::clone(&shared), shutdown_rx.clone()).instrument(span.clone()),
+        );
+
+        let routes = Routes::from(dashboard_router(Arc::clone(&shared))).add_service(
+            LighthouseServiceServer::new(GrpcService {
+                shared: Arc::clone(&shared),
+            }),
+        );
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let mut stop = shutdown_rx;
+        let signal = async move {
+            // Either `true` was sent or the `Lighthouse` is gone: stop.
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        let serve = tokio::spawn(
+            Server::builder()
+                .accept_http1(true)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, signal)
+                .instrument(span),
+        );
+        info!(
+            addr = %local_addr,
+            min_replicas = shared.opt.min_replicas,
+            "Lighthouse listening on http://{local_addr}"
+        );
+
+        Ok(Self {
+            local_addr,
+            shared,
+            shutdown,
+            serve: Some(serve),
+            ticker: Some(ticker),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `http://` and [`local_addr`](Self::local_addr): what clients connect
+    /// to and browsers open.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.local_addr)
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &LighthouseOptions {
+        &self.shared.opt
+    }
+
+    /// What the dashboard shows now.
+    pub fn status(&self) -> LighthouseStatus {
+        self.shared.status()
+    }
+
+    /// Waits until `done` holds for the [status](Self::status), re-checking
+    /// it on every change: a join, a heartbeat, a tick (so at least every
+    /// `quorum_tick`), a delivered quorum, a kill. Returns the status that
+    /// satisfied it. Bound it with a timeout where it might never hold.
+    pub async fn wait_for_status(
+        &self,
+        mut done: impl FnMut(&LighthouseStatus) -> bool,
+    ) -> LighthouseStatus {
+        let mut changes = self.shared.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let status = self.shared.status();
+            if done(&status) {
+                return status;
+            }
+            if changes.changed().await.is_err() {
+                // Unreachable while `self` holds the sender; never spin.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops the lighthouse: waiting quorum requests fail with
+    /// `UNAVAILABLE`, the listener closes (the port can be bound again once
+    /// this returns), open connections get up to 5 s to finish before they
+    /// are cut.
+    pub async fn shutdown(mut self) -> Result<(), LighthouseError> {
+        info!(addr = %self.local_addr, "Lighthouse shutting down");
+        self.shutdown.send_replace(true);
+        if let Some(ticker) = self.ticker.take() {
+            ticker.abort();
+        }
+        let Some(mut serve) = self.serve.take() else {
+            return Ok(());
+        };
+        let result = match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+            Ok(result) => result,
+            Err(_) => {
+                warn!(
+                    addr = %self.local_addr,
+                    "connections still open after {SHUTDOWN_GRACE:?}; closing the server"
+                );
+                serve.abort();
+                match serve.await {
+                    Err(join) if join.is_cancelled() => Ok(Ok(())),
+                    other => other,
+                }
+            }
+        };
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(LighthouseError::Serve(error)),
+            Err(join) => Err(LighthouseError::Task(join)),
+        }
+    }
+}
+
+impl Drop for Lighthouse {
+    /// Stops the lighthouse as [`shutdown`](Lighthouse::shutdown) does,
+    /// without waiting: open connections finish in the background.
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+        if let Some(ticker) = self.ticker.take() {
+            ticker.abort();
+        }
+    }
+}
+
+/// What the gRPC service, the dashboard and the ticker share.
+struct Shared {
+    local_addr: SocketAddr,
+    opt: LighthouseOptions,
+    state: Mutex<LighthouseState>,
+    /// Every delivered quorum, to the waiting quorum requests.
+    quorums: broadcast::Sender<Arc<Quorum>>,
+    /// Bumped on every change, for [`Lighthouse::wait_for_status`].
+    changes: watch::Sender<u64>,
+    shutdown: watch::Receiver<bool>,
+    last_kill: Mutex<Option<KillOutcome>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, LighthouseState> {
+        // The state stays consistent across a panic elsewhere: keep going.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn touch(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Ticks the state and broadcasts the quorum it delivers, if any.
+    fn tick_locked(&self, state: &mut LighthouseState) {
+        if let Some(quorum) = state.tick_created(Instant::now(), SystemTime::now(), &self.opt) {
+            // No receiver means nobody is waiting: nothing to deliver to.
+            let _ = self.quorums.send(Arc::new(quorum));
+        }
+    }
+
+    fn tick(&self) {
+        {
+            let mut state = self.lock();
+            self.tick_locked(&mut state);
+        }
+        self.touch();
+    }
+
+    fn status(&self) -> LighthouseStatus {
+        let mut status = {
+            let state = self.lock();
+            LighthouseStatus::new(Instant::now(), SystemTime::now(), &state, &self.opt)
+        };
+        status.last_kill = self
+            .last_kill
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        status
+    }
+
+    /// The manager address of `replica_id`: from the previous quorum, else
+    /// from this round's participants.
+    fn member_address(&self, replica_id: &str) -> Option<String> {
+        let state = self.lock();
+        state
+            .prev_quorum()
+            .and_then(|quorum| {
+                quorum
+                    .participants
+                    .iter()
+                    .find(|member| member.replica_id == replica_id)
+            })
+            .or_else(|| {
+                state
+                    .participants()
+                    .get(replica_id)
+                    .map(|details| &details.member)
+            })
+            .map(|member| member.address.clone())
+    }
+
+    /// Joins `requester` and waits for a quorum that includes it.
+    async fn quorum(&self, requester: QuorumMember) -> Result<LighthouseQuorumResponse, Status> {
+        let mut quorums = {
+            let mut state = self.lock();
+            state.join(Instant::now(), requester.clone());
+            // Subscribe before ticking, so the quorum this tick may deliver
+            // reaches this request too.
+            let quorums = self.quorums.subscribe();
+            self.tick_locked(&mut state);
+            quorums
+        };
+        self.touch();
+
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let quorum = tokio::select! {
+                received = quorums.recv() => match received {
+                    Ok(quorum) => quorum,
+                    Err(RecvError::Lagged(missed)) => {
+                        return Err(Status::internal(format!(
+                            "missed {missed} quorums while waiting; ask again"
+                        )))
+                    }
+                    Err(RecvError::Closed) => {
+                        return Err(Status::unavailable("lighthouse is shutting down"))
+                    }
+                },
+                _ = shutdown.wait_for(|stop| *stop) => {
+                    return Err(Status::unavailable("lighthouse is shutting down"));
+                }
+            };
+
+            if quorum
+                .participants
+                .iter()
+                .any(|member| member.replica_id == requester.replica_id)
+            {
+                info!(
+                    quorum_id = quorum.quorum_id,
+                    participants = quorum.participants.len(),
+                    "Replica {} got its quorum",
+                    requester.replica_id
+                );
+                return Ok(LighthouseQuorumResponse {
+                    quorum: Some(Quorum::clone(&quorum)),
+                });
+            }
+
+            // Left out (e.g. a newcomer during shrink_only): join the next
+            // round and keep waiting, as torchft does.
+            self.lock().join(Instant::now(), requester.clone());
+            self.touch();
+            info!(
+                quorum_id = quorum.quorum_id,
+                "Replica {} not in quorum, retrying", requester.replica_id
+            );
+        }
+    }
+
+    /// The dashboard's kill: asks the replica's manager to exit.
+    async fn kill(&self, replica_id: String) -> (StatusCode, KillOutcome) {
+        let address = self.member_address(&replica_id);
+        let result = match &address {
+            None => Err(KillError::UnknownReplica),
+            Some(address) => kill_manager(address).await,
+        };
+        let code = match &result {
+            Ok(()) => StatusCode::OK,
+            Err(KillError::UnknownReplica) => StatusCode::NOT_FOUND,
+            Err(_) => StatusCode::BAD_GATEWAY,
+        };
+        let outcome = KillOutcome {
+            replica_id,
+            address,
+            ok: result.is_ok(),
+            error: result.err().map(|error| error_chain(&error)),
+            at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| {
+                    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+                }),
+        };
+        match &outcome.error {
+            None => warn!(
+                address = outcome.address.as_deref().unwrap_or_default(),
+                "Killed replica {} from the dashboard", outcome.replica_id
+            ),
+            Some(error) => warn!(
+                address = outcome.address.as_deref().unwrap_or_default(),
+                "Kill of replica {} failed: {error}", outcome.replica_id
+            ),
+        }
+        *self
+            .last_kill
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(outcome.clone());
+        self.touch();
+        (code, outcome)
+    }
+}
+
+/// Ticks every `quorum_tick` until shutdown.
+async fn run_ticks(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let period = shared.opt.quorum_tick.max(Duration::from_millis(1));
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => shared.tick(),
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// `torchft.LighthouseService` over the shared state.
+struct GrpcService {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl LighthouseService for GrpcService {
+    async fn quorum(
+        &self,
+        request: Request<LighthouseQuorumRequest>,
+    ) -> Result<Response<LighthouseQuorumResponse>, Status> {
+        let timeout = request_timeout(request.metadata()).map_err(Status::invalid_argument)?;
+        let requester = request
+            .into_inner()
+            .requester
+            .ok_or_else(|| Status::invalid_argument("missing requester"))?;
+        let span = info_span!(
+            "quorum",
+            lighthouse = %self.shared.local_addr,
+            replica_id = %requester.replica_id,
+        );
+        async {
+            info!(
+                step = requester.step,
+                timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                "Received quorum request for replica {}",
+                requester.replica_id
+            );
+            self.shared.quorum(requester).await.map(Response::new)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<LighthouseHeartbeatRequest>,
+    ) -> Result<Response<LighthouseHeartbeatResponse>, Status> {
+        let replica_id = request.into_inner().replica_id;
+        tracing::trace!(lighthouse = %self.shared.local_addr, %replica_id, "heartbeat");
+        self.shared.lock().heartbeat(Instant::now(), replica_id);
+        self.shared.touch();
+        Ok(Response::new(LighthouseHeartbeatResponse {}))
+    }
+}
+
+/// The request's gRPC deadline; torchft refuses requests without one, since
+/// a quorum request may wait a long time. The error is the message of the
+/// `INVALID_ARGUMENT` answer.
+fn request_timeout(metadata: &MetadataMap) -> Result<Duration, String> {
+    let value = metadata
+        .get("grpc-timeout")
+        .ok_or_else(|| "missing timeout".to_owned())?;
+    let text = value
+        .to_str()
+        .map_err(|_| "invalid timeout: not ASCII".to_owned())?;
+    parse_grpc_timeout(text).ok_or_else(|| format!("invalid timeout {text}"))
+}
+
+/// Parses a `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`,
+/// `m`, `u`, `n`), as the gRPC HTTP/2 protocol spells it.
+fn parse_grpc_timeout(text: &str) -> Option<Duration> {
+    let unit = *text.as_bytes().last()?;
+    let digits = text.get(..text.len() - 1)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(value * 60 * 60),
+        b'M' => Duration::from_secs(value * 60),
+        b'S' => Duration::from_secs(value),
+        b'm' => Duration::from_millis(value),
+        b'u' => Duration::from_micros(value),
+        b'n' => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// Why the dashboard's kill did not reach a manager.
+#[derive(Debug, thiserror::Error)]
+enum KillError {
+    #[error("replica not found in the previous quorum or among the participants")]
+    UnknownReplica,
+    #[error("invalid manager address {address:?}")]
+    InvalidAddress {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to manager at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("manager at {address} answered Kill with {}: {}", .status.code(), .status.message())]
+    Rpc {
+        address: String,
+        status: Box<Status>,
+    },
+    #[error("manager at {address} did not answer Kill within {timeout:?}")]
+    Timeout { address: String, timeout: Duration },
+}
+
+/// Calls `torchft.ManagerService/Kill` on the manager at `address`.
+async fn kill_manager(address: &str) -> Result<(), KillError> {
+    let uri = if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    };
+    let endpoint = Endpoint::from_shared(uri)
+        .map_err(|source| KillError::InvalidAddress {
+            address: address.to_owned(),
+            source,
+        })?
+        .connect_timeout(KILL_TIMEOUT)
+        .timeout(KILL_TIMEOUT);
+    let call = async {
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| KillError::Connect {
+                address: address.to_owned(),
+                source,
+            })?;
+        let mut request = Request::new(KillRequest {
+            msg: KILL_MESSAGE.to_owned(),
+        });
+        request.set_timeout(KILL_TIMEOUT);
+        ManagerServiceClient::new(channel)
+            .kill(request)
+            .await
+            .map_err(|status| KillError::Rpc {
+                address: address.to_owned(),
+                status: Box::new(status),
+            })?;
+        Ok(())
+    };
+    // Connecting and calling each have their own timeout; bound the sum too.
+    tokio::time::timeout(KILL_TIMEOUT * 2, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(KillError::Timeout {
+                address: address.to_owned(),
+                timeout: KILL_TIMEOUT * 2,
+            })
+        })
+}
+
+/// An error and its sources, joined with ": ".
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The dashboard's HTTP routes (gRPC goes to the tonic service beside them).
+fn dashboard_router(shared: Arc<Shared>) -> axum::Router {
+    let page = Arc::clone(&shared);
+    let status = Arc::clone(&shared);
+    let kill = shared;
+    axum::Router::new()
+        .route(
+            "/",
+            get(move || {
+                let shared = Arc::clone(&page);
+                async move {
+                    (
+                        [(header::CACHE_CONTROL, "no-store")],
+                        Html(render_page(&shared.status(), shared.local_addr)),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/status",
+            get(move || {
+                let shared = Arc::clone(&status);
+                async move { json_response(StatusCode::OK, &shared.status()) }
+            }),
+        )
+        .route(
+            "/replica/{replica_id}/kill",
+            post(move |Path(replica_id): Path<String>| {
+                let shared = Arc::clone(&kill);
+                let span = info_span!(
+                    "kill",
+                    lighthouse = %shared.local_addr,
+                    replica_id = %replica_id,
+                );
+                async move {
+                    let (code, outcome) = shared.kill(replica_id).await;
+                    json_response(code, &outcome)
+                }
+                .instrument(span)
+            }),
+        )
+}
+
+/// `value` as a JSON response with `code`.
+fn json_response(code: StatusCode, value: &impl serde::Serialize) -> axum::response::Response {
+    match serde_json::to_string(value) {
+        Ok(body) => (
+            code,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the answer: {error}"),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "S", "10", "10s", "123456789S", "-1S", "1.5S", "1 S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn error_chains_skip_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(error_chain(&io), "refused");
+    }
+}
