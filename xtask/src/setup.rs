@@ -80,3 +80,19 @@ pub(crate) fn with_libtorch(c: &mut std::process::Command) -> &mut std::process:
         .env("VIRTUAL_ENV", &venv)
         .env("PATH", path)
 }
+
+/// Installs the Debian package `package` with apt-get unless `path` exists.
+/// A failed install is reported, not fatal: the tests that need the
+/// package then say they skipped.
+pub(crate) fn ensure_debian_package(package: &str, path: &str) -> Result<&'static str> {
+    if std::path::Path::new(path).exists() {
+        eprintln!("    {path} is there");
+        return Ok("present");
+    }
+    let install = || succeeds(&mut cmd("apt-get", &["install", "-y", "-q", package]));
+    if install() || (succeeds(&mut cmd("apt-get", &["update", "-q"])) && install()) {
+        return Ok("installed");
+    }
+    eprintln!("    could not install {package} with apt-get: the tests that need it will skip");
+    Ok("missing")
+}

@@ -2,7 +2,9 @@
 
 use anyhow::{Context, Result};
 
-use crate::setup::{ensure_cargo_tool, ensure_venv, has_cargo_tool, with_libtorch};
+use crate::setup::{
+    ensure_cargo_tool, ensure_debian_package, ensure_venv, has_cargo_tool, with_libtorch,
+};
 use crate::steps::{cargo, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
@@ -47,6 +49,10 @@ pub(crate) fn main() -> Result<()> {
     let mut steps = Steps::default();
     steps.step_with("setup: cargo-deny", || {
         ensure_cargo_tool("cargo-deny", "deny")
+    })?;
+    // The lighthouse dashboard's test drives headless Chromium.
+    steps.step_with("setup: chromium (Debian)", || {
+        ensure_debian_package("chromium", "/usr/bin/chromium")
     })?;
     steps.step("fmt", || {
         run(&mut cargo(&["fmt", "--all", "--", "--check"]))
