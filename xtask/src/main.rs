@@ -30,7 +30,7 @@ commands:
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
   bench [--quick]   criterion benches + Ferry vs PyTorch RPC tables (target/ferry-bench/):
                     RPC latency, and tensor vs RRef argument overhead (the paper's Table 1)
-        [--no-criterion] [--no-peer] [--table-only] [--only criterion|rpc|rref]
+        [--no-criterion] [--no-peer] [--table-only] [--only criterion|rpc|rref|autograd]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
                      --only: run or tabulate just that benchmark)
   help              this text

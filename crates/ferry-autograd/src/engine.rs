@@ -23,7 +23,7 @@ use tch::Tensor;
 use crate::container::DistAutogradContainer;
 use crate::context::Context;
 use crate::engine_shim::{grad, leaves, tensor_id};
-use crate::message::{decode_participants, AutogradMessage, AUTOGRAD_SERVICE};
+use crate::message::{decode_participants, send_with_retries, AutogradMessage, AUTOGRAD_SERVICE};
 use crate::AutogradError;
 
 /// A gradient to send back: (sender's rank, message id, gradient).
@@ -140,19 +140,14 @@ pub(crate) fn backward(
     })?;
     let mut participants = propagate(&agent, context_id, outgoing)?;
     if !retain_graph {
+        // Released here at once (another backward in this context fails
+        // on this worker before anything is sent); elsewhere off the
+        // critical path, retried, best effort (a worker that cannot be
+        // told keeps its graph until the context ends).
         release_graph(&ctx);
         participants.remove(&me);
-        let calls: Vec<_> = participants
-            .into_iter()
-            .filter_map(|w| {
-                let m = payload::encode(&AutogradMessage::ReleaseGraph { context_id }).ok()?;
-                Some(agent.call_service(w, AUTOGRAD_SERVICE, m, agent.rpc_timeout()))
-            })
-            .collect();
-        for c in calls {
-            // Best effort: a worker that cannot be told keeps its graph
-            // until the context ends.
-            let _ = c.wait();
+        for w in participants {
+            send_with_retries(&agent, w, AutogradMessage::ReleaseGraph { context_id });
         }
     }
     Ok(())

@@ -105,11 +105,12 @@ impl Service for AutogradService {
                     message_id,
                     grad,
                 } => {
-                    let participants = tokio::task::spawn_blocking(move || {
+                    // The pass runs libtorch and waits for the passes it
+                    // causes: take this runtime thread out of the scheduler
+                    // for it rather than hopping to another thread.
+                    let participants = tokio::task::block_in_place(|| {
                         engine::on_propagate(&container, context_id, message_id, grad.into_inner())
                     })
-                    .await
-                    .map_err(|e| format!("the backward task failed: {e}"))?
                     .map_err(|e| e.to_string())?;
                     payload::encode(&participants).map_err(|e| e.to_string())
                 }

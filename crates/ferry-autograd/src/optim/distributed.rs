@@ -53,37 +53,43 @@ pub(crate) fn register(functions: &mut Functions) {
     );
     functions.register_fallible(STEP, |(id, context_id): (u64, u64)| {
         let agent = Agent::current().ok_or("no agent")?;
-        let container = container_of(&agent).map_err(|e| e.to_string())?;
-        let local = container
-            .optimizers
-            .optimizers
-            .lock()
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| format!("no optimizer {id} on this worker"))?;
-        let ctx = container.get(context_id).map_err(|e| e.to_string())?;
-        let _serial = container.optimizers.step_lock.lock();
-        let mut local = local.lock();
-        let grads: Vec<Option<tch::Tensor>> = {
-            let state = ctx.state.lock();
-            local
-                .params()
-                .iter()
-                .map(|p| {
-                    state
-                        .grads
-                        .get(&tensor_id(p))
-                        .map(|(_, g)| g.shallow_clone())
-                })
-                .collect()
-        };
-        local.step(&grads).map_err(|e| e.to_string())
+        step_local(&agent, id, context_id)
     });
     functions.register(DROP, |id: u64| {
         if let Some(container) = Agent::current().and_then(|a| container_of(&a).ok()) {
             container.optimizers.optimizers.lock().remove(&id);
         }
     });
+}
+
+/// Steps local optimizer `id` of this worker with context `context_id`'s
+/// gradients, under the worker's optimizer lock.
+fn step_local(agent: &Agent, id: u64, context_id: u64) -> Result<(), String> {
+    let container = container_of(agent).map_err(|e| e.to_string())?;
+    let local = container
+        .optimizers
+        .optimizers
+        .lock()
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| format!("no optimizer {id} on this worker"))?;
+    let ctx = container.get(context_id).map_err(|e| e.to_string())?;
+    let _serial = container.optimizers.step_lock.lock();
+    let mut local = local.lock();
+    let grads: Vec<Option<tch::Tensor>> = {
+        let state = ctx.state.lock();
+        local
+            .params()
+            .iter()
+            .map(|p| {
+                state
+                    .grads
+                    .get(&tensor_id(p))
+                    .map(|(_, g)| g.shallow_clone())
+            })
+            .collect()
+    };
+    local.step(&grads).map_err(|e| e.to_string())
 }
 
 /// Optimizes parameters that live on any workers, given as RRefs, with the
@@ -160,18 +166,28 @@ impl DistributedOptimizer {
     /// parallel across owners; returns once all are applied. An error names
     /// the owner whose step failed.
     pub fn step(&self, context_id: u64) -> Result<(), AutogradError> {
+        let me = self.agent.worker_info().id;
         let calls: Vec<_> = self
             .owners
             .iter()
+            .filter(|(&owner, _)| owner != me)
             .map(|(&owner, name)| {
-                (
-                    name,
-                    self.agent
-                        .rpc_async::<(), _>(owner, STEP, (self.id, context_id)),
-                )
+                let call = self
+                    .agent
+                    .rpc_async::<(), _>(owner, STEP, (self.id, context_id));
+                (name, call)
             })
             .collect();
         let mut first_error = None;
+        // This worker's own parameters: stepped here while the others run.
+        if let Some(name) = self.owners.get(&me) {
+            if let Err(message) = step_local(&self.agent, self.id, context_id) {
+                first_error.get_or_insert(AutogradError::Optimizer {
+                    worker: name.clone(),
+                    message,
+                });
+            }
+        }
         for (name, call) in calls {
             if let Err(e) = call.wait() {
                 first_error.get_or_insert(optimizer_error(name, e));
