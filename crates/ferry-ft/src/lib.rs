@@ -22,7 +22,12 @@
 //!   `POST /replica/{id}/kill`) on one port.
 //! - [`manager`]: rank gathering ([`manager::QuorumGather`]), quorum results
 //!   and recovery assignment ([`manager::compute_quorum_results`]), and the
-//!   should-commit vote ([`manager::ShouldCommitVotes`]).
+//!   should-commit vote ([`manager::ShouldCommitVotes`]); and the server
+//!   around them, [`manager::Manager`]: `torchft.ManagerService` over gRPC
+//!   for the ranks of one replica group, asking the lighthouse (retries with
+//!   back-off, a clear error to every rank after the last one) and
+//!   heartbeating to it; with [`manager::ManagerClient`], what a rank uses
+//!   to ask it for quorums, vote on commits and fetch checkpoint metadata.
 //! - The `ferry-lighthouse` binary (feature `cli`, on by default): the
 //!   lighthouse as a program taking torchft's `torchft_lighthouse` flags
 //!   (`--min_replicas` or `--min-replicas`, and so on).
@@ -33,7 +38,8 @@
 //! instants. The servers that wrap these state machines are thin tokio /
 //! tonic shells on top: [`lighthouse::Lighthouse`] feeds requests in, ticks
 //! the state every `quorum_tick` and on every request, and hands the quorums
-//! out.
+//! out; [`manager::Manager`] gathers its ranks, forwards one request per
+//! round to the lighthouse, and answers each rank with its own results.
 //!
 //! ## Example
 //!
@@ -76,6 +82,7 @@
 //! ```
 
 mod error;
+mod grpc;
 pub mod lighthouse;
 pub mod manager;
 pub mod proto;

@@ -20,16 +20,16 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 use tracing::{info, info_span, warn, Instrument};
 
 use super::dashboard::render_page;
 use super::status::{KillOutcome, LighthouseStatus};
 use super::{LighthouseOptions, LighthouseState};
+use crate::grpc::{endpoint, error_chain, request_timeout};
 use crate::proto::lighthouse_service_server::{LighthouseService, LighthouseServiceServer};
 use crate::proto::manager_service_client::ManagerServiceClient;
 use crate::proto::{
@@ -496,39 +496,6 @@ impl LighthouseService for GrpcService {
     }
 }
 
-/// The request's gRPC deadline; torchft refuses requests without one, since
-/// a quorum request may wait a long time. The error is the message of the
-/// `INVALID_ARGUMENT` answer.
-fn request_timeout(metadata: &MetadataMap) -> Result<Duration, String> {
-    let value = metadata
-        .get("grpc-timeout")
-        .ok_or_else(|| "missing timeout".to_owned())?;
-    let text = value
-        .to_str()
-        .map_err(|_| "invalid timeout: not ASCII".to_owned())?;
-    parse_grpc_timeout(text).ok_or_else(|| format!("invalid timeout {text}"))
-}
-
-/// Parses a `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`,
-/// `m`, `u`, `n`), as the gRPC HTTP/2 protocol spells it.
-fn parse_grpc_timeout(text: &str) -> Option<Duration> {
-    let unit = *text.as_bytes().last()?;
-    let digits = text.get(..text.len() - 1)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let value: u64 = digits.parse().ok()?;
-    Some(match unit {
-        b'H' => Duration::from_secs(value * 60 * 60),
-        b'M' => Duration::from_secs(value * 60),
-        b'S' => Duration::from_secs(value),
-        b'm' => Duration::from_millis(value),
-        b'u' => Duration::from_micros(value),
-        b'n' => Duration::from_nanos(value),
-        _ => return None,
-    })
-}
-
 /// Why the dashboard's kill did not reach a manager.
 #[derive(Debug, thiserror::Error)]
 enum KillError {
@@ -557,12 +524,7 @@ enum KillError {
 
 /// Calls `torchft.ManagerService/Kill` on the manager at `address`.
 async fn kill_manager(address: &str) -> Result<(), KillError> {
-    let uri = if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let endpoint = Endpoint::from_shared(uri)
+    let endpoint = endpoint(address)
         .map_err(|source| KillError::InvalidAddress {
             address: address.to_owned(),
             source,
@@ -599,21 +561,6 @@ async fn kill_manager(address: &str) -> Result<(), KillError> {
                 timeout: KILL_TIMEOUT * 2,
             })
         })
-}
-
-/// An error and its sources, joined with ": ".
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The dashboard's HTTP routes (gRPC goes to the tonic service beside them).
@@ -676,32 +623,5 @@ fn json_response(code: StatusCode, value: &impl serde::Serialize) -> axum::respo
             format!("cannot encode the answer: {error}"),
         )
             .into_response(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeouts() {
-        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
-        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(parse_grpc_timeout("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(
-            parse_grpc_timeout("99999999n"),
-            Some(Duration::from_nanos(99_999_999))
-        );
-        for bad in ["", "S", "10", "10s", "123456789S", "-1S", "1.5S", "1 S"] {
-            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn error_chains_skip_repeats() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(error_chain(&io), "refused");
     }
 }

@@ -1,0 +1,106 @@
+//! gRPC helpers shared by the lighthouse and the manager: the deadline check
+//! torchft's servers apply to quorum requests, client endpoints from
+//! torchft-style addresses, and error chains for messages.
+
+use std::time::Duration;
+
+use tonic::metadata::MetadataMap;
+use tonic::transport::Endpoint;
+
+/// The request's gRPC deadline; torchft refuses quorum requests without
+/// one, since they may wait a long time. The error is the message of the
+/// `INVALID_ARGUMENT` answer (`"missing timeout"`, as torchft words it).
+pub(crate) fn request_timeout(metadata: &MetadataMap) -> Result<Duration, String> {
+    let value = metadata
+        .get("grpc-timeout")
+        .ok_or_else(|| "missing timeout".to_owned())?;
+    let text = value
+        .to_str()
+        .map_err(|_| "invalid timeout: not ASCII".to_owned())?;
+    parse_grpc_timeout(text).ok_or_else(|| format!("invalid timeout {text}"))
+}
+
+/// Parses a `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`,
+/// `m`, `u`, `n`), as the gRPC HTTP/2 protocol spells it.
+pub(crate) fn parse_grpc_timeout(text: &str) -> Option<Duration> {
+    let unit = *text.as_bytes().last()?;
+    let digits = text.get(..text.len() - 1)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(value * 60 * 60),
+        b'M' => Duration::from_secs(value * 60),
+        b'S' => Duration::from_secs(value),
+        b'm' => Duration::from_millis(value),
+        b'u' => Duration::from_micros(value),
+        b'n' => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// `address` with `http://` in front when it names no scheme (torchft's
+/// addresses carry one; `host:port` is accepted too).
+pub(crate) fn with_scheme(address: &str) -> String {
+    if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+/// A client endpoint for `address` (see [`with_scheme`]).
+pub(crate) fn endpoint(address: &str) -> Result<Endpoint, tonic::transport::Error> {
+    Endpoint::from_shared(with_scheme(address))
+}
+
+/// An error and its sources, joined with ": " (a source whose text is
+/// already there is skipped).
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "S", "10", "10s", "123456789S", "-1S", "1.5S", "1 S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn error_chains_skip_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(error_chain(&io), "refused");
+    }
+
+    #[test]
+    fn schemes() {
+        assert_eq!(with_scheme("host:1"), "http://host:1");
+        assert_eq!(with_scheme("http://host:1"), "http://host:1");
+        assert_eq!(with_scheme("https://host:1"), "https://host:1");
+    }
+}
