@@ -22,6 +22,13 @@ use crate::AutogradError;
 /// The extension id under which calls carry their context id.
 pub(crate) const CONTEXT_EXTENSION: u16 = 0x0a01;
 
+/// The extension id under which messages carry context releases.
+const RELEASE_EXTENSION: u16 = 0x0a02;
+
+/// How long a release waits for a message to ride on before it is sent
+/// on its own.
+const RELEASE_DELAY: Duration = Duration::from_millis(20);
+
 /// How many released context ids a worker remembers (late messages of a
 /// released context must not bring it back).
 const TOMBSTONES: usize = 1 << 16;
@@ -39,6 +46,11 @@ pub struct DistAutogradContainer {
     changed: Condvar,
     /// The distributed optimizer's local optimizers on this worker.
     pub(crate) optimizers: crate::optim::LocalOptimizers,
+    /// Context releases owed to other workers, by rank: they ride on the
+    /// next message to that worker, or go on their own after
+    /// [`RELEASE_DELAY`] (see [`release`](Self::release)).
+    pending_releases: Mutex<HashMap<u32, Vec<u64>>>,
+    flush_scheduled: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -86,6 +98,8 @@ impl DistAutogradContainer {
             contexts: Mutex::new(Contexts::default()),
             changed: Condvar::new(),
             optimizers: Default::default(),
+            pending_releases: Mutex::new(HashMap::new()),
+            flush_scheduled: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -176,9 +190,14 @@ impl DistAutogradContainer {
         true
     }
 
-    /// Releases context `id` here and sends the release on to every worker
-    /// it exchanged messages with (but `except`), retried, best effort.
-    pub(crate) fn release(&self, id: u64, except: Option<u32>) {
+    /// Releases context `id` here and passes the release on to every
+    /// worker it exchanged messages with (but `except`), best effort.
+    ///
+    /// The release rides on the next message to each of them (as an
+    /// extension), so steady training loops send no clean-up messages of
+    /// their own; what has not left after [`RELEASE_DELAY`] is sent as a
+    /// `ReleaseContexts` message, retried.
+    pub(crate) fn release(self: &Arc<Self>, id: u64, except: Option<u32>) {
         let ctx = {
             let mut c = self.contexts.lock();
             let ctx = c.live.remove(&id);
@@ -196,16 +215,34 @@ impl DistAutogradContainer {
         let Some(ctx) = ctx else { return };
         let known: Vec<u32> = ctx.state.lock().known_workers.iter().copied().collect();
         drop(ctx);
-        let Ok(agent) = self.agent() else { return };
         let me = self.worker_id();
-        for w in known {
-            if w != me && Some(w) != except {
-                send_with_retries(
-                    &agent,
-                    w,
-                    AutogradMessage::ReleaseContext { context_id: id },
-                );
+        let mut queued = false;
+        {
+            let mut pending = self.pending_releases.lock();
+            for w in known {
+                if w != me && Some(w) != except {
+                    pending.entry(w).or_default().push(id);
+                    queued = true;
+                }
             }
+        }
+        if queued && !self.flush_scheduled.swap(true, Ordering::SeqCst) {
+            let Ok(agent) = self.agent() else { return };
+            let this = self.clone();
+            agent.spawn(async move {
+                tokio::time::sleep(RELEASE_DELAY).await;
+                this.flush_releases();
+            });
+        }
+    }
+
+    /// Sends every release still owed as its own message.
+    pub(crate) fn flush_releases(&self) {
+        self.flush_scheduled.store(false, Ordering::SeqCst);
+        let pending = std::mem::take(&mut *self.pending_releases.lock());
+        let Ok(agent) = self.agent() else { return };
+        for (w, context_ids) in pending {
+            send_with_retries(&agent, w, AutogradMessage::ReleaseContexts { context_ids });
         }
     }
 
@@ -282,6 +319,12 @@ pub(crate) struct ContextInterceptor(pub(crate) Arc<DistAutogradContainer>);
 
 impl Interceptor for ContextInterceptor {
     fn on_send(&self, call: &mut OutgoingCall<'_>) {
+        if let Some(ids) = self.0.pending_releases.lock().remove(&call.to.id) {
+            call.extensions.push(Extension {
+                id: RELEASE_EXTENSION,
+                data: ids.iter().flat_map(|id| id.to_le_bytes()).collect(),
+            });
+        }
         let Some(ctx) = self.0.current_context() else {
             return;
         };
@@ -293,6 +336,14 @@ impl Interceptor for ContextInterceptor {
     }
 
     fn on_receive(&self, call: &IncomingCall<'_>) -> Option<Arc<dyn CallScope>> {
+        if let Some(ext) = call.extensions.iter().find(|e| e.id == RELEASE_EXTENSION) {
+            for id in ext.data.chunks_exact(8) {
+                if let Ok(bytes) = id.try_into() {
+                    self.0
+                        .release(u64::from_le_bytes(bytes), Some(call.from.id));
+                }
+            }
+        }
         if call.function == SERVICE_NAME {
             return None;
         }

@@ -12,7 +12,8 @@
 //! Each incoming gradient is its own pass. Backward is linear in its seed,
 //! so passes that share part of a graph sum to exactly what one pass over
 //! all seeds would give; graphs are kept (`retain_graph`) until the whole
-//! backward is over, then released unless the caller retains them.
+//! backward is over. Unless the caller retains it, the root's part is then
+//! released at once and the other workers' parts with the context.
 
 use std::collections::BTreeSet;
 
@@ -23,7 +24,7 @@ use tch::Tensor;
 use crate::container::DistAutogradContainer;
 use crate::context::Context;
 use crate::engine_shim::{grad, leaves, tensor_id};
-use crate::message::{decode_participants, send_with_retries, AutogradMessage, AUTOGRAD_SERVICE};
+use crate::message::{decode_participants, AutogradMessage, AUTOGRAD_SERVICE};
 use crate::AutogradError;
 
 /// A gradient to send back: (sender's rank, message id, gradient).
@@ -133,22 +134,17 @@ pub(crate) fn backward(
         }
     }
     let seeds: Vec<Tensor> = roots.iter().map(Tensor::ones_like).collect();
-    let me = container.worker_id();
     let outgoing = run_pass(&ctx, roots, &seeds).map_err(|message| AutogradError::Engine {
         worker: container.worker_name(),
         message,
     })?;
-    let mut participants = propagate(&agent, context_id, outgoing)?;
+    propagate(&agent, context_id, outgoing)?;
     if !retain_graph {
-        // Released here at once (another backward in this context fails
-        // on this worker before anything is sent); elsewhere off the
-        // critical path, retried, best effort (a worker that cannot be
-        // told keeps its graph until the context ends).
+        // Released on the root: another backward in this context fails
+        // here before anything is sent. The other workers' parts of the
+        // graph go when the context is released (no message of its own on
+        // the critical path, nor in the next forward pass).
         release_graph(&ctx);
-        participants.remove(&me);
-        for w in participants {
-            send_with_retries(&agent, w, AutogradMessage::ReleaseGraph { context_id });
-        }
     }
     Ok(())
 }

@@ -38,10 +38,8 @@ pub(crate) enum AutogradMessage {
         message_id: u64,
         grad: Tensor,
     },
-    /// A backward without `retain_graph` finished: free the graph.
-    ReleaseGraph { context_id: u64 },
-    /// The context ended: release it here and pass it on.
-    ReleaseContext { context_id: u64 },
+    /// These contexts ended: release them here and pass it on.
+    ReleaseContexts { context_ids: Vec<u64> },
 }
 
 /// Sends a clean-up message, retrying on dead-peer and timeout errors with
@@ -90,6 +88,13 @@ impl Service for AutogradService {
         self.0.started(agent);
     }
 
+    fn after_join(&self) -> BoxFuture<()> {
+        // Releases still waiting for a message to ride on leave now; the
+        // second termination round waits for them.
+        self.0.flush_releases();
+        Box::pin(async {})
+    }
+
     fn handle(
         &self,
         from: WorkerInfo,
@@ -114,14 +119,10 @@ impl Service for AutogradService {
                     .map_err(|e| e.to_string())?;
                     payload::encode(&participants).map_err(|e| e.to_string())
                 }
-                AutogradMessage::ReleaseGraph { context_id } => {
-                    if let Ok(ctx) = container.get(context_id) {
-                        engine::release_graph(&ctx);
+                AutogradMessage::ReleaseContexts { context_ids } => {
+                    for id in context_ids {
+                        container.release(id, Some(from.id));
                     }
-                    payload::encode(&()).map_err(|e| e.to_string())
-                }
-                AutogradMessage::ReleaseContext { context_id } => {
-                    container.release(context_id, Some(from.id));
                     payload::encode(&()).map_err(|e| e.to_string())
                 }
             }
