@@ -433,7 +433,7 @@ impl RRefContext {
     }
 
     /// Waits (async) until the slot of `id` exists, up to `timeout`.
-    async fn slot_async(&self, id: RRefId, timeout: Duration) -> Option<Arc<OwnerSlot>> {
+    pub(crate) async fn slot_async(&self, id: RRefId, timeout: Duration) -> Option<Arc<OwnerSlot>> {
         wait::until_timeout(&self.created, timeout, || self.slot(id)).await
     }
 

@@ -145,8 +145,22 @@ impl<T: Send + Sync + 'static> RRef<T> {
                 owner: self.owner_name(),
             });
         }
-        let timeout = self.agent()?.rpc_timeout();
-        let slot = ctx.slot(id).ok_or(RRefError::ShutDown { rref_id: id })?;
+        let agent = self.agent()?;
+        let timeout = agent.rpc_timeout();
+        // The `remote` call creating the value may still be on its way
+        // (it travels as a service message, and this handle may have
+        // arrived first in a function call): wait for the slot too.
+        let slot =
+            match ctx.slot(id) {
+                Some(slot) => slot,
+                None => agent.block_on(ctx.slot_async(id, timeout)).ok_or_else(|| {
+                    RRefError::Timeout {
+                        rref_id: id,
+                        owner: self.owner_name(),
+                        after: timeout,
+                    }
+                })?,
+            };
         match slot.wait(timeout) {
             SlotState::Ready(v) => v.downcast::<T>().ok_or_else(|| RRefError::WrongType {
                 rref_id: id,
