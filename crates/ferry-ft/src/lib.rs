@@ -28,6 +28,16 @@
 //!   back-off, a clear error to every rank after the last one) and
 //!   heartbeating to it; with [`manager::ManagerClient`], what a rank uses
 //!   to ask it for quorums, vote on commits and fetch checkpoint metadata.
+//! - [`recovery`]: live recovery over `ferry-transport`: a replica's
+//!   [`recovery::CheckpointServer`] streams its state (named tensors and the
+//!   step, checked) to a healing replica's [`recovery::fetch_checkpoint_into`],
+//!   in chunks over several connections, straight into its tensors.
+//! - [`collective`]: the replica groups' allreduce over `ferry-transport`
+//!   ([`collective::ProcessGroup`]), rebuilt on every quorum change, with a
+//!   deterministic reduction order (every replica gets the same bits).
+//! - The `ft_train` example: fault-tolerant data parallelism end to end
+//!   (3 replica groups, one killed and restarted, the newcomer healing from a
+//!   live peer); `tests/ft_e2e.rs` runs it.
 //! - The `ferry-lighthouse` binary (feature `cli`, on by default): the
 //!   lighthouse as a program taking torchft's `torchft_lighthouse` flags
 //!   (`--min_replicas` or `--min-replicas`, and so on).
@@ -81,10 +91,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod collective;
 mod error;
 mod grpc;
 pub mod lighthouse;
 pub mod manager;
 pub mod proto;
+pub mod recovery;
 
 pub use error::FtError;

@@ -1,0 +1,911 @@
+//! The process group across the replica groups of a quorum: a full mesh of
+//! `ferry-transport` connections, rebuilt for every new quorum, and an
+//! allreduce over it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ferry_transport::{
+    Endpoint, FrameReader, FrameWriter, IncomingMessage, OutgoingMessage, RawTensor, TcpConnection,
+    TransportError,
+};
+use ferry_wire::{DType, MessageKind};
+use serde::{Deserialize, Serialize};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use super::reduce::{reduce_in_rank_order, segment, ReduceOp};
+use super::store::StoreClient;
+use super::CollectiveError;
+use crate::manager::QuorumResult;
+use crate::recovery::link::{self, ReadError};
+
+/// First message on a peer connection, connecting side to accepting side.
+const KIND_HELLO: MessageKind = MessageKind(0x0f20);
+/// The accepting side's answer to a hello.
+const KIND_HELLO_REPLY: MessageKind = MessageKind(0x0f21);
+/// One segment of an allreduce.
+const KIND_DATA: MessageKind = MessageKind(0x0f22);
+
+/// A process group's knobs.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferry_ft::collective::ProcessGroupOptions;
+///
+/// let options = ProcessGroupOptions::new("replica_a").with_timeout(Duration::from_secs(5));
+/// assert_eq!(options.timeout, Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ProcessGroupOptions {
+    /// This replica group's id, exactly as its manager names it (checked
+    /// against the quorum's `replica_ids`).
+    pub replica_id: String,
+    /// The longest a rendezvous, or one allreduce, may take (torchft's
+    /// process group timeout). Default 60 s.
+    pub timeout: Duration,
+    /// The longest connecting to a peer or the store may take. Default
+    /// 10 s.
+    pub connect_timeout: Duration,
+}
+
+impl ProcessGroupOptions {
+    /// The defaults for replica group `replica_id`.
+    pub fn new(replica_id: impl Into<String>) -> Self {
+        Self {
+            replica_id: replica_id.into(),
+            timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+}
+
+/// Which group a connection belongs to: the quorum and its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct GroupKey {
+    quorum_id: i64,
+    membership: u64,
+}
+
+/// FNV-1a over the replica ids (stable across processes, unlike std's
+/// hasher).
+fn membership(replica_ids: &[String]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for id in replica_ids {
+        for byte in id.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    key: GroupKey,
+    rank: u64,
+    world_size: u64,
+    replica_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum HelloReply {
+    Ready,
+    Rejected(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct DataHeader {
+    seq: u64,
+    phase: u8,
+    segment: u64,
+}
+
+type Reader = FrameReader<OwnedReadHalf>;
+type Writer = FrameWriter<OwnedWriteHalf>;
+
+/// A connection to one peer of the group.
+struct Peer {
+    rank: usize,
+    replica_id: String,
+    reader: Reader,
+    writer: Writer,
+}
+
+/// A connection accepted and introduced, waiting for its group to be
+/// configured here.
+struct Pending {
+    hello: Hello,
+    conn: TcpConnection,
+}
+
+struct Shared {
+    options: ProcessGroupOptions,
+    local_addr: SocketAddr,
+    pending: Mutex<HashMap<GroupKey, BTreeMap<u64, Pending>>>,
+    arrivals: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, HashMap<GroupKey, BTreeMap<u64, Pending>>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The configured group of one quorum.
+struct Group {
+    key: GroupKey,
+    rank: usize,
+    replica_ids: Vec<String>,
+    /// Every other member, by ascending rank.
+    peers: Vec<Peer>,
+    seq: u64,
+    failure: Option<String>,
+}
+
+/// A process group spanning the replica groups of the current quorum
+/// (torchft's cross-replica process group, over `ferry-transport`).
+///
+/// Bind it once per replica group; then, after every quorum,
+/// [`configure`](Self::configure) it with the quorum result. A quorum with
+/// another id (or other members) than the configured one rebuilds the
+/// group: every member publishes its address in the store of the quorum's
+/// primary (`store_address`, a [`StoreServer`](super::StoreServer)) under
+/// the quorum id, connects to the members of lower rank and is connected
+/// to by those of higher rank, each connection introduced and acknowledged
+/// with the quorum id, the membership and both replica ids. The same
+/// quorum again is a no-op.
+///
+/// [`allreduce`](Self::allreduce) reduces a flat `f32` buffer across the
+/// group so that every member ends with bit-identical values. Any failure
+/// (a peer that died, stalled past the timeout, or sent garbage) is an
+/// error, never a hang; the group is then *broken* until the next quorum,
+/// and its connections are closed at once so the other members fail fast
+/// too. A failed step must not be committed.
+pub struct ProcessGroup {
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+    group: Option<Group>,
+}
+
+impl fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("replica_id", &self.shared.options.replica_id)
+            .field("local_addr", &self.shared.local_addr)
+            .field("quorum_id", &self.quorum_id())
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessGroup {
+    /// Binds the listener peers connect to (e.g. `"127.0.0.1:0"`) and
+    /// accepts on the current tokio runtime until dropped. No group is
+    /// configured yet.
+    pub async fn bind(
+        addr: impl ToSocketAddrs + fmt::Display,
+        options: ProcessGroupOptions,
+    ) -> Result<Self, CollectiveError> {
+        let bind_error = |source| CollectiveError::Bind {
+            what: "process group",
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(&addr).await.map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        let span = info_span!(
+            "process_group",
+            replica_id = %options.replica_id,
+            addr = %local_addr
+        );
+        let shared = Arc::new(Shared {
+            options,
+            local_addr,
+            pending: Mutex::new(HashMap::new()),
+            arrivals: watch::channel(0).0,
+        });
+        let accept = tokio::spawn(accept_loop(Arc::clone(&shared), listener).instrument(span));
+        Ok(Self {
+            shared,
+            accept,
+            group: None,
+        })
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// The quorum the group is configured for.
+    pub fn quorum_id(&self) -> Option<i64> {
+        self.group.as_ref().map(|g| g.key.quorum_id)
+    }
+
+    /// This replica group's rank in the configured group.
+    pub fn rank(&self) -> Option<u64> {
+        self.group.as_ref().map(|g| g.rank as u64)
+    }
+
+    /// Members of the configured group.
+    pub fn world_size(&self) -> Option<u64> {
+        self.group.as_ref().map(|g| g.replica_ids.len() as u64)
+    }
+
+    /// Whether an operation of the configured group failed.
+    pub fn is_broken(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.failure.is_some())
+    }
+
+    /// Configures the group for `quorum` (the manager's answer to this
+    /// replica group's quorum request): rebuilt when the quorum id or the
+    /// members changed, kept otherwise. Fails if the group of this very
+    /// quorum is broken (it heals with the next quorum id, which the failed
+    /// commit brings).
+    pub async fn configure(&mut self, quorum: &QuorumResult) -> Result<(), CollectiveError> {
+        self.configure_with(
+            &quorum.store_address,
+            quorum.quorum_id,
+            &quorum.replica_ids,
+            quorum.replica_rank,
+        )
+        .await
+    }
+
+    /// [`configure`](Self::configure) from the parts of a quorum result:
+    /// the primary's store address, the quorum id, the members' replica ids
+    /// in replica-rank order, and this replica group's rank.
+    pub async fn configure_with(
+        &mut self,
+        store_address: &str,
+        quorum_id: i64,
+        replica_ids: &[String],
+        replica_rank: u64,
+    ) -> Result<(), CollectiveError> {
+        let world_size = replica_ids.len();
+        let rank = usize::try_from(replica_rank)
+            .ok()
+            .filter(|&rank| rank < world_size)
+            .ok_or_else(|| CollectiveError::InvalidQuorum {
+                reason: format!("replica rank {replica_rank} outside a quorum of {world_size}"),
+            })?;
+        let me = &self.shared.options.replica_id;
+        if &replica_ids[rank] != me {
+            return Err(CollectiveError::InvalidQuorum {
+                reason: format!(
+                    "rank {rank} of quorum {quorum_id} is {:?}, not this replica group ({me:?})",
+                    replica_ids[rank]
+                ),
+            });
+        }
+        let key = GroupKey {
+            quorum_id,
+            membership: membership(replica_ids),
+        };
+        if let Some(group) = &self.group {
+            if group.key == key && group.rank == rank {
+                return match &group.failure {
+                    Some(reason) => Err(CollectiveError::Broken {
+                        quorum_id,
+                        reason: reason.clone(),
+                    }),
+                    None => Ok(()),
+                };
+            }
+        }
+        // A new quorum: drop the old connections and the stale introductions.
+        self.group = None;
+        self.shared
+            .pending()
+            .retain(|pending, _| pending.quorum_id > quorum_id);
+        let span = info_span!(
+            "configure",
+            replica_id = %me,
+            quorum_id,
+            rank,
+            world_size
+        );
+        let peers = if world_size == 1 {
+            Vec::new()
+        } else {
+            if store_address.is_empty() {
+                return Err(CollectiveError::InvalidQuorum {
+                    reason: "no store address to rendezvous at".to_owned(),
+                });
+            }
+            let timeout = self.shared.options.timeout;
+            let rendezvous = rendezvous(&self.shared, store_address, key, replica_ids, rank);
+            match tokio::time::timeout(timeout, rendezvous.instrument(span.clone())).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(CollectiveError::Timeout {
+                        what: "process group rendezvous",
+                        timeout,
+                    })
+                }
+            }
+        };
+        span.in_scope(|| info!("process group configured"));
+        self.group = Some(Group {
+            key,
+            rank,
+            replica_ids: replica_ids.to_vec(),
+            peers,
+            seq: 0,
+            failure: None,
+        });
+        Ok(())
+    }
+
+    /// Reduces `data` across the group in place: afterwards every member
+    /// holds the same bits, the element-wise sum (or mean) of every
+    /// member's `data`, all of the same length.
+    ///
+    /// The buffer is cut into one segment per rank ([`segment`]); each
+    /// member sends every other member its segment of the input, reduces
+    /// the segment it owns from all contributions in replica-rank order
+    /// ([`reduce_in_rank_order`]), and sends the result to everyone: each
+    /// element is computed once, by one member, in a fixed order.
+    pub async fn allreduce(
+        &mut self,
+        data: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let timeout = self.shared.options.timeout;
+        let group = self.group.as_mut().ok_or(CollectiveError::NotConfigured)?;
+        if let Some(reason) = &group.failure {
+            return Err(CollectiveError::Broken {
+                quorum_id: group.key.quorum_id,
+                reason: reason.clone(),
+            });
+        }
+        if group.peers.is_empty() {
+            let mut out = vec![0.0; data.len()];
+            reduce_in_rank_order(&[data], op, &mut out);
+            data.copy_from_slice(&out);
+            return Ok(());
+        }
+        group.seq += 1;
+        let span = info_span!(
+            "allreduce",
+            replica_id = %self.shared.options.replica_id,
+            quorum_id = group.key.quorum_id,
+            rank = group.rank,
+            seq = group.seq,
+            len = data.len()
+        );
+        let result = match tokio::time::timeout(timeout, run_allreduce(group, data, op))
+            .instrument(span.clone())
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(CollectiveError::Timeout {
+                what: "allreduce",
+                timeout,
+            }),
+        };
+        if let Err(error) = &result {
+            span.in_scope(|| warn!("allreduce failed, closing the group: {error}"));
+            group.failure = Some(error.to_string());
+            // Closing every connection tells the other members at once.
+            group.peers.clear();
+        }
+        result
+    }
+
+    /// [`allreduce`](Self::allreduce) with [`ReduceOp::Mean`]: gradient
+    /// averaging.
+    pub async fn allreduce_mean(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        self.allreduce(data, ReduceOp::Mean).await
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Accepts peer connections: handshake, hello, then parked in `pending`
+/// until the group they name is configured here.
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let mut handshakes = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let span = info_span!("peer_connection", %peer);
+                    handshakes.spawn(introduce(Arc::clone(&shared), stream).instrument(span));
+                }
+                Err(error) => {
+                    warn!("process group: accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+        }
+    }
+}
+
+async fn introduce(shared: Arc<Shared>, stream: TcpStream) {
+    let limit = shared.options.connect_timeout;
+    let endpoint = Endpoint::new(shared.options.replica_id.clone(), 0);
+    let mut conn = match tokio::time::timeout(limit, TcpConnection::accept(stream, &endpoint)).await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(error)) => {
+            debug!("peer handshake failed: {error}");
+            return;
+        }
+        Err(_) => return,
+    };
+    let hello = match link::read_message(&mut conn.reader, limit).await {
+        Ok(message) if message.header.kind == KIND_HELLO => link::decode::<Hello>(message),
+        Ok(message) => {
+            debug!("expected a hello, got a {} message", message.header.kind);
+            return;
+        }
+        Err(_) => return,
+    };
+    let hello = match hello {
+        Ok(hello) => hello,
+        Err(error) => {
+            debug!("bad hello: {error}");
+            return;
+        }
+    };
+    debug!(
+        quorum_id = hello.key.quorum_id,
+        rank = hello.rank,
+        peer = %hello.replica_id,
+        "peer introduced"
+    );
+    shared
+        .pending()
+        .entry(hello.key)
+        .or_default()
+        .insert(hello.rank, Pending { hello, conn });
+    shared.arrivals.send_modify(|n| *n += 1);
+}
+
+/// Publishes this member's address, connects to the lower ranks and takes
+/// the connections of the higher ones.
+async fn rendezvous(
+    shared: &Arc<Shared>,
+    store_address: &str,
+    key: GroupKey,
+    replica_ids: &[String],
+    rank: usize,
+) -> Result<Vec<Peer>, CollectiveError> {
+    let options = &shared.options;
+    let mut store =
+        StoreClient::connect(store_address, &options.replica_id, options.connect_timeout).await?;
+    let prefix = format!("ferry_ft/pg/{}/{:016x}", key.quorum_id, key.membership);
+    store
+        .set(
+            &format!("{prefix}/{rank}"),
+            shared.local_addr.to_string().as_bytes(),
+            options.timeout,
+        )
+        .await?;
+    let lower = async {
+        let mut addresses = Vec::with_capacity(rank);
+        for peer in 0..rank {
+            let value = store
+                .get(&format!("{prefix}/{peer}"), options.timeout)
+                .await?;
+            let address = String::from_utf8(value).map_err(|_| CollectiveError::Store {
+                address: store_address.to_owned(),
+                reason: format!("the address of rank {peer} is not text"),
+            })?;
+            addresses.push(address);
+        }
+        futures::future::try_join_all(
+            addresses
+                .into_iter()
+                .enumerate()
+                .map(|(peer, address)| connect_peer(shared, key, replica_ids, rank, peer, address)),
+        )
+        .await
+    };
+    let higher = accept_peers(shared, key, replica_ids, rank);
+    let (mut peers, higher) = tokio::try_join!(lower, higher)?;
+    peers.extend(higher);
+    Ok(peers)
+}
+
+async fn connect_peer(
+    shared: &Shared,
+    key: GroupKey,
+    replica_ids: &[String],
+    rank: usize,
+    peer: usize,
+    address: String,
+) -> Result<Peer, CollectiveError> {
+    let options = &shared.options;
+    let connect_error = |reason: String| CollectiveError::Connect {
+        rank: peer as u64,
+        address: address.clone(),
+        reason,
+    };
+    let addr = link::resolve(&address, options.connect_timeout)
+        .await
+        .map_err(|error| connect_error(error.to_string()))?;
+    let endpoint = Endpoint::new(
+        options.replica_id.clone(),
+        u32::try_from(rank).unwrap_or(u32::MAX),
+    );
+    let mut conn = link::connect(addr, &endpoint, options.connect_timeout)
+        .await
+        .map_err(|error| connect_error(error.to_string()))?;
+    let replica_id = replica_ids[peer].clone();
+    let hello = Hello {
+        key,
+        rank: rank as u64,
+        world_size: replica_ids.len() as u64,
+        replica_id: options.replica_id.clone(),
+    };
+    let message = link::message(KIND_HELLO, &hello)
+        .map_err(|error| connect_error(format!("cannot encode the hello: {error}")))?;
+    conn.writer
+        .write(&message)
+        .await
+        .map_err(|error| peer_error(peer, &replica_id, error))?;
+    // The peer answers once it configures this quorum too.
+    let reply = link::read_message(&mut conn.reader, options.timeout)
+        .await
+        .map_err(|error| read_error(peer, &replica_id, error, "the hello reply"))?;
+    if reply.header.kind != KIND_HELLO_REPLY {
+        return Err(protocol(
+            peer,
+            &replica_id,
+            format!(
+                "expected a hello reply, got a {} message",
+                reply.header.kind
+            ),
+        ));
+    }
+    match link::decode::<HelloReply>(reply) {
+        Ok(HelloReply::Ready) => {}
+        Ok(HelloReply::Rejected(reason)) => {
+            return Err(CollectiveError::Connect {
+                rank: peer as u64,
+                address,
+                reason: format!("rejected: {reason}"),
+            })
+        }
+        Err(error) => {
+            return Err(protocol(
+                peer,
+                &replica_id,
+                format!("bad hello reply: {error}"),
+            ))
+        }
+    }
+    if conn.peer.worker_name != replica_id {
+        return Err(protocol(
+            peer,
+            &replica_id,
+            format!("answered as {:?}", conn.peer.worker_name),
+        ));
+    }
+    Ok(Peer {
+        rank: peer,
+        replica_id,
+        reader: conn.reader,
+        writer: conn.writer,
+    })
+}
+
+/// Waits for the hellos of every higher rank of the group, checks who they
+/// are and acknowledges them.
+async fn accept_peers(
+    shared: &Shared,
+    key: GroupKey,
+    replica_ids: &[String],
+    rank: usize,
+) -> Result<Vec<Peer>, CollectiveError> {
+    let world_size = replica_ids.len();
+    let needed: Vec<u64> = (rank as u64 + 1..world_size as u64).collect();
+    if needed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut arrivals = shared.arrivals.subscribe();
+    let taken = loop {
+        arrivals.borrow_and_update();
+        {
+            let mut pending = shared.pending();
+            let complete = pending
+                .get(&key)
+                .is_some_and(|arrived| needed.iter().all(|r| arrived.contains_key(r)));
+            if complete {
+                break pending.remove(&key).unwrap_or_default();
+            }
+        }
+        if arrivals.changed().await.is_err() {
+            // Unreachable while `shared` holds the sender; never spin.
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut peers = Vec::with_capacity(needed.len());
+    for (peer_rank, Pending { hello, mut conn }) in taken {
+        let peer = peer_rank as usize;
+        let expected = replica_ids.get(peer).cloned().unwrap_or_default();
+        let verdict = if peer <= rank || peer >= world_size {
+            Err(format!(
+                "rank {peer_rank} is not a higher rank of this group"
+            ))
+        } else if hello.world_size != world_size as u64 || hello.replica_id != expected {
+            Err(format!(
+                "{:?} introduced itself as rank {peer_rank} of {}, expected {expected:?} of {world_size}",
+                hello.replica_id, hello.world_size
+            ))
+        } else {
+            Ok(())
+        };
+        let reply = match &verdict {
+            Ok(()) => HelloReply::Ready,
+            Err(reason) => HelloReply::Rejected(reason.clone()),
+        };
+        let message = link::message(KIND_HELLO_REPLY, &reply).map_err(|error| {
+            protocol(peer, &expected, format!("cannot encode the reply: {error}"))
+        })?;
+        conn.writer
+            .write(&message)
+            .await
+            .map_err(|error| peer_error(peer, &expected, error))?;
+        if let Err(reason) = verdict {
+            return Err(protocol(peer, &hello.replica_id, reason));
+        }
+        peers.push(Peer {
+            rank: peer,
+            replica_id: expected,
+            reader: conn.reader,
+            writer: conn.writer,
+        });
+    }
+    Ok(peers)
+}
+
+/// Both phases of the allreduce over the group's peers.
+async fn run_allreduce(
+    group: &mut Group,
+    data: &mut [f32],
+    op: ReduceOp,
+) -> Result<(), CollectiveError> {
+    let me = group.rank;
+    let world_size = group.replica_ids.len();
+    let len = data.len();
+    let seq = group.seq;
+    let mine = segment(len, world_size, me);
+
+    // Reduce-scatter: everyone sends member p its segment p.
+    let mut outgoing = Vec::with_capacity(group.peers.len());
+    for peer in &group.peers {
+        let range = segment(len, world_size, peer.rank);
+        outgoing.push(data_message(seq, 0, peer.rank, &data[range])?);
+    }
+    let received = exchange(&mut group.peers, outgoing, seq, 0, |_| (me, mine.len())).await?;
+    let own = data[mine.clone()].to_vec();
+    let mut contributions: Vec<&[f32]> = Vec::with_capacity(world_size);
+    // `received` is in ascending peer rank: slot this member's own part in.
+    for (peer, tensor) in &received {
+        if contributions.len() == me {
+            contributions.push(&own);
+        }
+        contributions.push(values(group, *peer, tensor, mine.len())?);
+    }
+    if contributions.len() == me {
+        contributions.push(&own);
+    }
+    reduce_in_rank_order(&contributions, op, &mut data[mine.clone()]);
+
+    // Allgather: everyone sends everyone its reduced segment.
+    let reduced =
+        RawTensor::from_slice(&data[mine.clone()], &[mine.len() as i64]).map_err(|error| {
+            CollectiveError::InvalidQuorum {
+                reason: format!("cannot wrap the reduced segment: {error}"),
+            }
+        })?;
+    let mut outgoing = Vec::with_capacity(group.peers.len());
+    for _ in &group.peers {
+        let header = DataHeader {
+            seq,
+            phase: 1,
+            segment: me as u64,
+        };
+        outgoing.push(
+            link::message(KIND_DATA, &(header, &reduced)).map_err(|error| {
+                CollectiveError::InvalidQuorum {
+                    reason: format!("cannot encode a segment: {error}"),
+                }
+            })?,
+        );
+    }
+    let received = exchange(&mut group.peers, outgoing, seq, 1, |peer| {
+        (peer, segment(len, world_size, peer).len())
+    })
+    .await?;
+    for (peer, tensor) in &received {
+        let range = segment(len, world_size, *peer);
+        let values = values(group, *peer, tensor, range.len())?;
+        data[range].copy_from_slice(values);
+    }
+    Ok(())
+}
+
+/// A received segment's values, `len` of them.
+fn values<'a>(
+    group: &Group,
+    peer: usize,
+    tensor: &'a RawTensor,
+    len: usize,
+) -> Result<&'a [f32], CollectiveError> {
+    tensor
+        .as_slice::<f32>()
+        .filter(|values| values.len() == len)
+        .ok_or_else(|| {
+            protocol(
+                peer,
+                group.replica_ids.get(peer).map_or("", String::as_str),
+                format!("segment is not {len} contiguous f32 values"),
+            )
+        })
+}
+
+fn data_message(
+    seq: u64,
+    phase: u8,
+    segment: usize,
+    values: &[f32],
+) -> Result<OutgoingMessage, CollectiveError> {
+    let tensor = RawTensor::from_slice(values, &[values.len() as i64]).map_err(|error| {
+        CollectiveError::InvalidQuorum {
+            reason: format!("cannot wrap a segment: {error}"),
+        }
+    })?;
+    let header = DataHeader {
+        seq,
+        phase,
+        segment: segment as u64,
+    };
+    link::message(KIND_DATA, &(header, tensor)).map_err(|error| CollectiveError::InvalidQuorum {
+        reason: format!("cannot encode a segment: {error}"),
+    })
+}
+
+/// Sends `outgoing[i]` to `peers[i]` and receives one segment from each,
+/// all at once; `due(peer rank)` is the (segment, length) due from that
+/// peer. Returns the segments by ascending peer rank.
+async fn exchange(
+    peers: &mut [Peer],
+    outgoing: Vec<OutgoingMessage>,
+    seq: u64,
+    phase: u8,
+    due: impl Fn(usize) -> (usize, usize),
+) -> Result<Vec<(usize, RawTensor)>, CollectiveError> {
+    let transfers = peers.iter_mut().zip(outgoing).map(|(peer, message)| {
+        let (segment, len) = due(peer.rank);
+        let Peer {
+            rank,
+            replica_id,
+            reader,
+            writer,
+        } = peer;
+        let rank = *rank;
+        let replica_id: &str = replica_id;
+        async move {
+            let send = async {
+                writer
+                    .write(&message)
+                    .await
+                    .map_err(|error| peer_error(rank, replica_id, error))
+            };
+            let receive = async {
+                let message = match reader.read().await {
+                    Ok(Some(message)) => message,
+                    Ok(None) => {
+                        return Err(CollectiveError::PeerLost {
+                            rank: rank as u64,
+                            replica_id: replica_id.to_owned(),
+                            reason: "connection closed".to_owned(),
+                        })
+                    }
+                    Err(error) => return Err(peer_error(rank, replica_id, error)),
+                };
+                let expected = DataHeader {
+                    seq,
+                    phase,
+                    segment: segment as u64,
+                };
+                parse_segment(message, expected, len)
+                    .map_err(|reason| protocol(rank, replica_id, reason))
+            };
+            let ((), tensor) = tokio::try_join!(send, receive)?;
+            Ok((rank, tensor))
+        }
+    });
+    futures::future::try_join_all(transfers).await
+}
+
+fn parse_segment(
+    message: IncomingMessage,
+    expected: DataHeader,
+    len: usize,
+) -> Result<RawTensor, String> {
+    if message.header.kind != KIND_DATA {
+        return Err(format!(
+            "expected a segment, got a {} message",
+            message.header.kind
+        ));
+    }
+    let (header, tensor): (DataHeader, RawTensor) =
+        link::decode(message).map_err(|error| format!("bad segment: {error}"))?;
+    if header != expected {
+        return Err(format!("got {header:?}, expected {expected:?}"));
+    }
+    if tensor.dtype() != DType::F32 || tensor.shape() != [len as i64] || !tensor.is_contiguous() {
+        return Err(format!(
+            "segment is {} {:?}, expected f32 [{len}]",
+            tensor.dtype(),
+            tensor.shape()
+        ));
+    }
+    Ok(tensor)
+}
+
+fn peer_error(rank: usize, replica_id: &str, error: TransportError) -> CollectiveError {
+    if link::is_connection_loss(&error) {
+        CollectiveError::PeerLost {
+            rank: rank as u64,
+            replica_id: replica_id.to_owned(),
+            reason: error.to_string(),
+        }
+    } else {
+        protocol(rank, replica_id, error.to_string())
+    }
+}
+
+fn read_error(rank: usize, replica_id: &str, error: ReadError, what: &str) -> CollectiveError {
+    match error {
+        ReadError::Timeout => CollectiveError::PeerLost {
+            rank: rank as u64,
+            replica_id: replica_id.to_owned(),
+            reason: format!("no {what} in time"),
+        },
+        ReadError::Closed => CollectiveError::PeerLost {
+            rank: rank as u64,
+            replica_id: replica_id.to_owned(),
+            reason: format!("connection closed before {what}"),
+        },
+        ReadError::Transport(error) => peer_error(rank, replica_id, error),
+    }
+}
+
+fn protocol(rank: usize, replica_id: &str, reason: String) -> CollectiveError {
+    CollectiveError::Protocol {
+        rank: rank as u64,
+        replica_id: replica_id.to_owned(),
+        reason,
+    }
+}
