@@ -3,15 +3,20 @@
 //! (`rpc_latency` / `pt_rpc_latency.py`), the paper's Table 1, tensor vs
 //! RRef argument overhead (`rref_overhead` / `pt_rref_overhead.py`), and its
 //! Table 2, distributed autograd overhead (`ferry-autograd`'s example
-//! `autograd_overhead` / `pt_dist_autograd_overhead.py`).
+//! `autograd_overhead` / `pt_dist_autograd_overhead.py`); and the lighthouse
+//! (`ferry-lighthouse` vs torchft 0.2.0's, both driven by the peer's
+//! `lighthouse_bench.py` through torchft's own client).
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::setup::{ensure_venv, venv_python, with_libtorch};
+use crate::setup::{ensure_torchft, ensure_venv, venv_python, with_libtorch, TORCHFT_VERSION};
 use crate::steps::{cargo, cmd, root, run, Steps};
 use crate::table::{self, Better, Metric, RowSpec};
 
@@ -29,6 +34,36 @@ const RREF_SIZES_QUICK: &[&str] = &["4MB", "40MB"];
 const AUTOGRAD_TARGET: f64 = 4.0;
 /// `cargo xtask bench --quick` must finish within this many seconds.
 const QUICK_BUDGET_S: f64 = 600.0;
+/// Replica counts of the lighthouse quorum rows (the issue's 2, 16, 128).
+const LIGHTHOUSE_REPLICAS: &[&str] = &["2", "16", "128"];
+/// Clients sending heartbeats back to back in the lighthouse bench.
+const LIGHTHOUSE_HB_CLIENTS: &str = "8";
+/// Runs of the lighthouse script per side, and under `--quick` (each run
+/// takes about 6 s; on a small machine one run's numbers move by tens of
+/// percent from the next, so the table shows the median).
+const LIGHTHOUSE_RUNS: [usize; 2] = [5, 1];
+/// The lighthouse script's `--rounds` and `--hb-seconds`, and under `--quick`.
+const LIGHTHOUSE_ROUNDS: [&str; 2] = ["5", "3"];
+const LIGHTHOUSE_HB_SECONDS: [&str; 2] = ["3", "1"];
+/// The options `ferry-lighthouse` runs with in the bench: those
+/// `lighthouse_bench.py --spawn-torchft` gives torchft's `LighthouseServer`.
+const LIGHTHOUSE_OPTIONS: &[&str] = &[
+    "--min_replicas",
+    "1",
+    "--join_timeout_ms",
+    "50",
+    "--quorum_tick_ms",
+    "10",
+    "--heartbeat_timeout_ms",
+    "60000",
+];
+/// The issue's target for the lighthouse: Ferry at least as fast as
+/// torchft's on every row.
+const LIGHTHOUSE_TARGET: f64 = 1.0;
+/// Bound on one run of `lighthouse_bench.py` (it takes well under a minute).
+const LIGHTHOUSE_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bound on `ferry-lighthouse` printing the address it listens on.
+const LIGHTHOUSE_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The benchmarks `cargo xtask bench` runs (`--only` picks one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +76,9 @@ pub(crate) enum Bench {
     Rref,
     /// Distributed autograd overhead (Table 2), Ferry vs PyTorch.
     Autograd,
+    /// Lighthouse quorum latency and heartbeat rate, `ferry-lighthouse` vs
+    /// torchft 0.2.0's lighthouse, both driven by torchft's own client.
+    Lighthouse,
 }
 
 impl Bench {
@@ -50,13 +88,14 @@ impl Bench {
             "rpc" => Some(Bench::Rpc),
             "rref" => Some(Bench::Rref),
             "autograd" => Some(Bench::Autograd),
+            "lighthouse" => Some(Bench::Lighthouse),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref, autograd";
+const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -164,7 +203,10 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         }
         found
     };
-    let side_by_side = o.runs(Bench::Rpc) || o.runs(Bench::Rref) || o.runs(Bench::Autograd);
+    let side_by_side = o.runs(Bench::Rpc)
+        || o.runs(Bench::Rref)
+        || o.runs(Bench::Autograd)
+        || o.runs(Bench::Lighthouse);
     // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
     let needs_venv = (peers.is_some() && side_by_side) || o.runs(Bench::Autograd);
     if needs_venv && !o.table_only {
@@ -195,6 +237,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Autograd) {
         autograd_overhead(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Lighthouse) {
+        lighthouse(&mut steps, o, peers.as_deref())?;
     }
 
     steps.summary();
@@ -269,6 +314,454 @@ fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Re
     .run(steps, o, peers)
 }
 
+/// The lighthouse bench: the peer's `lighthouse_bench.py` (torchft 0.2.0's
+/// own `LighthouseClient`) run with the same options against
+/// `ferry-lighthouse` (built in release, started fresh for each run with
+/// the options the script gives torchft's server, killed afterwards
+/// whatever happens) and with `--spawn-torchft` (torchft's
+/// `LighthouseServer`), [`LIGHTHOUSE_RUNS`] times each, alternating which
+/// side goes first; each side's result is the median over its runs. Then
+/// the table. Without the script (no peers directory, or `--no-peer`)
+/// there is no driver: the bench is skipped.
+fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    let runs = LIGHTHOUSE_RUNS[usize::from(o.quick)];
+    let heading = format!(
+        "Ferry vs torchft {TORCHFT_VERSION}: lighthouse (`ferry-lighthouse` vs torchft's \
+         LighthouseServer), same host, same options (min_replicas 1, join timeout 50 ms, \
+         tick 10 ms), both driven by torchft {TORCHFT_VERSION}'s LighthouseClient \
+         (lighthouse_bench.py)\nquorum: all N replicas ask at once, from the last request \
+         sent (or the first) until every replica has its answer, median over rounds; each \
+         side: median of {runs} run(s), alternating\n\
+         torchft's server runs inside the client's process (--spawn-torchft), Ferry's in its \
+         own, as deployed\n\
+         ratio > 1: Ferry is better; target ≥1x: Ferry at least as fast on every row"
+    );
+    let table = Table {
+        name: "lighthouse",
+        heading: &heading,
+        specs: lighthouse_specs,
+    };
+    if !o.table_only {
+        let Some(script) = peer_script(peers, "lighthouse_bench.py") else {
+            eprintln!(
+                "(the lighthouse bench is driven by the peer's lighthouse_bench.py: skipping it)"
+            );
+            return Ok(());
+        };
+        let (ferry_out, peer_out) = (table.out_path("ferry_"), table.out_path("peer_"));
+        remove_stale(&ferry_out)?;
+        remove_stale(&peer_out)?;
+        // Per-run logs of an earlier, longer run must not pose as this run's.
+        for i in 1..=LIGHTHOUSE_RUNS[0] {
+            for stem in [
+                "lighthouse_ferry_server",
+                "lighthouse_ferry_client",
+                "lighthouse_peer",
+            ] {
+                remove_stale(&out_path(&format!("{stem}.{i}.log")))?;
+            }
+        }
+        steps.step_with(
+            &format!("setup: torchft {TORCHFT_VERSION} in .venv"),
+            ensure_torchft,
+        )?;
+        steps.step("build: ferry-lighthouse (release)", || {
+            run(&mut cargo(&[
+                "build",
+                "--release",
+                "-p",
+                "ferry-ft",
+                "--bin",
+                "ferry-lighthouse",
+            ]))
+        })?;
+        let script_args = lighthouse_script_args(o);
+        let ferry_server = format!("ferry-lighthouse {}", LIGHTHOUSE_OPTIONS.join(" "));
+        let peer_server =
+            format!("torchft {TORCHFT_VERSION} LighthouseServer, in the script's process");
+        let (mut ferry_runs, mut peer_runs) = (Vec::new(), Vec::new());
+        for i in 1..=runs {
+            // Alternate who goes first, so a drift in the machine's speed
+            // does not always favour the same side.
+            let ferry_first = i % 2 == 1;
+            for ferry_side in [ferry_first, !ferry_first] {
+                if ferry_side {
+                    steps.step(
+                        &format!(
+                            "ferry: lighthouse_bench.py against ferry-lighthouse ({i}/{runs})"
+                        ),
+                        || {
+                            let lighthouse = FerryLighthouse::start(&out_path(&format!(
+                                "lighthouse_ferry_server.{i}.log"
+                            )))?;
+                            let args =
+                                [&["--addr", lighthouse.url.as_str()][..], &script_args].concat();
+                            let result = run_lighthouse_script(
+                                &script,
+                                &args,
+                                &out_path(&format!("lighthouse_ferry_client.{i}.log")),
+                            );
+                            // Stopped on every path (`FerryLighthouse` also kills on drop).
+                            let stopped = lighthouse.stop();
+                            ferry_runs.push(result?);
+                            stopped
+                        },
+                    )?;
+                } else {
+                    steps.step(
+                        &format!(
+                            "peer: lighthouse_bench.py --spawn-torchft (torchft \
+                             {TORCHFT_VERSION}) ({i}/{runs})"
+                        ),
+                        || {
+                            let args = [&["--spawn-torchft"][..], &script_args].concat();
+                            let result = run_lighthouse_script(
+                                &script,
+                                &args,
+                                &out_path(&format!("lighthouse_peer.{i}.log")),
+                            )
+                            .context("the peer benchmark failed (`--no-peer` skips it)")?;
+                            peer_runs.push(result);
+                            Ok(())
+                        },
+                    )?;
+                }
+            }
+        }
+        let script_args = script_args.join(" ");
+        write_result(
+            &ferry_out,
+            &median_of_runs(ferry_runs, &ferry_server, &script_args),
+        )?;
+        write_result(
+            &peer_out,
+            &median_of_runs(peer_runs, &peer_server, &script_args),
+        )?;
+    }
+    table.run(steps, o)
+}
+
+/// One side's result over its runs: every number of the first run's
+/// `quorum` and `heartbeats_per_s` replaced by its median over the runs
+/// ([`median_tree`]), with `lighthouse` (which server), `args` (the
+/// script's options) and `runs` (each run's own result) added.
+fn median_of_runs(runs: Vec<Value>, server: &str, args: &str) -> Value {
+    let all: Vec<&Value> = runs.iter().collect();
+    let field = |key: &str| {
+        let values: Vec<&Value> = all.iter().filter_map(|run| run.get(key)).collect();
+        if values.is_empty() {
+            Value::Null
+        } else {
+            median_tree(&values)
+        }
+    };
+    json!({
+        "lighthouse": server,
+        "args": args,
+        "aggregate": format!("median over {} run(s)", runs.len()),
+        "quorum": field("quorum"),
+        "heartbeats_per_s": field("heartbeats_per_s"),
+        "runs": runs,
+    })
+}
+
+/// The element-wise median of `values` (at least one): numbers give their
+/// median (the first one where all are equal, keeping integers integers),
+/// objects recurse on the first one's keys, anything else is the first.
+fn median_tree(values: &[&Value]) -> Value {
+    let first = values[0];
+    if let Some(fields) = first.as_object() {
+        let merged = fields
+            .keys()
+            .map(|key| {
+                let at: Vec<&Value> = values.iter().filter_map(|v| v.get(key)).collect();
+                (key.clone(), median_tree(&at))
+            })
+            .collect();
+        return Value::Object(merged);
+    }
+    if values.iter().all(|v| *v == first) {
+        return first.clone();
+    }
+    let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
+    if numbers.len() != values.len() {
+        return first.clone();
+    }
+    numbers.sort_by(f64::total_cmp);
+    let mid = numbers.len() / 2;
+    let median = if numbers.len() % 2 == 1 {
+        numbers[mid]
+    } else {
+        (numbers[mid - 1] + numbers[mid]) / 2.0
+    };
+    json!(median)
+}
+
+/// Writes one result object as pretty JSON to `out` (repository-relative).
+fn write_result(out: &Path, result: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(result).context("encoding the result")?;
+    std::fs::write(root().join(out), text + "\n")
+        .with_context(|| format!("writing {}", out.display()))
+}
+
+/// The arguments both runs of `lighthouse_bench.py` share.
+fn lighthouse_script_args(o: &Options) -> Vec<&'static str> {
+    let k = usize::from(o.quick);
+    let mut args = vec!["--replicas"];
+    args.extend_from_slice(LIGHTHOUSE_REPLICAS);
+    args.extend([
+        "--rounds",
+        LIGHTHOUSE_ROUNDS[k],
+        "--hb-clients",
+        LIGHTHOUSE_HB_CLIENTS,
+        "--hb-seconds",
+        LIGHTHOUSE_HB_SECONDS[k],
+    ]);
+    args
+}
+
+/// Where cargo puts the release build of binary `name`
+/// (`$CARGO_TARGET_DIR`, else `target/`, under the repository root).
+fn release_binary(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    root().join(target).join("release").join(name)
+}
+
+/// A running `ferry-lighthouse` on 127.0.0.1 (port 0), killed when dropped.
+struct FerryLighthouse {
+    child: Child,
+    /// `http://127.0.0.1:PORT`, as it printed it.
+    url: String,
+}
+
+impl FerryLighthouse {
+    /// Starts the release `ferry-lighthouse` with [`LIGHTHOUSE_OPTIONS`],
+    /// its log (stderr) going to `log` (relative to the repository root),
+    /// and waits for the address it prints.
+    fn start(log: &Path) -> Result<Self> {
+        let binary = release_binary("ferry-lighthouse");
+        let log_file = std::fs::File::create(root().join(log))
+            .with_context(|| format!("creating {}", log.display()))?;
+        let mut c = Command::new(&binary);
+        c.current_dir(root())
+            .args(["--bind", "127.0.0.1:0"])
+            .args(LIGHTHOUSE_OPTIONS)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log_file);
+        eprintln!(
+            "    $ {} --bind 127.0.0.1:0 {}  (log: {})",
+            binary.display(),
+            LIGHTHOUSE_OPTIONS.join(" "),
+            log.display()
+        );
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("could not start {}", binary.display()))?;
+        let stdout = child.stdout.take().context("ferry-lighthouse's stdout")?;
+        let mut lighthouse = FerryLighthouse {
+            child,
+            url: String::new(),
+        };
+        // Read the first line on a thread, so a silent lighthouse cannot hang
+        // the bench; the thread then drains stdout until the process ends.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let first = reader.read_line(&mut line).map(|_| line);
+            let _ = tx.send(first);
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        let line = match rx.recv_timeout(LIGHTHOUSE_START_TIMEOUT) {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => return Err(e).context("reading ferry-lighthouse's stdout"),
+            Err(_) => bail!(
+                "ferry-lighthouse printed no address within {LIGHTHOUSE_START_TIMEOUT:?} \
+                 (log: {})",
+                log.display()
+            ),
+        };
+        lighthouse.url = parse_listening_line(&line).with_context(|| {
+            format!(
+                "ferry-lighthouse did not print its address (got {line:?}; log: {})",
+                log.display()
+            )
+        })?;
+        eprintln!("    ferry-lighthouse listening on {}", lighthouse.url);
+        Ok(lighthouse)
+    }
+
+    /// Kills it, saying so if it had already exited (it should run until killed).
+    fn stop(mut self) -> Result<()> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            bail!("ferry-lighthouse exited during the bench ({status})");
+        }
+        self.child
+            .kill()
+            .context("killing ferry-lighthouse")
+            .and_then(|()| self.child.wait().context("waiting for ferry-lighthouse"))?;
+        Ok(())
+    }
+}
+
+impl Drop for FerryLighthouse {
+    fn drop(&mut self) {
+        // Already reaped after `stop`: then both calls fail harmlessly.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The URL in `ferry-lighthouse`'s first line,
+/// `ferry-lighthouse listening on http://ADDR`.
+fn parse_listening_line(line: &str) -> Option<String> {
+    let url = line.trim().strip_prefix("ferry-lighthouse listening on ")?;
+    (url.starts_with("http://") && url.len() > "http://".len()).then(|| url.to_string())
+}
+
+/// Runs `lighthouse_bench.py` with `args` in the `.venv` (its log, stderr,
+/// going to `log`), bounded by [`LIGHTHOUSE_SCRIPT_TIMEOUT`], and returns
+/// the JSON object it prints.
+fn run_lighthouse_script(script: &Path, args: &[&str], log: &Path) -> Result<Value> {
+    let log_file = std::fs::File::create(root().join(log))
+        .with_context(|| format!("creating {}", log.display()))?;
+    let py = venv_python();
+    let mut c = cmd(&py.to_string_lossy(), &[]);
+    c.arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file);
+    eprintln!(
+        "    $ {} {} {}  (log: {})",
+        py.display(),
+        script.display(),
+        args.join(" "),
+        log.display()
+    );
+    let stdout = run_bounded(&mut c, LIGHTHOUSE_SCRIPT_TIMEOUT).map_err(|e| {
+        anyhow::anyhow!(
+            "lighthouse_bench.py failed: {e:#} (log: {}){}",
+            log.display(),
+            log_tail(log)
+        )
+    })?;
+    let result = last_json_object(&stdout).with_context(|| {
+        format!(
+            "lighthouse_bench.py printed no JSON object (stdout: {stdout:?}; log: {})",
+            log.display()
+        )
+    })?;
+    eprintln!("    {}", stdout.trim());
+    Ok(result)
+}
+
+/// The last lines of the log at `log` (repository-relative), to quote in
+/// an error; empty if there is nothing to read.
+fn log_tail(log: &Path) -> String {
+    const LINES: usize = 15;
+    let text = std::fs::read_to_string(root().join(log)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LINES)..];
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(", its last lines:\n{}", tail.join("\n"))
+    }
+}
+
+/// Runs `c` (stdout piped) to its end and returns its stdout; kills it
+/// after `limit`. Fails if it does not exit with success.
+fn run_bounded(c: &mut Command, limit: Duration) -> Result<String> {
+    let mut child = c.spawn().context("could not start the command")?;
+    let mut stdout = child.stdout.take().context("the command's stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for the command")? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("still running after {limit:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the stdout reader panicked"))?
+        .context("reading the command's stdout")?;
+    if !status.success() {
+        bail!("exited with {status}");
+    }
+    Ok(text)
+}
+
+/// The last line of `text` that is a JSON object.
+fn last_json_object(text: &str) -> Option<Value> {
+    text.lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
+        .find(Value::is_object)
+}
+
+/// Row specs for the lighthouse table: the quorum latency after the last
+/// request for each replica count found on either side (ascending), then
+/// heartbeats per second, all with [`LIGHTHOUSE_TARGET`]; then, without a
+/// target, the span from the first request to the last answer.
+pub(crate) fn lighthouse_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowSpec> {
+    let mut counts: Vec<u64> = Vec::new();
+    for result in std::iter::once(ferry).chain(peer) {
+        let quorum = result.get("quorum").and_then(Value::as_object);
+        for n in quorum.into_iter().flat_map(|q| q.keys()) {
+            if let Ok(n) = n.parse::<u64>() {
+                if !counts.contains(&n) {
+                    counts.push(n);
+                }
+            }
+        }
+    }
+    counts.sort_unstable();
+    let quorum = |n: u64, field: &str| Metric::At(format!("/quorum/{n}/{field}"));
+    let mut specs: Vec<RowSpec> = counts
+        .iter()
+        .map(|&n| {
+            RowSpec::new(
+                format!("quorum, {n} replicas: after last request, median"),
+                "ms",
+                Better::Lower,
+                quorum(n, "after_last_request_ms_median"),
+            )
+            .with_target(LIGHTHOUSE_TARGET)
+        })
+        .collect();
+    specs.push(
+        RowSpec::new(
+            format!("heartbeats, {LIGHTHOUSE_HB_CLIENTS} clients back to back"),
+            "hb/s",
+            Better::Higher,
+            Metric::At("/heartbeats_per_s".into()),
+        )
+        .with_target(LIGHTHOUSE_TARGET),
+    );
+    specs.extend(counts.iter().map(|&n| {
+        RowSpec::new(
+            format!("quorum, {n} replicas: first request to all answered, median"),
+            "ms",
+            Better::Lower,
+            quorum(n, "first_to_all_done_ms_median"),
+        )
+    }));
+    specs
+}
+
 /// One side-by-side benchmark: Ferry's binary and the peer's script, run
 /// with the same settings, then their comparison table.
 struct Comparison<'a> {
@@ -341,10 +834,38 @@ impl Comparison<'_> {
         out_path(&format!("{prefix}{}.json", self.name))
     }
 
+    /// The step `table: <name>` ([`Table::run`]).
+    fn table(&self, steps: &mut Steps, o: &Options) -> Result<()> {
+        Table {
+            name: self.name,
+            heading: self.heading,
+            specs: self.specs,
+        }
+        .run(steps, o)
+    }
+}
+
+/// A comparison table built from the two result files a side-by-side
+/// benchmark left in `target/ferry-bench/`: `ferry_<name>.json` and (if
+/// there) `peer_<name>.json`, written as `<name>.json`.
+struct Table<'a> {
+    name: &'a str,
+    /// The line(s) printed above the table.
+    heading: &'a str,
+    /// The table's rows, from Ferry's result and the peer's (if there).
+    specs: fn(&Value, Option<&Value>) -> Vec<RowSpec>,
+}
+
+impl Table<'_> {
+    /// `target/ferry-bench/<prefix><name>.json`.
+    fn out_path(&self, prefix: &str) -> PathBuf {
+        out_path(&format!("{prefix}{}.json", self.name))
+    }
+
     /// The step `table: <name>`: reads both results (the peer's if there),
     /// prints the table and writes its JSON. Under `--table-only`, a
     /// missing Ferry result skips the table.
-    fn table(&self, steps: &mut Steps, o: &Options) -> Result<()> {
+    fn run(&self, steps: &mut Steps, o: &Options) -> Result<()> {
         let (ferry_out, peer_out, table_out) = (
             self.out_path("ferry_"),
             self.out_path("peer_"),
@@ -690,11 +1211,131 @@ mod tests {
         assert!(Options::parse(&["--only".into()]).is_err());
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
-            format!("{err}").contains("--only {criterion|rpc|rref|autograd}"),
+            format!("{err}").contains("--only {criterion|rpc|rref|autograd|lighthouse}"),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
         assert!(o.runs(Bench::Autograd) && !o.runs(Bench::Rref) && !o.runs(Bench::Criterion));
         assert!(Options::default().runs(Bench::Autograd));
+        let o = Options::parse(&["--only".into(), "lighthouse".into()]).expect("valid");
+        assert!(o.runs(Bench::Lighthouse) && !o.runs(Bench::Autograd) && !o.runs(Bench::Rpc));
+        assert!(Options::default().runs(Bench::Lighthouse));
+    }
+
+    #[test]
+    fn lighthouse_rows_follow_the_script_schema() {
+        // As lighthouse_bench.py prints it (keys are strings, in run order).
+        let result = |lat: [f64; 3], hb: f64| {
+            json!({"addr": "http://127.0.0.1:1", "quorum": {
+                "2": {"after_last_request_ms_median": lat[0], "first_to_all_done_ms_median": 2.0 * lat[0], "rounds": 5},
+                "16": {"after_last_request_ms_median": lat[1], "first_to_all_done_ms_median": 2.0 * lat[1], "rounds": 5},
+                "128": {"after_last_request_ms_median": lat[2], "first_to_all_done_ms_median": 2.0 * lat[2], "rounds": 5}},
+                "heartbeats_per_s": hb})
+        };
+        let ferry = result([0.5, 1.0, 8.0], 20000.0);
+        let peer = result([1.0, 1.0, 4.0], 10000.0);
+        let specs = lighthouse_specs(&ferry, Some(&peer));
+        let rows = table::compare(&ferry, Some(&peer), &specs);
+        let cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
+        assert_eq!(
+            cases,
+            [
+                "quorum, 2 replicas: after last request, median",
+                "quorum, 16 replicas: after last request, median",
+                "quorum, 128 replicas: after last request, median",
+                "heartbeats, 8 clients back to back",
+                "quorum, 2 replicas: first request to all answered, median",
+                "quorum, 16 replicas: first request to all answered, median",
+                "quorum, 128 replicas: first request to all answered, median",
+            ]
+        );
+        let got = |i: usize| (rows[i].ferry, rows[i].peer, rows[i].ratio, rows[i].met);
+        assert_eq!(got(0), (Some(0.5), Some(1.0), Some(2.0), Some(true)));
+        // Equal is at least as fast.
+        assert_eq!(got(1), (Some(1.0), Some(1.0), Some(1.0), Some(true)));
+        assert_eq!(got(2), (Some(8.0), Some(4.0), Some(0.5), Some(false)));
+        assert_eq!(
+            got(3),
+            (Some(20000.0), Some(10000.0), Some(2.0), Some(true))
+        );
+        assert_eq!(rows[3].unit, "hb/s");
+        assert_eq!(got(6), (Some(16.0), Some(8.0), Some(0.5), None));
+        assert_eq!(rows.iter().filter(|r| r.target == Some(1.0)).count(), 4);
+        // Ferry's result alone still gives every row.
+        let alone = table::compare(&ferry, None, &lighthouse_specs(&ferry, None));
+        assert_eq!(alone.len(), 7);
+        assert!(alone.iter().all(|r| r.ferry.is_some() && r.met.is_none()));
+    }
+
+    #[test]
+    fn lighthouse_runs_reduce_to_medians() {
+        let run = |lat: f64, hb: f64, addr: &str| {
+            json!({"addr": addr, "quorum": {"2": {"after_last_request_ms_median": lat,
+                   "first_to_all_done_ms_median": 2.0 * lat, "rounds": 5}},
+                   "heartbeats_per_s": hb})
+        };
+        let runs = vec![
+            run(0.3, 100.0, "a"),
+            run(0.1, 300.0, "b"),
+            run(0.2, 200.0, "c"),
+        ];
+        let result = median_of_runs(runs.clone(), "server", "--rounds 5");
+        assert_eq!(result["quorum"]["2"]["after_last_request_ms_median"], 0.2);
+        assert_eq!(result["quorum"]["2"]["first_to_all_done_ms_median"], 0.4);
+        // Equal integers stay integers.
+        assert_eq!(result["quorum"]["2"]["rounds"], json!(5));
+        assert_eq!(result["heartbeats_per_s"], 200.0);
+        assert_eq!(result["runs"], json!(runs));
+        assert_eq!(
+            (result["lighthouse"].as_str(), result["args"].as_str()),
+            (Some("server"), Some("--rounds 5"))
+        );
+        // Two runs: the mean of the two; one run: itself.
+        let two = median_of_runs(runs[..2].to_vec(), "s", "");
+        assert_eq!(two["heartbeats_per_s"], 200.0);
+        let one = median_of_runs(runs[..1].to_vec(), "s", "");
+        assert_eq!(one["quorum"], runs[0]["quorum"]);
+        // The table reads the medians.
+        let rows = table::compare(&result, Some(&one), &lighthouse_specs(&result, Some(&one)));
+        assert_eq!((rows[0].ferry, rows[0].peer), (Some(0.2), Some(0.3)));
+    }
+
+    #[test]
+    fn lighthouse_script_plumbing() {
+        assert_eq!(
+            parse_listening_line("ferry-lighthouse listening on http://127.0.0.1:41234\n"),
+            Some("http://127.0.0.1:41234".to_string())
+        );
+        assert_eq!(parse_listening_line("listening on http://x:1"), None);
+        assert_eq!(
+            parse_listening_line("ferry-lighthouse listening on http://"),
+            None
+        );
+        assert_eq!(parse_listening_line(""), None);
+
+        let text = "noise\n{\"quorum\": {}, \"heartbeats_per_s\": 1.0}\n[1]\nmore noise\n";
+        assert_eq!(
+            last_json_object(text),
+            Some(json!({"quorum": {}, "heartbeats_per_s": 1.0}))
+        );
+        assert_eq!(last_json_object("no json\n[1, 2]\n"), None);
+
+        let full = lighthouse_script_args(&Options::default()).join(" ");
+        assert_eq!(
+            full,
+            "--replicas 2 16 128 --rounds 5 --hb-clients 8 --hb-seconds 3"
+        );
+        let quick = Options {
+            quick: true,
+            ..Options::default()
+        };
+        assert!(lighthouse_script_args(&quick)
+            .join(" ")
+            .ends_with("--rounds 3 --hb-clients 8 --hb-seconds 1"));
+        // ferry-lighthouse gets what the script gives torchft's server.
+        assert_eq!(
+            LIGHTHOUSE_OPTIONS.join(" "),
+            "--min_replicas 1 --join_timeout_ms 50 --quorum_tick_ms 10 --heartbeat_timeout_ms 60000"
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
-//!   tables against the PyTorch RPC peer (RPC latency, RRef overhead).
+//!   tables against the PyTorch RPC peer (RPC latency, RRef overhead,
+//!   distributed autograd overhead) and against torchft's lighthouse.
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
 //! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
@@ -28,9 +29,12 @@ usage: cargo xtask <command> [args]
 commands:
   demo [ARGS...]    build in release and run `ferry`'s demo example (ARGS are passed through)
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
-  bench [--quick]   criterion benches + Ferry vs PyTorch RPC tables (target/ferry-bench/):
-                    RPC latency, and tensor vs RRef argument overhead (the paper's Table 1)
-        [--no-criterion] [--no-peer] [--table-only] [--only criterion|rpc|rref|autograd]
+  bench [--quick]   criterion benches + Ferry vs peer tables (target/ferry-bench/):
+                    RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and
+                    distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
+                    (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft
+        [--no-criterion] [--no-peer] [--table-only]
+        [--only criterion|rpc|rref|autograd|lighthouse]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
                      --only: run or tabulate just that benchmark)
   help              this text

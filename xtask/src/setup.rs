@@ -96,3 +96,55 @@ pub(crate) fn ensure_debian_package(package: &str, path: &str) -> Result<&'stati
     eprintln!("    could not install {package} with apt-get: the tests that need it will skip");
     Ok("missing")
 }
+
+/// The torchft release whose client and lighthouse the lighthouse benchmark
+/// and the interop test (`ferry-ft`'s `tests/torchft_interop.rs`) run.
+pub(crate) const TORCHFT_VERSION: &str = "0.2.0";
+
+/// Ensures `.venv` has `torchft==TORCHFT_VERSION` (its compiled
+/// `torchft._torchft.LighthouseClient` and `LighthouseServer`), next to the
+/// torch [`ensure_venv`] installs; run [`ensure_venv`] first.
+///
+/// A plain `pip install` (with dependencies): torchft 0.2.0 asks for
+/// `torch>=2.7`, which the `.venv`'s torch 2.13.0 satisfies, so pip keeps it
+/// and adds only torchft's own light dependencies (opentelemetry, protobuf,
+/// requests); torch is named on the same command line, pinned, so the
+/// resolver cannot move it. `--no-deps` is not needed, and would leave out
+/// those dependencies, which `import torchft` needs. The check afterwards
+/// also asserts torch is still at [`TORCH_VERSION`].
+pub(crate) fn ensure_torchft() -> Result<&'static str> {
+    let py_path = venv_python();
+    let py = py_path.to_string_lossy().into_owned();
+    let check = format!(
+        "import importlib.metadata as m, torch\n\
+         from torchft._torchft import LighthouseClient, LighthouseServer\n\
+         v = m.version('torchft')\n\
+         assert v == '{TORCHFT_VERSION}', v\n\
+         assert torch.__version__.startswith('{TORCH_VERSION}'), torch.__version__"
+    );
+    if succeeds(&mut cmd(&py, &["-c", &check])) {
+        eprintln!("    .venv has torchft {TORCHFT_VERSION}");
+        return Ok("present");
+    }
+    let torchft = format!("torchft=={TORCHFT_VERSION}");
+    // torch is named too, pinned, so the resolver can never move it.
+    let torch = format!("torch=={TORCH_VERSION}");
+    run(&mut cmd(
+        &py,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            &torchft,
+            &torch,
+        ],
+    ))
+    .with_context(|| format!("could not install {torchft} into .venv"))?;
+    run(&mut cmd(&py, &["-c", &check])).with_context(|| {
+        format!(
+            ".venv still lacks {torchft} (or its torch is no longer {TORCH_VERSION}) after pip install"
+        )
+    })?;
+    Ok("installed")
+}

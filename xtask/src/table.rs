@@ -1,6 +1,6 @@
 //! Ferry-vs-peer comparison tables, shared by every side-by-side benchmark
-//! (RPC latency, RRef overhead and distributed autograd overhead now;
-//! lighthouse later).
+//! (RPC latency, RRef overhead, distributed autograd overhead and the
+//! lighthouse).
 //!
 //! A benchmark run on each side writes one JSON result object. A list of
 //! [`RowSpec`]s says which numbers to pull out of both objects and which
