@@ -4,8 +4,9 @@
 //! RRef argument overhead (`rref_overhead` / `pt_rref_overhead.py`), and its
 //! Table 2, distributed autograd overhead (`ferry-autograd`'s example
 //! `autograd_overhead` / `pt_dist_autograd_overhead.py`); and the lighthouse
-//! (`ferry-lighthouse` vs torchft 0.2.0's, both driven by the peer's
-//! `lighthouse_bench.py` through torchft's own client).
+//! (`ferry-lighthouse` vs torchft 0.2.0's `torchft_lighthouse`, each its
+//! own process, both driven by the peer's `lighthouse_bench.py` through
+//! torchft's own client).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -45,8 +46,9 @@ const LIGHTHOUSE_RUNS: [usize; 2] = [5, 1];
 /// The lighthouse script's `--rounds` and `--hb-seconds`, and under `--quick`.
 const LIGHTHOUSE_ROUNDS: [&str; 2] = ["5", "3"];
 const LIGHTHOUSE_HB_SECONDS: [&str; 2] = ["3", "1"];
-/// The options `ferry-lighthouse` runs with in the bench: those
-/// `lighthouse_bench.py --spawn-torchft` gives torchft's `LighthouseServer`.
+/// The options both lighthouse programs run with in the bench (after
+/// `--bind 127.0.0.1:0`): those `lighthouse_bench.py --spawn-torchft` would
+/// give torchft's in-process `LighthouseServer`.
 const LIGHTHOUSE_OPTIONS: &[&str] = &[
     "--min_replicas",
     "1",
@@ -62,7 +64,8 @@ const LIGHTHOUSE_OPTIONS: &[&str] = &[
 const LIGHTHOUSE_TARGET: f64 = 1.0;
 /// Bound on one run of `lighthouse_bench.py` (it takes well under a minute).
 const LIGHTHOUSE_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bound on `ferry-lighthouse` printing the address it listens on.
+/// Bound on a lighthouse program telling the address it listens on
+/// (`torchft_lighthouse` imports torch first: about a second).
 const LIGHTHOUSE_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The benchmarks `cargo xtask bench` runs (`--only` picks one).
@@ -315,25 +318,25 @@ fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Re
 }
 
 /// The lighthouse bench: the peer's `lighthouse_bench.py` (torchft 0.2.0's
-/// own `LighthouseClient`) run with the same options against
-/// `ferry-lighthouse` (built in release, started fresh for each run with
-/// the options the script gives torchft's server, killed afterwards
-/// whatever happens) and with `--spawn-torchft` (torchft's
-/// `LighthouseServer`), [`LIGHTHOUSE_RUNS`] times each, alternating which
-/// side goes first; each side's result is the median over its runs. Then
-/// the table. Without the script (no peers directory, or `--no-peer`)
+/// own `LighthouseClient`) run with `--addr` against `ferry-lighthouse`
+/// (built in release) and against torchft's own program,
+/// `torchft_lighthouse` (installed with torchft in the `.venv`), each
+/// started as its own process, fresh for each run, with the same options
+/// ([`LIGHTHOUSE_OPTIONS`]) and killed afterwards whatever happens;
+/// [`LIGHTHOUSE_RUNS`] times each, alternating which side goes first; each
+/// side's result is the median over its runs. Then the table. Without the script (no peers directory, or `--no-peer`)
 /// there is no driver: the bench is skipped.
 fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
     let runs = LIGHTHOUSE_RUNS[usize::from(o.quick)];
     let heading = format!(
         "Ferry vs torchft {TORCHFT_VERSION}: lighthouse (`ferry-lighthouse` vs torchft's \
-         LighthouseServer), same host, same options (min_replicas 1, join timeout 50 ms, \
+         `torchft_lighthouse`), same host, same options (min_replicas 1, join timeout 50 ms, \
          tick 10 ms), both driven by torchft {TORCHFT_VERSION}'s LighthouseClient \
-         (lighthouse_bench.py)\nquorum: all N replicas ask at once, from the last request \
-         sent (or the first) until every replica has its answer, median over rounds; each \
-         side: median of {runs} run(s), alternating\n\
-         torchft's server runs inside the client's process (--spawn-torchft), Ferry's in its \
-         own, as deployed\n\
+         (lighthouse_bench.py --addr)\nquorum: all N replicas ask at once, from the last \
+         request sent (or the first) until every replica has its answer, median over rounds; \
+         each side: median of {runs} run(s), alternating\n\
+         both servers run as their own process (bound to 127.0.0.1:0), as deployed; the \
+         script reaches each through --addr\n\
          ratio > 1: Ferry is better; target ≥1x: Ferry at least as fast on every row"
     );
     let table = Table {
@@ -356,6 +359,7 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
             for stem in [
                 "lighthouse_ferry_server",
                 "lighthouse_ferry_client",
+                "lighthouse_peer_server",
                 "lighthouse_peer",
             ] {
                 remove_stale(&out_path(&format!("{stem}.{i}.log")))?;
@@ -376,56 +380,51 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
             ]))
         })?;
         let script_args = lighthouse_script_args(o);
-        let ferry_server = format!("ferry-lighthouse {}", LIGHTHOUSE_OPTIONS.join(" "));
-        let peer_server =
-            format!("torchft {TORCHFT_VERSION} LighthouseServer, in the script's process");
+        let ferry_server = LighthouseProgram::Ferry.command_line();
+        let peer_server = format!(
+            "{} (torchft {TORCHFT_VERSION}), its own process",
+            LighthouseProgram::Torchft.command_line()
+        );
         let (mut ferry_runs, mut peer_runs) = (Vec::new(), Vec::new());
         for i in 1..=runs {
             // Alternate who goes first, so a drift in the machine's speed
             // does not always favour the same side.
             let ferry_first = i % 2 == 1;
             for ferry_side in [ferry_first, !ferry_first] {
-                if ferry_side {
-                    steps.step(
-                        &format!(
-                            "ferry: lighthouse_bench.py against ferry-lighthouse ({i}/{runs})"
-                        ),
-                        || {
-                            let lighthouse = FerryLighthouse::start(&out_path(&format!(
-                                "lighthouse_ferry_server.{i}.log"
-                            )))?;
-                            let args =
-                                [&["--addr", lighthouse.url.as_str()][..], &script_args].concat();
-                            let result = run_lighthouse_script(
-                                &script,
-                                &args,
-                                &out_path(&format!("lighthouse_ferry_client.{i}.log")),
-                            );
-                            // Stopped on every path (`FerryLighthouse` also kills on drop).
-                            let stopped = lighthouse.stop();
-                            ferry_runs.push(result?);
-                            stopped
-                        },
-                    )?;
+                let (program, side, runs_of_side) = if ferry_side {
+                    (LighthouseProgram::Ferry, "ferry", &mut ferry_runs)
                 } else {
-                    steps.step(
-                        &format!(
-                            "peer: lighthouse_bench.py --spawn-torchft (torchft \
-                             {TORCHFT_VERSION}) ({i}/{runs})"
-                        ),
-                        || {
-                            let args = [&["--spawn-torchft"][..], &script_args].concat();
-                            let result = run_lighthouse_script(
-                                &script,
-                                &args,
-                                &out_path(&format!("lighthouse_peer.{i}.log")),
-                            )
-                            .context("the peer benchmark failed (`--no-peer` skips it)")?;
-                            peer_runs.push(result);
-                            Ok(())
-                        },
-                    )?;
-                }
+                    (LighthouseProgram::Torchft, "peer", &mut peer_runs)
+                };
+                steps.step(
+                    &format!(
+                        "{side}: lighthouse_bench.py against {} ({i}/{runs})",
+                        program.name()
+                    ),
+                    || {
+                        let lighthouse = LighthouseProcess::start(
+                            program,
+                            &out_path(&format!("lighthouse_{side}_server.{i}.log")),
+                        )?;
+                        let args =
+                            [&["--addr", lighthouse.url.as_str()][..], &script_args].concat();
+                        let log = match program {
+                            LighthouseProgram::Ferry => format!("lighthouse_ferry_client.{i}.log"),
+                            LighthouseProgram::Torchft => format!("lighthouse_peer.{i}.log"),
+                        };
+                        let result = run_lighthouse_script(&script, &args, &out_path(&log));
+                        // Stopped on every path (`LighthouseProcess` also kills on drop).
+                        let stopped = lighthouse.stop();
+                        let result = match program {
+                            LighthouseProgram::Ferry => result,
+                            LighthouseProgram::Torchft => {
+                                result.context("the peer benchmark failed (`--no-peer` skips it)")
+                            }
+                        };
+                        runs_of_side.push(result?);
+                        stopped
+                    },
+                )?;
             }
         }
         let script_args = script_args.join(" ");
@@ -529,44 +528,114 @@ fn release_binary(name: &str) -> PathBuf {
     root().join(target).join("release").join(name)
 }
 
-/// A running `ferry-lighthouse` on 127.0.0.1 (port 0), killed when dropped.
-struct FerryLighthouse {
+/// A lighthouse program the bench starts: Ferry's or torchft's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LighthouseProgram {
+    /// `ferry-lighthouse`, the release build.
+    Ferry,
+    /// `torchft_lighthouse`, the program torchft installs in the `.venv`
+    /// (torchft's Rust lighthouse behind a Python entry point).
+    Torchft,
+}
+
+impl LighthouseProgram {
+    fn name(self) -> &'static str {
+        match self {
+            LighthouseProgram::Ferry => "ferry-lighthouse",
+            LighthouseProgram::Torchft => "torchft_lighthouse",
+        }
+    }
+
+    fn binary(self) -> PathBuf {
+        match self {
+            LighthouseProgram::Ferry => release_binary("ferry-lighthouse"),
+            LighthouseProgram::Torchft => venv_python().with_file_name("torchft_lighthouse"),
+        }
+    }
+
+    /// The arguments it runs with: [`LIGHTHOUSE_BIND`], then
+    /// [`LIGHTHOUSE_OPTIONS`] (torchft's spellings, which both accept).
+    fn args() -> Vec<&'static str> {
+        [&["--bind", LIGHTHOUSE_BIND][..], LIGHTHOUSE_OPTIONS].concat()
+    }
+
+    /// How the result files name the server.
+    fn command_line(self) -> String {
+        format!("{} {}", self.name(), Self::args().join(" "))
+    }
+
+    /// The URL to reach it at, from one line of its output, if that line
+    /// tells where it listens: `ferry-lighthouse` prints
+    /// `ferry-lighthouse listening on http://ADDR` as its first line of
+    /// stdout; `torchft_lighthouse` logs `... Lighthouse listening on:
+    /// http://HOSTNAME:PORT` to stderr, with the machine's host name in
+    /// place of the address it bound, so the URL is 127.0.0.1 and that port.
+    fn parse_address(self, line: &str) -> Option<String> {
+        match self {
+            LighthouseProgram::Ferry => {
+                let url = line.trim().strip_prefix("ferry-lighthouse listening on ")?;
+                (url.starts_with("http://") && url.len() > "http://".len()).then(|| url.to_string())
+            }
+            LighthouseProgram::Torchft => {
+                let (_, url) = line.split_once("Lighthouse listening on: ")?;
+                let (_, port) = url.trim().strip_prefix("http://")?.rsplit_once(':')?;
+                let port: u16 = port.parse().ok()?;
+                (port != 0).then(|| format!("http://127.0.0.1:{port}"))
+            }
+        }
+    }
+}
+
+/// Where both lighthouse programs listen in the bench (a free port).
+const LIGHTHOUSE_BIND: &str = "127.0.0.1:0";
+
+/// A running lighthouse program on 127.0.0.1 (port 0), its stderr (its
+/// log) going to a file, killed when dropped.
+struct LighthouseProcess {
+    program: LighthouseProgram,
     child: Child,
-    /// `http://127.0.0.1:PORT`, as it printed it.
+    /// `http://127.0.0.1:PORT`.
     url: String,
 }
 
-impl FerryLighthouse {
-    /// Starts the release `ferry-lighthouse` with [`LIGHTHOUSE_OPTIONS`],
-    /// its log (stderr) going to `log` (relative to the repository root),
-    /// and waits for the address it prints.
-    fn start(log: &Path) -> Result<Self> {
-        let binary = release_binary("ferry-lighthouse");
+impl LighthouseProcess {
+    /// Starts `program` with [`LighthouseProgram::args`], its log (stderr)
+    /// going to `log` (relative to the repository root), and waits for the
+    /// address it tells: on stdout for `ferry-lighthouse`, in its log for
+    /// `torchft_lighthouse`.
+    fn start(program: LighthouseProgram, log: &Path) -> Result<Self> {
+        let name = program.name();
+        let binary = program.binary();
         let log_file = std::fs::File::create(root().join(log))
             .with_context(|| format!("creating {}", log.display()))?;
+        let args = LighthouseProgram::args();
         let mut c = Command::new(&binary);
         c.current_dir(root())
-            .args(["--bind", "127.0.0.1:0"])
-            .args(LIGHTHOUSE_OPTIONS)
+            .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file);
         eprintln!(
-            "    $ {} --bind 127.0.0.1:0 {}  (log: {})",
+            "    $ {} {}  (log: {})",
             binary.display(),
-            LIGHTHOUSE_OPTIONS.join(" "),
+            args.join(" "),
             log.display()
         );
         let mut child = c
             .spawn()
             .with_context(|| format!("could not start {}", binary.display()))?;
-        let stdout = child.stdout.take().context("ferry-lighthouse's stdout")?;
-        let mut lighthouse = FerryLighthouse {
+        let stdout = child
+            .stdout
+            .take()
+            .with_context(|| format!("{name}'s stdout"))?;
+        let mut lighthouse = LighthouseProcess {
+            program,
             child,
             url: String::new(),
         };
-        // Read the first line on a thread, so a silent lighthouse cannot hang
-        // the bench; the thread then drains stdout until the process ends.
+        // Read stdout on a thread, so a silent lighthouse cannot hang the
+        // bench: its first line goes back, the rest is drained until the
+        // process ends.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
@@ -575,51 +644,82 @@ impl FerryLighthouse {
             let _ = tx.send(first);
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         });
-        let line = match rx.recv_timeout(LIGHTHOUSE_START_TIMEOUT) {
-            Ok(Ok(line)) => line,
-            Ok(Err(e)) => return Err(e).context("reading ferry-lighthouse's stdout"),
-            Err(_) => bail!(
-                "ferry-lighthouse printed no address within {LIGHTHOUSE_START_TIMEOUT:?} \
-                 (log: {})",
-                log.display()
-            ),
+        let deadline = Instant::now() + LIGHTHOUSE_START_TIMEOUT;
+        let url = match program {
+            LighthouseProgram::Ferry => {
+                let line = match rx.recv_timeout(LIGHTHOUSE_START_TIMEOUT) {
+                    Ok(Ok(line)) => line,
+                    Ok(Err(e)) => {
+                        return Err(e).with_context(|| format!("reading {name}'s stdout"))
+                    }
+                    Err(_) => bail!(
+                        "{name} printed no address within {LIGHTHOUSE_START_TIMEOUT:?} (log: {})",
+                        log.display()
+                    ),
+                };
+                program.parse_address(&line).with_context(|| {
+                    format!(
+                        "{name} did not print its address (got {line:?}; log: {})",
+                        log.display()
+                    )
+                })?
+            }
+            LighthouseProgram::Torchft => loop {
+                let text = std::fs::read_to_string(root().join(log)).unwrap_or_default();
+                // Complete lines only: a line still being written could
+                // show a cut port.
+                let mut lines = text
+                    .split_inclusive('\n')
+                    .filter(|line| line.ends_with('\n'));
+                if let Some(url) = lines.find_map(|line| program.parse_address(line)) {
+                    break url;
+                }
+                if let Some(status) = lighthouse.child.try_wait()? {
+                    bail!(
+                        "{name} exited before listening ({status}; log: {}){}",
+                        log.display(),
+                        log_tail(log)
+                    );
+                }
+                if Instant::now() >= deadline {
+                    bail!(
+                        "{name} logged no address within {LIGHTHOUSE_START_TIMEOUT:?} (log: {}){}",
+                        log.display(),
+                        log_tail(log)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            },
         };
-        lighthouse.url = parse_listening_line(&line).with_context(|| {
-            format!(
-                "ferry-lighthouse did not print its address (got {line:?}; log: {})",
-                log.display()
-            )
-        })?;
-        eprintln!("    ferry-lighthouse listening on {}", lighthouse.url);
+        lighthouse.url = url;
+        eprintln!("    {name} listening on {}", lighthouse.url);
         Ok(lighthouse)
     }
 
     /// Kills it, saying so if it had already exited (it should run until killed).
     fn stop(mut self) -> Result<()> {
+        let name = self.program.name();
         if let Ok(Some(status)) = self.child.try_wait() {
-            bail!("ferry-lighthouse exited during the bench ({status})");
+            bail!("{name} exited during the bench ({status})");
         }
         self.child
             .kill()
-            .context("killing ferry-lighthouse")
-            .and_then(|()| self.child.wait().context("waiting for ferry-lighthouse"))?;
+            .with_context(|| format!("killing {name}"))
+            .and_then(|()| {
+                self.child
+                    .wait()
+                    .with_context(|| format!("waiting for {name}"))
+            })?;
         Ok(())
     }
 }
 
-impl Drop for FerryLighthouse {
+impl Drop for LighthouseProcess {
     fn drop(&mut self) {
         // Already reaped after `stop`: then both calls fail harmlessly.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The URL in `ferry-lighthouse`'s first line,
-/// `ferry-lighthouse listening on http://ADDR`.
-fn parse_listening_line(line: &str) -> Option<String> {
-    let url = line.trim().strip_prefix("ferry-lighthouse listening on ")?;
-    (url.starts_with("http://") && url.len() > "http://".len()).then(|| url.to_string())
 }
 
 /// Runs `lighthouse_bench.py` with `args` in the `.venv` (its log, stderr,
@@ -1302,16 +1402,38 @@ mod tests {
 
     #[test]
     fn lighthouse_script_plumbing() {
+        let (ferry, torchft) = (LighthouseProgram::Ferry, LighthouseProgram::Torchft);
         assert_eq!(
-            parse_listening_line("ferry-lighthouse listening on http://127.0.0.1:41234\n"),
+            ferry.parse_address("ferry-lighthouse listening on http://127.0.0.1:41234\n"),
             Some("http://127.0.0.1:41234".to_string())
         );
-        assert_eq!(parse_listening_line("listening on http://x:1"), None);
+        assert_eq!(ferry.parse_address("listening on http://x:1"), None);
         assert_eq!(
-            parse_listening_line("ferry-lighthouse listening on http://"),
+            ferry.parse_address("ferry-lighthouse listening on http://"),
             None
         );
-        assert_eq!(parse_listening_line(""), None);
+        assert_eq!(ferry.parse_address(""), None);
+        // torchft_lighthouse's log line names the host, not the bound address.
+        assert_eq!(
+            torchft.parse_address(
+                "2026-11-21T03:49:32.054 [INFO] [torchft::lighthouse] - \
+                 Lighthouse listening on: http://vm:41101"
+            ),
+            Some("http://127.0.0.1:41101".to_string())
+        );
+        assert_eq!(
+            torchft.parse_address("[INFO] - Quorum status: New quorum not ready"),
+            None
+        );
+        assert_eq!(
+            torchft.parse_address("Lighthouse listening on: http://vm:0"),
+            None
+        );
+        assert_eq!(
+            torchft.parse_address("Lighthouse listening on: http://vm"),
+            None
+        );
+        assert!(torchft.binary().ends_with(".venv/bin/torchft_lighthouse"));
 
         let text = "noise\n{\"quorum\": {}, \"heartbeats_per_s\": 1.0}\n[1]\nmore noise\n";
         assert_eq!(
@@ -1332,10 +1454,16 @@ mod tests {
         assert!(lighthouse_script_args(&quick)
             .join(" ")
             .ends_with("--rounds 3 --hb-clients 8 --hb-seconds 1"));
-        // ferry-lighthouse gets what the script gives torchft's server.
+        // Both programs get what the script would give torchft's in-process server.
         assert_eq!(
-            LIGHTHOUSE_OPTIONS.join(" "),
-            "--min_replicas 1 --join_timeout_ms 50 --quorum_tick_ms 10 --heartbeat_timeout_ms 60000"
+            ferry.command_line(),
+            "ferry-lighthouse --bind 127.0.0.1:0 --min_replicas 1 --join_timeout_ms 50 \
+             --quorum_tick_ms 10 --heartbeat_timeout_ms 60000"
+        );
+        assert_eq!(
+            torchft.command_line(),
+            "torchft_lighthouse --bind 127.0.0.1:0 --min_replicas 1 --join_timeout_ms 50 \
+             --quorum_tick_ms 10 --heartbeat_timeout_ms 60000"
         );
     }
 }

@@ -6,31 +6,45 @@
 //! `quorum_tick`, and each delivered quorum is broadcast to the waiting
 //! requests; a request whose replica is not in the delivered quorum joins
 //! the next round and keeps waiting, as torchft's server does.
+//!
+//! A delivered quorum is shared, not copied: the state keeps it behind an
+//! `Arc`, its `LighthouseQuorumResponse` is encoded once, and each waiting
+//! request sends those bytes. That is why the service's dispatch is written
+//! here ([`LighthouseGrpc`]) rather than generated: tonic's gRPC machinery
+//! all the same, with a codec that writes the encoded response as it is.
+//! Log lines are written after the state's lock is let go of.
 
+use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse};
 use axum::routing::{get, post};
+use prost::bytes::BufMut;
 use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
+use tonic::codec::{Codec, EncodeBuf, Encoder, ProstCodec};
+use tonic::codegen::{http, Body, BoxFuture, Bytes, Service, StdError};
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info, info_span, warn, Instrument};
 
 use super::dashboard::render_page;
+use super::state::TickLog;
 use super::status::{KillOutcome, LighthouseStatus};
 use super::{LighthouseOptions, LighthouseState};
 use crate::grpc::{endpoint, error_chain, request_timeout};
-use crate::proto::lighthouse_service_server::{LighthouseService, LighthouseServiceServer};
+use crate::proto::lighthouse_service_server::SERVICE_NAME;
 use crate::proto::manager_service_client::ManagerServiceClient;
 use crate::proto::{
     KillRequest, LighthouseHeartbeatRequest, LighthouseHeartbeatResponse, LighthouseQuorumRequest,
@@ -141,11 +155,10 @@ impl Lighthouse {
             run_ticks(Arc::clone(&shared), shutdown_rx.clone()).instrument(span.clone()),
         );
 
-        let routes = Routes::from(dashboard_router(Arc::clone(&shared))).add_service(
-            LighthouseServiceServer::new(GrpcService {
+        let routes =
+            Routes::from(dashboard_router(Arc::clone(&shared))).add_service(LighthouseGrpc {
                 shared: Arc::clone(&shared),
-            }),
-        );
+            });
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut stop = shutdown_rx;
         let signal = async move {
@@ -269,7 +282,7 @@ struct Shared {
     opt: LighthouseOptions,
     state: Mutex<LighthouseState>,
     /// Every delivered quorum, to the waiting quorum requests.
-    quorums: broadcast::Sender<Arc<Quorum>>,
+    quorums: broadcast::Sender<Arc<Delivered>>,
     /// Bumped on every change, for [`Lighthouse::wait_for_status`].
     changes: watch::Sender<u64>,
     shutdown: watch::Receiver<bool>,
@@ -283,22 +296,32 @@ impl Shared {
     }
 
     fn touch(&self) {
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        // Without a `wait_for_status` running there is nothing to wake, and
+        // nothing is missed: a waiter subscribes before it first reads the
+        // state, so it reads every earlier change and is woken for later ones.
+        if self.changes.receiver_count() > 0 {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
-    /// Ticks the state and broadcasts the quorum it delivers, if any.
-    fn tick_locked(&self, state: &mut LighthouseState) {
-        if let Some(quorum) = state.tick_created(Instant::now(), SystemTime::now(), &self.opt) {
+    /// Ticks the state and broadcasts the quorum it delivers, if any,
+    /// encoded once for all its waiting requests. Returns the tick's log
+    /// lines, for the caller to write once it has let go of the lock.
+    fn tick_locked(&self, state: &mut LighthouseState) -> TickLog {
+        let tick = state.tick_quiet(Instant::now(), Some(SystemTime::now()), &self.opt);
+        if let Some(quorum) = tick.quorum {
             // No receiver means nobody is waiting: nothing to deliver to.
-            let _ = self.quorums.send(Arc::new(quorum));
+            let _ = self.quorums.send(Arc::new(Delivered::new(quorum)));
         }
+        tick.log
     }
 
     fn tick(&self) {
-        {
+        let log = {
             let mut state = self.lock();
-            self.tick_locked(&mut state);
-        }
+            self.tick_locked(&mut state)
+        };
+        log.emit();
         self.touch();
     }
 
@@ -336,17 +359,19 @@ impl Shared {
             .map(|member| member.address.clone())
     }
 
-    /// Joins `requester` and waits for a quorum that includes it.
-    async fn quorum(&self, requester: QuorumMember) -> Result<LighthouseQuorumResponse, Status> {
-        let mut quorums = {
+    /// Joins `requester` and waits for a quorum that includes it; returns
+    /// that quorum's encoded `LighthouseQuorumResponse`.
+    async fn quorum(&self, requester: QuorumMember) -> Result<Bytes, Status> {
+        let (mut quorums, log) = {
             let mut state = self.lock();
             state.join(Instant::now(), requester.clone());
             // Subscribe before ticking, so the quorum this tick may deliver
             // reaches this request too.
             let quorums = self.quorums.subscribe();
-            self.tick_locked(&mut state);
-            quorums
+            let log = self.tick_locked(&mut state);
+            (quorums, log)
         };
+        log.emit();
         self.touch();
 
         let mut shutdown = self.shutdown.clone();
@@ -368,28 +393,22 @@ impl Shared {
                 }
             };
 
-            if quorum
-                .participants
-                .iter()
-                .any(|member| member.replica_id == requester.replica_id)
-            {
-                info!(
-                    quorum_id = quorum.quorum_id,
-                    participants = quorum.participants.len(),
+            if quorum.includes(&requester.replica_id) {
+                debug!(
+                    quorum_id = quorum.quorum.quorum_id,
+                    participants = quorum.quorum.participants.len(),
                     "Replica {} got its quorum",
                     requester.replica_id
                 );
-                return Ok(LighthouseQuorumResponse {
-                    quorum: Some(Quorum::clone(&quorum)),
-                });
+                return Ok(quorum.response.clone());
             }
 
             // Left out (e.g. a newcomer during shrink_only): join the next
             // round and keep waiting, as torchft does.
             self.lock().join(Instant::now(), requester.clone());
             self.touch();
-            info!(
-                quorum_id = quorum.quorum_id,
+            debug!(
+                quorum_id = quorum.quorum.quorum_id,
                 "Replica {} not in quorum, retrying", requester.replica_id
             );
         }
@@ -450,49 +469,176 @@ async fn run_ticks(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// `torchft.LighthouseService` over the shared state.
-struct GrpcService {
+/// A delivered quorum, as every waiting request gets it.
+#[derive(Debug)]
+struct Delivered {
+    /// The quorum, shared with the state (its previous quorum).
+    quorum: Arc<Quorum>,
+    /// Its `LighthouseQuorumResponse`, encoded once.
+    response: Bytes,
+}
+
+impl Delivered {
+    fn new(quorum: Arc<Quorum>) -> Self {
+        let response = encode_quorum_response(&quorum);
+        Self { quorum, response }
+    }
+
+    /// Whether `replica_id` is a member (the members are sorted by replica
+    /// id, as the state delivers them).
+    fn includes(&self, replica_id: &str) -> bool {
+        self.quorum
+            .participants
+            .binary_search_by(|member| member.replica_id.as_str().cmp(replica_id))
+            .is_ok()
+    }
+}
+
+/// `LighthouseQuorumResponse { quorum: Some(quorum) }`, encoded, without
+/// copying the quorum: its only field, `quorum = 1`, is the quorum as an
+/// embedded message.
+fn encode_quorum_response(quorum: &Quorum) -> Bytes {
+    const QUORUM_FIELD: u32 = 1;
+    let mut buf = Vec::with_capacity(prost::encoding::message::encoded_len(QUORUM_FIELD, quorum));
+    prost::encoding::message::encode(QUORUM_FIELD, quorum, &mut buf);
+    Bytes::from(buf)
+}
+
+/// gRPC path of `torchft.LighthouseService/Quorum`.
+const QUORUM_PATH: &str = "/torchft.LighthouseService/Quorum";
+/// gRPC path of `torchft.LighthouseService/Heartbeat`.
+const HEARTBEAT_PATH: &str = "/torchft.LighthouseService/Heartbeat";
+
+/// `torchft.LighthouseService` over the shared state: the dispatch tonic
+/// generates for `LighthouseServiceServer`, with `Quorum` answered by
+/// [`EncodedQuorumCodec`] (the response bytes of the delivered quorum, as
+/// they are) and `Heartbeat` by prost's codec. Compression and message
+/// sizes are tonic's defaults, as the generated server's.
+#[derive(Clone)]
+struct LighthouseGrpc {
     shared: Arc<Shared>,
 }
 
-#[tonic::async_trait]
-impl LighthouseService for GrpcService {
-    async fn quorum(
-        &self,
-        request: Request<LighthouseQuorumRequest>,
-    ) -> Result<Response<LighthouseQuorumResponse>, Status> {
-        let timeout = request_timeout(request.metadata()).map_err(Status::invalid_argument)?;
-        let requester = request
-            .into_inner()
-            .requester
-            .ok_or_else(|| Status::invalid_argument("missing requester"))?;
-        let span = info_span!(
-            "quorum",
-            lighthouse = %self.shared.local_addr,
-            replica_id = %requester.replica_id,
-        );
-        async {
-            info!(
-                step = requester.step,
-                timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                "Received quorum request for replica {}",
-                requester.replica_id
-            );
-            self.shared.quorum(requester).await.map(Response::new)
-        }
-        .instrument(span)
-        .await
+impl NamedService for LighthouseGrpc {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+impl<B> Service<http::Request<B>> for LighthouseGrpc
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
-    async fn heartbeat(
-        &self,
-        request: Request<LighthouseHeartbeatRequest>,
-    ) -> Result<Response<LighthouseHeartbeatResponse>, Status> {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        match request.uri().path() {
+            QUORUM_PATH => Box::pin(async move {
+                let mut grpc = Grpc::new(EncodedQuorumCodec);
+                Ok(grpc.unary(QuorumMethod(shared), request).await)
+            }),
+            HEARTBEAT_PATH => Box::pin(async move {
+                let mut grpc = Grpc::new(ProstCodec::<
+                    LighthouseHeartbeatResponse,
+                    LighthouseHeartbeatRequest,
+                >::default());
+                Ok(grpc.unary(HeartbeatMethod(shared), request).await)
+            }),
+            _ => Box::pin(async { Ok(Status::unimplemented("").into_http()) }),
+        }
+    }
+}
+
+/// `Quorum`: checks the deadline, joins and waits ([`Shared::quorum`]).
+struct QuorumMethod(Arc<Shared>);
+
+impl UnaryService<LighthouseQuorumRequest> for QuorumMethod {
+    type Response = Bytes;
+    type Future = BoxFuture<Response<Bytes>, Status>;
+
+    fn call(&mut self, request: Request<LighthouseQuorumRequest>) -> Self::Future {
+        let shared = Arc::clone(&self.0);
+        Box::pin(async move {
+            let timeout = request_timeout(request.metadata()).map_err(Status::invalid_argument)?;
+            let requester = request
+                .into_inner()
+                .requester
+                .ok_or_else(|| Status::invalid_argument("missing requester"))?;
+            let span = debug_span!(
+                "quorum",
+                lighthouse = %shared.local_addr,
+                replica_id = %requester.replica_id,
+            );
+            async {
+                debug!(
+                    step = requester.step,
+                    timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    "Received quorum request for replica {}",
+                    requester.replica_id
+                );
+                shared.quorum(requester).await.map(Response::new)
+            }
+            .instrument(span)
+            .await
+        })
+    }
+}
+
+/// `Heartbeat`: records it.
+struct HeartbeatMethod(Arc<Shared>);
+
+impl UnaryService<LighthouseHeartbeatRequest> for HeartbeatMethod {
+    type Response = LighthouseHeartbeatResponse;
+    type Future = std::future::Ready<Result<Response<LighthouseHeartbeatResponse>, Status>>;
+
+    fn call(&mut self, request: Request<LighthouseHeartbeatRequest>) -> Self::Future {
         let replica_id = request.into_inner().replica_id;
-        tracing::trace!(lighthouse = %self.shared.local_addr, %replica_id, "heartbeat");
-        self.shared.lock().heartbeat(Instant::now(), replica_id);
-        self.shared.touch();
-        Ok(Response::new(LighthouseHeartbeatResponse {}))
+        tracing::trace!(lighthouse = %self.0.local_addr, %replica_id, "heartbeat");
+        self.0.lock().heartbeat(Instant::now(), replica_id);
+        self.0.touch();
+        std::future::ready(Ok(Response::new(LighthouseHeartbeatResponse {})))
+    }
+}
+
+/// The codec of `Quorum`: requests decoded by prost, responses written as
+/// the bytes [`Delivered`] encoded once.
+struct EncodedQuorumCodec;
+
+/// prost's decoder of quorum requests.
+type QuorumRequestDecoder =
+    <ProstCodec<LighthouseQuorumResponse, LighthouseQuorumRequest> as Codec>::Decoder;
+
+impl Codec for EncodedQuorumCodec {
+    type Encode = Bytes;
+    type Decode = LighthouseQuorumRequest;
+    type Encoder = EncodedEncoder;
+    type Decoder = QuorumRequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        EncodedEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstCodec::<LighthouseQuorumResponse, LighthouseQuorumRequest>::default().decoder()
+    }
+}
+
+/// Writes an encoded message as it is.
+struct EncodedEncoder;
+
+impl Encoder for EncodedEncoder {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
     }
 }
 
@@ -623,5 +769,45 @@ fn json_response(code: StatusCode, value: &impl serde::Serialize) -> axum::respo
             format!("cannot encode the answer: {error}"),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    fn member(id: &str) -> QuorumMember {
+        QuorumMember {
+            replica_id: id.to_owned(),
+            address: format!("http://{id}:1"),
+            store_address: format!("{id}:2"),
+            step: 7,
+            world_size: 2,
+            data: "d".to_owned(),
+            commit_failures: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn delivered_response_is_the_generated_encoding() {
+        let quorum = Quorum {
+            quorum_id: 3,
+            participants: vec![member("a"), member("b"), member("c")],
+            created: Some(SystemTime::UNIX_EPOCH.into()),
+        };
+        let delivered = Delivered::new(Arc::new(quorum.clone()));
+        let expected = LighthouseQuorumResponse {
+            quorum: Some(quorum.clone()),
+        }
+        .encode_to_vec();
+        assert_eq!(delivered.response.as_ref(), expected.as_slice());
+        let decoded = LighthouseQuorumResponse::decode(delivered.response.clone()).unwrap();
+        assert_eq!(decoded.quorum, Some(quorum));
+
+        assert!(delivered.includes("a") && delivered.includes("b") && delivered.includes("c"));
+        assert!(!delivered.includes("") && !delivered.includes("bb") && !delivered.includes("d"));
     }
 }

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::{quorum_compute, LighthouseOptions, LighthouseState};
+use super::quorum::Decision;
+use super::{LighthouseOptions, LighthouseState};
 use crate::proto::QuorumMember;
 
 /// A snapshot of the lighthouse, as the dashboard shows it and `GET /status`
@@ -17,9 +18,11 @@ use crate::proto::QuorumMember;
 pub struct LighthouseStatus {
     /// The id of the last quorum delivered (0 before the first).
     pub quorum_id: i64,
-    /// Whether [`quorum_compute`] would deliver the next quorum now.
+    /// Whether [`quorum_compute`](super::quorum_compute) would deliver the
+    /// next quorum now.
     pub next_quorum_ready: bool,
-    /// [`quorum_compute`]'s reason: why the next quorum is or is not ready.
+    /// [`quorum_compute`](super::quorum_compute)'s reason: why the next
+    /// quorum is or is not ready.
     pub quorum_status: String,
     /// The highest step in the previous quorum, `-1` without one.
     pub max_step: i64,
@@ -134,7 +137,8 @@ impl LighthouseStatus {
         state: &LighthouseState,
         opt: &LighthouseOptions,
     ) -> Self {
-        let (ready, quorum_status) = quorum_compute(now, state, opt);
+        let decision = Decision::new(now, state, opt);
+        let (ready, quorum_status) = (decision.ready(), decision.reason(opt));
         let heartbeat_age = |replica_id: &str| {
             state
                 .heartbeats()
@@ -219,7 +223,7 @@ impl LighthouseStatus {
 
         Self {
             quorum_id: state.quorum_id(),
-            next_quorum_ready: ready.is_some(),
+            next_quorum_ready: ready,
             quorum_status,
             max_step: prev_quorum.as_ref().map_or(-1, |q| q.max_step),
             num_participants: prev_quorum
