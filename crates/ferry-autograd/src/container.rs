@@ -214,7 +214,13 @@ impl DistAutogradContainer {
         self.changed.notify_all();
         let Some(ctx) = ctx else { return };
         let known: Vec<u32> = ctx.state.lock().known_workers.iter().copied().collect();
-        drop(ctx);
+        // Freeing a context's graph and gradients (megabytes handed back to
+        // the OS) is left to a task: a release that rides on a call must
+        // not delay that call.
+        match self.agent() {
+            Ok(agent) => agent.spawn(async move { drop(ctx) }),
+            Err(_) => drop(ctx),
+        }
         let me = self.worker_id();
         let mut queued = false;
         {
