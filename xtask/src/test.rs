@@ -3,7 +3,8 @@
 use anyhow::{Context, Result};
 
 use crate::setup::{
-    ensure_cargo_tool, ensure_debian_package, ensure_venv, has_cargo_tool, with_libtorch,
+    ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
+    with_libtorch,
 };
 use crate::steps::{cargo, run, Steps};
 
@@ -54,6 +55,12 @@ pub(crate) fn main() -> Result<()> {
     steps.step_with("setup: chromium (Debian)", || {
         ensure_debian_package("chromium", "/usr/bin/chromium")
     })?;
+    // torchft 0.2.0's own clients and managers talk to Ferry's lighthouse
+    // and managers in ferry-ft's interop tests.
+    steps.step_with("setup: .venv (torch, torchft)", || {
+        ensure_venv()?;
+        ensure_torchft()
+    })?;
     steps.step("fmt", || {
         run(&mut cargo(&["fmt", "--all", "--", "--check"]))
             .context("code is not formatted: run `cargo fmt --all`")
@@ -82,7 +89,6 @@ pub(crate) fn main() -> Result<()> {
         })?;
     }
     // The libtorch crates, built against the .venv's PyTorch.
-    steps.step_with("setup: .venv (torch for libtorch)", ensure_venv)?;
     steps.step("clippy (libtorch crates)", || {
         run(with_libtorch(&mut cargo(&libtorch_args(
             &["clippy"],
