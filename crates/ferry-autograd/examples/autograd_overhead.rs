@@ -41,7 +41,6 @@
 //! `cargo run --release -p ferry-autograd --example autograd_overhead -- --quick`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
@@ -440,72 +439,10 @@ fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
     result
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Starts ranks 0 and 1 as copies of this executable (same arguments,
-/// `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` set) and waits for
-/// both; if one fails, the other is killed.
-fn launch(part: &Path) -> Result<()> {
-    let port = free_port()?;
-    let exe = std::env::current_exe()?;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut children: Vec<(u32, Child)> = Vec::new();
-    for rank in 0..2u32 {
-        let child = Command::new(&exe)
-            .args(&args)
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "2")
-            .env(PART_ENV, part)
-            .spawn();
-        match child {
-            Ok(ch) => children.push((rank, ch)),
-            Err(e) => {
-                for (_, mut ch) in children {
-                    let _ = ch.kill();
-                    let _ = ch.wait();
-                }
-                return Err(format!("cannot start worker {rank}: {e}").into());
-            }
-        }
-    }
-    let mut failed = Vec::new();
-    while !children.is_empty() {
-        let mut running = Vec::new();
-        for (rank, mut ch) in children {
-            match ch.try_wait()? {
-                Some(status) if !status.success() => failed.push(rank),
-                Some(_) => {}
-                None => running.push((rank, ch)),
-            }
-        }
-        children = running;
-        if !failed.is_empty() {
-            for (_, ch) in &mut children {
-                let _ = ch.kill();
-                let _ = ch.wait();
-            }
-            return Err(format!("workers {failed:?} failed").into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-fn main() -> Result<()> {
-    let c = config()?;
-    if let Ok(rank) = std::env::var("RANK") {
-        let rank: u32 = rank.parse().map_err(|_| format!("RANK={rank:?}"))?;
-        let part = std::env::var_os(PART_ENV).ok_or(format!("{PART_ENV} is not set"))?;
-        return worker(rank, &c, Path::new(&part));
-    }
-    let t0 = Instant::now();
-    let part = match &c.out {
+/// Where rank 0 writes its results for the launcher: next to `--out`, or
+/// in the temporary directory.
+fn part_path(c: &Config) -> Result<PathBuf> {
+    Ok(match &c.out {
         Some(out) => {
             if let Some(dir) = Path::new(out).parent() {
                 std::fs::create_dir_all(dir)?;
@@ -516,9 +453,23 @@ fn main() -> Result<()> {
             "ferry_autograd_overhead.{}.json.part",
             std::process::id()
         )),
-    };
-    let _ = std::fs::remove_file(&part);
-    launch(&part)?;
+    })
+}
+
+fn main() -> Result<()> {
+    let c = config()?;
+    let t0 = Instant::now();
+    if std::env::var_os("RANK").is_none() {
+        // The launcher: the workers inherit where rank 0 writes its part.
+        let part = part_path(&c)?;
+        let _ = std::fs::remove_file(&part);
+        std::env::set_var(PART_ENV, &part);
+    }
+    let part = PathBuf::from(std::env::var_os(PART_ENV).ok_or(format!("{PART_ENV} is not set"))?);
+    // Ranks 0 and 1 are copies of this executable (ferry's local launcher).
+    if let ferry::launch::Role::Worker { rank, .. } = ferry::launch::local(2)? {
+        return worker(rank, &c, &part);
+    }
     let result: Value = serde_json::from_slice(&std::fs::read(&part)?)?;
     std::fs::remove_file(&part)?;
     let mut value = json!({
