@@ -8,7 +8,7 @@
 //! own process, both driven by the peer's `lighthouse_bench.py` through
 //! torchft's own client).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -599,10 +599,10 @@ struct LighthouseProcess {
 }
 
 impl LighthouseProcess {
-    /// Starts `program` with [`LighthouseProgram::args`], its log (stderr)
-    /// going to `log` (relative to the repository root), and waits for the
-    /// address it tells: on stdout for `ferry-lighthouse`, in its log for
-    /// `torchft_lighthouse`.
+    /// Starts `program` with [`LighthouseProgram::args`], its output (both
+    /// streams) going to `log` (relative to the repository root), and waits
+    /// for the address it tells: on stdout for `ferry-lighthouse`, in its
+    /// log on stderr for `torchft_lighthouse`.
     fn start(program: LighthouseProgram, log: &Path) -> Result<Self> {
         let name = program.name();
         let binary = program.binary();
@@ -614,7 +614,7 @@ impl LighthouseProcess {
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log_file);
+            .stderr(Stdio::piped());
         eprintln!(
             "    $ {} {}  (log: {})",
             binary.display(),
@@ -624,76 +624,64 @@ impl LighthouseProcess {
         let mut child = c
             .spawn()
             .with_context(|| format!("could not start {}", binary.display()))?;
-        let stdout = child
-            .stdout
-            .take()
-            .with_context(|| format!("{name}'s stdout"))?;
-        let mut lighthouse = LighthouseProcess {
+        // One thread per stream copies its lines to the log and sends the
+        // address once a complete line tells it. When both streams end (the
+        // program exited) the channel disconnects.
+        let (tx, rx) = mpsc::channel();
+        let streams: [Box<dyn Read + Send>; 2] = [
+            Box::new(
+                child
+                    .stdout
+                    .take()
+                    .with_context(|| format!("{name}'s stdout"))?,
+            ),
+            Box::new(
+                child
+                    .stderr
+                    .take()
+                    .with_context(|| format!("{name}'s stderr"))?,
+            ),
+        ];
+        for stream in streams {
+            let tx = tx.clone();
+            let mut log_file = log_file.try_clone().context("the lighthouse log")?;
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = writeln!(log_file, "{line}");
+                    if let Some(url) = program.parse_address(&line) {
+                        let _ = tx.send(url);
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let url = match rx.recv_timeout(LIGHTHOUSE_START_TIMEOUT) {
+            Ok(url) => url,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "{name} told no address within {LIGHTHOUSE_START_TIMEOUT:?} (log: {}){}",
+                    log.display(),
+                    log_tail(log)
+                )
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().context("waiting for the lighthouse")?;
+                bail!(
+                    "{name} exited before listening ({status}; log: {}){}",
+                    log.display(),
+                    log_tail(log)
+                )
+            }
+        };
+        eprintln!("    {name} listening on {url}");
+        Ok(LighthouseProcess {
             program,
             child,
-            url: String::new(),
-        };
-        // Read stdout on a thread, so a silent lighthouse cannot hang the
-        // bench: its first line goes back, the rest is drained until the
-        // process ends.
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let first = reader.read_line(&mut line).map(|_| line);
-            let _ = tx.send(first);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let deadline = Instant::now() + LIGHTHOUSE_START_TIMEOUT;
-        let url = match program {
-            LighthouseProgram::Ferry => {
-                let line = match rx.recv_timeout(LIGHTHOUSE_START_TIMEOUT) {
-                    Ok(Ok(line)) => line,
-                    Ok(Err(e)) => {
-                        return Err(e).with_context(|| format!("reading {name}'s stdout"))
-                    }
-                    Err(_) => bail!(
-                        "{name} printed no address within {LIGHTHOUSE_START_TIMEOUT:?} (log: {})",
-                        log.display()
-                    ),
-                };
-                program.parse_address(&line).with_context(|| {
-                    format!(
-                        "{name} did not print its address (got {line:?}; log: {})",
-                        log.display()
-                    )
-                })?
-            }
-            LighthouseProgram::Torchft => loop {
-                let text = std::fs::read_to_string(root().join(log)).unwrap_or_default();
-                // Complete lines only: a line still being written could
-                // show a cut port.
-                let mut lines = text
-                    .split_inclusive('\n')
-                    .filter(|line| line.ends_with('\n'));
-                if let Some(url) = lines.find_map(|line| program.parse_address(line)) {
-                    break url;
-                }
-                if let Some(status) = lighthouse.child.try_wait()? {
-                    bail!(
-                        "{name} exited before listening ({status}; log: {}){}",
-                        log.display(),
-                        log_tail(log)
-                    );
-                }
-                if Instant::now() >= deadline {
-                    bail!(
-                        "{name} logged no address within {LIGHTHOUSE_START_TIMEOUT:?} (log: {}){}",
-                        log.display(),
-                        log_tail(log)
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            },
-        };
-        lighthouse.url = url;
-        eprintln!("    {name} listening on {}", lighthouse.url);
-        Ok(lighthouse)
+            url,
+        })
     }
 
     /// Kills it, saying so if it had already exited (it should run until killed).
@@ -778,26 +766,21 @@ fn log_tail(log: &Path) -> String {
 fn run_bounded(c: &mut Command, limit: Duration) -> Result<String> {
     let mut child = c.spawn().context("could not start the command")?;
     let mut stdout = child.stdout.take().context("the command's stdout")?;
-    let reader = std::thread::spawn(move || {
+    // Its stdout ends when it exits: the reader's message is the wait.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
         let mut text = String::new();
-        stdout.read_to_string(&mut text).map(|_| text)
+        let _ = tx.send(stdout.read_to_string(&mut text).map(|_| text));
     });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().context("waiting for the command")? {
-            break status;
-        }
-        if Instant::now() >= deadline {
+    let text = match rx.recv_timeout(limit) {
+        Ok(text) => text.context("reading the command's stdout")?,
+        Err(_) => {
             let _ = child.kill();
             let _ = child.wait();
             bail!("still running after {limit:?}: killed");
         }
-        std::thread::sleep(Duration::from_millis(50));
     };
-    let text = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("the stdout reader panicked"))?
-        .context("reading the command's stdout")?;
+    let status = child.wait().context("waiting for the command")?;
     if !status.success() {
         bail!("exited with {status}");
     }
