@@ -252,15 +252,9 @@ impl DistAutogradContainer {
         }
     }
 
-    /// Runs `f` with context `ctx` current on this thread (a user context).
-    pub(crate) fn enter_user(self: &Arc<Self>, ctx: &Context) -> Result<Entered, AutogradError> {
-        if let Some(existing) = current_id() {
-            return Err(AutogradError::NestedContext { existing });
-        }
-        Ok(self.enter(ctx.id, None))
-    }
-
-    fn enter(self: &Arc<Self>, id: u64, from: Option<u32>) -> Entered {
+    /// Makes context `id` current on this thread (`from`: the caller that
+    /// brought it, for a call's context) until the guard drops.
+    pub(crate) fn enter(self: &Arc<Self>, id: u64, from: Option<u32>) -> Entered {
         let previous = CURRENT.with(|c| {
             c.borrow_mut().replace(Current {
                 id,

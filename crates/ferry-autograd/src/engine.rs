@@ -15,8 +15,6 @@
 //! backward is over. Unless the caller retains it, the root's part is then
 //! released at once and the other workers' parts with the context.
 
-use std::collections::BTreeSet;
-
 use ferry_rpc::Agent;
 use ferry_wire::payload;
 use tch::Tensor;
@@ -24,7 +22,7 @@ use tch::Tensor;
 use crate::container::DistAutogradContainer;
 use crate::context::Context;
 use crate::engine_shim::{grad, leaves, tensor_id};
-use crate::message::{decode_participants, AutogradMessage, AUTOGRAD_SERVICE};
+use crate::message::{AutogradMessage, AUTOGRAD_SERVICE};
 use crate::AutogradError;
 
 /// A gradient to send back: (sender's rank, message id, gradient).
@@ -46,14 +44,10 @@ fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Out
     Ok(out)
 }
 
-/// Sends each gradient to its worker and waits for all of their parts;
-/// returns every worker that took part. The first error wins, after all
+/// Sends each gradient to its worker and waits until all of their parts
+/// (and the parts those cause) are done. The first error wins, after all
 /// replies are in.
-fn propagate(
-    agent: &Agent,
-    context_id: u64,
-    outgoing: Vec<Outgoing>,
-) -> Result<BTreeSet<u32>, AutogradError> {
+fn propagate(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Result<(), AutogradError> {
     let timeout = agent.rpc_timeout();
     let calls: Vec<_> = outgoing
         .into_iter()
@@ -72,34 +66,21 @@ fn propagate(
             (to, call)
         })
         .collect();
-    let mut participants = BTreeSet::new();
     let mut first_error = None;
     for (to, call) in calls {
-        let worker = agent
-            .get_worker_info(to)
-            .map(|w| w.name)
-            .unwrap_or_else(|_| format!("rank {to}"));
-        let result = call.and_then(|c| {
-            c.wait()
-                .map_err(|e| AutogradError::from_remote(&worker, e))
-                .and_then(|reply| {
-                    decode_participants(reply).map_err(|message| AutogradError::Remote {
-                        worker: worker.clone(),
-                        message,
-                    })
-                })
-        });
-        match result {
-            Ok(p) => participants.extend(p),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+        if let Err(e) = call.and_then(|c| {
+            c.wait().map(drop).map_err(|e| {
+                let worker = agent
+                    .get_worker_info(to)
+                    .map(|w| w.name)
+                    .unwrap_or_else(|_| format!("rank {to}"));
+                AutogradError::from_remote(&worker, e)
+            })
+        }) {
+            first_error.get_or_insert(e);
         }
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(participants),
-    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// The root's `backward`: a pass from `roots` (seeded with ones), then
@@ -155,7 +136,7 @@ pub(crate) fn on_propagate(
     context_id: u64,
     message_id: u64,
     grad: Tensor,
-) -> Result<BTreeSet<u32>, AutogradError> {
+) -> Result<(), AutogradError> {
     let agent = container.agent()?;
     let ctx = container.get(context_id)?;
     let sent = {
@@ -175,9 +156,7 @@ pub(crate) fn on_propagate(
         worker: container.worker_name(),
         message,
     })?;
-    let mut participants = propagate(&agent, context_id, outgoing)?;
-    participants.insert(container.worker_id());
-    Ok(participants)
+    propagate(&agent, context_id, outgoing)
 }
 
 /// Frees the recorded graph of `ctx` (the tensors the send and recv

@@ -28,7 +28,7 @@ impl ContextGuard {
             return Err(AutogradError::NestedContext { existing });
         }
         let ctx = container.new_context();
-        let entered = container.enter_user(&ctx)?;
+        let entered = container.enter(ctx.id, None);
         Ok(ContextGuard {
             ctx,
             container,

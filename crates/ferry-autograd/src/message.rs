@@ -1,7 +1,6 @@
 //! The autograd service: what workers send each other during backward and
 //! clean-up, and the handler that serves it.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,8 +30,7 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) enum AutogradMessage {
     /// The gradient of a tensor this worker sent (PyTorch's
     /// `PropagateGradientsReq`): run the send function's part of backward
-    /// here and further on. Replied to once all of it finished, with the
-    /// workers that took part.
+    /// here and further on. Replied to once all of it finished.
     Propagate {
         context_id: u64,
         message_id: u64,
@@ -113,11 +111,11 @@ impl Service for AutogradService {
                     // The pass runs libtorch and waits for the passes it
                     // causes: take this runtime thread out of the scheduler
                     // for it rather than hopping to another thread.
-                    let participants = tokio::task::block_in_place(|| {
+                    tokio::task::block_in_place(|| {
                         engine::on_propagate(&container, context_id, message_id, grad.into_inner())
                     })
                     .map_err(|e| e.to_string())?;
-                    payload::encode(&participants).map_err(|e| e.to_string())
+                    payload::encode(&()).map_err(|e| e.to_string())
                 }
                 AutogradMessage::ReleaseContexts { context_ids } => {
                     for id in context_ids {
@@ -128,9 +126,4 @@ impl Service for AutogradService {
             }
         })
     }
-}
-
-/// Decodes the reply of a `Propagate`.
-pub(crate) fn decode_participants(reply: IncomingMessage) -> Result<BTreeSet<u32>, String> {
-    payload::decode(&reply.payload, reply.tensors).map_err(|e| e.to_string())
 }

@@ -9,8 +9,9 @@ use crate::TchError;
 /// A tensor on its way out: a handle on the tensor (keeping its storage
 /// alive until the channel is done) and the span of bytes that travels.
 pub(crate) struct Outgoing {
-    /// Shares the sender's storage; never written through.
-    tensor: tch::Tensor,
+    /// Keeps the storage `ptr` points into alive; never read or written
+    /// through.
+    _tensor: tch::Tensor,
     descriptor: TensorDescriptor,
     ptr: *const u8,
 }
@@ -59,7 +60,7 @@ impl Outgoing {
         let tensor = tensor.shallow_clone();
         let ptr = tensor.data_ptr() as *const u8;
         Ok(Outgoing {
-            tensor,
+            _tensor: tensor,
             descriptor,
             ptr,
         })
@@ -75,10 +76,9 @@ impl OutgoingTensor for Outgoing {
         if self.descriptor.byte_len == 0 {
             return &[];
         }
-        let _ = &self.tensor;
         // SAFETY: `ptr` is the data pointer of the view's first element and
         // the descriptor's span (computed from the view's sizes and strides)
-        // lies inside the storage `self.tensor` keeps alive.
+        // lies inside the storage `self._tensor` keeps alive.
         unsafe { std::slice::from_raw_parts(self.ptr, self.descriptor.byte_len as usize) }
     }
 }
