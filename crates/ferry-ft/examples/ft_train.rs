@@ -7,7 +7,8 @@
 //! 2. three replica groups start, each a separate OS process running this
 //!    example in replica mode (`ft_train replica --index I ...`) with its
 //!    own [`Manager`] (world size 1), [`ManagerClient`],
-//!    [`CheckpointServer`], rendezvous [`StoreServer`] and [`ProcessGroup`];
+//!    [`CheckpointServer`], rendezvous store ([`TcpStoreServer`]) and
+//!    [`ProcessGroup`];
 //!    they train a linear regression (parameters and SGD momentum in
 //!    `Vec<f32>`, synthetic data drawn from the step and the replica rank)
 //!    with torchft's loop: quorum → heal if told (fetch the state from the
@@ -28,17 +29,19 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use ferry_ft::collective::{ProcessGroup, ProcessGroupOptions, StoreServer};
+use ferry_ft::collective::{ProcessGroup, ProcessGroupOptions};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
 use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions};
 use ferry_ft::recovery::{
     fetch_checkpoint, CheckpointServer, CheckpointServerOptions, CheckpointState, FetchOptions,
 };
+use ferry_rpc::store::TcpStoreServer;
 use ferry_transport::RawTensor;
 use tracing::{info, info_span, warn, Instrument};
 
@@ -180,6 +183,9 @@ impl Model {
 // ------------------------------------------------------------------------
 // Replica mode: one replica group.
 
+/// Back-off before asking for a quorum again after a failed request.
+const QUORUM_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// A replica group's settings (`ft_train replica ...`).
 #[derive(Debug, Clone)]
 pub(crate) struct ReplicaArgs {
@@ -189,10 +195,12 @@ pub(crate) struct ReplicaArgs {
     pub(crate) lighthouse: String,
     /// Train until this many steps are committed.
     pub(crate) steps: i64,
+    /// Then go on until a step is committed by this many replica groups
+    /// (0: stop at `steps`): every group ends at the same step, whoever was
+    /// down on the way.
+    pub(crate) until_groups: u64,
     /// Fewest replica groups a step may be committed with.
     pub(crate) min_replicas: u64,
-    /// Simulated compute per step.
-    pub(crate) step_ms: u64,
     /// Timeout of the process group (rendezvous, allreduce) and of healing.
     pub(crate) timeout_ms: u64,
     /// Fault injection: stop dead in the first step at or after this one,
@@ -210,10 +218,10 @@ impl ReplicaArgs {
             self.lighthouse.clone(),
             "--steps".into(),
             self.steps.to_string(),
+            "--until-groups".into(),
+            self.until_groups.to_string(),
             "--min-replicas".into(),
             self.min_replicas.to_string(),
-            "--step-ms".into(),
-            self.step_ms.to_string(),
             "--timeout-ms".into(),
             self.timeout_ms.to_string(),
         ]
@@ -232,8 +240,8 @@ impl ReplicaArgs {
             index: 0,
             lighthouse: String::new(),
             steps: 100,
+            until_groups: 0,
             min_replicas: 2,
-            step_ms: 20,
             timeout_ms: 3000,
             hang_at_step: None,
         };
@@ -244,8 +252,8 @@ impl ReplicaArgs {
                 "--index" => parsed.index = value.parse()?,
                 "--lighthouse" => parsed.lighthouse = value.clone(),
                 "--steps" => parsed.steps = value.parse()?,
+                "--until-groups" => parsed.until_groups = value.parse()?,
                 "--min-replicas" => parsed.min_replicas = value.parse()?,
-                "--step-ms" => parsed.step_ms = value.parse()?,
                 "--timeout-ms" => parsed.timeout_ms = value.parse()?,
                 "--hang-at-step" => parsed.hang_at_step = Some(value.parse()?),
                 other => bail!("unknown replica argument {other:?}"),
@@ -289,7 +297,7 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let quorum_timeout = Duration::from_secs(10);
 
-    let store = StoreServer::bind("127.0.0.1:0").await?;
+    let store = TcpStoreServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
     let checkpoints =
         CheckpointServer::bind("127.0.0.1:0", CheckpointServerOptions::new(&replica_id)).await?;
     let mut pg = ProcessGroup::bind(
@@ -297,9 +305,10 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
         ProcessGroupOptions::new(&replica_id).with_timeout(timeout),
     )
     .await?;
+    let store_address = store.local_addr().to_string();
     let manager = Manager::bind(
         "127.0.0.1:0",
-        ManagerOptions::new(&replica_id, &args.lighthouse, store.address(), 1)
+        ManagerOptions::new(&replica_id, &args.lighthouse, store_address, 1)
             .with_heartbeat_interval(Duration::from_millis(50))
             .with_connect_timeout(Duration::from_secs(5))
             .with_quorum_retries(3),
@@ -319,7 +328,9 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
     let mut model = Model::new();
     let mut step: i64 = 0;
     let mut commit_failures: u64 = 0;
-    while step < args.steps {
+    // Replica groups that committed the last step.
+    let mut last_groups: u64 = 0;
+    while step < args.steps || last_groups < args.until_groups {
         let quorum = match client
             .quorum(
                 0,
@@ -335,7 +346,7 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
             Ok(quorum) => quorum,
             Err(error) => {
                 warn!("quorum failed, asking again: {error}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(QUORUM_RETRY_PAUSE).await;
                 continue;
             }
         };
@@ -368,7 +379,7 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
             }
         }
 
-        // Forward and backward (and some simulated compute).
+        // Forward and backward.
         println!(
             "STEP replica={index} step={step} participants={participants} quorum_id={}",
             quorum.quorum_id
@@ -378,7 +389,6 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
             std::future::pending::<()>().await;
         }
         let (loss, mut grad) = model.gradient(step, quorum.replica_rank);
-        tokio::time::sleep(Duration::from_millis(args.step_ms)).await;
 
         if failure.is_none() {
             if let Err(error) = pg.allreduce_mean(&mut grad).await {
@@ -410,6 +420,7 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
             );
             step += 1;
             commit_failures = 0;
+            last_groups = participants as u64;
         } else {
             commit_failures += 1;
             let reason = failure.unwrap_or_else(|| "the group voted no".into());
@@ -455,13 +466,14 @@ async fn heal(
 /// The scenario's knobs.
 #[derive(Debug, Clone)]
 pub(crate) struct ScenarioOptions {
-    /// Steps to train.
+    /// Steps to train (at least: then until all groups commit a step).
     pub(crate) steps: i64,
+    /// Replica groups in the scenario.
+    pub(crate) groups: u64,
     /// Replica group 2 stops dead in this step (after its quorum, before its
     /// allreduce) and is killed there.
     pub(crate) kill_after_step: i64,
     pub(crate) min_replicas: u64,
-    pub(crate) step_ms: u64,
     pub(crate) timeout_ms: u64,
     /// The whole scenario must end within this.
     pub(crate) deadline: Duration,
@@ -471,9 +483,9 @@ impl Default for ScenarioOptions {
     fn default() -> Self {
         Self {
             steps: 150,
+            groups: 3,
             kill_after_step: 15,
             min_replicas: 2,
-            step_ms: 20,
             timeout_ms: 2000,
             deadline: Duration::from_secs(60),
         }
@@ -717,8 +729,8 @@ pub(crate) fn run_scenario(
         index,
         lighthouse: lighthouse.url(),
         steps: options.steps,
+        until_groups: options.groups,
         min_replicas: options.min_replicas,
-        step_ms: options.step_ms,
         timeout_ms: options.timeout_ms,
     };
 
@@ -878,8 +890,12 @@ fn check(report: &ScenarioReport, options: &ScenarioOptions, survivors: &[usize]
         .map(|p| report.finals.get(p).context("a final line is missing"))
         .collect::<Result<_>>()?;
     for (p, (step, params)) in survivors.iter().zip(&finals) {
-        if *step != options.steps {
-            bail!("process {p} ended at step {step}, not {}", options.steps);
+        if *step < options.steps || *step != finals[0].0 {
+            bail!(
+                "process {p} ended at step {step}, not with the others ({}) at or after {}",
+                finals[0].0,
+                options.steps
+            );
         }
         if params != &finals[0].1 {
             bail!(

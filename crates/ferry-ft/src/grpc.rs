@@ -1,11 +1,37 @@
 //! gRPC helpers shared by the lighthouse and the manager: the deadline check
 //! torchft's servers apply to quorum requests, client endpoints from
-//! torchft-style addresses, and error chains for messages.
+//! torchft-style addresses, error chains for messages, and the end of a
+//! server's graceful shutdown.
 
+use std::fmt;
 use std::time::Duration;
 
+use tokio::task::{JoinError, JoinHandle};
 use tonic::metadata::MetadataMap;
 use tonic::transport::Endpoint;
+use tracing::warn;
+
+/// How long a server's `shutdown` waits for open connections to finish.
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The end of a graceful shutdown: waits up to [`SHUTDOWN_GRACE`] for
+/// `serve`, a server task already told to stop, then aborts it (an abort
+/// counts as a clean stop). The task's outcome: the server's result, or
+/// how the task failed. `server` names it in the log.
+pub(crate) async fn finish_serving(
+    mut serve: JoinHandle<Result<(), tonic::transport::Error>>,
+    server: &dyn fmt::Display,
+) -> Result<Result<(), tonic::transport::Error>, JoinError> {
+    if let Ok(result) = tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+        return result;
+    }
+    warn!(%server, "connections still open after {SHUTDOWN_GRACE:?}; closing the server");
+    serve.abort();
+    match serve.await {
+        Err(join) if join.is_cancelled() => Ok(Ok(())),
+        other => other,
+    }
+}
 
 /// The request's gRPC deadline; torchft refuses quorum requests without
 /// one, since they may wait a long time. The error is the message of the

@@ -34,7 +34,9 @@
 //!   in chunks over several connections, straight into its tensors.
 //! - [`collective`]: the replica groups' allreduce over `ferry-transport`
 //!   ([`collective::ProcessGroup`]), rebuilt on every quorum change, with a
-//!   deterministic reduction order (every replica gets the same bits).
+//!   deterministic reduction order (every replica gets the same bits); its
+//!   members find each other through the quorum primary's `ferry_rpc`
+//!   store (the quorum's `store_address`).
 //! - The `ft_train` example: fault-tolerant data parallelism end to end
 //!   (3 replica groups, one killed and restarted, the newcomer healing from a
 //!   live peer); `tests/ft_e2e.rs` runs it.
@@ -96,6 +98,7 @@ mod error;
 mod grpc;
 pub mod lighthouse;
 pub mod manager;
+mod net;
 pub mod proto;
 pub mod recovery;
 

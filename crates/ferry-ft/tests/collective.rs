@@ -1,8 +1,9 @@
 //! The replica-group process group over real sockets (127.0.0.1, port 0):
-//! rendezvous through a store, bit-identical allreduce results computed in
-//! replica-rank order, a group rebuilt for a new quorum, and failures (a
-//! peer dropped mid-allreduce, a stalled peer, a member that never comes)
-//! reported as errors, never hangs.
+//! rendezvous through `ferry_rpc`'s store (tested on its own in
+//! `crates/ferry-rpc/tests/store.rs`), bit-identical allreduce results
+//! computed in replica-rank order, a group rebuilt for a new quorum, and
+//! failures (a peer dropped mid-allreduce, a stalled peer, a member that
+//! never comes, a store nobody listens at) reported as errors, never hangs.
 //!
 //! Nothing sleeps to wait for state; every wait is bounded.
 
@@ -11,8 +12,8 @@ use std::time::Duration;
 
 use ferry_ft::collective::{
     reduce_in_rank_order, segment, CollectiveError, ProcessGroup, ProcessGroupOptions, ReduceOp,
-    StoreClient, StoreServer,
 };
+use ferry_rpc::store::TcpStoreServer;
 
 /// Upper bound on any single wait in these tests.
 const BOUND: Duration = Duration::from_secs(30);
@@ -21,6 +22,15 @@ async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(BOUND, future)
         .await
         .unwrap_or_else(|_| panic!("{what}: nothing within {BOUND:?}"))
+}
+
+/// A rendezvous store on 127.0.0.1 and its address, as a quorum gives it.
+async fn start_store() -> (TcpStoreServer, String) {
+    let server = TcpStoreServer::bind(([127, 0, 0, 1], 0).into())
+        .await
+        .expect("store");
+    let address = server.local_addr().to_string();
+    (server, address)
 }
 
 fn ids(names: &[&str]) -> Vec<String> {
@@ -98,7 +108,7 @@ async fn allreduce_all(
 
 #[tokio::test]
 async fn three_members_end_with_bit_identical_means_in_rank_order() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
+    let (_store, address) = start_store().await;
     let members = ids(&["replica_a", "replica_b", "replica_c"]);
     let (mut a, mut b, mut c) = (
         group("replica_a", BOUND).await,
@@ -106,7 +116,7 @@ async fn three_members_end_with_bit_identical_means_in_rank_order() {
         group("replica_c", BOUND).await,
     );
     let mut groups = [&mut a, &mut b, &mut c];
-    configure_all(&mut groups, &store.address(), 1, &members).await;
+    configure_all(&mut groups, &address, 1, &members).await;
     for pg in &groups {
         assert_eq!(pg.quorum_id(), Some(1));
         assert_eq!(pg.world_size(), Some(3));
@@ -129,7 +139,7 @@ async fn three_members_end_with_bit_identical_means_in_rank_order() {
         }
     }
     // The same quorum again keeps the group (and its connections).
-    configure_all(&mut groups, &store.address(), 1, &members).await;
+    configure_all(&mut groups, &address, 1, &members).await;
     let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(99 + r, 10)).collect();
     let want = bits(&expected(&inputs, ReduceOp::Mean));
     for result in allreduce_all(&mut groups, &inputs, ReduceOp::Mean).await {
@@ -139,20 +149,20 @@ async fn three_members_end_with_bit_identical_means_in_rank_order() {
 
 #[tokio::test]
 async fn a_new_quorum_rebuilds_the_group() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
+    let (_store, address) = start_store().await;
     let (mut a, mut b, mut c) = (
         group("replica_a", BOUND).await,
         group("replica_b", BOUND).await,
         group("replica_c", BOUND).await,
     );
     let all = ids(&["replica_a", "replica_b", "replica_c"]);
-    configure_all(&mut [&mut a, &mut b, &mut c], &store.address(), 1, &all).await;
+    configure_all(&mut [&mut a, &mut b, &mut c], &address, 1, &all).await;
 
     // replica_b leaves: quorum 2 is replica_a and replica_c, ranks 0 and 1.
     drop(b);
     let two = ids(&["replica_a", "replica_c"]);
     let mut groups = [&mut a, &mut c];
-    configure_all(&mut groups, &store.address(), 2, &two).await;
+    configure_all(&mut groups, &address, 2, &two).await;
     assert_eq!(groups[1].rank(), Some(1));
     let inputs = vec![values(1, 33), values(2, 33)];
     let want = bits(&expected(&inputs, ReduceOp::Mean));
@@ -164,7 +174,7 @@ async fn a_new_quorum_rebuilds_the_group() {
     let mut d = group("replica_b2", BOUND).await;
     let three = ids(&["replica_a", "replica_b2", "replica_c"]);
     let mut groups = [&mut a, &mut d, &mut c];
-    configure_all(&mut groups, &store.address(), 3, &three).await;
+    configure_all(&mut groups, &address, 3, &three).await;
     let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(7 + r, 100)).collect();
     let want = bits(&expected(&inputs, ReduceOp::Mean));
     for result in allreduce_all(&mut groups, &inputs, ReduceOp::Mean).await {
@@ -174,7 +184,7 @@ async fn a_new_quorum_rebuilds_the_group() {
 
 #[tokio::test]
 async fn a_peer_dying_mid_allreduce_is_an_error_not_a_hang() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
+    let (_store, address) = start_store().await;
     let (mut a, mut b, c) = (
         group("replica_a", BOUND).await,
         group("replica_b", BOUND).await,
@@ -182,7 +192,7 @@ async fn a_peer_dying_mid_allreduce_is_an_error_not_a_hang() {
     );
     let members = ids(&["replica_a", "replica_b", "replica_c"]);
     let mut c = c;
-    configure_all(&mut [&mut a, &mut b, &mut c], &store.address(), 1, &members).await;
+    configure_all(&mut [&mut a, &mut b, &mut c], &address, 1, &members).await;
 
     // replica_a and replica_b start the allreduce; replica_c dies instead
     // of joining it (its sockets close, as a killed process's do).
@@ -208,12 +218,12 @@ async fn a_peer_dying_mid_allreduce_is_an_error_not_a_hang() {
         Err(CollectiveError::Broken { quorum_id: 1, .. })
     ));
     assert!(matches!(
-        a.configure_with(&store.address(), 1, &members, 0).await,
+        a.configure_with(&address, 1, &members, 0).await,
         Err(CollectiveError::Broken { .. })
     ));
     // ... and works again with the next one.
     let two = ids(&["replica_a", "replica_b"]);
-    configure_all(&mut [&mut a, &mut b], &store.address(), 2, &two).await;
+    configure_all(&mut [&mut a, &mut b], &address, 2, &two).await;
     let inputs = vec![values(3, 50), values(4, 50)];
     let want = bits(&expected(&inputs, ReduceOp::Mean));
     for result in allreduce_all(&mut [&mut a, &mut b], &inputs, ReduceOp::Mean).await {
@@ -223,14 +233,14 @@ async fn a_peer_dying_mid_allreduce_is_an_error_not_a_hang() {
 
 #[tokio::test]
 async fn a_stalled_peer_times_out() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
+    let (_store, address) = start_store().await;
     let timeout = Duration::from_millis(300);
     let (mut a, mut b) = (
         group("replica_a", timeout).await,
         group("replica_b", timeout).await,
     );
     let members = ids(&["replica_a", "replica_b"]);
-    configure_all(&mut [&mut a, &mut b], &store.address(), 1, &members).await;
+    configure_all(&mut [&mut a, &mut b], &address, 1, &members).await;
     // replica_b is alive but never joins the allreduce.
     let mut data = values(1, 100);
     match bounded("allreduce", a.allreduce_mean(&mut data)).await {
@@ -242,27 +252,17 @@ async fn a_stalled_peer_times_out() {
 
 #[tokio::test]
 async fn a_member_that_never_arrives_fails_the_rendezvous() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
+    let (store, address) = start_store().await;
     let timeout = Duration::from_millis(300);
     let mut a = group("replica_a", timeout).await;
     let mut b = group("replica_b", timeout).await;
     let members = ids(&["replica_a", "replica_b"]);
     // Rank 1 waits for rank 0's address; rank 0 waits for rank 1's hello.
-    match bounded(
-        "configure",
-        b.configure_with(&store.address(), 5, &members, 1),
-    )
-    .await
-    {
+    match bounded("configure", b.configure_with(&address, 5, &members, 1)).await {
         Err(CollectiveError::Timeout { .. } | CollectiveError::StoreTimeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
-    match bounded(
-        "configure",
-        a.configure_with(&store.address(), 6, &members, 0),
-    )
-    .await
-    {
+    match bounded("configure", a.configure_with(&address, 6, &members, 0)).await {
         Err(CollectiveError::Timeout { what, .. }) => assert_eq!(what, "process group rendezvous"),
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -299,6 +299,17 @@ async fn a_quorum_that_does_not_name_this_replica_at_its_rank_is_refused() {
 }
 
 #[tokio::test]
+async fn a_store_address_that_is_not_host_and_port_is_refused() {
+    let mut a = group("replica_a", BOUND).await;
+    let members = ids(&["replica_a", "replica_b"]);
+    match bounded("configure", a.configure_with("no port", 1, &members, 0)).await {
+        Err(CollectiveError::StoreAddress { address, .. }) => assert_eq!(address, "no port"),
+        other => panic!("expected StoreAddress, got {other:?}"),
+    }
+    assert_eq!(a.quorum_id(), None);
+}
+
+#[tokio::test]
 async fn a_group_of_one_reduces_to_itself() {
     let mut a = group("replica_a", BOUND).await;
     a.configure_with("", 1, &ids(&["replica_a"]), 0)
@@ -308,29 +319,4 @@ async fn a_group_of_one_reduces_to_itself() {
     let before = bits(&data);
     a.allreduce_mean(&mut data).await.expect("allreduce");
     assert_eq!(bits(&data), before);
-}
-
-#[tokio::test]
-async fn the_store_sets_and_waits_for_keys() {
-    let store = StoreServer::bind("127.0.0.1:0").await.expect("store");
-    let mut writer = StoreClient::connect(&store.address(), "w", BOUND)
-        .await
-        .expect("connect");
-    let mut reader = StoreClient::connect(&store.address(), "r", BOUND)
-        .await
-        .expect("connect");
-    let waiting = tokio::spawn(async move {
-        let value = reader.get("k", BOUND).await;
-        (reader, value)
-    });
-    writer.set("k", b"v1", BOUND).await.expect("set");
-    let (mut reader, value) = bounded("get", waiting).await.expect("task");
-    assert_eq!(value.expect("get"), b"v1");
-    writer.set("k", b"v2", BOUND).await.expect("overwrite");
-    assert_eq!(reader.get("k", BOUND).await.expect("get"), b"v2");
-    match reader.get("missing", Duration::from_millis(30)).await {
-        Err(CollectiveError::StoreTimeout { key, .. }) => assert_eq!(key, "missing"),
-        other => panic!("expected StoreTimeout, got {other:?}"),
-    }
-    assert_eq!(store.len(), 1);
 }

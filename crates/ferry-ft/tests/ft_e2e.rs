@@ -115,10 +115,12 @@ fn three_replica_groups_train_through_a_sigkill() {
         .commits
         .iter()
         .any(|c| c.process == 3 && c.participants == 3));
-    // Everyone ends at the last step with bit-identical parameters.
+    // Everyone ends at the same step (the first at or after `steps` that
+    // all three groups committed) with bit-identical parameters.
     let finals: Vec<_> = [0, 1, 3].iter().map(|p| &report.finals[p]).collect();
     for (step, params) in &finals {
-        assert_eq!(*step, options.steps);
+        assert!(*step >= options.steps, "ended early: {finals:?}");
+        assert_eq!(*step, finals[0].0, "steps differ: {finals:?}");
         assert_eq!(params, &finals[0].1, "parameters differ: {finals:?}");
     }
     assert!(report.elapsed < options.deadline);

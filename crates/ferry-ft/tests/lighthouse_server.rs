@@ -9,13 +9,14 @@
 //! [`Lighthouse::wait_for_status`], which is woken by every state change;
 //! every wait is bounded by a tokio timeout.
 
-use std::future::Future;
+mod common;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions, LighthouseStatus};
+use ferry_ft::lighthouse::{Lighthouse, LighthouseStatus};
 use ferry_ft::proto::lighthouse_service_client::LighthouseServiceClient;
 use ferry_ft::proto::manager_service_server::{ManagerService, ManagerServiceServer};
 use ferry_ft::proto::{
@@ -24,41 +25,21 @@ use ferry_ft::proto::{
     ManagerQuorumResponse, Quorum, QuorumMember, ShouldCommitRequest, ShouldCommitResponse,
 };
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
 
-/// Upper bound on any single wait in these tests.
-const BOUND: Duration = Duration::from_secs(30);
+use common::{
+    bounded, http, lighthouse_options, start_lighthouse, stop_lighthouse, wait_lighthouse,
+};
+
 /// The gRPC deadline quorum requests carry.
 const DEADLINE: Duration = Duration::from_secs(25);
 const HOUR: Duration = Duration::from_secs(60 * 60);
 
 type Client = LighthouseServiceClient<Channel>;
-
-async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(BOUND, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("{what}: nothing within {BOUND:?}"),
-    }
-}
-
-/// torchft's defaults but a 10 ms tick and a 60 s heartbeat timeout (no
-/// replica here sends heartbeats on a timer: a slow machine must not expire
-/// them).
-fn options(min_replicas: u64) -> LighthouseOptions {
-    LighthouseOptions::new(min_replicas)
-        .with_quorum_tick(Duration::from_millis(10))
-        .with_heartbeat_timeout(Duration::from_secs(60))
-}
-
-async fn start(options: LighthouseOptions) -> Lighthouse {
-    Lighthouse::bind("127.0.0.1:0", options)
-        .await
-        .expect("bind 127.0.0.1:0")
-}
 
 async fn client(url: String) -> Client {
     bounded("connect", LighthouseServiceClient::connect(url))
@@ -131,38 +112,6 @@ fn participant_ids(status: &LighthouseStatus) -> Vec<&str> {
         .iter()
         .map(|p| p.replica_id.as_str())
         .collect()
-}
-
-/// Waits until the lighthouse's status satisfies `done`.
-async fn wait_status(
-    lighthouse: &Lighthouse,
-    what: &str,
-    done: impl FnMut(&LighthouseStatus) -> bool,
-) -> LighthouseStatus {
-    bounded(what, lighthouse.wait_for_status(done)).await
-}
-
-/// A plain HTTP/1.1 request over a fresh TCP connection:
-/// (status code, head, body).
-async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
-    bounded("http", async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await.expect("send");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("receive");
-        let text = String::from_utf8(raw).expect("utf-8 answer");
-        let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
-        let code = head
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .expect("a status line");
-        (code, head.to_owned(), body.to_owned())
-    })
-    .await
 }
 
 async fn status_json(addr: SocketAddr) -> Value {
@@ -267,7 +216,7 @@ fn managed_member(replica_id: &str, step: i64, manager: &RunningManager) -> Quor
 /// `n` replicas join at once and get one quorum. The join timeout is an
 /// hour: with no straggler heartbeating, nobody waits for it.
 async fn form_quorum(n: usize) {
-    let lighthouse = start(options(n as u64).with_join_timeout(HOUR)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(n as u64).with_join_timeout(HOUR)).await;
     let client = client(lighthouse.url()).await;
     let names: Vec<String> = (0..n).map(|i| format!("replica_{i}")).collect();
     let tasks: Vec<_> = names
@@ -301,7 +250,7 @@ async fn form_quorum(n: usize) {
     assert_eq!(status.quorum_id, 1);
     assert_eq!(status.num_participants, n as i64);
     assert!(status.participants.is_empty());
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +265,7 @@ async fn three_replicas_form_a_quorum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_deadline_or_requester_are_invalid() {
-    let lighthouse = start(options(1)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let mut client = client(lighthouse.url()).await;
 
     // No deadline: torchft refuses, since a quorum request may wait long.
@@ -357,12 +306,12 @@ async fn requests_without_deadline_or_requester_are_invalid() {
     // With a deadline, the same request is answered.
     let quorum = ask(client, member("a", 1)).await.expect("a quorum");
     assert_eq!(ids(&quorum), ["a"]);
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_are_recorded() {
-    let lighthouse = start(options(2)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let client = client(lighthouse.url()).await;
     heartbeat(&client, "hb_a").await;
     heartbeat(&client, "hb_b").await;
@@ -393,7 +342,7 @@ async fn heartbeats_are_recorded() {
     assert_eq!(code, 200);
     assert!(page.contains(r#"data-replica="hb_a""#), "{page}");
     assert!(page.contains(r#"data-replica="hb_b""#), "{page}");
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 /// A replica that heartbeats but does not join holds the quorum back until
@@ -402,14 +351,14 @@ async fn heartbeats_are_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_timeout_waits_for_heartbeating_stragglers() {
     let join_timeout = Duration::from_millis(1500);
-    let lighthouse = start(options(1).with_join_timeout(join_timeout)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1).with_join_timeout(join_timeout)).await;
     let client = client(lighthouse.url()).await;
     heartbeat(&client, "straggler").await;
 
     let asked = Instant::now();
     let a = spawn_ask(&client, member("a", 3));
     let b = spawn_ask(&client, member("b", 3));
-    let waiting = wait_status(&lighthouse, "a and b joined", |s| {
+    let waiting = wait_lighthouse(&lighthouse, "a and b joined", |s| {
         s.participants.len() == 2 || s.quorum_id > 0
     })
     .await;
@@ -436,7 +385,7 @@ async fn join_timeout_waits_for_heartbeating_stragglers() {
     // The straggler joins: alone it is not more than half of the three
     // heartbeating replicas, so it waits for a and b's next round.
     let straggler = spawn_ask(&client, member("straggler", 0));
-    let waiting = wait_status(&lighthouse, "straggler joined", |s| {
+    let waiting = wait_lighthouse(&lighthouse, "straggler joined", |s| {
         participant_ids(s) == ["straggler"]
     })
     .await;
@@ -456,7 +405,7 @@ async fn join_timeout_waits_for_heartbeating_stragglers() {
     assert_eq!(answer("b", b).await.expect("b"), qs);
     assert_eq!(qs.quorum_id, 2, "membership changed");
     assert_eq!(ids(&qs), ["a", "b", "straggler"]);
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 /// A replica left out of a delivered quorum (a newcomer while a member asks
@@ -464,7 +413,7 @@ async fn join_timeout_waits_for_heartbeating_stragglers() {
 /// torchft's server loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn left_out_replica_rejoins_the_next_round() {
-    let lighthouse = start(options(1).with_join_timeout(HOUR)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1).with_join_timeout(HOUR)).await;
     let client = client(lighthouse.url()).await;
 
     // Both heartbeat first, so that the first to join waits for the other
@@ -478,7 +427,7 @@ async fn left_out_replica_rejoins_the_next_round() {
     assert_eq!((q1.quorum_id, ids(&q1)), (1, vec!["a", "b"]));
 
     let c = spawn_ask(&client, member("c", 0));
-    wait_status(&lighthouse, "c joined", |s| participant_ids(s) == ["c"]).await;
+    wait_lighthouse(&lighthouse, "c joined", |s| participant_ids(s) == ["c"]).await;
     let a = spawn_ask(
         &client,
         QuorumMember {
@@ -493,7 +442,7 @@ async fn left_out_replica_rejoins_the_next_round() {
     assert_eq!(q2.quorum_id, 1, "same membership, same quorum id");
 
     // c's request is still open and c joined the next round by itself.
-    let status = wait_status(&lighthouse, "c re-joined", |s| participant_ids(s) == ["c"]).await;
+    let status = wait_lighthouse(&lighthouse, "c re-joined", |s| participant_ids(s) == ["c"]).await;
     assert_eq!(
         status.prev_quorum.as_ref().map(|q| q.members.len()),
         Some(2)
@@ -513,14 +462,14 @@ async fn left_out_replica_rejoins_the_next_round() {
         [false, false, true],
         "c at step 0 is behind max step 3"
     );
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 /// Stop the lighthouse (a waiting request is told UNAVAILABLE), start a new
 /// one on the same port: the same clients form a new quorum with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lighthouse_restart_on_the_same_port() {
-    let first = start(options(2).with_join_timeout(HOUR)).await;
+    let first = start_lighthouse(lighthouse_options(2).with_join_timeout(HOUR)).await;
     let addr = first.local_addr();
     let client_a = client(first.url()).await;
     let client_b = client(first.url()).await;
@@ -533,16 +482,14 @@ async fn lighthouse_restart_on_the_same_port() {
 
     // a alone waits (min_replicas 2) until the lighthouse stops.
     let a = spawn_ask(&client_a, member("a", 6));
-    wait_status(&first, "a joined", |s| participant_ids(s) == ["a"]).await;
-    bounded("shutdown", first.shutdown())
-        .await
-        .expect("shutdown");
+    wait_lighthouse(&first, "a joined", |s| participant_ids(s) == ["a"]).await;
+    stop_lighthouse(first).await;
     let error = answer("a during shutdown", a)
         .await
         .expect_err("no quorum from a stopped lighthouse");
     assert_eq!(error.code(), Code::Unavailable, "{error:?}");
 
-    let second = Lighthouse::bind(addr, options(2).with_join_timeout(HOUR))
+    let second = Lighthouse::bind(addr, lighthouse_options(2).with_join_timeout(HOUR))
         .await
         .expect("bind the same port again");
     assert_eq!(second.local_addr(), addr);
@@ -553,17 +500,17 @@ async fn lighthouse_restart_on_the_same_port() {
     assert_eq!(q.quorum_id, 1, "a new lighthouse starts counting again");
     assert_eq!(ids(&q), ["a", "b"]);
     assert_eq!(q.participants[0].step, 6);
-    second.shutdown().await.expect("shutdown");
+    stop_lighthouse(second).await;
 }
 
 /// Dropping the lighthouse stops it too: a waiting request is told
 /// UNAVAILABLE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_lighthouse_stops_it() {
-    let lighthouse = start(options(2)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let client = client(lighthouse.url()).await;
     let a = spawn_ask(&client, member("a", 1));
-    wait_status(&lighthouse, "a joined", |s| participant_ids(s) == ["a"]).await;
+    wait_lighthouse(&lighthouse, "a joined", |s| participant_ids(s) == ["a"]).await;
     drop(lighthouse);
     let error = answer("a after drop", a).await.expect_err("stopped");
     assert_eq!(error.code(), Code::Unavailable, "{error:?}");
@@ -576,7 +523,7 @@ async fn dropping_the_lighthouse_stops_it() {
 async fn dashboard_kill_reaches_the_manager() {
     let mut manager_a = RunningManager::start().await;
     let manager_b = RunningManager::start().await;
-    let lighthouse = start(options(2).with_join_timeout(HOUR)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2).with_join_timeout(HOUR)).await;
     let client = client(lighthouse.url()).await;
     let a = spawn_ask(&client, managed_member("replica_a", 7, &manager_a));
     let b = spawn_ask(&client, managed_member("replica_b", 7, &manager_b));
@@ -633,14 +580,14 @@ async fn dashboard_kill_reaches_the_manager() {
     let (code, _, _) = http(addr, "GET", "/replica/replica_a/kill").await;
     assert_eq!(code, 405);
     assert!(manager_a.kills.try_recv().is_err(), "exactly one Kill");
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
     manager_a.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_page_shows_the_quorum() {
     let evil = r#"<script>alert("x&y")</script>"#;
-    let lighthouse = start(options(3).with_join_timeout(HOUR)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(3).with_join_timeout(HOUR)).await;
     let client = client(lighthouse.url()).await;
     let tasks = [
         spawn_ask(&client, member("replica_a", 12)),
@@ -652,7 +599,7 @@ async fn dashboard_page_shows_the_quorum() {
     }
     // One more replica waiting for the next round.
     let waiting = spawn_ask(&client, member("replica_c", 12));
-    wait_status(&lighthouse, "replica_c joined", |s| {
+    wait_lighthouse(&lighthouse, "replica_c joined", |s| {
         participant_ids(s) == ["replica_c"]
     })
     .await;
@@ -736,9 +683,7 @@ async fn dashboard_page_shows_the_quorum() {
     );
     assert_eq!(status["participants"][0]["replica_id"], json!("replica_c"));
 
-    bounded("shutdown", lighthouse.shutdown())
-        .await
-        .expect("shutdown");
+    stop_lighthouse(lighthouse).await;
     let error = answer("replica_c", waiting).await.expect_err("stopped");
     assert_eq!(error.code(), Code::Unavailable);
 }
@@ -834,7 +779,7 @@ async fn dashboard_in_headless_chromium() {
     }
     let mut manager_a = RunningManager::start().await;
     let mut manager_b = RunningManager::start().await;
-    let lighthouse = start(options(2).with_join_timeout(HOUR)).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2).with_join_timeout(HOUR)).await;
     let client = client(lighthouse.url()).await;
     heartbeat(&client, "replica_a").await;
     let a = spawn_ask(&client, managed_member("replica_a", 42, &manager_a));
@@ -936,7 +881,7 @@ async fn dashboard_in_headless_chromium() {
         browser.start_kill().expect("kill chromium");
         let _ = bounded("chromium exit", browser.wait()).await;
     }
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
     manager_a.stop().await;
     manager_b.stop().await;
 }

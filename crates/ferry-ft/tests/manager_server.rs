@@ -10,51 +10,27 @@
 //! [`Manager::wait_for_status`] / [`Lighthouse::wait_for_status`], which are
 //! woken by every state change; every wait is bounded by a tokio timeout.
 
-use std::future::Future;
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions, LighthouseStatus};
-use ferry_ft::manager::{
-    Manager, ManagerClient, ManagerClientError, ManagerOptions, ManagerStatus, QuorumResult,
-};
+use ferry_ft::lighthouse::Lighthouse;
+use ferry_ft::manager::{Manager, ManagerClient, ManagerClientError, ManagerStatus, QuorumResult};
 use ferry_ft::proto::manager_service_client::ManagerServiceClient;
 use ferry_ft::proto::{CheckpointMetadataRequest, ManagerQuorumRequest};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::{Code, Request};
 
-/// Upper bound on any single wait in these tests.
-const BOUND: Duration = Duration::from_secs(30);
+use common::{
+    bounded, connect, http, lighthouse_options, manager_options, start_lighthouse, start_manager,
+    stop_lighthouse, stop_manager, store, wait_lighthouse,
+};
+
 /// The timeout (gRPC deadline) ranks ask with.
 const DEADLINE: Duration = Duration::from_secs(20);
 
 type Answer<T> = JoinHandle<Result<T, ManagerClientError>>;
-
-async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(BOUND, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("{what}: nothing within {BOUND:?}"),
-    }
-}
-
-/// torchft's defaults but a 10 ms tick, a 100 ms join timeout and a 60 s
-/// heartbeat timeout (a slow machine must not expire heartbeats). Tests
-/// with several groups set `min_replicas` to their number, so the join
-/// timeout never decides who is in.
-fn lighthouse_options(min_replicas: u64) -> LighthouseOptions {
-    LighthouseOptions::new(min_replicas)
-        .with_quorum_tick(Duration::from_millis(10))
-        .with_join_timeout(Duration::from_millis(100))
-        .with_heartbeat_timeout(Duration::from_secs(60))
-}
-
-async fn start_lighthouse(min_replicas: u64) -> Lighthouse {
-    Lighthouse::bind("127.0.0.1:0", lighthouse_options(min_replicas))
-        .await
-        .expect("bind the lighthouse on 127.0.0.1:0")
-}
 
 /// A port nothing listens on (bound, then released).
 async fn free_addr() -> SocketAddr {
@@ -62,41 +38,6 @@ async fn free_addr() -> SocketAddr {
         .await
         .expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local addr")
-}
-
-fn store(replica_id: &str) -> String {
-    format!("{replica_id}.store:29500")
-}
-
-/// A manager's options for tests: heartbeats every 20 ms, a 5 s connect
-/// timeout, and a `Kill` hook that only reports (the default exits).
-fn manager_options(
-    replica_id: &str,
-    lighthouse: &str,
-    world_size: u64,
-) -> (ManagerOptions, mpsc::UnboundedReceiver<String>) {
-    let (kills, killed) = mpsc::unbounded_channel();
-    let options = ManagerOptions::new(replica_id, lighthouse, store(replica_id), world_size)
-        .with_heartbeat_interval(Duration::from_millis(20))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_on_kill(move |msg| {
-            // The receiver may be gone at the end of a test.
-            let _ = kills.send(msg);
-        });
-    (options, killed)
-}
-
-async fn start_manager(replica_id: &str, lighthouse: &str, world_size: u64) -> Manager {
-    let (options, _) = manager_options(replica_id, lighthouse, world_size);
-    Manager::bind("127.0.0.1:0", options)
-        .await
-        .expect("bind the manager on 127.0.0.1:0")
-}
-
-async fn connect(manager: &Manager) -> ManagerClient {
-    bounded("connect", ManagerClient::connect(manager.address()))
-        .await
-        .expect("connect to the manager")
 }
 
 /// Rank `group_rank` asks for the quorum on a task of its own.
@@ -199,26 +140,6 @@ async fn wait_manager(
     bounded(what, manager.wait_for_status(done)).await
 }
 
-async fn wait_lighthouse(
-    lighthouse: &Lighthouse,
-    what: &str,
-    done: impl FnMut(&LighthouseStatus) -> bool,
-) -> LighthouseStatus {
-    bounded(what, lighthouse.wait_for_status(done)).await
-}
-
-async fn stop_manager(manager: Manager) {
-    bounded("manager shutdown", manager.shutdown())
-        .await
-        .expect("manager shutdown");
-}
-
-async fn stop_lighthouse(lighthouse: Lighthouse) {
-    bounded("lighthouse shutdown", lighthouse.shutdown())
-        .await
-        .expect("lighthouse shutdown");
-}
-
 // ---------------------------------------------------------------------------
 // Quorums.
 
@@ -227,7 +148,7 @@ async fn stop_lighthouse(lighthouse: Lighthouse) {
 /// heartbeats to the lighthouse meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_group_of_two_ranks_gets_a_quorum() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let manager = start_manager("replica_a", &lighthouse.url(), 2).await;
     assert!(manager.address().starts_with("http://127.0.0.1:"));
     let client = connect(&manager).await;
@@ -299,7 +220,7 @@ async fn one_group_of_two_ranks_gets_a_quorum() {
 /// `Manager` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_behind_heals_from_the_up_to_date_one() {
-    let lighthouse = start_lighthouse(2).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let a = start_manager("replica_a", &lighthouse.url(), 2).await;
     let b = start_manager("replica_b", &lighthouse.url(), 2).await;
     let client_a = connect(&a).await;
@@ -372,7 +293,7 @@ async fn group_behind_heals_from_the_up_to_date_one() {
 /// weights; without `init_sync` nobody heals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_step_heals_with_init_sync() {
-    let lighthouse = start_lighthouse(2).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let rep_0 = start_manager("rep_0", &lighthouse.url(), 1).await;
     let rep_1 = start_manager("rep_1", &lighthouse.url(), 1).await;
     let client_0 = connect(&rep_0).await;
@@ -418,7 +339,7 @@ async fn first_step_heals_with_init_sync() {
 /// lighthouse raises the quorum id; a success resets the count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn should_commit_votes_and_commit_failures() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let manager = start_manager("replica_a", &lighthouse.url(), 2).await;
     let client = connect(&manager).await;
 
@@ -496,7 +417,7 @@ async fn should_commit_votes_and_commit_failures() {
 /// quorum request; a rank that sent none is not found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_metadata_round_trip_and_unknown_rank() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let manager = start_manager("replica_a", &lighthouse.url(), 2).await;
     let client = connect(&manager).await;
 
@@ -545,7 +466,7 @@ async fn checkpoint_metadata_round_trip_and_unknown_rank() {
 /// outside the group. None of them joins a round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_deadline_or_outside_the_group_are_invalid() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let manager = start_manager("replica_a", &lighthouse.url(), 2).await;
     let mut raw = ManagerServiceClient::connect(manager.address().to_owned())
         .await
@@ -691,7 +612,7 @@ async fn lighthouse_never_up_fails_every_rank() {
 /// next round, once the second group is there, forms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_not_formed_in_time_is_a_timeout() {
-    let lighthouse = start_lighthouse(2).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let (options, _) = manager_options("replica_a", &lighthouse.url(), 1);
     // Retries outlast the deadline: the rank's own timeout answers first.
     let manager = Manager::bind("127.0.0.1:0", options.with_quorum_retries(100))
@@ -748,7 +669,7 @@ async fn quorum_not_formed_in_time_is_a_timeout() {
 /// and the restarted group, back at step 0, heals from the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_on_the_same_port() {
-    let lighthouse = start_lighthouse(2).await;
+    let lighthouse = start_lighthouse(lighthouse_options(2)).await;
     let a = start_manager("replica_a:1", &lighthouse.url(), 1).await;
     let b = start_manager("replica_b:1", &lighthouse.url(), 1).await;
     let client_a = connect(&a).await;
@@ -793,7 +714,7 @@ async fn manager_restart_on_the_same_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lighthouse_restart_mid_run() {
     // min_replicas 2: the one group waits in the first lighthouse.
-    let first = start_lighthouse(2).await;
+    let first = start_lighthouse(lighthouse_options(2)).await;
     let addr = first.local_addr();
     let (options, _) = manager_options("replica_a", &first.url(), 1);
     let manager = Manager::bind("127.0.0.1:0", options.with_quorum_retries(20))
@@ -839,7 +760,7 @@ async fn lighthouse_restart_mid_run() {
 /// instead of leaving them hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_answers_waiting_ranks() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let manager = start_manager("replica_a", &lighthouse.url(), 2).await;
     let client = connect(&manager).await;
     let rank0 = ask(&client, 0, 1, false, 0);
@@ -874,7 +795,7 @@ async fn shutdown_answers_waiting_ranks() {
 /// client and from the lighthouse dashboard's kill button.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_reaches_the_hook() {
-    let lighthouse = start_lighthouse(1).await;
+    let lighthouse = start_lighthouse(lighthouse_options(1)).await;
     let (options, mut killed) = manager_options("replica_a", &lighthouse.url(), 1);
     let manager = Manager::bind("127.0.0.1:0", options)
         .await
@@ -891,7 +812,7 @@ async fn kill_reaches_the_hook() {
 
     // From the dashboard: the lighthouse knows the manager from the quorum.
     group_quorum(&client, 1, 1, false).await;
-    let (code, body) = http_post(lighthouse.local_addr(), "/replica/replica_a/kill").await;
+    let (code, _, body) = http(lighthouse.local_addr(), "POST", "/replica/replica_a/kill").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         bounded("the hook", killed.recv()).await.as_deref(),
@@ -901,26 +822,4 @@ async fn kill_reaches_the_hook() {
 
     stop_manager(manager).await;
     stop_lighthouse(lighthouse).await;
-}
-
-/// A plain HTTP/1.1 POST over a fresh connection: (status code, body).
-async fn http_post(addr: SocketAddr, path: &str) -> (u16, String) {
-    bounded("http", async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await.expect("send");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("receive");
-        let text = String::from_utf8(raw).expect("utf-8 answer");
-        let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
-        let code = head
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .expect("a status line");
-        (code, body.to_owned())
-    })
-    .await
 }

@@ -24,37 +24,50 @@
 //! an importable `torchft._torchft`, each test prints `SKIPPED: …` and
 //! passes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
-use ferry_ft::manager::{
-    compute_quorum_results, Manager, ManagerClient, ManagerOptions, QuorumResult,
-};
+use ferry_ft::lighthouse::{HeartbeatStatus, Lighthouse};
+use ferry_ft::manager::{compute_quorum_results, Manager, ManagerClient, QuorumResult};
 use ferry_ft::proto::{Quorum, QuorumMember};
 use serde_json::{json, Value};
+
+use common::{
+    connect, lighthouse_options, start_lighthouse, start_manager, stop_lighthouse, stop_manager,
+    store,
+};
 
 /// Bound on the Python program (importing torch alone takes seconds).
 const BOUND: Duration = Duration::from_secs(120);
 /// The timeout (gRPC deadline) Ferry's ranks ask with.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Two replica groups, two rounds each: round `r` at step `10 + r + i` for
-/// replica `i`. Prints one JSON object: `{"torchft": version, "rounds":
-/// [[quorum seen by replica 0, by replica 1], …]}`, or `{"skip": why}`
-/// when torchft cannot be imported.
-const PROGRAM: &str = r#"
+/// The start of every Python program here: imports `names` from torchft's
+/// compiled module (`torchft._torchft`) and torchft's version, or prints
+/// `{"skip": why}` and exits when they cannot be imported.
+fn torchft_import(names: &str) -> String {
+    format!(
+        r#"
 import json, sys, threading
 from datetime import timedelta
 try:
-    from torchft._torchft import LighthouseClient
+    from torchft._torchft import {names}
     import importlib.metadata
     version = importlib.metadata.version("torchft")
 except ImportError as e:
-    print(json.dumps({"skip": f"cannot import torchft._torchft.LighthouseClient: {e}"}))
+    print(json.dumps({{"skip": f"cannot import {names} from torchft._torchft: {{e}}"}}))
     sys.exit(0)
+"#
+    )
+}
 
+/// Two replica groups, two rounds each: round `r` at step `10 + r + i` for
+/// replica `i`. Prints one JSON object: `{"torchft": version, "rounds":
+/// [[quorum seen by replica 0, by replica 1], …]}`.
+const LIGHTHOUSE_CLIENT_MAIN: &str = r#"
 addr = sys.argv[1]
 ROUNDS, N = 2, 2
 seen = [[None] * N for _ in range(ROUNDS)]
@@ -86,13 +99,17 @@ threads = [threading.Thread(target=replica, args=(i,)) for i in range(N)]
 print(json.dumps({"torchft": version, "rounds": seen, "errors": errors}))
 "#;
 
-/// `.venv/bin/python` at the repository root, if it is there. Not
-/// canonicalized: that would follow the venv's symlink to the base
-/// interpreter, which lacks the venv's packages.
+/// `.venv/bin/python` at the repository root, if it is there (else the
+/// test is skipped, and says so). Not canonicalized: that would follow the
+/// venv's symlink to the base interpreter, which lacks the venv's packages.
 fn venv_python() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.parent()?;
     let python = root.join(".venv").join("bin").join("python");
-    python.is_file().then_some(python)
+    if !python.is_file() {
+        skipped("no .venv/bin/python at the repository root");
+        return None;
+    }
+    Some(python)
 }
 
 fn skipped(why: &str) {
@@ -107,19 +124,28 @@ fn unix_ms(t: SystemTime) -> i64 {
 /// A lighthouse on 127.0.0.1 for two replica groups that ticks once an
 /// hour: only the tick a quorum request runs can form a quorum.
 async fn request_driven_lighthouse() -> Lighthouse {
-    let options = LighthouseOptions::new(2)
-        .with_quorum_tick(Duration::from_secs(3600))
-        .with_heartbeat_timeout(Duration::from_secs(60));
-    Lighthouse::bind("127.0.0.1:0", options)
-        .await
-        .expect("bind 127.0.0.1:0")
+    start_lighthouse(lighthouse_options(2).with_quorum_tick(Duration::from_secs(3600))).await
 }
 
-/// Runs `program` with the `.venv`'s `python` and `args`, within [`BOUND`],
-/// and returns the last JSON line it printed, once checked (it succeeded,
-/// with torchft 0.2.0 and no `errors`), and its stderr (torchft's logs).
-/// `None` (printed as skipped) when the program could not import torchft.
-async fn run_python(python: &Path, program: &str, args: &[String]) -> Option<(Value, String)> {
+/// The replica ids of `heartbeats` (a lighthouse status's), sorted.
+fn heartbeat_ids(heartbeats: &[HeartbeatStatus]) -> Vec<&str> {
+    let mut ids: Vec<&str> = heartbeats.iter().map(|h| h.replica_id.as_str()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Runs the program made of [`torchft_import`]`(imports)` and `program`
+/// with the `.venv`'s `python` and `args`, within [`BOUND`], and returns
+/// the last JSON line it printed, once checked (it succeeded, with torchft
+/// 0.2.0 and no `errors`), and its stderr (torchft's logs). `None` (printed
+/// as skipped) when the program could not import torchft.
+async fn run_python(
+    python: &Path,
+    imports: &str,
+    program: &[&str],
+    args: &[String],
+) -> Option<(Value, String)> {
+    let program = torchft_import(imports) + &program.concat();
     let child = tokio::process::Command::new(python)
         .arg("-c")
         .arg(program)
@@ -172,7 +198,6 @@ fn expected_member(i: u64, r: i64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torchft_client_forms_quorums_with_ferrys_lighthouse() {
     let Some(python) = venv_python() else {
-        skipped("no .venv/bin/python at the repository root");
         return;
     };
 
@@ -182,7 +207,14 @@ async fn torchft_client_forms_quorums_with_ferrys_lighthouse() {
     let url = lighthouse.url();
 
     let started = SystemTime::now();
-    let Some((result, _)) = run_python(&python, PROGRAM, &[url]).await else {
+    let Some((result, _)) = run_python(
+        &python,
+        "LighthouseClient",
+        &[LIGHTHOUSE_CLIENT_MAIN],
+        &[url],
+    )
+    .await
+    else {
         return;
     };
     let finished = SystemTime::now();
@@ -241,15 +273,12 @@ async fn torchft_client_forms_quorums_with_ferrys_lighthouse() {
     assert_eq!(members, [expected_member(0, 1), expected_member(1, 1)]);
     // Nobody is waiting: both requests of the last round were answered.
     assert!(status.participants.is_empty(), "{:?}", status.participants);
-    let mut heard: Vec<&str> = status
-        .heartbeats
-        .iter()
-        .map(|h| h.replica_id.as_str())
-        .collect();
-    heard.sort_unstable();
-    assert_eq!(heard, ["replica_0", "replica_1"]);
+    assert_eq!(
+        heartbeat_ids(&status.heartbeats),
+        ["replica_0", "replica_1"]
+    );
 
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -292,18 +321,6 @@ const TORCHFT_QUORUM_RESULT: [&str; 12] = [
 /// source's when it heals, and votes. Prints `{"torchft": version,
 /// "rounds": [[what rank 0 saw, what rank 1 saw], …], "errors": […]}`, or
 /// `{"skip": why}`.
-const MANAGER_CLIENT_IMPORT: &str = r#"
-import json, sys, threading
-from datetime import timedelta
-try:
-    from torchft._torchft import ManagerClient
-    import importlib.metadata
-    version = importlib.metadata.version("torchft")
-except ImportError as e:
-    print(json.dumps({"skip": f"cannot import torchft._torchft.ManagerClient: {e}"}))
-    sys.exit(0)
-"#;
-
 const MANAGER_CLIENT_MAIN: &str = r#"
 addr, rounds = sys.argv[1], json.loads(sys.argv[2])
 N = 2
@@ -375,22 +392,6 @@ const ROUNDS: [Round; 3] = [
         b_votes: [true, true],
     },
 ];
-
-/// A manager on 127.0.0.1 for a group of two ranks, heartbeating every
-/// 20 ms; its store is `{replica_id}.store:29500`.
-async fn start_manager(replica_id: &str, lighthouse: &Lighthouse) -> Manager {
-    let options = ManagerOptions::new(replica_id, lighthouse.url(), store(replica_id), 2)
-        .with_heartbeat_interval(Duration::from_millis(20))
-        .with_connect_timeout(Duration::from_secs(10))
-        .with_on_kill(|_| {});
-    Manager::bind("127.0.0.1:0", options)
-        .await
-        .expect("bind a manager on 127.0.0.1:0")
-}
-
-fn store(replica_id: &str) -> String {
-    format!("{replica_id}.store:29500")
-}
 
 /// A quorum result as torchft's Python `QuorumResult` shows it: no
 /// recovery source is an empty address, absent ranks are `None`, no
@@ -503,16 +504,13 @@ async fn drive_replica_a(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torchft_manager_client_against_ferrys_manager() {
     let Some(python) = venv_python() else {
-        skipped("no .venv/bin/python at the repository root");
         return;
     };
     let lighthouse = request_driven_lighthouse().await;
-    let a = start_manager("replica_a", &lighthouse).await;
-    let b = start_manager("replica_b", &lighthouse).await;
-    let client_a = tokio::time::timeout(BOUND, ManagerClient::connect(a.address()))
-        .await
-        .expect("connect within the bound")
-        .expect("connect to replica_a's manager");
+    // Two ranks per group; the managers' stores are `{replica_id}.store:29500`.
+    let a = start_manager("replica_a", &lighthouse.url(), 2).await;
+    let b = start_manager("replica_b", &lighthouse.url(), 2).await;
+    let client_a = connect(&a).await;
 
     let rounds: Vec<Value> = ROUNDS
         .iter()
@@ -521,16 +519,11 @@ async fn torchft_manager_client_against_ferrys_manager() {
                    "commit_failures": r.b_commit_failures, "votes": r.b_votes})
         })
         .collect();
-    let program = [
-        MANAGER_CLIENT_IMPORT,
-        QUORUM_RESULT_FIELDS,
-        MANAGER_CLIENT_MAIN,
-    ]
-    .concat();
+    let program = [QUORUM_RESULT_FIELDS, MANAGER_CLIENT_MAIN];
     let args = [b.address().to_owned(), Value::from(rounds).to_string()];
     // Python first: when it skips, replica_a's side would wait in vain.
     let (result, ferry) = {
-        let torchft = run_python(&python, &program, &args);
+        let torchft = run_python(&python, "ManagerClient", &program, &args);
         let ferry = drive_replica_a(&client_a, &b, &lighthouse);
         tokio::pin!(torchft, ferry);
         tokio::select! {
@@ -649,9 +642,9 @@ async fn torchft_manager_client_against_ferrys_manager() {
     let failures: Vec<i64> = members.iter().map(|m| m.commit_failures).collect();
     assert_eq!(failures, [0, 1], "replica_b's manager carried the failure");
 
-    a.shutdown().await.expect("replica_a's manager shutdown");
-    b.shutdown().await.expect("replica_b's manager shutdown");
-    lighthouse.shutdown().await.expect("lighthouse shutdown");
+    stop_manager(a).await;
+    stop_manager(b).await;
+    stop_lighthouse(lighthouse).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -666,18 +659,6 @@ async fn torchft_manager_client_against_ferrys_manager() {
 /// metadata stays until its peer has read it). Prints `{"torchft": version,
 /// "addresses": {replica id: manager address}, "rounds": [[what a saw,
 /// what b saw], …], "errors": […]}`, or `{"skip": why}`.
-const MANAGER_SERVER_IMPORT: &str = r#"
-import json, sys, threading
-from datetime import timedelta
-try:
-    from torchft._torchft import ManagerClient, ManagerServer
-    import importlib.metadata
-    version = importlib.metadata.version("torchft")
-except ImportError as e:
-    print(json.dumps({"skip": f"cannot import torchft._torchft.ManagerServer: {e}"}))
-    sys.exit(0)
-"#;
-
 const MANAGER_SERVER_MAIN: &str = r#"
 lighthouse, rounds = sys.argv[1], json.loads(sys.argv[2])
 REPLICAS = ["torchft_a", "torchft_b"]
@@ -732,7 +713,6 @@ print(json.dumps({"torchft": version, "addresses": addresses, "rounds": seen, "e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torchft_manager_servers_form_quorums_with_ferrys_lighthouse() {
     let Some(python) = venv_python() else {
-        skipped("no .venv/bin/python at the repository root");
         return;
     };
     let lighthouse = request_driven_lighthouse().await;
@@ -740,14 +720,11 @@ async fn torchft_manager_servers_form_quorums_with_ferrys_lighthouse() {
         {"steps": [3, 1], "commit_failures": [0, 0]},
         {"steps": [4, 4], "commit_failures": [0, 2]},
     ]);
-    let program = [
-        MANAGER_SERVER_IMPORT,
-        QUORUM_RESULT_FIELDS,
-        MANAGER_SERVER_MAIN,
-    ]
-    .concat();
+    let program = [QUORUM_RESULT_FIELDS, MANAGER_SERVER_MAIN];
     let args = [lighthouse.url(), rounds.to_string()];
-    let Some((result, logs)) = run_python(&python, &program, &args).await else {
+    let Some((result, logs)) =
+        run_python(&python, "ManagerClient, ManagerServer", &program, &args).await
+    else {
         return;
     };
 
@@ -844,13 +821,11 @@ async fn torchft_manager_servers_form_quorums_with_ferrys_lighthouse() {
         .count();
     assert_eq!(decoded, 2, "both managers' logs:\n{logs}");
     assert!(status.participants.is_empty(), "{:?}", status.participants);
-    let mut heard: Vec<&str> = status
-        .heartbeats
-        .iter()
-        .map(|h| h.replica_id.as_str())
-        .collect();
-    heard.sort_unstable();
-    assert_eq!(heard, ids, "torchft's managers heartbeat");
+    assert_eq!(
+        heartbeat_ids(&status.heartbeats),
+        ids,
+        "torchft's managers heartbeat"
+    );
 
-    lighthouse.shutdown().await.expect("shutdown");
+    stop_lighthouse(lighthouse).await;
 }

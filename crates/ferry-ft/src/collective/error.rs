@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
+use ferry_rpc::store::StoreError;
+
 /// Why a collective operation, or setting one up, failed. Any of them
 /// means the step must not be committed.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
-    /// The listening socket could not be bound.
-    #[error("{what}: cannot bind {addr}: {source}")]
+    /// The process group's listening socket could not be bound.
+    #[error("process group: cannot bind {addr}: {source}")]
     Bind {
-        /// The process group or the store.
-        what: &'static str,
         /// The address asked for.
         addr: String,
         /// The operating system's error.
@@ -25,22 +25,32 @@ pub enum CollectiveError {
         /// What is wrong.
         reason: String,
     },
+    /// The quorum's store address is not `host:port`, or does not
+    /// resolve.
+    #[error("store address {address:?}: {reason}")]
+    StoreAddress {
+        /// The store address of the quorum.
+        address: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The store could not be reached or failed.
-    #[error("store at {address}: {reason}")]
+    #[error("store at {address}: {source}")]
     Store {
         /// The store's address.
         address: String,
         /// What failed.
-        reason: String,
+        #[source]
+        source: StoreError,
     },
-    /// A key did not appear in the store in time (a member of the quorum
+    /// Keys did not appear in the store in time (members of the quorum
     /// that never arrived).
-    #[error("store at {address}: key {key:?} not set within {waited:?}")]
+    #[error("store at {address}: keys {keys:?} not set within {waited:?}")]
     StoreTimeout {
         /// The store's address.
         address: String,
-        /// The key waited for.
-        key: String,
+        /// The keys still missing.
+        keys: Vec<String>,
         /// How long.
         waited: Duration,
     },

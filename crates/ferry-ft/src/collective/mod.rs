@@ -6,9 +6,10 @@
 //!   with every quorum result, rebuilt when the quorum changes; its
 //!   [`allreduce`](ProcessGroup::allreduce) gives every member bit-identical
 //!   results, and fails (never hangs) when a peer dies or stalls.
-//! - [`StoreServer`] / [`StoreClient`]: the rendezvous store. Every replica
-//!   group runs one and gives its address to its manager as the group's
-//!   `store_address`.
+//! - The rendezvous store is `ferry_rpc`'s
+//!   ([`TcpStoreServer`](ferry_rpc::store::TcpStoreServer), like c10d's
+//!   `TCPStore`): every replica group runs one and gives its address
+//!   (`host:port`) to its manager as the group's `store_address`.
 //! - [`segment`] and [`reduce_in_rank_order`]: the allreduce's arithmetic,
 //!   sans-IO.
 //!
@@ -49,9 +50,7 @@
 mod error;
 mod process_group;
 mod reduce;
-mod store;
 
 pub use error::CollectiveError;
 pub use process_group::{ProcessGroup, ProcessGroupOptions};
 pub use reduce::{reduce_in_rank_order, segment, ReduceOp};
-pub use store::{StoreClient, StoreServer};

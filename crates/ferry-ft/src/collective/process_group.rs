@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use ferry_rpc::store::{Store, StoreError, TcpStore};
 use ferry_transport::{
     Endpoint, FrameReader, FrameWriter, IncomingMessage, OutgoingMessage, RawTensor, TcpConnection,
     TransportError,
@@ -17,13 +18,14 @@ use serde::{Deserialize, Serialize};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::reduce::{reduce_in_rank_order, segment, ReduceOp};
-use super::store::StoreClient;
 use super::CollectiveError;
 use crate::manager::QuorumResult;
+use crate::net::accept_loop;
 use crate::recovery::link::{self, ReadError};
 
 /// First message on a peer connection, connecting side to accepting side.
@@ -50,8 +52,8 @@ pub struct ProcessGroupOptions {
     /// The longest a rendezvous, or one allreduce, may take (torchft's
     /// process group timeout). Default 60 s.
     pub timeout: Duration,
-    /// The longest connecting to a peer or the store may take. Default
-    /// 10 s.
+    /// The longest connecting to a peer or the store may take (the store
+    /// is retried while nobody listens there yet). Default 10 s.
     pub connect_timeout: Duration,
 }
 
@@ -168,8 +170,9 @@ struct Group {
 /// [`configure`](Self::configure) it with the quorum result. A quorum with
 /// another id (or other members) than the configured one rebuilds the
 /// group: every member publishes its address in the store of the quorum's
-/// primary (`store_address`, a [`StoreServer`](super::StoreServer)) under
-/// the quorum id, connects to the members of lower rank and is connected
+/// primary (`store_address`, where a `ferry_rpc`
+/// [`TcpStoreServer`](ferry_rpc::store::TcpStoreServer) listens) under the
+/// quorum id, connects to the members of lower rank and is connected
 /// to by those of higher rank, each connection introduced and acknowledged
 /// with the quorum id, the membership and both replica ids. The same
 /// quorum again is a no-op.
@@ -207,7 +210,6 @@ impl ProcessGroup {
         options: ProcessGroupOptions,
     ) -> Result<Self, CollectiveError> {
         let bind_error = |source| CollectiveError::Bind {
-            what: "process group",
             addr: addr.to_string(),
             source,
         };
@@ -224,7 +226,15 @@ impl ProcessGroup {
             pending: Mutex::new(HashMap::new()),
             arrivals: watch::channel(0).0,
         });
-        let accept = tokio::spawn(accept_loop(Arc::clone(&shared), listener).instrument(span));
+        let accept = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(
+                accept_loop(listener, "process group", move |stream, _| {
+                    introduce(Arc::clone(&shared), stream)
+                })
+                .instrument(span),
+            )
+        };
         Ok(Self {
             shared,
             accept,
@@ -333,9 +343,16 @@ impl ProcessGroup {
                     reason: "no store address to rendezvous at".to_owned(),
                 });
             }
-            let timeout = self.shared.options.timeout;
-            let rendezvous = rendezvous(&self.shared, store_address, key, replica_ids, rank);
-            match tokio::time::timeout(timeout, rendezvous.instrument(span.clone())).await {
+            let options = &self.shared.options;
+            let timeout = options.timeout;
+            let deadline = Instant::now() + timeout;
+            // Connecting is part of the rendezvous: bounded by both limits.
+            let store = connect_store(store_address, options.connect_timeout.min(timeout))
+                .instrument(span.clone())
+                .await?;
+            let rendezvous =
+                rendezvous(&self.shared, &store, store_address, key, replica_ids, rank);
+            match tokio::time::timeout_at(deadline, rendezvous.instrument(span.clone())).await {
                 Ok(result) => result?,
                 Err(_) => {
                     return Err(CollectiveError::Timeout {
@@ -426,27 +443,8 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// Accepts peer connections: handshake, hello, then parked in `pending`
-/// until the group they name is configured here.
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let mut handshakes = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let span = info_span!("peer_connection", %peer);
-                    handshakes.spawn(introduce(Arc::clone(&shared), stream).instrument(span));
-                }
-                Err(error) => {
-                    warn!("process group: accept failed: {error}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
-        }
-    }
-}
-
+/// A peer connection accepted: handshake, hello, then parked in `pending`
+/// until the group it names is configured here.
 async fn introduce(shared: Arc<Shared>, stream: TcpStream) {
     let limit = shared.options.connect_timeout;
     let endpoint = Endpoint::new(shared.options.replica_id.clone(), 0);
@@ -488,43 +486,78 @@ async fn introduce(shared: Arc<Shared>, stream: TcpStream) {
     shared.arrivals.send_modify(|n| *n += 1);
 }
 
-/// Publishes this member's address, connects to the lower ranks and takes
-/// the connections of the higher ones.
+/// Connects to the quorum's store at `address` (`host:port`), retrying
+/// while nobody listens there yet, for at most `timeout`.
+async fn connect_store(address: &str, timeout: Duration) -> Result<TcpStore, CollectiveError> {
+    let unusable = |reason| CollectiveError::StoreAddress {
+        address: address.to_owned(),
+        reason,
+    };
+    let addr = link::lookup(address, timeout).await.map_err(unusable)?;
+    TcpStore::connect(addr, timeout)
+        .await
+        .map_err(|error| store_error(address, error))
+}
+
+fn store_error(address: &str, error: StoreError) -> CollectiveError {
+    match error {
+        StoreError::Timeout { keys, after } => CollectiveError::StoreTimeout {
+            address: address.to_owned(),
+            keys,
+            waited: after,
+        },
+        source => CollectiveError::Store {
+            address: address.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Publishes this member's address in `store` (at `store_address`),
+/// connects to the lower ranks and takes the connections of the higher
+/// ones.
 async fn rendezvous(
     shared: &Arc<Shared>,
+    store: &TcpStore,
     store_address: &str,
     key: GroupKey,
     replica_ids: &[String],
     rank: usize,
 ) -> Result<Vec<Peer>, CollectiveError> {
     let options = &shared.options;
-    let mut store =
-        StoreClient::connect(store_address, &options.replica_id, options.connect_timeout).await?;
+    let failed = |error| store_error(store_address, error);
     let prefix = format!("ferry_ft/pg/{}/{:016x}", key.quorum_id, key.membership);
+    let address = shared.local_addr.to_string().into_bytes();
     store
-        .set(
-            &format!("{prefix}/{rank}"),
-            shared.local_addr.to_string().as_bytes(),
-            options.timeout,
-        )
-        .await?;
+        .set(&format!("{prefix}/{rank}"), address)
+        .await
+        .map_err(failed)?;
     let lower = async {
-        let mut addresses = Vec::with_capacity(rank);
-        for peer in 0..rank {
-            let value = store
-                .get(&format!("{prefix}/{peer}"), options.timeout)
-                .await?;
-            let address = String::from_utf8(value).map_err(|_| CollectiveError::Store {
-                address: store_address.to_owned(),
-                reason: format!("the address of rank {peer} is not text"),
-            })?;
-            addresses.push(address);
+        let keys: Vec<String> = (0..rank).map(|peer| format!("{prefix}/{peer}")).collect();
+        store.wait(&keys, options.timeout).await.map_err(failed)?;
+        let mut addrs = Vec::with_capacity(rank);
+        for (peer, key) in keys.iter().enumerate() {
+            let value = store.get(key).await.map_err(failed)?;
+            let addr = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|text| text.parse::<SocketAddr>().ok())
+                .ok_or_else(|| {
+                    protocol(
+                        peer,
+                        &replica_ids[peer],
+                        format!(
+                            "published {:?} as its address, not a socket address",
+                            String::from_utf8_lossy(&value)
+                        ),
+                    )
+                })?;
+            addrs.push(addr);
         }
         futures::future::try_join_all(
-            addresses
+            addrs
                 .into_iter()
                 .enumerate()
-                .map(|(peer, address)| connect_peer(shared, key, replica_ids, rank, peer, address)),
+                .map(|(peer, addr)| connect_peer(shared, key, replica_ids, rank, peer, addr)),
         )
         .await
     };
@@ -540,17 +573,14 @@ async fn connect_peer(
     replica_ids: &[String],
     rank: usize,
     peer: usize,
-    address: String,
+    addr: SocketAddr,
 ) -> Result<Peer, CollectiveError> {
     let options = &shared.options;
     let connect_error = |reason: String| CollectiveError::Connect {
         rank: peer as u64,
-        address: address.clone(),
+        address: addr.to_string(),
         reason,
     };
-    let addr = link::resolve(&address, options.connect_timeout)
-        .await
-        .map_err(|error| connect_error(error.to_string()))?;
     let endpoint = Endpoint::new(
         options.replica_id.clone(),
         u32::try_from(rank).unwrap_or(u32::MAX),
@@ -588,11 +618,7 @@ async fn connect_peer(
     match link::decode::<HelloReply>(reply) {
         Ok(HelloReply::Ready) => {}
         Ok(HelloReply::Rejected(reason)) => {
-            return Err(CollectiveError::Connect {
-                rank: peer as u64,
-                address,
-                reason: format!("rejected: {reason}"),
-            })
+            return Err(connect_error(format!("rejected: {reason}")))
         }
         Err(error) => {
             return Err(protocol(

@@ -43,7 +43,7 @@ use super::dashboard::render_page;
 use super::state::TickLog;
 use super::status::{KillOutcome, LighthouseStatus};
 use super::{LighthouseOptions, LighthouseState};
-use crate::grpc::{endpoint, error_chain, request_timeout};
+use crate::grpc::{endpoint, error_chain, finish_serving, request_timeout};
 use crate::proto::lighthouse_service_server::SERVICE_NAME;
 use crate::proto::manager_service_client::ManagerServiceClient;
 use crate::proto::{
@@ -58,9 +58,6 @@ const QUORUM_CHANNEL_CAPACITY: usize = 1024;
 /// How long the dashboard's `Kill` may take to connect and to be answered
 /// (torchft's dashboard connects with a 10 s timeout).
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long [`Lighthouse::shutdown`] waits for open connections to finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The message the dashboard's `Kill` carries (torchft's wording).
 const KILL_MESSAGE: &str = "killed from dashboard";
@@ -240,28 +237,13 @@ impl Lighthouse {
         if let Some(ticker) = self.ticker.take() {
             ticker.abort();
         }
-        let Some(mut serve) = self.serve.take() else {
+        let Some(serve) = self.serve.take() else {
             return Ok(());
         };
-        let result = match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
-            Ok(result) => result,
-            Err(_) => {
-                warn!(
-                    addr = %self.local_addr,
-                    "connections still open after {SHUTDOWN_GRACE:?}; closing the server"
-                );
-                serve.abort();
-                match serve.await {
-                    Err(join) if join.is_cancelled() => Ok(Ok(())),
-                    other => other,
-                }
-            }
-        };
-        match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(LighthouseError::Serve(error)),
-            Err(join) => Err(LighthouseError::Task(join)),
-        }
+        finish_serving(serve, &self.local_addr)
+            .await
+            .map_err(LighthouseError::Task)?
+            .map_err(LighthouseError::Serve)
     }
 }
 

@@ -25,7 +25,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use super::{compute_quorum_results, ManagerInfo, QuorumGather, ShouldCommitVotes};
-use crate::grpc::{endpoint, error_chain, request_timeout};
+use crate::grpc::{endpoint, error_chain, finish_serving, request_timeout};
 use crate::proto::lighthouse_service_client::LighthouseServiceClient;
 use crate::proto::manager_service_server::{ManagerService, ManagerServiceServer};
 use crate::proto::{
@@ -34,9 +34,6 @@ use crate::proto::{
     ManagerQuorumResponse, Quorum, ShouldCommitRequest, ShouldCommitResponse,
 };
 use crate::FtError;
-
-/// How long [`Manager::shutdown`] waits for open connections to finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The shortest pause between two lighthouse quorum attempts (torchft:
 /// 100 ms).
@@ -446,28 +443,13 @@ impl Manager {
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.abort();
         }
-        let Some(mut serve) = self.serve.take() else {
+        let Some(serve) = self.serve.take() else {
             return Ok(());
         };
-        let result = match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
-            Ok(result) => result,
-            Err(_) => {
-                warn!(
-                    replica_id = %self.shared.info.replica_id,
-                    "connections still open after {SHUTDOWN_GRACE:?}; closing the server"
-                );
-                serve.abort();
-                match serve.await {
-                    Err(join) if join.is_cancelled() => Ok(Ok(())),
-                    other => other,
-                }
-            }
-        };
-        match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(ManagerError::Serve(error)),
-            Err(join) => Err(ManagerError::Task(join)),
-        }
+        finish_serving(serve, &self.shared.info.replica_id)
+            .await
+            .map_err(ManagerError::Task)?
+            .map_err(ManagerError::Serve)
     }
 }
 

@@ -45,18 +45,23 @@ pub(crate) enum ConnectError {
 /// Resolves `address` (`host:port`) to its first socket address, within
 /// `timeout`.
 pub(crate) async fn resolve(address: &str, timeout: Duration) -> Result<SocketAddr, ConnectError> {
-    let resolve_error = |reason: String| ConnectError::Resolve {
-        address: address.to_owned(),
-        reason,
-    };
+    lookup(address, timeout)
+        .await
+        .map_err(|reason| ConnectError::Resolve {
+            address: address.to_owned(),
+            reason,
+        })
+}
+
+/// [`resolve`], the error being only why: a literal socket address is
+/// parsed, anything else is looked up (`tokio::net::lookup_host` does both).
+pub(crate) async fn lookup(address: &str, timeout: Duration) -> Result<SocketAddr, String> {
     let mut addrs = match tokio::time::timeout(timeout, tokio::net::lookup_host(address)).await {
         Ok(Ok(addrs)) => addrs,
-        Ok(Err(error)) => return Err(resolve_error(error.to_string())),
-        Err(_) => return Err(resolve_error(format!("timed out after {timeout:?}"))),
+        Ok(Err(error)) => return Err(error.to_string()),
+        Err(_) => return Err(format!("no answer within {timeout:?}")),
     };
-    addrs
-        .next()
-        .ok_or_else(|| resolve_error("no addresses".to_owned()))
+    addrs.next().ok_or_else(|| "no addresses".to_owned())
 }
 
 /// Connects to `addr` and runs the handshake, all within `timeout`.

@@ -11,7 +11,7 @@ use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::Limits;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::error::CheckpointServerError;
@@ -21,6 +21,7 @@ use super::protocol::{
     KIND_CHUNK, KIND_REPLY, KIND_REQUEST,
 };
 use super::CheckpointState;
+use crate::net::accept_loop;
 
 /// A checkpoint server's knobs.
 ///
@@ -198,7 +199,15 @@ impl CheckpointServer {
             serving: Mutex::new(None),
             stats: watch::channel(CheckpointServerStats::default()).0,
         });
-        let accept = tokio::spawn(accept_loop(Arc::clone(&shared), listener).instrument(span));
+        let accept = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(
+                accept_loop(listener, "checkpoint server", move |stream, _| {
+                    serve_connection(Arc::clone(&shared), stream)
+                })
+                .instrument(span),
+            )
+        };
         info!(replica_id = %shared.options.replica_id, addr = %local_addr, "checkpoint server listening");
         Ok(Self { shared, accept })
     }
@@ -309,29 +318,6 @@ impl CheckpointServer {
 impl Drop for CheckpointServer {
     fn drop(&mut self) {
         self.accept.abort();
-    }
-}
-
-/// Accepts connections until aborted; aborting drops the `JoinSet`, which
-/// aborts every connection task.
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let span = info_span!("checkpoint_connection", %peer);
-                    connections.spawn(
-                        serve_connection(Arc::clone(&shared), stream).instrument(span),
-                    );
-                }
-                Err(error) => {
-                    warn!("checkpoint server: accept failed: {error}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
     }
 }
 

@@ -61,11 +61,12 @@ async fn read_request(conn: &mut TcpConnection) -> Request {
     link::decode(message).unwrap()
 }
 
+fn reply_message(reply: &Reply) -> OutgoingMessage {
+    link::message(KIND_REPLY, reply).unwrap()
+}
+
 async fn send_reply(conn: &mut TcpConnection, reply: &Reply) {
-    conn.writer
-        .write(&link::message(KIND_REPLY, reply).unwrap())
-        .await
-        .unwrap();
+    conn.writer.write(&reply_message(reply)).await.unwrap();
 }
 
 fn manifest(step: i64, elements: i64) -> Manifest {
@@ -77,6 +78,15 @@ fn manifest(step: i64, elements: i64) -> Manifest {
             shape: vec![elements],
             byte_len: elements as u64 * 4,
         }],
+    }
+}
+
+/// The header of chunk `index` of the only tensor, at its start.
+fn header(index: u64) -> ChunkHeader {
+    ChunkHeader {
+        index,
+        tensor: 0,
+        offset: 0,
     }
 }
 
@@ -98,8 +108,10 @@ async fn fetch_error(addr: &str, options: &FetchOptions) -> RecoveryError {
         .expect_err("the fetch must fail")
 }
 
-fn assert_malformed(error: &RecoveryError, needle: &str) {
-    match error {
+/// Fetches step 3 from `addr` and checks that it fails as malformed, with
+/// `needle` in the reason.
+async fn assert_fetch_malformed(addr: &str, needle: &str) {
+    match fetch_error(addr, &options()).await {
         RecoveryError::Malformed { reason, .. } => {
             assert!(reason.contains(needle), "{needle:?} not in {reason:?}")
         }
@@ -128,13 +140,8 @@ async fn the_fake_source_speaks_the_protocol() {
                 chunk_bytes: 4096
             }
         ));
-        let header = ChunkHeader {
-            index: 0,
-            tensor: 0,
-            offset: 0,
-        };
         conn.writer
-            .write(&chunk(header, floats(1024)))
+            .write(&chunk(header(0), floats(1024)))
             .await
             .unwrap();
         send_reply(&mut conn, &Reply::End { chunks: 1 }).await;
@@ -148,83 +155,65 @@ async fn the_fake_source_speaks_the_protocol() {
     task.await.unwrap();
 }
 
-#[tokio::test]
-async fn a_garbage_reply_is_malformed() {
-    let (addr, _task) = fake_source(|mut conn| async move {
+/// A source that answers the manifest request with `reply`, then holds the
+/// connection open until the healer hangs up.
+async fn source_replying(reply: OutgoingMessage) -> (String, JoinHandle<()>) {
+    fake_source(|mut conn| async move {
         read_request(&mut conn).await;
-        let garbage = OutgoingMessage {
-            kind: KIND_REPLY,
-            flags: Flags::NONE,
-            request_id: 0,
-            payload: vec![0xff; 17],
-            tensors: Vec::new(),
-        };
-        conn.writer.write(&garbage).await.unwrap();
+        conn.writer.write(&reply).await.unwrap();
         let _ = conn.reader.read().await;
     })
+    .await
+}
+
+#[tokio::test]
+async fn a_garbage_reply_is_malformed() {
+    let (addr, _task) = source_replying(OutgoingMessage {
+        kind: KIND_REPLY,
+        flags: Flags::NONE,
+        request_id: 0,
+        payload: vec![0xff; 17],
+        tensors: Vec::new(),
+    })
     .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "bad reply");
+    assert_fetch_malformed(&addr, "bad reply").await;
 }
 
 #[tokio::test]
 async fn a_reply_of_another_kind_is_malformed() {
-    let (addr, _task) = fake_source(|mut conn| async move {
-        read_request(&mut conn).await;
-        let wrong = link::message(MessageKind::RESPONSE, &Reply::End { chunks: 0 }).unwrap();
-        conn.writer.write(&wrong).await.unwrap();
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "expected a reply");
+    let wrong = link::message(MessageKind::RESPONSE, &Reply::End { chunks: 0 }).unwrap();
+    let (addr, _task) = source_replying(wrong).await;
+    assert_fetch_malformed(&addr, "expected a reply").await;
 }
 
 #[tokio::test]
 async fn an_inconsistent_manifest_is_malformed() {
-    let (addr, _task) = fake_source(|mut conn| async move {
-        read_request(&mut conn).await;
-        let mut bad = manifest(3, 1024);
-        bad.tensors[0].byte_len = 4095;
-        send_reply(&mut conn, &Reply::Manifest(bad)).await;
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "4095 bytes");
+    let mut bad = manifest(3, 1024);
+    bad.tensors[0].byte_len = 4095;
+    let (addr, _task) = source_replying(reply_message(&Reply::Manifest(bad))).await;
+    assert_fetch_malformed(&addr, "4095 bytes").await;
 }
 
 #[tokio::test]
 async fn a_manifest_for_another_step_is_malformed() {
-    let (addr, _task) = fake_source(|mut conn| async move {
-        read_request(&mut conn).await;
-        send_reply(&mut conn, &Reply::Manifest(manifest(4, 8))).await;
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "step 4");
+    let (addr, _task) = source_replying(reply_message(&Reply::Manifest(manifest(4, 8)))).await;
+    assert_fetch_malformed(&addr, "step 4").await;
 }
 
 #[tokio::test]
 async fn a_manifest_beyond_the_size_limit_is_refused_before_allocating() {
-    let (addr, _task) = fake_source(|mut conn| async move {
-        read_request(&mut conn).await;
-        // 4 PiB announced.
-        send_reply(&mut conn, &Reply::Manifest(manifest(3, 1 << 50))).await;
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "more than the");
+    // 4 PiB announced.
+    let huge = reply_message(&Reply::Manifest(manifest(3, 1 << 50)));
+    let (addr, _task) = source_replying(huge).await;
+    assert_fetch_malformed(&addr, "more than the").await;
 }
 
 #[tokio::test]
 async fn a_tensor_riding_on_the_manifest_is_malformed() {
-    let (addr, _task) = fake_source(|mut conn| async move {
-        read_request(&mut conn).await;
-        let mut message = link::message(KIND_REPLY, &Reply::Manifest(manifest(3, 8))).unwrap();
-        message.tensors = vec![Arc::new(floats(8)) as Arc<dyn OutgoingTensor>];
-        conn.writer.write(&message).await.unwrap();
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "before the manifest");
+    let mut message = reply_message(&Reply::Manifest(manifest(3, 8)));
+    message.tensors = vec![Arc::new(floats(8)) as Arc<dyn OutgoingTensor>];
+    let (addr, _task) = source_replying(message).await;
+    assert_fetch_malformed(&addr, "before the manifest").await;
 }
 
 /// A source that sends a valid manifest for 1024 f32 (one 4 KiB chunk) and
@@ -243,97 +232,55 @@ where
     .await
 }
 
-#[tokio::test]
-async fn a_chunk_of_the_wrong_size_is_malformed() {
-    let (addr, _task) = source_streaming(|mut conn| async move {
-        let header = ChunkHeader {
-            index: 0,
-            tensor: 0,
-            offset: 0,
-        };
-        let _ = conn.writer.write(&chunk(header, floats(100))).await;
+/// [`source_streaming`] sending `messages`, then holding the connection
+/// open until the healer hangs up (which it may do at the first bad
+/// message: write errors are ignored).
+async fn source_sending(messages: Vec<OutgoingMessage>) -> (String, JoinHandle<()>) {
+    source_streaming(|mut conn| async move {
+        for message in &messages {
+            let _ = conn.writer.write(message).await;
+        }
         let _ = conn.reader.read().await;
     })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "not the planned one");
+    .await
+}
+
+#[tokio::test]
+async fn a_chunk_of_the_wrong_size_is_malformed() {
+    let (addr, _task) = source_sending(vec![chunk(header(0), floats(100))]).await;
+    assert_fetch_malformed(&addr, "not the planned one").await;
 }
 
 #[tokio::test]
 async fn a_chunk_of_the_wrong_dtype_is_malformed() {
-    let (addr, _task) = source_streaming(|mut conn| async move {
-        let header = ChunkHeader {
-            index: 0,
-            tensor: 0,
-            offset: 0,
-        };
-        let ints = RawTensor::from_slice(&[7i32; 1024], &[1024]).unwrap();
-        let _ = conn.writer.write(&chunk(header, ints)).await;
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "not the planned one");
+    let ints = RawTensor::from_slice(&[7i32; 1024], &[1024]).unwrap();
+    let (addr, _task) = source_sending(vec![chunk(header(0), ints)]).await;
+    assert_fetch_malformed(&addr, "not the planned one").await;
 }
 
 #[tokio::test]
 async fn a_chunk_header_off_the_plan_is_malformed() {
-    let (addr, _task) = source_streaming(|mut conn| async move {
-        let header = ChunkHeader {
-            index: 5,
-            tensor: 0,
-            offset: 0,
-        };
-        conn.writer
-            .write(&chunk(header, floats(1024)))
-            .await
-            .unwrap();
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(&fetch_error(&addr, &options()).await, "does not match");
+    let (addr, _task) = source_sending(vec![chunk(header(5), floats(1024))]).await;
+    assert_fetch_malformed(&addr, "does not match").await;
 }
 
 #[tokio::test]
 async fn a_stream_ending_early_is_malformed() {
-    let (addr, _task) = source_streaming(|mut conn| async move {
-        send_reply(&mut conn, &Reply::End { chunks: 0 }).await;
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(
-        &fetch_error(&addr, &options()).await,
-        "ended after 0 chunks",
-    );
+    let (addr, _task) = source_sending(vec![reply_message(&Reply::End { chunks: 0 })]).await;
+    assert_fetch_malformed(&addr, "ended after 0 chunks").await;
 }
 
 #[tokio::test]
 async fn a_chunk_beyond_the_plan_is_malformed() {
-    let (addr, _task) = source_streaming(|mut conn| async move {
-        for _ in 0..2 {
-            let header = ChunkHeader {
-                index: 0,
-                tensor: 0,
-                offset: 0,
-            };
-            let _ = conn.writer.write(&chunk(header, floats(1024))).await;
-        }
-        let _ = conn.reader.read().await;
-    })
-    .await;
-    assert_malformed(
-        &fetch_error(&addr, &options()).await,
-        "after every planned one",
-    );
+    let chunks = (0..2).map(|_| chunk(header(0), floats(1024))).collect();
+    let (addr, _task) = source_sending(chunks).await;
+    assert_fetch_malformed(&addr, "after every planned one").await;
 }
 
 #[tokio::test]
 async fn a_source_dying_mid_chunk_is_lost_not_malformed() {
     let (addr, _task) = source_streaming(|conn| async move {
-        let header = ChunkHeader {
-            index: 0,
-            tensor: 0,
-            offset: 0,
-        };
-        let encoded = ferry_wire::payload::encode(&header).unwrap();
+        let encoded = ferry_wire::payload::encode(&header(0)).unwrap();
         let tensor = floats(1024);
         let frame = Frame::encode(
             KIND_CHUNK,
