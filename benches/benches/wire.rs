@@ -14,7 +14,7 @@
 //! - `frame/decode_1KiB`: [`Frame::decode`] of a tensor-free frame with a
 //!   1 KiB payload;
 //! - `loopback/{empty,1MiB}`: a request/echo round trip over a real
-//!   [`TcpConnection`] pair on 127.0.0.1 within one process, with an empty
+//!   [`PeerConnection`] pair on 127.0.0.1 within one process, with an empty
 //!   message and with one 1 MiB f32 tensor (its throughput counts the bytes
 //!   of both directions).
 
@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use criterion::{criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use ferry_transport::{Endpoint, OutgoingMessage, RawTensor, TcpConnection};
+use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::{self, IncomingTensor, OutgoingTensor};
 use ferry_wire::{
     decode_descriptors, encode_descriptors, DType, Device, Flags, Frame, FrameHeader, Limits,
@@ -164,7 +164,7 @@ fn frame(c: &mut Criterion) {
 /// the same payload and tensors, until the client closes.
 async fn echo_server(listener: TcpListener) {
     let (stream, _) = listener.accept().await.expect("accept");
-    let mut conn = TcpConnection::accept(stream, &Endpoint::new("server", 0))
+    let mut conn = PeerConnection::accept(stream, &Endpoint::new("server", 0))
         .await
         .expect("server handshake");
     while let Some(msg) = conn.reader.read().await.expect("server read") {
@@ -193,19 +193,19 @@ async fn echo_server(listener: TcpListener) {
 }
 
 /// Starts an echo server on 127.0.0.1 and returns a connected client.
-fn connect(rt: &Runtime) -> TcpConnection {
+fn connect(rt: &Runtime) -> PeerConnection {
     rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("local addr");
         tokio::spawn(echo_server(listener));
-        TcpConnection::connect(addr, &Endpoint::new("client", 1))
+        PeerConnection::connect(addr, &Endpoint::new("client", 1))
             .await
             .expect("client handshake")
     })
 }
 
 /// Sends `msg` and waits for its echo; returns the number of tensors back.
-async fn round_trip(conn: &mut TcpConnection, msg: &OutgoingMessage) -> usize {
+async fn round_trip(conn: &mut PeerConnection, msg: &OutgoingMessage) -> usize {
     conn.writer.write(msg).await.expect("client write");
     let reply = conn
         .reader
@@ -217,7 +217,7 @@ async fn round_trip(conn: &mut TcpConnection, msg: &OutgoingMessage) -> usize {
     reply.tensors.len()
 }
 
-/// Benchmarks request/echo round trips over a loopback [`TcpConnection`].
+/// Benchmarks request/echo round trips over a loopback [`PeerConnection`].
 fn loopback(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -130,6 +130,8 @@ pub fn two_workers(
     functions.register_async("identity", |t: RawTensor| async move {
         Ok::<_, std::convert::Infallible>(t)
     });
+    functions.register("rss_reset", |(): ()| memory::reset_peak());
+    functions.register("rss_peak", |(): ()| memory::peak());
     register(&mut functions);
     ferry::init_rpc(
         RpcOptions::from_env(format!("worker{rank}"))?
@@ -139,6 +141,35 @@ pub fn two_workers(
     let result = if rank == 0 { Some(caller()) } else { None };
     rpc::shutdown()?;
     result.transpose()
+}
+
+/// Resident-memory readings of this process, for the peak-RSS bound.
+pub mod memory {
+    /// Gives the receive pool's kept buffers back and resets the kernel's
+    /// peak-RSS mark (`VmHWM`) to the current resident size; returns it.
+    pub fn reset_peak() -> u64 {
+        ferry::transport::BufferPool::global().trim();
+        // "5" resets the peak resident set size (Linux 4.0+).
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        status_bytes("VmRSS:")
+    }
+
+    /// The peak resident set size since the last [`reset_peak`], in bytes.
+    pub fn peak() -> u64 {
+        status_bytes("VmHWM:")
+    }
+
+    fn status_bytes(key: &str) -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix(key)
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                })
+            })
+            .map_or(0, |kb| kb * 1024)
+    }
 }
 
 /// Writes `value` as pretty-printed JSON to the file `out` (creating its

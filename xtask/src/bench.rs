@@ -24,7 +24,21 @@ use crate::table::{self, Better, Metric, RowSpec};
 /// Where results go, relative to the repository root.
 const OUT_DIR: &str = "target/ferry-bench";
 /// Sizes of the RPC latency cells (same labels on both sides).
-const RPC_SIZES: &[&str] = &["0", "1KB", "1MB", "4MB"];
+const RPC_SIZES: &[&str] = &["0", "1KB", "1MB", "4MB", "40MB", "400MB"];
+/// [`RPC_SIZES`] under `--quick`.
+const RPC_SIZES_QUICK: &[&str] = &["0", "1KB", "1MB", "4MB", "40MB"];
+/// The fast-path issue's targets, as ratios PyTorch / Ferry: the empty call
+/// at most 1/20 of PyTorch's, 64 empty calls in flight at least 25× the
+/// rate, 4 MB at most 1/2, 40 MB and 400 MB at most 1/4.
+fn rpc_target(bytes: f64) -> Option<f64> {
+    match bytes as u64 {
+        0 => Some(20.0),
+        b if b == 4 << 20 => Some(2.0),
+        b if b == 40 << 20 || b == 400 << 20 => Some(4.0),
+        _ => None,
+    }
+}
+const RPC_THROUGHPUT_TARGET: f64 = 25.0;
 /// Sizes of the RRef overhead rows (float32; the paper's Table 1).
 const RREF_SIZES: &[&str] = &["4MB", "40MB", "400MB"];
 /// [`RREF_SIZES`] under `--quick`.
@@ -257,12 +271,14 @@ pub(crate) fn main(o: &Options) -> Result<()> {
 
 /// Ferry's `rpc_latency` binary and the peer's `pt_rpc_latency.py`, then the table.
 fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
-    let peer_args = [&["--funcs", "identity", "--sizes"][..], RPC_SIZES].concat();
+    let sizes = if o.quick { RPC_SIZES_QUICK } else { RPC_SIZES };
+    let peer_args = [&["--funcs", "identity", "--sizes"][..], sizes].concat();
+    let ferry_args = [&["--sizes"][..], sizes].concat();
     Comparison {
         name: "rpc_latency",
         ferry_target: &["-p", "ferry-benches", "--bin", "rpc_latency"],
         libtorch: false,
-        ferry_args: &[],
+        ferry_args: &ferry_args,
         peer_script: "pt_rpc_latency.py",
         peer_args: &peer_args,
         heading:
@@ -1100,12 +1116,16 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
             ],
             field: f.into(),
         };
-        specs.push(RowSpec::new(
+        let median = RowSpec::new(
             format!("{func} {size} rpc_sync median"),
             "ms",
             Better::Lower,
             field("/rpc_sync/median_ms"),
-        ));
+        );
+        specs.push(match bytes.as_f64().and_then(rpc_target) {
+            Some(t) => median.with_target(t),
+            None => median,
+        });
         specs.push(RowSpec::new(
             format!("{func} {size} rpc_sync p90"),
             "ms",
@@ -1126,12 +1146,30 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
                 .and_then(Value::as_u64)
         })
         .unwrap_or(64);
-    specs.push(RowSpec::new(
-        format!("empty calls/s, {inflight} in flight"),
-        "calls/s",
-        Better::Higher,
-        Metric::At("/throughput_empty/median_calls_per_s".into()),
-    ));
+    specs.push(
+        RowSpec::new(
+            format!("empty calls/s, {inflight} in flight"),
+            "calls/s",
+            Better::Higher,
+            Metric::At("/throughput_empty/median_calls_per_s".into()),
+        )
+        .with_target(RPC_THROUGHPUT_TARGET),
+    );
+    // Ferry only: how much one round trip of the largest tensor raised each
+    // side's peak resident memory, in tensor sizes (bound: 1 + a constant).
+    for side in ["caller", "callee"] {
+        if ferry
+            .pointer(&format!("/peak_rss/{side}_rise_tensors"))
+            .is_some()
+        {
+            specs.push(RowSpec::new(
+                format!("peak RSS rise, {side}, one round trip (tensor sizes)"),
+                "x",
+                Better::Lower,
+                Metric::At(format!("/peak_rss/{side}_rise_tensors")),
+            ));
+        }
+    }
     specs
 }
 

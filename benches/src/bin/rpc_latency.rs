@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use ferry::rpc;
 use ferry::{DType, RawTensor};
 use ferry_benches::{
-    parse_size, pct, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
+    memory, parse_size, pct, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
 };
 use serde_json::{json, Value};
 
@@ -195,6 +195,10 @@ fn caller(c: &Config) -> Result<Value> {
     }
     eprintln!("[ferry] throughput ...");
     let tput = measure_tput(c)?;
+    let peak_rss = match c.sizes.iter().copied().max() {
+        Some(bytes) if bytes >= 100 << 20 => measure_peak_rss(bytes)?,
+        _ => Value::Null,
+    };
     Ok(json!({
         "bench": "ferry_rpc_latency",
         "config": {
@@ -203,6 +207,31 @@ fn caller(c: &Config) -> Result<Value> {
         },
         "cells": cells,
         "throughput_empty": tput,
+        "peak_rss": peak_rss,
+    }))
+}
+
+/// How much one round trip of a `bytes` tensor raises each side's peak
+/// resident memory: both sides give their pooled buffers back and reset
+/// their peak mark, then one call runs. The bound is one tensor size plus a
+/// constant (no hidden staging copies).
+fn measure_peak_rss(bytes: u64) -> Result<Value> {
+    eprintln!("[ferry] peak RSS, {} ...", size_label(bytes));
+    let t = test_tensor((bytes / 4) as usize)?;
+    let _: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+    let callee_before: u64 = rpc::rpc_sync(CALLEE, "rss_reset", ())?;
+    let caller_before = memory::reset_peak();
+    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+    let caller_peak = memory::peak();
+    let callee_peak: u64 = rpc::rpc_sync(CALLEE, "rss_peak", ())?;
+    drop(r);
+    let rise = |peak: u64, before: u64| peak.saturating_sub(before) as f64;
+    Ok(json!({
+        "tensor_bytes": bytes,
+        "caller_before_bytes": caller_before, "caller_peak_bytes": caller_peak,
+        "callee_before_bytes": callee_before, "callee_peak_bytes": callee_peak,
+        "caller_rise_tensors": rise(caller_peak, caller_before) / bytes as f64,
+        "callee_rise_tensors": rise(callee_peak, callee_before) / bytes as f64,
     }))
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, TcpConnection};
+use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, PeerConnection};
 use ferry_wire::payload::{self, Encoded, IncomingTensor};
 use ferry_wire::{Flags, MessageKind};
 use parking_lot::Mutex;
@@ -64,6 +64,18 @@ struct Pending {
     deadline: Option<(Instant, Duration)>,
 }
 
+/// What a connection with a peer runs on: its transport and, per device
+/// pair, the channel of the tensors each way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// The transport carrying the frames (`"tcp"` or `"shm"`).
+    pub transport: &'static str,
+    /// Channels of the tensors this worker sends to the peer.
+    pub outgoing: Vec<ferry_wire::ChannelChoice>,
+    /// Channels of the tensors this worker receives from the peer.
+    pub incoming: Vec<ferry_wire::ChannelChoice>,
+}
+
 #[derive(Default)]
 struct Calls {
     pending: HashMap<u64, Pending>,
@@ -83,6 +95,8 @@ pub(crate) struct Inner {
     layers: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     interceptors: Vec<Arc<dyn Interceptor>>,
     links: Mutex<HashMap<u32, Link>>,
+    /// What the latest connection with each peer selected.
+    link_info: Mutex<HashMap<u32, LinkInfo>>,
     calls: Mutex<Calls>,
     timer_wake: Notify,
     next_id: AtomicU64,
@@ -132,6 +146,7 @@ impl Agent {
         endpoint.transports = options.transports.clone();
         endpoint.limits = options.limits;
         endpoint.allocator = options.allocator.clone();
+        endpoint.config = options.channel_config.clone();
         let inner = Arc::new(Inner {
             me,
             workers: rendezvous.workers,
@@ -145,6 +160,7 @@ impl Agent {
             layers: options.hooks.layers.clone(),
             interceptors: options.hooks.interceptors.clone(),
             links: Mutex::new(HashMap::new()),
+            link_info: Mutex::new(HashMap::new()),
             calls: Mutex::new(Calls::default()),
             timer_wake: Notify::new(),
             next_id: AtomicU64::new(1),
@@ -251,6 +267,13 @@ impl Agent {
         let mut tasks = self.inner.tasks.lock();
         tasks.retain(|t| !t.is_finished());
         tasks.push(task);
+    }
+
+    /// The transport and channels of the latest connection with `worker`,
+    /// once one has been made (either side may have opened it).
+    pub fn link_info(&self, worker: impl Into<WorkerRef>) -> Result<Option<LinkInfo>, RpcError> {
+        let rank = self.inner.resolve(&worker.into())?;
+        Ok(self.inner.link_info.lock().get(&rank).cloned())
     }
 
     /// The default timeout of calls.
@@ -702,7 +725,7 @@ impl Inner {
         let addr = self.addrs[rank as usize];
         let connected = tokio::time::timeout(
             self.init_timeout,
-            TcpConnection::connect(addr, &self.endpoint),
+            PeerConnection::connect(addr, &self.endpoint),
         )
         .await;
         let connection = match connected {
@@ -728,19 +751,49 @@ impl Inner {
     /// the outbox, this task reads frames and dispatches them.
     async fn serve_connection(
         self: &Arc<Self>,
-        connection: TcpConnection,
+        connection: PeerConnection,
         conn: u64,
         peer: WorkerInfo,
         outbox: Outbox,
         mut rx: mpsc::UnboundedReceiver<OutgoingMessage>,
     ) {
+        debug!(
+            peer = %peer.name,
+            transport = connection.transport,
+            channels = ?connection.outgoing_channels(),
+            "connection established"
+        );
+        self.link_info.lock().insert(
+            peer.id,
+            LinkInfo {
+                transport: connection.transport,
+                outgoing: connection.outgoing_channels().to_vec(),
+                incoming: connection.incoming_channels().to_vec(),
+            },
+        );
         let mut writer = connection.writer;
         let mut reader = connection.reader;
+        let releases = writer.release_signal();
         let me = self.clone();
         let writer_task = self.handle.spawn(
             async move {
                 let mut batch = Vec::with_capacity(MAX_BATCH);
-                while let Some(first) = rx.recv().await {
+                loop {
+                    let first = tokio::select! {
+                        biased;
+                        m = rx.recv() => match m {
+                            Some(m) => m,
+                            None => break,
+                        },
+                        () = releases.wait() => {
+                            // The reader copied tensors out of band: tell the peer.
+                            if let Err(e) = writer.write_batch(&[]).await {
+                                me.fail_connection(conn, e.to_string());
+                                return;
+                            }
+                            continue;
+                        }
+                    };
                     batch.push(first);
                     while batch.len() < MAX_BATCH {
                         match rx.try_recv() {
@@ -1089,7 +1142,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             async move {
                 let handshake = tokio::time::timeout(
                     inner2.init_timeout,
-                    TcpConnection::accept(stream, &inner2.endpoint),
+                    PeerConnection::accept(stream, &inner2.endpoint),
                 )
                 .await;
                 let connection = match handshake {

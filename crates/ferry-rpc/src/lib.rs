@@ -55,7 +55,7 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use agent::{Agent, ServiceFuture, WeakAgent};
+pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use call::RpcFuture;
 pub use error::RpcError;
 pub use functions::{BoxFuture, Functions, Signature};

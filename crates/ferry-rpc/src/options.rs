@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_transport::{channel, Allocator, RawAllocator};
+use ferry_transport::{channel, Allocator, ChannelConfig, RawAllocator};
 use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
 
 use crate::service::{Hooks, Interceptor, Service};
@@ -44,6 +44,8 @@ pub struct RpcOptions {
     pub channels: Vec<ChannelOffer>,
     /// Transports offered, by preference.
     pub transports: Vec<TransportOffer>,
+    /// Channel settings: small-tensor size, copy threads, lanes, ring sizes.
+    pub channel_config: ChannelConfig,
     /// Limits on everything read from the network.
     pub limits: Limits,
     /// Receive hook for incoming tensors.
@@ -79,6 +81,7 @@ impl RpcOptions {
             hooks: Hooks::default(),
             channels: channel::default_channels(),
             transports: channel::default_transports(),
+            channel_config: ChannelConfig::default(),
             limits: Limits::default(),
             allocator: Arc::new(RawAllocator),
             store: None,
@@ -88,7 +91,10 @@ impl RpcOptions {
     /// Options from the environment: `MASTER_ADDR` (default `127.0.0.1`),
     /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`; optional `FERRY_RPC_TIMEOUT_MS`,
     /// `FERRY_IO_THREADS`, `FERRY_CHANNELS` and `FERRY_TRANSPORTS` (comma-separated,
-    /// by preference).
+    /// by preference; e.g. `FERRY_CHANNELS=shm,inline` keeps `cma` and `mpt`
+    /// out), `FERRY_SMALL_TENSOR_BYTES` (tensors below it go inline whatever
+    /// the channel; 0 sends every tensor over its channel) and
+    /// `FERRY_MPT_LANES`.
     pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
         let var =
             |k: &str| std::env::var(k).map_err(|_| RpcError::Config(format!("{k} is not set")));
@@ -123,6 +129,28 @@ impl RpcOptions {
         }
         if let Ok(list) = std::env::var("FERRY_TRANSPORTS") {
             o.transports = channel::parse_transports(&list)?;
+        }
+        let size = |key: &str| -> Result<Option<usize>, RpcError> {
+            match std::env::var(key) {
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| RpcError::Config(format!("{key} is not a number: {v:?}"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(n) = size("FERRY_SMALL_TENSOR_BYTES")? {
+            o.channel_config.small_tensor_bytes = n;
+        }
+        if let Some(n) = size("FERRY_MPT_LANES")? {
+            if !(1..=ferry_transport::MAX_MPT_LANES).contains(&n) {
+                return Err(RpcError::Config(format!(
+                    "FERRY_MPT_LANES must be 1..={}, got {n}",
+                    ferry_transport::MAX_MPT_LANES
+                )));
+            }
+            o.channel_config.mpt_lanes = n;
         }
         Ok(o)
     }

@@ -44,6 +44,7 @@ fn functions() -> Functions {
     f.register("add", |(a, b): (i64, i64)| a + b);
     f.register("identity", |t: RawTensor| t);
     f.register("echo_nested", |n: Nested| n);
+    f.register("identity_many", |v: Vec<RawTensor>| v);
     f.register("whoami", |(): ()| {
         ferry_rpc::get_worker_info(None).unwrap().name
     });
@@ -656,4 +657,129 @@ fn the_harness_reports_a_failing_rank() {
         assert!(!outputs[1].success);
         assert!(outputs[1].stderr.contains("rank 1 fails on purpose"));
     }
+}
+
+/// The transport and channel the environment asks for (the xtask runs this
+/// suite once per combination), or the defaults: the first offered.
+fn expected_link() -> (String, String) {
+    use ferry_transport::channel;
+    let transports = match std::env::var("FERRY_TRANSPORTS") {
+        Ok(list) => channel::parse_transports(&list).unwrap(),
+        Err(_) => channel::default_transports(),
+    };
+    let channels = match std::env::var("FERRY_CHANNELS") {
+        Ok(list) => channel::parse_channels(&list).unwrap(),
+        Err(_) => channel::default_channels(),
+    };
+    let best_channel = channels.iter().max_by_key(|c| c.priority).unwrap();
+    let best_transport = transports.iter().max_by_key(|t| t.priority).unwrap();
+    (best_transport.name.clone(), best_channel.name.clone())
+}
+
+/// One message with tensors of many sizes (from empty to 12 MiB), and views.
+fn many_sizes(seed: u8) -> Vec<RawTensor> {
+    let mut out: Vec<RawTensor> = [0i64, 1, 3, 1000, 70_000, 1 << 20, 3 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| sample(DType::F32, &[n], seed ^ i as u8))
+        .collect();
+    out.push(sample(DType::U8, &[(12 << 20) + 5], seed));
+    let m = sample(DType::F64, &[300, 700], seed);
+    out.push(m.t().unwrap());
+    out
+}
+
+#[test]
+fn links_use_the_configured_transport_and_channel() {
+    world_ok(
+        "links_use_the_configured_transport_and_channel",
+        3,
+        |rank| {
+            start(rank);
+            // Mixed messages to every other worker, several in flight at once.
+            let calls: Vec<_> = (0..3u32)
+                .filter(|&p| p != rank)
+                .flat_map(|p| (0..3u8).map(move |i| (p, i)))
+                .map(|(p, i)| {
+                    let value = many_sizes(i ^ rank as u8);
+                    let f = ferry_rpc::rpc_async::<Vec<RawTensor>, _>(p, "identity_many", value);
+                    (f, i)
+                })
+                .collect();
+            for (f, i) in calls {
+                assert!(f.wait().unwrap() == many_sizes(i ^ rank as u8));
+            }
+            let (transport, channel) = expected_link();
+            let agent = ferry_rpc::agent().unwrap();
+            for peer in (0..3u32).filter(|&p| p != rank) {
+                let link = agent
+                    .link_info(peer)
+                    .unwrap()
+                    .expect("a connection was made");
+                assert_eq!(link.transport, transport, "transport to {peer}");
+                assert_eq!(link.outgoing[0].channel, channel, "channel to {peer}");
+                assert_eq!(link.incoming[0].channel, channel, "channel from {peer}");
+            }
+            println!("LINK={transport}/{channel}");
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}
+
+/// A tensor of this many bytes makes its receiver exit while allocating the
+/// destination: the peer dies with the transfer under way.
+const FATAL_BYTES: u64 = (24 << 20) + 7;
+
+/// The default allocator, except that a [`FATAL_BYTES`] tensor kills the
+/// process.
+struct DieOnFatal;
+impl ferry_transport::Allocator for DieOnFatal {
+    fn allocate(
+        &self,
+        d: &ferry_wire::TensorDescriptor,
+    ) -> Result<Box<dyn ferry_transport::RecvBuffer>, ferry_transport::TransportError> {
+        if d.byte_len == FATAL_BYTES {
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
+        }
+        ferry_transport::RawAllocator.allocate(d)
+    }
+}
+
+#[test]
+fn a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving() {
+    world_ok(
+        "a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving",
+        3,
+        |rank| {
+            let mut o = options(rank);
+            o.allocator = Arc::new(DieOnFatal);
+            ferry_rpc::init_rpc(o).unwrap();
+            if rank == 0 {
+                let fatal = sample(DType::U8, &[FATAL_BYTES as i64], 3);
+                let err = ferry_rpc::rpc_sync::<RawTensor, _>(2u32, "identity", fatal).unwrap_err();
+                assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
+                // The others keep serving, tensors included.
+                let t = sample(DType::F32, &[3 << 20], 4);
+                let back: RawTensor = ferry_rpc::rpc_sync(1u32, "identity", t.clone()).unwrap();
+                assert_eq!(back, t);
+                let agent = ferry_rpc::agent().unwrap();
+                agent
+                    .block_on(agent.store().set("test/done", Vec::new()))
+                    .unwrap();
+                ferry_rpc::shutdown_now().unwrap();
+            } else if rank == 1 {
+                let agent = ferry_rpc::agent().unwrap();
+                let _ = agent.block_on(
+                    agent
+                        .store()
+                        .wait(&["test/done".to_string()], Duration::from_secs(60)),
+                );
+                ferry_rpc::shutdown_now().unwrap();
+            } else {
+                // Rank 2 exits while receiving; never reached otherwise.
+                std::thread::park();
+            }
+        },
+    );
 }

@@ -3,7 +3,7 @@
 //! This example uses no RPC layer, only what another system would take from
 //! Ferry to move tensors between processes:
 //!
-//! - the server accepts [`TcpConnection`]s on an ephemeral port of
+//! - the server accepts [`PeerConnection`]s on an ephemeral port of
 //!   127.0.0.1; every message it receives carries a serde payload
 //!   `(String, Vec<RawTensor>)`, and it answers with the same label and every
 //!   f32 tensor doubled (other dtypes come back unchanged), keeping each
@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ferry_transport::{
-    Endpoint, IncomingMessage, OutgoingMessage, RawTensor, Storage, TcpConnection,
+    Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor, Storage,
 };
 use ferry_wire::{payload, DType, Flags, MessageKind, TensorDescriptor};
 use tokio::net::TcpListener;
@@ -69,7 +69,7 @@ async fn serve_connection(
     stream: tokio::net::TcpStream,
     endpoint: &Endpoint,
 ) -> Result<(), BoxError> {
-    let mut conn = TcpConnection::accept(stream, endpoint).await?;
+    let mut conn = PeerConnection::accept(stream, endpoint).await?;
     println!("server: {} connected", conn.peer.worker_name);
     while let Some(request) = conn.reader.read().await? {
         let reply = handle(request)?;
@@ -132,7 +132,7 @@ fn values(t: &RawTensor) -> Vec<f32> {
 
 /// Connects, sends a few messages and checks the replies.
 async fn run_client(addr: SocketAddr) -> Result<(), BoxError> {
-    let mut conn = TcpConnection::connect(addr, &Endpoint::new("echo-client", 1)).await?;
+    let mut conn = PeerConnection::connect(addr, &Endpoint::new("echo-client", 1)).await?;
     println!("client: connected to {}", conn.peer.worker_name);
 
     let grid = RawTensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;

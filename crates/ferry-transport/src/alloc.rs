@@ -29,7 +29,9 @@ pub trait Allocator: Send + Sync + 'static {
     ) -> Result<Box<dyn RecvBuffer>, TransportError>;
 }
 
-/// The default allocator: zeroed aligned host memory, finished as [`RawTensor`].
+/// The default allocator: aligned host memory from the process-wide
+/// [`BufferPool`](crate::BufferPool) (pre-faulted and reused for large
+/// tensors), finished as [`RawTensor`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RawAllocator;
 
@@ -66,7 +68,7 @@ impl Allocator for RawAllocator {
             ))
         })?;
         Ok(Box::new(RawBuffer {
-            storage: Storage::zeroed(len)?,
+            storage: crate::BufferPool::global().storage(len)?,
             descriptor: descriptor.clone(),
         }))
     }

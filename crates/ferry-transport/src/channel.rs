@@ -1,8 +1,26 @@
-//! Tensor channels this build knows, and the offers a worker makes.
+//! Tensor channels and transports this build knows, and the offers a
+//! worker makes.
 //!
-//! Only `inline` exists yet: tensor bytes follow the frame's payload on the
-//! same connection. Faster channels (shared memory, CMA, multi-lane TCP)
-//! slot in as further offers; selection picks per device pair.
+//! | channel | carries tensor bytes | domain (who can use it with whom) | default priority |
+//! |---|---|---|---|
+//! | `cma` | receiver pulls them from the sender's memory (`process_vm_readv`): one copy | same boot, PID and user namespace, user (only offered where the kernel permits it) | 30 |
+//! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot and network namespace | 20 |
+//! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
+//! | `inline` | after the frame on the connection itself | any | 0 |
+//!
+//! | transport | carries frames | domain | default priority |
+//! |---|---|---|---|
+//! | `shm` | a ring pair in shared memory, woken through eventfds only when the peer sleeps | same boot and network namespace | 10 |
+//! | `tcp` | a TCP connection (also the bootstrap for `shm`) | any | 0 |
+//!
+//! Selection ([`crate::selection`]) picks per device pair the channel with
+//! the highest summed priority both ends offer with equal descriptors, so a
+//! pair of workers on one host uses `cma` (or `shm` where CMA is not
+//! permitted), and workers on different hosts use `mpt`. A worker can
+//! restrict and reorder the lists ([`parse_channels`], [`parse_transports`];
+//! the RPC layer reads them from `FERRY_CHANNELS` and `FERRY_TRANSPORTS`).
+
+use std::sync::OnceLock;
 
 use ferry_wire::{ChannelOffer, Device, DeviceOffer, TransportOffer};
 
@@ -10,54 +28,116 @@ use crate::TransportError;
 
 /// The universal fallback channel: bytes follow the header on the connection.
 pub const INLINE: &str = "inline";
+/// Cross-memory attach: the receiver reads the sender's memory.
+pub const CMA: &str = "cma";
+/// Shared-memory staging: bytes go through a ring in a shared segment.
+pub const SHM: &str = "shm";
+/// Multi-lane TCP: chunks over several connections in parallel.
+pub const MPT: &str = "mpt";
 /// The TCP transport.
 pub const TCP: &str = "tcp";
+/// The shared-memory ring transport (named like the channel; they are
+/// different lists).
+pub const SHM_TRANSPORT: &str = "shm";
 
 /// Channels implemented in this build, highest default priority first.
-pub const KNOWN_CHANNELS: &[&str] = &[INLINE];
-/// Transports implemented in this build.
-pub const KNOWN_TRANSPORTS: &[&str] = &[TCP];
+pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, INLINE];
+/// Transports implemented in this build, highest default priority first.
+pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, TCP];
 
-/// The offer for one known channel with its default priority.
-pub fn channel_offer(name: &str) -> Result<ChannelOffer, TransportError> {
-    match name {
-        INLINE => Ok(ChannelOffer {
-            name: INLINE.into(),
-            priority: 0,
-            devices: vec![DeviceOffer {
-                device: Device::Cpu,
-                descriptor: "any".into(),
-            }],
-        }),
-        other => Err(TransportError::Unknown {
-            what: "channel",
-            name: other.into(),
-            known: KNOWN_CHANNELS.join(", "),
-        }),
+/// The domain of same-host shared memory: the boot id and the network
+/// namespace (abstract Unix sockets, which pass the segment's descriptors,
+/// are per network namespace).
+pub(crate) fn same_host_domain() -> Result<String, String> {
+    static DOMAIN: OnceLock<Result<String, String>> = OnceLock::new();
+    DOMAIN
+        .get_or_init(|| {
+            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map_err(|e| format!("cannot read the boot id: {e}"))?;
+            let net = std::fs::read_link("/proc/self/ns/net")
+                .map_err(|e| format!("cannot read the network namespace: {e}"))?;
+            Ok(format!("{}/{}", boot.trim(), net.to_string_lossy()))
+        })
+        .clone()
+}
+
+/// The `cma` domain descriptor, or why the channel is not viable here.
+pub fn cma_viability() -> Result<String, String> {
+    static CMA_DOMAIN: OnceLock<Result<String, String>> = OnceLock::new();
+    CMA_DOMAIN.get_or_init(crate::cma::descriptor).clone()
+}
+
+fn cpu_offer(name: &str, priority: i32, descriptor: String) -> ChannelOffer {
+    ChannelOffer {
+        name: name.into(),
+        priority,
+        devices: vec![DeviceOffer {
+            device: Device::Cpu,
+            descriptor,
+        }],
     }
 }
 
-/// The offer for one known transport.
-pub fn transport_offer(name: &str) -> Result<TransportOffer, TransportError> {
-    match name {
-        TCP => Ok(TransportOffer {
+/// The offer for one known channel with its default priority, `Ok(None)`
+/// when the channel is known but not viable in this process (the reason is
+/// logged), and an error listing the known names for an unknown one.
+pub fn channel_offer(name: &str) -> Result<Option<ChannelOffer>, TransportError> {
+    let viable = |name: &str, priority, domain: Result<String, String>| match domain {
+        Ok(d) => Some(cpu_offer(name, priority, d)),
+        Err(reason) => {
+            tracing::info!(channel = name, %reason, "channel not offered");
+            None
+        }
+    };
+    Ok(match name {
+        CMA => viable(CMA, 30, cma_viability()),
+        SHM => viable(SHM, 20, same_host_domain()),
+        MPT => Some(cpu_offer(MPT, 10, "any".into())),
+        INLINE => Some(cpu_offer(INLINE, 0, "any".into())),
+        other => {
+            return Err(TransportError::Unknown {
+                what: "channel",
+                name: other.into(),
+                known: KNOWN_CHANNELS.join(", "),
+            })
+        }
+    })
+}
+
+/// The offer for one known transport, `Ok(None)` when not viable here.
+pub fn transport_offer(name: &str) -> Result<Option<TransportOffer>, TransportError> {
+    Ok(match name {
+        SHM_TRANSPORT => match same_host_domain() {
+            Ok(descriptor) => Some(TransportOffer {
+                name: SHM_TRANSPORT.into(),
+                priority: 10,
+                descriptor,
+            }),
+            Err(reason) => {
+                tracing::info!(transport = name, %reason, "transport not offered");
+                None
+            }
+        },
+        TCP => Some(TransportOffer {
             name: TCP.into(),
             priority: 0,
             descriptor: "any".into(),
         }),
-        other => Err(TransportError::Unknown {
-            what: "transport",
-            name: other.into(),
-            known: KNOWN_TRANSPORTS.join(", "),
-        }),
-    }
+        other => {
+            return Err(TransportError::Unknown {
+                what: "transport",
+                name: other.into(),
+                known: KNOWN_TRANSPORTS.join(", "),
+            })
+        }
+    })
 }
 
 /// Offers for every known channel.
 pub fn default_channels() -> Vec<ChannelOffer> {
     KNOWN_CHANNELS
         .iter()
-        .map(|n| channel_offer(n).expect("known channel"))
+        .filter_map(|n| channel_offer(n).ok().flatten())
         .collect()
 }
 
@@ -65,13 +145,14 @@ pub fn default_channels() -> Vec<ChannelOffer> {
 pub fn default_transports() -> Vec<TransportOffer> {
     KNOWN_TRANSPORTS
         .iter()
-        .map(|n| transport_offer(n).expect("known transport"))
+        .filter_map(|n| transport_offer(n).ok().flatten())
         .collect()
 }
 
 /// Parses a comma-separated channel list (e.g. from an environment
 /// variable), in the given order of preference: the first gets the highest
-/// priority. Unknown names are an error listing the known ones.
+/// priority. Unknown names are an error listing the known ones; a known
+/// channel that is not viable here is left out (selection falls back).
 pub fn parse_channels(list: &str) -> Result<Vec<ChannelOffer>, TransportError> {
     parse_list(list, channel_offer, |o, p| o.priority = p)
 }
@@ -84,7 +165,7 @@ pub fn parse_transports(list: &str) -> Result<Vec<TransportOffer>, TransportErro
 /// Offers for the names in `list`, prioritised by their order.
 fn parse_list<T>(
     list: &str,
-    offer: fn(&str) -> Result<T, TransportError>,
+    offer: fn(&str) -> Result<Option<T>, TransportError>,
     set_priority: fn(&mut T, i32),
 ) -> Result<Vec<T>, TransportError> {
     let names: Vec<&str> = list
@@ -93,23 +174,14 @@ fn parse_list<T>(
         .filter(|s| !s.is_empty())
         .collect();
     let count = names.len() as i32;
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let mut o = offer(n)?;
+    let mut out = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        if let Some(mut o) = offer(n)? {
             set_priority(&mut o, count - i as i32);
-            Ok(o)
-        })
-        .collect()
-}
-
-pub(crate) fn not_implemented(name: &str) -> TransportError {
-    TransportError::Unknown {
-        what: "channel",
-        name: name.into(),
-        known: KNOWN_CHANNELS.join(", "),
+            out.push(o);
+        }
     }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -118,19 +190,21 @@ mod tests {
 
     #[test]
     fn unknown_names_list_the_known_ones() {
-        let err = parse_channels("inline, cma").unwrap_err();
-        assert_eq!(err.to_string(), "unknown channel \"cma\"; known: inline");
-        let err = parse_transports("shm").unwrap_err();
-        assert_eq!(err.to_string(), "unknown transport \"shm\"; known: tcp");
+        let err = parse_channels("inline, rdma").unwrap_err();
         assert_eq!(
-            parse_channels("inline").unwrap(),
-            default_channels()
-                .into_iter()
-                .map(|mut o| {
-                    o.priority = 1;
-                    o
-                })
-                .collect::<Vec<_>>()
+            err.to_string(),
+            "unknown channel \"rdma\"; known: cma, shm, mpt, inline"
         );
+        let err = parse_transports("ibv").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown transport \"ibv\"; known: shm, tcp"
+        );
+        let forced = parse_channels("inline, mpt").unwrap();
+        let named: Vec<_> = forced
+            .iter()
+            .map(|o| (o.name.as_str(), o.priority))
+            .collect();
+        assert_eq!(named, [("inline", 2), ("mpt", 1)]);
     }
 }

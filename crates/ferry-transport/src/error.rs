@@ -42,6 +42,16 @@ pub enum TransportError {
         /// The peer.
         peer: String,
     },
+    /// A channel failed to move a tensor's bytes.
+    #[error("channel {channel} with {peer} failed: {reason}")]
+    Channel {
+        /// The channel's name.
+        channel: &'static str,
+        /// The peer.
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A destination could not be allocated.
     #[error("cannot allocate tensor destination: {0}")]
     Alloc(String),

@@ -1,21 +1,142 @@
 //! Frame I/O over any byte stream: vectored writes that send tensor bytes
 //! from their own memory, and reads that put tensor bytes straight into
 //! destinations allocated from their descriptors.
+//!
+//! # Tensor bytes on the wire
+//!
+//! After a frame's payload come its tensors, in table order, each as its
+//! selected channel carries it:
+//! - `inline`: the tensor's bytes;
+//! - any other channel: one mode byte. Mode 0: the bytes follow inline (a
+//!   tensor below the connection's small-tensor size costs less on the
+//!   stream than a channel's round of bookkeeping). Mode 1: the channel's
+//!   record: `cma` sends the bytes' address and a release token (16 bytes,
+//!   little-endian); `shm` nothing (the bytes go through the shared-memory
+//!   ring, in order); `mpt` the transfer's sequence number (8 bytes; the
+//!   bytes go over the lanes).
+//!
+//! A `cma` sender keeps the tensor alive until the receiver's
+//! [`MessageKind::RELEASE`] frame names its token; the reader handles those
+//! frames itself and queues its own for the writer ([`ReleaseSignal`]).
 
+use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use ferry_wire::payload::IncomingTensor;
-use ferry_wire::{decode_descriptors, encode_descriptors, Device, FrameHeader, Limits, HEADER_LEN};
+use ferry_wire::payload::{IncomingTensor, OutgoingTensor};
+use ferry_wire::{
+    decode_descriptors, encode_descriptors, Device, Flags, FrameHeader, Limits, MessageKind,
+    WireError, HEADER_LEN,
+};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::Notify;
 
+use crate::mpt::{MptReceiver, MptSender};
 use crate::selection::Selection;
-use crate::{channel, Allocator, IncomingMessage, OutgoingMessage, TransportError};
+use crate::{
+    channel, cma, Allocator, IncomingMessage, OutgoingMessage, RecvBuffer, TransportError,
+};
 
 /// Most slices handed to one `writev` call (Linux allows 1024).
 const MAX_IOV: usize = 512;
 /// Read buffer: small frames are read many at a time.
 const READ_BUFFER: usize = 64 << 10;
+/// Default for [`ChannelConfig::small_tensor_bytes`].
+pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
+/// Tensors at least this large are pulled by `cma` off the async runtime's
+/// thread (the copy blocks for milliseconds).
+const BLOCKING_COPY_MIN: usize = 1 << 20;
+
+const MODE_INLINE: u8 = 0;
+const MODE_CHANNEL: u8 = 1;
+
+/// State the reader and the writer of one connection share: `cma` tensors
+/// waiting for the peer's release, and releases to send.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pending: Mutex<HashMap<u64, Arc<dyn OutgoingTensor>>>,
+    releases: Mutex<Vec<u64>>,
+    release_ready: Notify,
+}
+
+impl Shared {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<dyn OutgoingTensor>>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn lock_releases(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.releases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Wakes a connection's writer when its reader has queued releases to send
+/// (see [`FrameWriter::release_signal`]).
+#[derive(Clone)]
+pub struct ReleaseSignal(Arc<Shared>);
+
+impl ReleaseSignal {
+    /// Completes when releases wait to be written: write an empty batch then.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.0.release_ready.notified();
+            if !self.0.lock_releases().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// How a connection's tensors move besides `inline`: the channel endpoints
+/// set up for it and the knobs they share.
+#[derive(Clone, Debug)]
+pub struct ChannelConfig {
+    /// Tensors smaller than this go inline even when another channel is
+    /// selected (the sender decides; the mode byte tells the receiver).
+    pub small_tensor_bytes: usize,
+    /// Threads that pull one large `cma` tensor in parallel.
+    pub cma_threads: usize,
+    /// `mpt` lanes per direction this side opens when it connects.
+    pub mpt_lanes: usize,
+    /// Bytes of each ring of the `shm` transport.
+    pub shm_transport_ring: usize,
+    /// Bytes of each ring of the `shm` channel.
+    pub shm_channel_ring: usize,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            small_tensor_bytes: DEFAULT_SMALL_TENSOR_BYTES,
+            cma_threads: std::thread::available_parallelism()
+                .map(|n| n.get().min(4))
+                .unwrap_or(1),
+            mpt_lanes: 4,
+            shm_transport_ring: 2 << 20,
+            shm_channel_ring: 8 << 20,
+        }
+    }
+}
+
+/// The receiving ends of the out-of-band channels of one connection.
+#[derive(Default)]
+pub(crate) struct ReadChannels {
+    /// The sending process's pid, when `cma` is selected.
+    pub(crate) cma_pid: Option<i32>,
+    /// The shared-memory data ring, when `shm` is selected.
+    pub(crate) shm: Option<Box<dyn AsyncRead + Send + Unpin>>,
+    /// The lanes, when `mpt` is selected.
+    pub(crate) mpt: Option<MptReceiver>,
+    pub(crate) cma_threads: usize,
+}
+
+/// The sending ends of the out-of-band channels of one connection.
+#[derive(Default)]
+pub(crate) struct WriteChannels {
+    pub(crate) cma: bool,
+    pub(crate) shm: Option<Box<dyn AsyncWrite + Send + Unpin>>,
+    pub(crate) mpt: Option<MptSender>,
+    pub(crate) small_tensor_bytes: usize,
+}
 
 /// Reads frames from a byte stream.
 pub struct FrameReader<R> {
@@ -24,6 +145,9 @@ pub struct FrameReader<R> {
     allocator: Arc<dyn Allocator>,
     selection: Selection,
     peer: String,
+    channels: ReadChannels,
+    shared: Arc<Shared>,
+    next_seq: u64,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -42,7 +166,42 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             allocator,
             selection,
             peer: peer.into(),
+            channels: ReadChannels::default(),
+            shared: Arc::default(),
+            next_seq: 0,
         }
+    }
+
+    pub(crate) fn set_selection(&mut self, selection: Selection) {
+        self.selection = selection;
+    }
+
+    /// Replaces the underlying stream, keeping everything else; refused
+    /// (with the count) when bytes of the old stream are buffered unread.
+    pub(crate) fn map_stream<R2: AsyncRead + Unpin>(
+        self,
+        f: impl FnOnce(R) -> R2,
+    ) -> Result<FrameReader<R2>, usize> {
+        let buffered = self.inner.buffer().len();
+        if buffered > 0 {
+            return Err(buffered);
+        }
+        Ok(FrameReader {
+            inner: BufReader::with_capacity(READ_BUFFER, f(self.inner.into_inner())),
+            limits: self.limits,
+            allocator: self.allocator,
+            selection: self.selection,
+            peer: self.peer,
+            channels: self.channels,
+            shared: self.shared,
+            next_seq: self.next_seq,
+        })
+    }
+
+    /// Installs the connection's channel endpoints and shared state.
+    pub(crate) fn set_channels(&mut self, channels: ReadChannels, shared: Arc<Shared>) {
+        self.channels = channels;
+        self.shared = shared;
     }
 
     /// The peer's name, as used in errors.
@@ -62,58 +221,171 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Reads the next frame. `Ok(None)` is a clean end of stream between frames.
+    ///
+    /// Channel bookkeeping frames ([`MessageKind::RELEASE`]) are handled here
+    /// and never returned.
     pub async fn read(&mut self) -> Result<Option<IncomingMessage>, TransportError> {
-        let at_end = match self.inner.fill_buf().await {
-            Ok(buf) => buf.is_empty(),
-            Err(e) => return Err(self.io(e)),
-        };
-        if at_end {
-            return Ok(None);
-        }
-        let mut head = [0u8; HEADER_LEN];
-        self.inner
-            .read_exact(&mut head)
-            .await
-            .map_err(|e| self.io(e))?;
-        let header = FrameHeader::decode(&head, &self.limits).map_err(|e| self.malformed(e))?;
-        let mut table = vec![0u8; header.descriptors_len as usize];
-        self.inner
-            .read_exact(&mut table)
-            .await
-            .map_err(|e| self.io(e))?;
-        let mut payload = vec![0u8; header.payload_len as usize];
-        self.inner
-            .read_exact(&mut payload)
-            .await
-            .map_err(|e| self.io(e))?;
-        let descriptors = decode_descriptors(&table, header.tensor_count, &self.limits)
-            .map_err(|e| self.malformed(e))?;
-        let mut tensors = Vec::with_capacity(descriptors.len());
-        for descriptor in descriptors {
-            let name = self.selection.channel_for(descriptor.device, Device::Cpu)?;
-            if name != channel::INLINE {
-                return Err(channel::not_implemented(name));
+        loop {
+            let at_end = match self.inner.fill_buf().await {
+                Ok(buf) => buf.is_empty(),
+                Err(e) => return Err(self.io(e)),
+            };
+            if at_end {
+                return Ok(None);
             }
-            let mut dest = self.allocator.allocate(&descriptor)?;
-            let bytes = dest.as_mut_bytes();
-            if bytes.len() as u64 != descriptor.byte_len {
-                return Err(TransportError::Alloc(format!(
-                    "allocator returned {} bytes for a {}-byte tensor",
-                    bytes.len(),
-                    descriptor.byte_len
+            let mut head = [0u8; HEADER_LEN];
+            self.inner
+                .read_exact(&mut head)
+                .await
+                .map_err(|e| self.io(e))?;
+            let header = FrameHeader::decode(&head, &self.limits).map_err(|e| self.malformed(e))?;
+            let mut table = vec![0u8; header.descriptors_len as usize];
+            self.inner
+                .read_exact(&mut table)
+                .await
+                .map_err(|e| self.io(e))?;
+            let mut payload = vec![0u8; header.payload_len as usize];
+            self.inner
+                .read_exact(&mut payload)
+                .await
+                .map_err(|e| self.io(e))?;
+            if header.kind == MessageKind::RELEASE {
+                self.on_release(&header, &payload)?;
+                continue;
+            }
+            let descriptors = decode_descriptors(&table, header.tensor_count, &self.limits)
+                .map_err(|e| self.malformed(e))?;
+            let mut tensors = Vec::with_capacity(descriptors.len());
+            for descriptor in descriptors {
+                let name = self.selection.channel_for(descriptor.device, Device::Cpu)?;
+                let name = channel_name(name);
+                let mut dest = self.allocator.allocate(&descriptor)?;
+                if dest.as_mut_bytes().len() as u64 != descriptor.byte_len {
+                    return Err(TransportError::Alloc(format!(
+                        "allocator returned {} bytes for a {}-byte tensor",
+                        dest.as_mut_bytes().len(),
+                        descriptor.byte_len
+                    )));
+                }
+                let dest = self.receive_bytes(name, dest).await?;
+                tensors.push(IncomingTensor {
+                    descriptor,
+                    storage: dest.finish()?,
+                });
+            }
+            return Ok(Some(IncomingMessage {
+                header,
+                payload,
+                tensors,
+            }));
+        }
+    }
+
+    /// Fills `dest` with one tensor's bytes, the way channel `name` carries them.
+    async fn receive_bytes(
+        &mut self,
+        name: &'static str,
+        mut dest: Box<dyn RecvBuffer>,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        let mode = if name == channel::INLINE {
+            MODE_INLINE
+        } else {
+            self.inner.read_u8().await.map_err(|e| self.io(e))?
+        };
+        match (mode, name) {
+            (MODE_INLINE, _) => {
+                let bytes = dest.as_mut_bytes();
+                self.inner.read_exact(bytes).await.map_err(|e| self.io(e))?;
+                Ok(dest)
+            }
+            (MODE_CHANNEL, channel::CMA) => {
+                let addr = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
+                let token = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
+                let pid = self
+                    .channels
+                    .cma_pid
+                    .ok_or_else(|| self.bad_record("cma record on a connection without cma"))?;
+                let threads = self.channels.cma_threads;
+                let bytes = dest.as_mut_bytes();
+                let len = bytes.len();
+                let result = if len >= BLOCKING_COPY_MIN && multi_thread_runtime() {
+                    tokio::task::block_in_place(|| cma::read_parallel(pid, addr, bytes, threads))
+                } else {
+                    cma::read_parallel(pid, addr, bytes, threads)
+                };
+                result.map_err(|e| TransportError::Channel {
+                    channel: channel::CMA,
+                    peer: self.peer.clone(),
+                    reason: format!("reading {len} bytes at {addr:#x} failed: {e}"),
+                })?;
+                self.shared.lock_releases().push(token);
+                self.shared.release_ready.notify_one();
+                Ok(dest)
+            }
+            (MODE_CHANNEL, channel::SHM) => {
+                let peer = self.peer.clone();
+                let Some(ring) = self.channels.shm.as_mut() else {
+                    return Err(self.bad_record("shm record on a connection without shm"));
+                };
+                ring.read_exact(dest.as_mut_bytes()).await.map_err(|e| {
+                    TransportError::Channel {
+                        channel: channel::SHM,
+                        peer,
+                        reason: e.to_string(),
+                    }
+                })?;
+                Ok(dest)
+            }
+            (MODE_CHANNEL, channel::MPT) => {
+                let seq = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
+                if seq != self.next_seq {
+                    return Err(self.bad_record(&format!(
+                        "mpt transfer {seq} where {} was due",
+                        self.next_seq
+                    )));
+                }
+                self.next_seq += 1;
+                let lanes = self
+                    .channels
+                    .mpt
+                    .as_ref()
+                    .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
+                lanes.receive(seq, dest).await
+            }
+            (MODE_CHANNEL, other) => Err(self.bad_record(&format!(
+                "channel {other:?} has no record format in this build"
+            ))),
+            (mode, _) => Err(self.bad_record(&format!("unknown mode {mode}"))),
+        }
+    }
+
+    /// The peer has copied `cma` tensors: let them go.
+    fn on_release(&mut self, header: &FrameHeader, payload: &[u8]) -> Result<(), TransportError> {
+        if header.tensor_count != 0 || payload.len() % 8 != 0 {
+            return Err(self.bad_record("a release frame must hold whole tokens and no tensors"));
+        }
+        let released: Vec<_> = {
+            let mut pending = self.shared.lock_pending();
+            payload
+                .chunks_exact(8)
+                .map(|c| {
+                    let token = u64::from_le_bytes(c.try_into().unwrap_or_default());
+                    (token, pending.remove(&token))
+                })
+                .collect()
+        };
+        for (token, tensor) in released {
+            if tensor.is_none() {
+                return Err(self.bad_record(&format!(
+                    "release of token {token}, which names no tensor in flight"
                 )));
             }
-            self.inner.read_exact(bytes).await.map_err(|e| self.io(e))?;
-            tensors.push(IncomingTensor {
-                descriptor,
-                storage: dest.finish()?,
-            });
         }
-        Ok(Some(IncomingMessage {
-            header,
-            payload,
-            tensors,
-        }))
+        Ok(())
+    }
+
+    fn bad_record(&self, what: &str) -> TransportError {
+        self.malformed(WireError::Channel(what.into()))
     }
 
     fn io(&self, e: std::io::Error) -> TransportError {
@@ -137,18 +409,48 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
+impl<R> FrameReader<R> {
+    /// The channel selection for tensors this side receives.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+}
+
+impl<W> FrameWriter<W> {
+    /// The channel selection for tensors this side sends.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+}
+
 /// Writes frames to a byte stream.
 pub struct FrameWriter<W> {
     inner: W,
     selection: Selection,
     peer: String,
     head: Vec<u8>,
+    channels: WriteChannels,
+    shared: Arc<Shared>,
+    next_token: u64,
+    next_seq: u64,
 }
 
-/// One piece of a batch: a range of the head buffer or a tensor's bytes.
+/// One piece of a batch: a range of the head buffer, a tensor's bytes on
+/// the stream, or a tensor's bytes into the shared-memory ring.
 enum Piece {
     Head(usize, usize),
     Tensor(usize, usize),
+    Ring(usize, usize),
+}
+
+/// How one tensor travels.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Inline,
+    SmallInline,
+    Cma,
+    Shm,
+    Mpt,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -159,6 +461,71 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             selection,
             peer: peer.into(),
             head: Vec::with_capacity(4096),
+            channels: WriteChannels::default(),
+            shared: Arc::default(),
+            next_token: 0,
+            next_seq: 0,
+        }
+    }
+
+    pub(crate) fn set_selection(&mut self, selection: Selection) {
+        self.selection = selection;
+    }
+
+    /// Replaces the underlying stream, keeping everything else.
+    pub(crate) fn map_stream<W2: AsyncWrite + Unpin>(
+        self,
+        f: impl FnOnce(W) -> W2,
+    ) -> FrameWriter<W2> {
+        FrameWriter {
+            inner: f(self.inner),
+            selection: self.selection,
+            peer: self.peer,
+            head: self.head,
+            channels: self.channels,
+            shared: self.shared,
+            next_token: self.next_token,
+            next_seq: self.next_seq,
+        }
+    }
+
+    /// Installs the connection's channel endpoints and shared state.
+    pub(crate) fn set_channels(&mut self, channels: WriteChannels, shared: Arc<Shared>) {
+        self.channels = channels;
+        self.shared = shared;
+    }
+
+    /// A handle that wakes when this connection's reader has queued
+    /// releases for the peer (`cma` copies done); the writer's owner then
+    /// calls [`write_batch`](Self::write_batch) (an empty batch will do),
+    /// which sends them. Writing any batch sends them too.
+    pub fn release_signal(&self) -> ReleaseSignal {
+        ReleaseSignal(self.shared.clone())
+    }
+
+    /// `cma` tensors sent and not yet released by the peer.
+    pub fn tensors_in_flight(&self) -> usize {
+        self.shared.lock_pending().len()
+    }
+
+    fn route(&self, name: &str, len: usize) -> Result<Route, TransportError> {
+        if name == channel::INLINE {
+            return Ok(Route::Inline);
+        }
+        if len < self.channels.small_tensor_bytes {
+            return Ok(Route::SmallInline);
+        }
+        let missing = |what: &str| TransportError::Malformed {
+            peer: self.peer.clone(),
+            source: WireError::Channel(format!(
+                "channel {what} is selected but not set up on this connection"
+            )),
+        };
+        match name {
+            channel::CMA if self.channels.cma => Ok(Route::Cma),
+            channel::SHM if self.channels.shm.is_some() => Ok(Route::Shm),
+            channel::MPT if self.channels.mpt.is_some() => Ok(Route::Mpt),
+            other => Err(missing(other)),
         }
     }
 
@@ -180,17 +547,33 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
     /// Writes several messages with as few `writev` calls as possible.
     /// Headers, descriptor tables and payloads are gathered into one buffer;
-    /// tensor bytes are written from the tensors' own memory.
+    /// tensor bytes are written from the tensors' own memory (or handed to
+    /// their channel). Queued releases go first. An empty batch with no
+    /// releases queued writes nothing.
     pub async fn write_batch(&mut self, batch: &[OutgoingMessage]) -> Result<(), TransportError> {
         self.head.clear();
-        let mut pieces = Vec::with_capacity(batch.len() * 2);
+        let mut pieces = Vec::with_capacity(batch.len() * 2 + 1);
+        let releases = std::mem::take(&mut *self.shared.lock_releases());
+        if !releases.is_empty() {
+            let payload: Vec<u8> = releases.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let header = FrameHeader {
+                kind: MessageKind::RELEASE,
+                flags: Flags::NONE,
+                request_id: 0,
+                payload_len: len_u32("release payload", payload.len())?,
+                descriptors_len: 0,
+                tensor_count: 0,
+            };
+            self.head.extend_from_slice(&header.encode());
+            self.head.extend_from_slice(&payload);
+            pieces.push(Piece::Head(0, self.head.len()));
+        }
         for (m, message) in batch.iter().enumerate() {
             let descriptors: Vec<_> = message.tensors.iter().map(|t| t.descriptor()).collect();
+            let mut routes = Vec::with_capacity(descriptors.len());
             for d in &descriptors {
                 let name = self.selection.channel_for(d.device, Device::Cpu)?;
-                if name != channel::INLINE {
-                    return Err(channel::not_implemented(name));
-                }
+                routes.push(self.route(name, d.byte_len as usize)?);
             }
             let start = self.head.len();
             self.head.extend_from_slice(&[0u8; HEADER_LEN]);
@@ -206,23 +589,77 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 tensor_count: len_u32("tensor count", descriptors.len())?,
             };
             self.head[start..start + HEADER_LEN].copy_from_slice(&header.encode());
-            let end = self.head.len();
-            match pieces.last_mut() {
-                Some(Piece::Head(_, e)) if *e == start => *e = end,
-                _ => pieces.push(Piece::Head(start, end)),
-            }
-            for (t, tensor) in message.tensors.iter().enumerate() {
-                if !tensor.bytes().is_empty() {
-                    pieces.push(Piece::Tensor(m, t));
+            let mut head_from = start;
+            for (t, (tensor, route)) in message.tensors.iter().zip(&routes).enumerate() {
+                match route {
+                    Route::Inline => {}
+                    Route::SmallInline => self.head.push(MODE_INLINE),
+                    Route::Cma => {
+                        let token = self.next_token;
+                        self.next_token += 1;
+                        self.head.push(MODE_CHANNEL);
+                        let addr = tensor.bytes().as_ptr() as u64;
+                        self.head.extend_from_slice(&addr.to_le_bytes());
+                        self.head.extend_from_slice(&token.to_le_bytes());
+                        // Registered before the record leaves, so the
+                        // release cannot overtake it.
+                        self.shared.lock_pending().insert(token, tensor.clone());
+                    }
+                    Route::Shm => self.head.push(MODE_CHANNEL),
+                    Route::Mpt => {
+                        let seq = self.next_seq;
+                        self.next_seq += 1;
+                        self.head.push(MODE_CHANNEL);
+                        self.head.extend_from_slice(&seq.to_le_bytes());
+                        if let Some(lanes) = &self.channels.mpt {
+                            lanes.send(seq, tensor.clone())?;
+                        }
+                    }
+                }
+                let carries_bytes = matches!(route, Route::Inline | Route::SmallInline);
+                let ring = *route == Route::Shm;
+                if (carries_bytes && !tensor.bytes().is_empty()) || ring {
+                    push_head(&mut pieces, head_from, self.head.len());
+                    head_from = self.head.len();
+                    if ring {
+                        pieces.push(Piece::Ring(m, t));
+                    } else {
+                        pieces.push(Piece::Tensor(m, t));
+                    }
                 }
             }
+            push_head(&mut pieces, head_from, self.head.len());
         }
+        let mut from = 0;
+        while from < pieces.len() {
+            if let Piece::Ring(m, t) = pieces[from] {
+                self.write_ring(batch[m].tensors[t].bytes()).await?;
+                from += 1;
+                continue;
+            }
+            let to = pieces[from..]
+                .iter()
+                .position(|p| matches!(p, Piece::Ring(..)))
+                .map_or(pieces.len(), |i| from + i);
+            self.write_stream(batch, &pieces[from..to]).await?;
+            from = to;
+        }
+        Ok(())
+    }
+
+    /// Writes stream pieces with vectored writes.
+    async fn write_stream(
+        &mut self,
+        batch: &[OutgoingMessage],
+        pieces: &[Piece],
+    ) -> Result<(), TransportError> {
         let head = &self.head;
         let mut slices: Vec<IoSlice<'_>> = pieces
             .iter()
-            .map(|p| match *p {
-                Piece::Head(s, e) => IoSlice::new(&head[s..e]),
-                Piece::Tensor(m, t) => IoSlice::new(batch[m].tensors[t].bytes()),
+            .filter_map(|p| match *p {
+                Piece::Head(s, e) => Some(IoSlice::new(&head[s..e])),
+                Piece::Tensor(m, t) => Some(IoSlice::new(batch[m].tensors[t].bytes())),
+                Piece::Ring(..) => None,
             })
             .collect();
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
@@ -246,6 +683,27 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         Ok(())
     }
 
+    /// Pushes one tensor's bytes through the shared-memory data ring.
+    async fn write_ring(&mut self, bytes: &[u8]) -> Result<(), TransportError> {
+        let peer = self.peer.clone();
+        let ring = self
+            .channels
+            .shm
+            .as_mut()
+            .ok_or_else(|| TransportError::Channel {
+                channel: channel::SHM,
+                peer: peer.clone(),
+                reason: "no shared-memory ring on this connection".into(),
+            })?;
+        ring.write_all(bytes)
+            .await
+            .map_err(|e| TransportError::Channel {
+                channel: channel::SHM,
+                peer,
+                reason: e.to_string(),
+            })
+    }
+
     /// Writes raw bytes, bypassing framing (tests of malformed input).
     #[doc(hidden)]
     pub async fn write_raw_for_tests(&mut self, bytes: &[u8]) {
@@ -260,6 +718,35 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             source: e,
         })
     }
+}
+
+/// Adds a head range, merged into the previous one when adjacent.
+fn push_head(pieces: &mut Vec<Piece>, start: usize, end: usize) {
+    if start == end {
+        return;
+    }
+    match pieces.last_mut() {
+        Some(Piece::Head(_, e)) if *e == start => *e = end,
+        _ => pieces.push(Piece::Head(start, end)),
+    }
+}
+
+/// The channel's name as a constant of this build (selection only yields
+/// names both ends offered, so unknown names cannot occur; they map to a
+/// name that has no record format and fails cleanly).
+fn channel_name(name: &str) -> &'static str {
+    match name {
+        channel::INLINE => channel::INLINE,
+        channel::CMA => channel::CMA,
+        channel::SHM => channel::SHM,
+        channel::MPT => channel::MPT,
+        _ => "unknown",
+    }
+}
+
+fn multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 fn len_u32(what: &'static str, len: usize) -> Result<u32, TransportError> {

@@ -3,15 +3,24 @@
 //! Connections and tensor channels, with no libtorch and no RPC layer: the
 //! crate another system embeds to move tensors between processes.
 //!
-//! - [`TcpConnection`]: a TCP connection (`TCP_NODELAY`) that starts with a
-//!   [`Handshake`](ferry_wire::Handshake) and then carries frames; writes are
-//!   vectored, so tensor bytes go to the socket from their own memory, and
-//!   reads put tensor bytes straight into destinations allocated from their
-//!   descriptors by an [`Allocator`] (the receive hook).
-//! - Channels: `inline` (bytes follow the frame on the connection) for now;
-//!   [`selection`] picks, per (source device, target device) pair, the
-//!   highest-priority channel both ends accept, and both ends check they
-//!   computed the same choice.
+//! - [`PeerConnection`]: a link to one peer that starts on TCP with a
+//!   [`Handshake`](ferry_wire::Handshake), then carries frames on the
+//!   selected *transport*: the TCP connection itself, or (both ends on one
+//!   host) a pair of lock-free rings in shared memory ([`shm`]), woken
+//!   through eventfds only when the reader sleeps.
+//! - *Channels* move tensor bytes ([`channel`]): `cma` (the receiver pulls
+//!   them from the sender's memory with one `process_vm_readv`), `shm` (a
+//!   shared-memory ring, for hosts that forbid CMA), `mpt` (chunks over
+//!   several TCP connections in parallel, [`mpt`]) and `inline` (after the
+//!   frame). [`selection`] picks, per (source device, target device) pair,
+//!   the highest-priority channel both ends accept, and both ends check
+//!   they computed the same choice. Options restrict and reorder the lists.
+//! - Receiving: an [`Allocator`] (the receive hook) provides each tensor's
+//!   destination from its descriptor, and the channel writes the bytes
+//!   straight into it. The default one takes destinations from a
+//!   [`BufferPool`] of pre-faulted, reused memory.
+//! - Sending: writes are vectored, so tensor bytes go out from their own
+//!   memory; an out-of-band tensor stays alive until the peer released it.
 //! - [`RawTensor`]: a host tensor type with views (shape, strides, offset)
 //!   that the layers above wrap; it travels out of band inside any serde
 //!   payload.
@@ -19,11 +28,12 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), ferry_transport::TransportError> {
 //! use std::sync::Arc;
-//! use ferry_transport::{Endpoint, OutgoingMessage, RawTensor, TcpConnection};
+//! use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection, RawTensor};
 //! use ferry_wire::{payload, Flags, MessageKind};
 //!
 //! let addr = "127.0.0.1:29500".parse().unwrap();
-//! let mut conn = TcpConnection::connect(addr, &Endpoint::new("client", 0)).await?;
+//! let mut conn = PeerConnection::connect(addr, &Endpoint::new("client", 0)).await?;
+//! println!("frames over {}, tensors over {:?}", conn.transport, conn.outgoing_channels());
 //! let tensor = RawTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
 //! let encoded = payload::encode(&("scale", tensor))?;
 //! conn.writer
@@ -44,16 +54,32 @@
 
 mod alloc;
 pub mod channel;
+mod cma;
+// Under `--cfg loom` (the model checks of the shared-memory ring) tokio has
+// no I/O, so only the ring and what it needs are built.
+#[cfg(not(loom))]
 mod connection;
 mod error;
+#[cfg(not(loom))]
 mod framing;
 mod message;
+#[cfg(not(loom))]
+pub mod mpt;
+mod pool;
 pub mod selection;
+pub mod shm;
 mod tensor;
 
 pub use alloc::{Allocator, RawAllocator, RecvBuffer};
-pub use connection::{Connection, Endpoint, Role, TcpConnection};
+#[cfg(not(loom))]
+pub use connection::{
+    Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, Role, MAX_MPT_LANES,
+};
 pub use error::TransportError;
-pub use framing::{FrameReader, FrameWriter};
+#[cfg(not(loom))]
+pub use framing::{
+    ChannelConfig, FrameReader, FrameWriter, ReleaseSignal, DEFAULT_SMALL_TENSOR_BYTES,
+};
 pub use message::{IncomingMessage, OutgoingMessage};
+pub use pool::{BufferPool, PoolStats, DEFAULT_POOL_LIMIT, POOL_MIN};
 pub use tensor::{Element, RawTensor, Storage, STORAGE_ALIGN};

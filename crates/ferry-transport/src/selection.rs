@@ -61,7 +61,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ferry_wire::{ChannelChoice, ChannelOffer, Device};
+use ferry_wire::{ChannelChoice, ChannelOffer, Device, TransportOffer};
 
 /// Why a channel selection could not be computed, used or agreed on.
 ///
@@ -172,6 +172,29 @@ fn index(offers: &[ChannelOffer]) -> Result<OfferIndex<'_>, SelectionError> {
 /// lexicographically smaller name.
 fn outranks(rank: i64, name: &str, best_rank: i64, best_name: &str) -> bool {
     rank > best_rank || (rank == best_rank && name < best_name)
+}
+
+/// Chooses the transport for a connection by the channels' rule: the
+/// highest summed priority among the transports both ends offer with equal
+/// descriptors, ties broken by the smaller name. Symmetric, so both ends
+/// compute the same. `None` when the two share no transport.
+pub fn select_transport<'a>(
+    local: &'a [TransportOffer],
+    peer: &[TransportOffer],
+) -> Option<&'a str> {
+    let mut best: Option<(i64, &str)> = None;
+    for l in local {
+        for p in peer {
+            if l.name != p.name || l.descriptor != p.descriptor {
+                continue;
+            }
+            let rank = i64::from(l.priority) + i64::from(p.priority);
+            if best.is_none_or(|(r, n)| outranks(rank, &l.name, r, n)) {
+                best = Some((rank, &l.name));
+            }
+        }
+    }
+    best.map(|(_, name)| name)
 }
 
 /// Chooses, for every (source device, target device) pair, the channel that

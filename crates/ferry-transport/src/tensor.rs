@@ -9,18 +9,22 @@ use ferry_wire::payload::{self, OutgoingTensor};
 use ferry_wire::{contiguous_strides, DType, Device, TensorDescriptor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::TransportError;
+use crate::pool::Block;
+use crate::{BufferPool, TransportError};
 
 /// Alignment of every [`Storage`] (enough for any element type and for SIMD).
 pub const STORAGE_ALIGN: usize = 64;
 
-/// A heap buffer aligned to [`STORAGE_ALIGN`], zero-initialised.
+/// A buffer aligned to [`STORAGE_ALIGN`]: zero-initialised heap memory
+/// ([`Storage::zeroed`]), or a destination from a
+/// [`BufferPool`](crate::BufferPool) that goes back to its pool when dropped.
 ///
-/// Large buffers come from `calloc`-style zeroed pages, so allocating a
-/// destination costs no pass over its bytes.
+/// Large heap buffers come from `calloc`-style zeroed pages, so allocating
+/// one costs no pass over its bytes.
 pub struct Storage {
     ptr: NonNull<u8>,
     len: usize,
+    pooled: Option<(Block, BufferPool)>,
 }
 
 // SAFETY: Storage owns its allocation exclusively; shared access is read-only
@@ -36,6 +40,7 @@ impl Storage {
             return Ok(Self {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len: 0,
+                pooled: None,
             });
         }
         let layout = Layout::from_size_align(len, STORAGE_ALIGN)
@@ -45,7 +50,25 @@ impl Storage {
         let ptr = NonNull::new(raw).ok_or_else(|| {
             TransportError::Alloc(format!("out of memory allocating {len} bytes"))
         })?;
-        Ok(Self { ptr, len })
+        Ok(Self {
+            ptr,
+            len,
+            pooled: None,
+        })
+    }
+
+    /// The first `len` bytes of a pool block.
+    pub(crate) fn pooled(block: Block, len: usize, pool: BufferPool) -> Self {
+        Self {
+            ptr: block.ptr(),
+            len,
+            pooled: Some((block, pool)),
+        }
+    }
+
+    /// Whether this storage came from a [`BufferPool`] (and returns to it).
+    pub fn is_pooled(&self) -> bool {
+        self.pooled.is_some()
     }
 
     /// The bytes.
@@ -73,7 +96,9 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if let Some((block, pool)) = self.pooled.take() {
+            pool.give_back(block);
+        } else if self.len > 0 {
             // SAFETY: allocated in `zeroed` with this exact layout.
             unsafe {
                 std::alloc::dealloc(
@@ -249,6 +274,10 @@ impl RawTensor {
     pub fn to_contiguous_bytes(&self) -> Vec<u8> {
         let es = self.desc.dtype.size();
         let bytes = self.storage.as_bytes();
+        if self.is_contiguous() {
+            let (start, end) = self.span();
+            return bytes[start..end].to_vec();
+        }
         let mut out = Vec::with_capacity(self.numel() as usize * es);
         let shape = &self.desc.shape;
         if shape.contains(&0) {

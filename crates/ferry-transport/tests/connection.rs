@@ -5,21 +5,30 @@
 use std::sync::Arc;
 
 use ferry_transport::{
-    Endpoint, IncomingMessage, OutgoingMessage, RawTensor, TcpConnection, TransportError,
+    Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor, TransportError,
 };
 use ferry_wire::{payload, DType, Flags, FrameHeader, Limits, MessageKind};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-async fn pair(server: Endpoint, client: Endpoint) -> (TcpConnection, TcpConnection) {
+async fn pair(server: Endpoint, client: Endpoint) -> (PeerConnection, PeerConnection) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accept = tokio::spawn(async move {
         let (s, _) = listener.accept().await.unwrap();
-        TcpConnection::accept(s, &server).await.unwrap()
+        PeerConnection::accept(s, &server).await.unwrap()
     });
-    let c = TcpConnection::connect(addr, &client).await.unwrap();
+    let c = PeerConnection::connect(addr, &client).await.unwrap();
     (accept.await.unwrap(), c)
+}
+
+/// An endpoint on TCP with the `inline` channel only: the tests that write
+/// raw frames write that format.
+fn plain(name: &str, rank: u32) -> Endpoint {
+    let mut e = Endpoint::new(name, rank);
+    e.channels = ferry_transport::channel::parse_channels("inline").unwrap();
+    e.transports = ferry_transport::channel::parse_transports("tcp").unwrap();
+    e
 }
 
 fn message<T: serde::Serialize>(id: u64, value: &T) -> OutgoingMessage {
@@ -58,7 +67,14 @@ async fn handshake_names_both_ends() {
     assert_eq!(server.peer.rank, 1);
     assert_eq!(client.peer.worker_name, "server");
     assert_eq!(client.peer.selection.len(), 1);
-    assert_eq!(client.peer.selection[0].channel, "inline");
+    // Both ends run here: the best channel this process offers is chosen
+    // (`cma`, or `shm` where the kernel does not permit CMA).
+    let best = ferry_transport::channel::default_channels()
+        .into_iter()
+        .max_by_key(|c| c.priority)
+        .unwrap();
+    assert_eq!(client.peer.selection[0].channel, best.name);
+    assert_eq!(client.outgoing_channels(), server.incoming_channels());
 }
 
 #[tokio::test]
@@ -136,7 +152,7 @@ async fn malformed_bytes_are_a_typed_error() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (s, _) = listener.accept().await.unwrap();
-        TcpConnection::accept(s, &Endpoint::new("s", 0)).await
+        PeerConnection::accept(s, &Endpoint::new("s", 0)).await
     });
     let mut raw = TcpStream::connect(addr).await.unwrap();
     raw.write_all(b"GET / HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n")
@@ -179,7 +195,7 @@ async fn oversized_lengths_are_refused_before_allocation() {
 
 #[tokio::test]
 async fn a_peer_dying_mid_frame_is_reported() {
-    let (mut server, client) = pair(Endpoint::new("s", 0), Endpoint::new("c", 1)).await;
+    let (mut server, client) = pair(plain("s", 0), plain("c", 1)).await;
     let t = sample(DType::F64, &[1000], 1);
     let e = payload::encode(&t).unwrap();
     // Header and descriptors, then only part of the tensor bytes.

@@ -62,6 +62,10 @@ pub enum WireError {
     /// The serde payload could not be encoded or decoded.
     #[error("payload: {0}")]
     Payload(String),
+    /// A tensor's channel record (what replaces its bytes in the frame when
+    /// a channel other than `inline` carries it) is invalid.
+    #[error("channel record: {0}")]
+    Channel(String),
     /// The handshake could not be decoded or was inconsistent.
     #[error("handshake: {0}")]
     Handshake(String),

@@ -36,6 +36,11 @@ impl MessageKind {
     pub const RESPONSE: MessageKind = MessageKind(3);
     /// A call that failed on the callee; the payload says why.
     pub const ERROR: MessageKind = MessageKind(4);
+    /// Channel bookkeeping between two transports' frame layers: the
+    /// receiver's note that tensors it pulled out of band (the `cma`
+    /// channel) are copied, so the sender may let them go. Never surfaced
+    /// to the layers above.
+    pub const RELEASE: MessageKind = MessageKind(5);
     /// First kind available to service layers.
     pub const FIRST_SERVICE: MessageKind = MessageKind(0x100);
 
@@ -52,6 +57,7 @@ impl std::fmt::Display for MessageKind {
             Self::REQUEST => f.write_str("request"),
             Self::RESPONSE => f.write_str("response"),
             Self::ERROR => f.write_str("error"),
+            Self::RELEASE => f.write_str("release"),
             MessageKind(k) => write!(f, "kind {k:#06x}"),
         }
     }

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use ferry_rpc::store::{Store, StoreError, TcpStore};
 use ferry_transport::{
-    Endpoint, FrameReader, FrameWriter, IncomingMessage, OutgoingMessage, RawTensor, TcpConnection,
-    TransportError,
+    Endpoint, FrameReader, FrameWriter, IncomingMessage, OutgoingMessage, PeerConnection,
+    RawTensor, TransportError,
 };
 use ferry_wire::{DType, MessageKind};
 use serde::{Deserialize, Serialize};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -121,8 +120,8 @@ struct DataHeader {
     segment: u64,
 }
 
-type Reader = FrameReader<OwnedReadHalf>;
-type Writer = FrameWriter<OwnedWriteHalf>;
+type Reader = FrameReader<ferry_transport::PeerReader>;
+type Writer = FrameWriter<ferry_transport::PeerWriter>;
 
 /// A connection to one peer of the group.
 struct Peer {
@@ -136,7 +135,7 @@ struct Peer {
 /// configured here.
 struct Pending {
     hello: Hello,
-    conn: TcpConnection,
+    conn: PeerConnection,
 }
 
 struct Shared {
@@ -448,15 +447,15 @@ impl Drop for ProcessGroup {
 async fn introduce(shared: Arc<Shared>, stream: TcpStream) {
     let limit = shared.options.connect_timeout;
     let endpoint = Endpoint::new(shared.options.replica_id.clone(), 0);
-    let mut conn = match tokio::time::timeout(limit, TcpConnection::accept(stream, &endpoint)).await
-    {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(error)) => {
-            debug!("peer handshake failed: {error}");
-            return;
-        }
-        Err(_) => return,
-    };
+    let mut conn =
+        match tokio::time::timeout(limit, PeerConnection::accept(stream, &endpoint)).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => {
+                debug!("peer handshake failed: {error}");
+                return;
+            }
+            Err(_) => return,
+        };
     let hello = match link::read_message(&mut conn.reader, limit).await {
         Ok(message) if message.header.kind == KIND_HELLO => link::decode::<Hello>(message),
         Ok(message) => {

@@ -9,9 +9,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_transport::{
-    Allocator, Endpoint, RawTensor, RecvBuffer, Storage, TcpConnection, TransportError,
-};
+use ferry_transport::{Allocator, PeerConnection, RawTensor, RecvBuffer, Storage, TransportError};
 use ferry_wire::{payload, DType, Device, TensorDescriptor};
 use tokio::task::JoinSet;
 use tracing::{debug, info, info_span, Instrument};
@@ -278,8 +276,11 @@ struct LaneContext {
 }
 
 impl LaneContext {
-    async fn connect(&self, allocator: Arc<LaneAllocator>) -> Result<TcpConnection, RecoveryError> {
-        let mut endpoint = Endpoint::new(self.options.replica_id.clone(), 0);
+    async fn connect(
+        &self,
+        allocator: Arc<LaneAllocator>,
+    ) -> Result<PeerConnection, RecoveryError> {
+        let mut endpoint = link::streaming_endpoint(&self.options.replica_id);
         endpoint.allocator = allocator;
         link::connect(self.addr, &endpoint, self.options.connect_timeout)
             .await
@@ -292,7 +293,11 @@ impl LaneContext {
             })
     }
 
-    async fn send(&self, conn: &mut TcpConnection, request: &Request) -> Result<(), RecoveryError> {
+    async fn send(
+        &self,
+        conn: &mut PeerConnection,
+        request: &Request,
+    ) -> Result<(), RecoveryError> {
         let message = link::message(KIND_REQUEST, request).map_err(|error| {
             RecoveryError::InvalidOptions {
                 reason: format!("cannot encode the request: {error}"),
@@ -311,7 +316,7 @@ impl LaneContext {
 
     async fn read(
         &self,
-        conn: &mut TcpConnection,
+        conn: &mut PeerConnection,
         timeout: Duration,
         waiting_for: &'static str,
     ) -> Result<ferry_transport::IncomingMessage, RecoveryError> {
@@ -333,7 +338,7 @@ impl LaneContext {
 
     async fn read_reply(
         &self,
-        conn: &mut TcpConnection,
+        conn: &mut PeerConnection,
         timeout: Duration,
         waiting_for: &'static str,
     ) -> Result<Reply, RecoveryError> {
@@ -355,7 +360,7 @@ impl LaneContext {
     /// in place through the connection's allocator) up to the end marker.
     async fn stream(
         &self,
-        mut conn: TcpConnection,
+        mut conn: PeerConnection,
         lane: u32,
         lanes: u32,
         expected: u64,

@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, TcpConnection, TransportError};
+use ferry_transport::{
+    channel, Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, TransportError,
+};
 use ferry_wire::{payload, Flags, MessageKind, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -69,8 +71,8 @@ pub(crate) async fn connect(
     addr: SocketAddr,
     local: &Endpoint,
     timeout: Duration,
-) -> Result<TcpConnection, ConnectError> {
-    match tokio::time::timeout(timeout, TcpConnection::connect(addr, local)).await {
+) -> Result<PeerConnection, ConnectError> {
+    match tokio::time::timeout(timeout, PeerConnection::connect(addr, local)).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(source)) => Err(ConnectError::Transport {
             address: addr.to_string(),
@@ -134,4 +136,16 @@ pub(crate) fn message<T: Serialize + ?Sized>(
 /// Decodes a message's payload (and tensor table) as a `T`.
 pub(crate) fn decode<T: DeserializeOwned>(message: IncomingMessage) -> Result<T, WireError> {
     payload::decode(&message.payload, message.tensors)
+}
+
+/// An endpoint for recovery connections: TCP and the `inline` channel only.
+/// Recovery streams chunks over its own lanes with a deadline on every
+/// write, so a healer that stops reading must back up into the socket (and
+/// be cut off by the deadline) rather than pin the source's memory with
+/// out-of-band transfers that wait for its release.
+pub(crate) fn streaming_endpoint(name: &str) -> Endpoint {
+    let mut endpoint = Endpoint::new(name, 0);
+    endpoint.channels.retain(|c| c.name == channel::INLINE);
+    endpoint.transports.retain(|t| t.name == channel::TCP);
+    endpoint
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferry_transport::{Endpoint, OutgoingMessage, RawTensor, TcpConnection};
+use ferry_transport::{OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::Limits;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -336,24 +336,26 @@ fn request_limits() -> Limits {
 /// Runs one connection: handshake, then requests one after the other.
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     let options = &shared.options;
-    let mut endpoint = Endpoint::new(options.replica_id.clone(), 0);
+    let mut endpoint = link::streaming_endpoint(&options.replica_id);
     endpoint.limits = request_limits();
-    let conn =
-        match tokio::time::timeout(options.io_timeout, TcpConnection::accept(stream, &endpoint))
-            .await
-        {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(error)) => {
-                debug!("handshake failed: {error}");
-                return;
-            }
-            Err(_) => {
-                debug!("handshake timed out");
-                return;
-            }
-        };
+    let conn = match tokio::time::timeout(
+        options.io_timeout,
+        PeerConnection::accept(stream, &endpoint),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(error)) => {
+            debug!("handshake failed: {error}");
+            return;
+        }
+        Err(_) => {
+            debug!("handshake timed out");
+            return;
+        }
+    };
     let peer = conn.peer.worker_name.clone();
-    let TcpConnection {
+    let PeerConnection {
         mut reader,
         mut writer,
         ..
@@ -405,7 +407,7 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     }
 }
 
-type Writer = ferry_transport::FrameWriter<tokio::net::tcp::OwnedWriteHalf>;
+type Writer = ferry_transport::FrameWriter<ferry_transport::PeerWriter>;
 
 /// Writes `reply`; false if the connection is done for.
 async fn send_reply(shared: &Shared, writer: &mut Writer, reply: &Reply) -> bool {

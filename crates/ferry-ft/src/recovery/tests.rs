@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_transport::{Endpoint, OutgoingMessage, RawTensor, TcpConnection};
+use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::{DType, Flags, Frame, MessageKind};
 use tokio::net::TcpListener;
@@ -40,14 +40,14 @@ fn options() -> FetchOptions {
 /// `script` on it.
 async fn fake_source<F, Fut>(script: F) -> (String, JoinHandle<()>)
 where
-    F: FnOnce(TcpConnection) -> Fut + Send + 'static,
+    F: FnOnce(PeerConnection) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let task = tokio::spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
-        let conn = TcpConnection::accept(stream, &Endpoint::new("fake", 0))
+        let conn = PeerConnection::accept(stream, &Endpoint::new("fake", 0))
             .await
             .unwrap();
         script(conn).await;
@@ -55,7 +55,7 @@ where
     (addr, task)
 }
 
-async fn read_request(conn: &mut TcpConnection) -> Request {
+async fn read_request(conn: &mut PeerConnection) -> Request {
     let message = conn.reader.read().await.unwrap().unwrap();
     assert_eq!(message.header.kind, KIND_REQUEST);
     link::decode(message).unwrap()
@@ -65,7 +65,7 @@ fn reply_message(reply: &Reply) -> OutgoingMessage {
     link::message(KIND_REPLY, reply).unwrap()
 }
 
-async fn send_reply(conn: &mut TcpConnection, reply: &Reply) {
+async fn send_reply(conn: &mut PeerConnection, reply: &Reply) {
     conn.writer.write(&reply_message(reply)).await.unwrap();
 }
 
@@ -220,7 +220,7 @@ async fn a_tensor_riding_on_the_manifest_is_malformed() {
 /// then whatever `stream` sends.
 async fn source_streaming<F, Fut>(stream: F) -> (String, JoinHandle<()>)
 where
-    F: FnOnce(TcpConnection) -> Fut + Send + 'static,
+    F: FnOnce(PeerConnection) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
     fake_source(|mut conn| async move {
@@ -290,7 +290,7 @@ async fn a_source_dying_mid_chunk_is_lost_not_malformed() {
             &encoded.payload,
             &[tensor.bytes()],
         );
-        let TcpConnection { mut writer, .. } = conn;
+        let PeerConnection { mut writer, .. } = conn;
         // Half the chunk, then the process is gone.
         writer.write_raw_for_tests(&frame[..frame.len() / 2]).await;
         drop(writer);
@@ -336,7 +336,7 @@ async fn a_healer_that_stops_reading_cannot_hold_the_source() {
         .unwrap();
 
     let addr = server.local_addr();
-    let mut conn = TcpConnection::connect(addr, &Endpoint::new("stuck", 0))
+    let mut conn = PeerConnection::connect(addr, &Endpoint::new("stuck", 0))
         .await
         .unwrap();
     let stream = Request::Stream {

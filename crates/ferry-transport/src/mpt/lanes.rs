@@ -1,0 +1,201 @@
+//! Lane setup: a listener that accepts the lanes of one channel, and the
+//! connecting side.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::{LaneHello, HELLO_LEN, MAX_LANES};
+use crate::TransportError;
+
+/// Socket buffer size asked for on every lane (`SO_SNDBUF` and `SO_RCVBUF`),
+/// or `None` to leave Linux's autotuning alone. Autotuning measured as fast
+/// or faster on loopback (setting `SO_RCVBUF` turns it off and is capped by
+/// `net.core.rmem_max`), so it is left alone.
+const SOCKET_BUFFER: Option<usize> = None;
+
+/// Listens for the lanes of multi-lane TCP channels.
+///
+/// One [`accept`](Self::accept) at a time: connections that carry another
+/// nonce are dropped, so concurrent accepts for different channels on one
+/// listener would drop each other's lanes.
+#[derive(Debug)]
+pub struct LaneListener {
+    inner: TcpListener,
+    local: SocketAddr,
+}
+
+impl LaneListener {
+    /// Binds an ephemeral port on `ip`.
+    pub async fn bind(ip: IpAddr) -> io::Result<Self> {
+        let inner = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
+        let local = inner.local_addr()?;
+        Ok(Self { inner, local })
+    }
+
+    /// The address the other side connects to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Accepts exactly `lanes` connections whose hello carries `nonce` and
+    /// this lane count, each placed at its index. Connections with a wrong
+    /// magic, nonce or count, an index already taken or out of range, or
+    /// that close before their hello, are dropped and the wait goes on.
+    /// Fails with [`TransportError::Handshake`] when not every lane arrived
+    /// within `timeout`.
+    pub async fn accept(
+        &self,
+        nonce: u64,
+        lanes: usize,
+        timeout: Duration,
+    ) -> Result<Vec<TcpStream>, TransportError> {
+        let peer = format!("mpt lane listener {}", self.local);
+        check_lanes(&peer, lanes)?;
+        let mut slots: Vec<Option<TcpStream>> = (0..lanes).map(|_| None).collect();
+        let mut filled = 0usize;
+        let mut hellos: JoinSet<io::Result<(TcpStream, SocketAddr, [u8; HELLO_LEN])>> =
+            JoinSet::new();
+        let work = async {
+            while filled < lanes {
+                tokio::select! {
+                    accepted = self.inner.accept() => match accepted {
+                        Ok((stream, from)) => {
+                            hellos.spawn(async move {
+                                let mut stream = stream;
+                                let mut hello = [0u8; HELLO_LEN];
+                                stream.read_exact(&mut hello).await?;
+                                Ok((stream, from, hello))
+                            });
+                        }
+                        Err(e) if is_per_connection(&e) => {
+                            tracing::debug!(error = %e, "mpt: accept failed for one connection");
+                        }
+                        Err(e) => {
+                            return Err(TransportError::Io { peer: peer.clone(), source: e });
+                        }
+                    },
+                    Some(joined) = hellos.join_next(), if !hellos.is_empty() => {
+                        let Ok(Ok((stream, from, bytes))) = joined else {
+                            tracing::debug!("mpt: a lane closed before its hello");
+                            continue;
+                        };
+                        match LaneHello::decode(&bytes) {
+                            Some(h)
+                                if h.nonce == nonce
+                                    && h.count as usize == lanes
+                                    && (h.index as usize) < lanes
+                                    && slots[h.index as usize].is_none() =>
+                            {
+                                tune(&stream).map_err(|e| TransportError::Io {
+                                    peer: from.to_string(),
+                                    source: e,
+                                })?;
+                                slots[h.index as usize] = Some(stream);
+                                filled += 1;
+                            }
+                            other => {
+                                tracing::debug!(%from, hello = ?other, "mpt: rejected a lane");
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(TransportError::Handshake {
+                    peer,
+                    reason: format!(
+                        "timed out after {timeout:?} with {filled} of {lanes} lanes accepted"
+                    ),
+                })
+            }
+        }
+        Ok(slots.into_iter().flatten().collect())
+    }
+}
+
+/// Connects `lanes` lanes to a [`LaneListener`] at `addr`, sending each its
+/// hello. Fails when any lane cannot connect within `timeout`.
+pub async fn connect_lanes(
+    addr: SocketAddr,
+    nonce: u64,
+    lanes: usize,
+    timeout: Duration,
+) -> Result<Vec<TcpStream>, TransportError> {
+    let peer = addr.to_string();
+    check_lanes(&peer, lanes)?;
+    let work = async {
+        let mut set = JoinSet::new();
+        for index in 0..lanes {
+            let hello = LaneHello {
+                nonce,
+                index: index as u32,
+                count: lanes as u32,
+            };
+            set.spawn(async move {
+                let mut stream = TcpStream::connect(addr).await?;
+                tune(&stream)?;
+                stream.write_all(&hello.encode()).await?;
+                Ok::<_, io::Error>((index, stream))
+            });
+        }
+        let mut slots: Vec<Option<TcpStream>> = (0..lanes).map(|_| None).collect();
+        while let Some(joined) = set.join_next().await {
+            let (index, stream) = joined
+                .map_err(|e| io::Error::other(format!("lane connect task failed: {e}")))??;
+            slots[index] = Some(stream);
+        }
+        Ok::<_, io::Error>(slots.into_iter().flatten().collect())
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(streams)) => Ok(streams),
+        Ok(Err(source)) => Err(TransportError::Io { peer, source }),
+        Err(_) => Err(TransportError::Io {
+            peer,
+            source: io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connecting {lanes} mpt lanes timed out after {timeout:?}"),
+            ),
+        }),
+    }
+}
+
+fn check_lanes(peer: &str, lanes: usize) -> Result<(), TransportError> {
+    if (1..=MAX_LANES).contains(&lanes) {
+        Ok(())
+    } else {
+        Err(TransportError::Handshake {
+            peer: peer.to_owned(),
+            reason: format!("{lanes} mpt lanes asked for; 1 to {MAX_LANES} are supported"),
+        })
+    }
+}
+
+/// Errors of `accept` that concern one incoming connection, not the listener.
+fn is_per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+    )
+}
+
+/// `TCP_NODELAY`, and the socket buffers when [`SOCKET_BUFFER`] asks for them.
+fn tune(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    if let Some(size) = SOCKET_BUFFER {
+        rustix::net::sockopt::set_socket_send_buffer_size(stream, size)?;
+        rustix::net::sockopt::set_socket_recv_buffer_size(stream, size)?;
+    }
+    Ok(())
+}

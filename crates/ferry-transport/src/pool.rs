@@ -1,0 +1,363 @@
+//! The receive-buffer pool: destinations for incoming tensors from
+//! pre-faulted, reused memory.
+//!
+//! A fresh large allocation costs a page fault per page on first touch
+//! (glibc hands big blocks back to the kernel on `free`, so every new
+//! 400 MB destination faults again), and on this class of machine the
+//! faults cost several times the copy itself. The pool keeps freed
+//! destinations, sorted into size classes, and hands them out again: a
+//! reused buffer is already resident. New buffers are mapped with
+//! transparent huge pages requested (`MADV_HUGEPAGE`) and populated before
+//! use (`MADV_POPULATE_WRITE`), so even a first use takes 2 MiB faults in one
+//! pass instead of 4 KiB faults during the copy.
+//!
+//! The pool keeps at most [`BufferPool::limit`] bytes (freed buffers beyond
+//! it go back to the kernel) and [`BufferPool::trim`] returns everything it
+//! keeps. Buffers below [`POOL_MIN`] come from the ordinary heap: the
+//! allocator serves those without faults.
+//!
+//! ```
+//! use ferry_transport::BufferPool;
+//!
+//! let pool = BufferPool::new(64 << 20);
+//! let first = pool.storage(4 << 20)?;
+//! let addr = first.as_bytes().as_ptr();
+//! drop(first); // back to the pool
+//! let again = pool.storage(4 << 20)?;
+//! assert_eq!(again.as_bytes().as_ptr(), addr); // the same, already faulted memory
+//! assert_eq!(pool.stats().reused, 1);
+//! pool.trim(); // nothing kept any more
+//! # Ok::<(), ferry_transport::TransportError>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::{Storage, TransportError, STORAGE_ALIGN};
+
+/// Buffers smaller than this come from the heap, not the pool.
+pub const POOL_MIN: usize = 256 << 10;
+/// Default for [`BufferPool::global`]'s limit; `FERRY_RECV_POOL_BYTES`
+/// overrides it.
+pub const DEFAULT_POOL_LIMIT: usize = 1 << 30;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A pool of reusable receive buffers. Cloning shares the pool.
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    limit: usize,
+    kept: usize,
+    free: BTreeMap<usize, Vec<Block>>,
+    stats: PoolStats,
+}
+
+/// Counters of a pool, for tests and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers handed out from kept memory.
+    pub reused: u64,
+    /// Buffers newly mapped.
+    pub mapped: u64,
+    /// Bytes kept now, ready for reuse.
+    pub kept_bytes: usize,
+    /// Buffers given back to the kernel (over the limit, or trimmed).
+    pub released: u64,
+}
+
+/// One anonymous mapping of `class` usable bytes.
+pub(crate) struct Block {
+    base: NonNull<u8>,
+    map_len: usize,
+    ptr: NonNull<u8>,
+    class: usize,
+    /// Leading bytes known to be resident.
+    populated: usize,
+}
+
+// SAFETY: a Block exclusively owns its mapping.
+unsafe impl Send for Block {}
+// SAFETY: no interior mutability; access to the bytes goes through Storage.
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn map(class: usize) -> Result<Block, TransportError> {
+        let map_len = class + HUGE_PAGE;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let base = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| TransportError::Alloc(format!("mapping {class} bytes failed: {e}")))?;
+        let base = NonNull::new(base.cast::<u8>())
+            .ok_or_else(|| TransportError::Alloc("mmap returned null".into()))?;
+        // Align the usable part to a huge page so it can be backed by them.
+        let offset = base.as_ptr().align_offset(HUGE_PAGE);
+        // SAFETY: offset < HUGE_PAGE, and the mapping is class + HUGE_PAGE long.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(offset)) };
+        // SAFETY: advising a range inside our own mapping. Failure (no THP
+        // support) only loses the speed-up.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                ptr.as_ptr().cast::<c_void>(),
+                class,
+                rustix::mm::Advice::LinuxHugepage,
+            )
+        };
+        Ok(Block {
+            base,
+            map_len,
+            ptr,
+            class,
+            populated: 0,
+        })
+    }
+
+    /// Makes the first `len` bytes resident before they are written.
+    fn populate(&mut self, len: usize) {
+        if len <= self.populated {
+            return;
+        }
+        let start = self.populated & !(HUGE_PAGE - 1);
+        let end = len.div_ceil(4096) * 4096;
+        let end = end.min(self.class);
+        // SAFETY: the range lies inside our mapping. MADV_POPULATE_WRITE
+        // (Linux 5.14) faults the pages in writable; it does not change their
+        // contents. On older kernels it fails and the pages fault on first use.
+        let _ = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(start).cast::<c_void>(),
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        self.populated = end;
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`, which nothing
+        // references any more (the Storage holding it is gone).
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast::<c_void>(), self.map_len) };
+    }
+}
+
+/// The size class serving `len` bytes: `len` rounded up to a page, then to
+/// one of eight steps between consecutive powers of two (at most 12.5%
+/// unused address space; only the bytes asked for are made resident).
+fn size_class(len: usize) -> usize {
+    let len = len.max(POOL_MIN).div_ceil(4096) * 4096;
+    let pow = len.next_power_of_two();
+    if pow == len {
+        return len;
+    }
+    let step = (pow / 2) / 8;
+    len.div_ceil(step) * step
+}
+
+impl BufferPool {
+    /// A pool keeping at most `limit` bytes of freed buffers.
+    pub fn new(limit: usize) -> Self {
+        BufferPool {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    limit,
+                    ..State::default()
+                }),
+            }),
+        }
+    }
+
+    /// The process-wide pool behind [`RawAllocator`](crate::RawAllocator);
+    /// its limit is `FERRY_RECV_POOL_BYTES` when set, else
+    /// [`DEFAULT_POOL_LIMIT`].
+    pub fn global() -> &'static BufferPool {
+        static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let limit = std::env::var("FERRY_RECV_POOL_BYTES")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(DEFAULT_POOL_LIMIT);
+            BufferPool::new(limit)
+        })
+    }
+
+    /// A storage of `len` bytes whose contents are unspecified (stale bytes
+    /// of an earlier tensor, or zeros): for destinations that a channel
+    /// fills completely. Dropping it gives the memory back to the pool.
+    pub fn storage(&self, len: usize) -> Result<Storage, TransportError> {
+        if len < POOL_MIN {
+            return Storage::zeroed(len);
+        }
+        let class = size_class(len);
+        let reused = {
+            let mut state = self.lock();
+            let block = state.free.get_mut(&class).and_then(Vec::pop);
+            if block.is_some() {
+                state.kept -= class;
+                state.stats.reused += 1;
+            } else {
+                state.stats.mapped += 1;
+            }
+            block
+        };
+        let mut block = match reused {
+            Some(b) => b,
+            None => Block::map(class)?,
+        };
+        block.populate(len);
+        debug_assert_eq!(block.ptr.as_ptr().align_offset(STORAGE_ALIGN), 0);
+        Ok(Storage::pooled(block, len, self.clone()))
+    }
+
+    /// Takes a block back from a dropped storage: kept if the limit allows.
+    pub(crate) fn give_back(&self, block: Block) {
+        let mut state = self.lock();
+        if state.kept + block.class <= state.limit {
+            state.kept += block.class;
+            state.free.entry(block.class).or_default().push(block);
+        } else {
+            state.stats.released += 1;
+            drop(state);
+            drop(block);
+        }
+    }
+
+    /// The most bytes this pool keeps for reuse.
+    pub fn limit(&self) -> usize {
+        self.lock().limit
+    }
+
+    /// Changes the limit, giving back to the kernel what no longer fits.
+    pub fn set_limit(&self, limit: usize) {
+        let released = {
+            let mut state = self.lock();
+            state.limit = limit;
+            let mut out = Vec::new();
+            while state.kept > state.limit {
+                // Release the largest buffers first.
+                let Some(mut entry) = state.free.last_entry() else {
+                    break;
+                };
+                let block = entry.get_mut().pop();
+                if entry.get().is_empty() {
+                    entry.remove();
+                }
+                if let Some(b) = block {
+                    state.kept -= b.class;
+                    state.stats.released += 1;
+                    out.push(b);
+                }
+            }
+            out
+        };
+        drop(released);
+    }
+
+    /// Gives every kept buffer back to the kernel.
+    pub fn trim(&self) {
+        let limit = self.limit();
+        self.set_limit(0);
+        self.set_limit(limit);
+    }
+
+    /// Counters and the bytes kept now.
+    pub fn stats(&self) -> PoolStats {
+        let state = self.lock();
+        PoolStats {
+            kept_bytes: state.kept,
+            ..state.stats
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State inconsistent in
+        // a way that matters (counters only), so poisoning is ignored.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("limit", &self.limit())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_up_by_at_most_an_eighth() {
+        assert_eq!(size_class(1), POOL_MIN);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        for len in [300_000usize, 4_000_000, 40_000_000, 400_000_000] {
+            let c = size_class(len);
+            assert!(c >= len, "{len} -> {c}");
+            assert!(c - len <= len / 7 + 4096, "{len} -> {c}");
+            assert_eq!(size_class(c), c, "a class is its own class");
+        }
+    }
+
+    #[test]
+    fn reuses_within_a_class_and_respects_the_limit() {
+        let pool = BufferPool::new(8 << 20);
+        let a = pool.storage(3 << 20).expect("map");
+        let b = pool.storage(3 << 20).expect("map");
+        let c = pool.storage(3 << 20).expect("map");
+        assert_eq!(pool.stats().mapped, 3);
+        drop((a, b, c));
+        // Two 3 MiB buffers fit in 8 MiB, the third goes back to the kernel.
+        let s = pool.stats();
+        assert_eq!((s.kept_bytes, s.released), (6 << 20, 1));
+        let mut d = pool.storage((3 << 20) - 100).expect("reuse");
+        assert_eq!(d.len(), (3 << 20) - 100);
+        d.as_bytes_mut().fill(7);
+        assert_eq!(pool.stats().reused, 1);
+        drop(d);
+        pool.trim();
+        assert_eq!(pool.stats().kept_bytes, 0);
+        // Small buffers never touch the pool.
+        let small = pool.storage(1000).expect("heap");
+        assert!(small.as_bytes().iter().all(|&b| b == 0));
+        assert_eq!(pool.stats().mapped, 3);
+    }
+
+    #[test]
+    fn set_limit_releases_what_no_longer_fits() {
+        let pool = BufferPool::new(64 << 20);
+        let bufs: Vec<_> = (0..4)
+            .map(|_| pool.storage(4 << 20).expect("map"))
+            .collect();
+        drop(bufs);
+        assert_eq!(pool.stats().kept_bytes, 16 << 20);
+        pool.set_limit(8 << 20);
+        assert_eq!(pool.stats().kept_bytes, 8 << 20);
+        assert_eq!(pool.limit(), 8 << 20);
+    }
+}

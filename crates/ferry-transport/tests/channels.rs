@@ -1,0 +1,233 @@
+//! Every transport and channel on its own, forced by the offer lists, over
+//! real sockets and shared memory between two endpoints in this process
+//! (the multi-process runs are the RPC suite's, once per combination).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use ferry_transport::{
+    channel, Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor,
+};
+use ferry_wire::{payload, DType, Flags, MessageKind};
+use tokio::net::TcpListener;
+
+async fn pair(server: Endpoint, client: Endpoint) -> (PeerConnection, PeerConnection) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        PeerConnection::accept(s, &server).await.unwrap()
+    });
+    let c = PeerConnection::connect(addr, &client).await.unwrap();
+    (accept.await.unwrap(), c)
+}
+
+/// An endpoint offering only `channels` and `transports`, sending every
+/// tensor over its channel when `small` is 0.
+fn endpoint(name: &str, rank: u32, channels: &str, transports: &str, small: usize) -> Endpoint {
+    let mut e = Endpoint::new(name, rank);
+    e.channels = channel::parse_channels(channels).unwrap();
+    e.transports = channel::parse_transports(transports).unwrap();
+    e.config.small_tensor_bytes = small;
+    e.config.mpt_lanes = 3;
+    e
+}
+
+fn message<T: serde::Serialize>(id: u64, value: &T) -> OutgoingMessage {
+    let e = payload::encode(value).unwrap();
+    OutgoingMessage {
+        kind: MessageKind::REQUEST,
+        flags: Flags::NONE,
+        request_id: id,
+        payload: e.payload,
+        tensors: e.tensors,
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(m: IncomingMessage) -> T {
+    payload::decode(&m.payload, m.tensors).unwrap()
+}
+
+fn sample(len: usize, seed: u8) -> RawTensor {
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
+        .collect();
+    RawTensor::from_bytes(DType::U8, &[len as i64], &bytes).unwrap()
+}
+
+/// Tensors of many sizes in one message, including a strided view.
+fn mixed(seed: u8) -> (String, Vec<RawTensor>, RawTensor) {
+    let sizes = [0usize, 1, 4095, 70_000, (4 << 20) + 3, 9 << 20];
+    let tensors = sizes.iter().map(|&n| sample(n, seed)).collect();
+    let m = RawTensor::from_slice(
+        &(0..600 * 500).map(|i| i as f32).collect::<Vec<_>>(),
+        &[600, 500],
+    )
+    .unwrap();
+    (format!("mixed {seed}"), tensors, m.t().unwrap())
+}
+
+/// Sends mixed messages both ways, checks every byte, and checks that the
+/// connection uses the expected transport and channel.
+async fn exchange(channels: &str, transports: &str, small: usize, transport: &str, chosen: &str) {
+    let (mut server, mut client) = pair(
+        endpoint("server", 0, channels, transports, small),
+        endpoint("client", 1, channels, transports, small),
+    )
+    .await;
+    for conn in [&server, &client] {
+        assert_eq!(conn.transport, transport, "{channels} / {transports}");
+        assert_eq!(conn.outgoing_channels()[0].channel, chosen);
+        assert_eq!(conn.incoming_channels()[0].channel, chosen);
+    }
+    type Mixed = (String, Vec<RawTensor>, RawTensor);
+    let expected: Vec<Mixed> = (0..3u8).map(mixed).collect();
+    let batch: Vec<_> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i as u64, m))
+        .collect();
+    // Writes and reads run together: a stream or ring holds less than a batch.
+    let send = async { client.writer.write_batch(&batch).await.unwrap() };
+    let recv = async {
+        let mut got = Vec::new();
+        for i in 0..3u8 {
+            let m: Mixed = decode(server.reader.read().await.unwrap().unwrap());
+            assert!(
+                m == expected[usize::from(i)],
+                "message {i} over {chosen} differs"
+            );
+            got.push(m);
+        }
+        got
+    };
+    let ((), got) = tokio::join!(send, recv);
+    // Echo them back: the server sends from the storage it received into.
+    let send = async {
+        for (i, m) in got.iter().enumerate() {
+            server
+                .writer
+                .write(&message(10 + i as u64, m))
+                .await
+                .unwrap();
+        }
+    };
+    let recv = async {
+        for i in 0..3u8 {
+            let m: Mixed = decode(client.reader.read().await.unwrap().unwrap());
+            assert!(
+                m == expected[usize::from(i)],
+                "echo {i} over {chosen} differs"
+            );
+        }
+    };
+    tokio::join!(send, recv);
+    drop(got);
+    // Out-of-band tensors are released once the receiver has copied them:
+    // a round of empty batches carries the releases back.
+    server.writer.write_batch(&[]).await.unwrap();
+    client.writer.write_batch(&[]).await.unwrap();
+    server.writer.write(&message(99, &"done")).await.unwrap();
+    client.writer.write(&message(99, &"done")).await.unwrap();
+    let _: String = decode(server.reader.read().await.unwrap().unwrap());
+    let _: String = decode(client.reader.read().await.unwrap().unwrap());
+    assert_eq!(client.writer.tensors_in_flight(), 0);
+    assert_eq!(server.writer.tensors_in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_over_tcp() {
+    exchange("inline", "tcp", 0, "tcp", "inline").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cma_over_tcp() {
+    exchange("cma", "tcp", 0, "tcp", "cma").await;
+    exchange("cma, inline", "tcp", 1 << 20, "tcp", "cma").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_channel_over_tcp() {
+    exchange("shm", "tcp", 0, "tcp", "shm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mpt_over_tcp() {
+    exchange("mpt", "tcp", 0, "tcp", "mpt").await;
+    exchange("mpt, inline", "tcp", 64 << 10, "tcp", "mpt").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_channel_over_the_shm_transport() {
+    for ch in ["inline", "cma", "shm", "mpt"] {
+        exchange(ch, "shm", 0, "shm", ch).await;
+    }
+}
+
+#[tokio::test]
+async fn cma_on_a_current_thread_runtime() {
+    exchange("cma", "tcp", 0, "tcp", "cma").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defaults_pick_cma_and_the_shm_transport_on_one_host() {
+    let (server, client) = pair(Endpoint::new("s", 0), Endpoint::new("c", 1)).await;
+    assert_eq!(client.transport, "shm");
+    assert_eq!(client.outgoing_channels()[0].channel, "cma");
+    assert_eq!(server.outgoing_channels()[0].channel, "cma");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_shm_transport_falls_back_to_tcp() {
+    // One side offers only TCP: the shm transport is not selected.
+    let (server, client) = pair(
+        endpoint("s", 0, "cma,shm,mpt,inline", "tcp", 0),
+        endpoint("c", 1, "cma,shm,mpt,inline", "shm,tcp", 0),
+    )
+    .await;
+    assert_eq!((server.transport, client.transport), ("tcp", "tcp"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_fall_back_when_the_peer_lacks_them() {
+    // The server is a "process where CMA is not viable": it does not offer
+    // it, so tensors go over shm; then neither same-host channel: mpt.
+    let mut no_cma = endpoint("s", 0, "shm,mpt,inline", "tcp", 0);
+    let (_s, c) = pair(
+        no_cma.clone(),
+        endpoint("c", 1, "cma,shm,mpt,inline", "tcp", 0),
+    )
+    .await;
+    assert_eq!(c.outgoing_channels()[0].channel, "shm");
+    no_cma.channels = channel::parse_channels("mpt,inline").unwrap();
+    let (_s, c) = pair(no_cma, endpoint("c", 1, "cma,shm,mpt,inline", "tcp", 0)).await;
+    assert_eq!(c.outgoing_channels()[0].channel, "mpt");
+    // A same-host descriptor from another host never matches.
+    let mut elsewhere = endpoint("s", 0, "cma,inline", "tcp", 0);
+    elsewhere.channels[0].devices[0].descriptor = "another-boot/pid:[1]".into();
+    let (_s, c) = pair(elsewhere, endpoint("c", 1, "cma,inline", "tcp", 0)).await;
+    assert_eq!(c.outgoing_channels()[0].channel, "inline");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tensor_stays_alive_until_released() {
+    let (mut server, mut client) = pair(
+        endpoint("s", 0, "cma", "tcp", 0),
+        endpoint("c", 1, "cma", "tcp", 0),
+    )
+    .await;
+    let t = sample(1 << 20, 7);
+    let weak = Arc::downgrade(t.storage());
+    client.writer.write(&message(1, &t)).await.unwrap();
+    drop(t);
+    // The writer holds it until the receiver has pulled the bytes.
+    assert!(weak.upgrade().is_some());
+    assert_eq!(client.writer.tensors_in_flight(), 1);
+    let got: RawTensor = decode(server.reader.read().await.unwrap().unwrap());
+    assert_eq!(got, sample(1 << 20, 7));
+    server.writer.write_batch(&[]).await.unwrap();
+    server.writer.write(&message(2, &())).await.unwrap();
+    let () = decode(client.reader.read().await.unwrap().unwrap());
+    assert_eq!(client.writer.tensors_in_flight(), 0);
+    assert!(weak.upgrade().is_none(), "released after the peer's copy");
+}
