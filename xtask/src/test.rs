@@ -16,6 +16,18 @@ pub(crate) const LIBTORCH_CRATES: &[&str] = &["ferry-tch", "ferry-autograd"];
 /// Target dir of the fuzz harness (its own workspace), kept under `target/`
 /// so it is cached with everything else.
 const FUZZ_TARGET_DIR: &str = "target/fuzz";
+/// Target directory of the loom build (`--cfg loom` changes every crate).
+const LOOM_TARGET_DIR: &str = "target/loom";
+/// (transport, channel) pairs the RPC suite runs over besides the defaults.
+const LINK_COMBINATIONS: &[(&str, &str)] = &[
+    ("tcp", "inline"),
+    ("tcp", "cma"),
+    ("tcp", "shm"),
+    ("tcp", "mpt"),
+    ("shm", "inline"),
+    ("shm", "shm"),
+    ("shm", "mpt"),
+];
 
 /// `--workspace` plus one `--exclude` per crate in [`LIBTORCH_CRATES`].
 pub(crate) fn workspace_args() -> Vec<&'static str> {
@@ -82,12 +94,48 @@ pub(crate) fn main() -> Result<()> {
         })?;
         // nextest does not run doctests.
         steps.step("doctests", || run(&mut cargo(&with(&["test"], &["--doc"]))))?;
+        // The multi-process RPC suite once per transport/channel combination
+        // (the run above used the defaults: shm transport, cma channel),
+        // every tensor over the forced channel.
+        for (transport, channel) in LINK_COMBINATIONS {
+            steps.step(
+                &format!("rpc suite over transport {transport}, channel {channel}"),
+                || {
+                    run(
+                        cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"])
+                            .args(["--profile", profile])
+                            // It checks the fallback between the default channels.
+                            .args([
+                                "-E",
+                                "not test(cma_across_user_namespaces_falls_back_to_shm)",
+                            ])
+                            .env("FERRY_TRANSPORTS", transport)
+                            .env("FERRY_CHANNELS", channel)
+                            .env("FERRY_SMALL_TENSOR_BYTES", "0"),
+                    )
+                },
+            )?;
+        }
     } else {
         eprintln!("\n(cargo-nextest not installed: using `cargo test`, doctests included)");
         steps.step("tests + doctests (cargo test)", || {
             run(&mut cargo(&with(&["test"], &[])))
         })?;
     }
+    // The shared-memory ring's lock-free protocol, model-checked.
+    steps.step("loom (shm ring)", || {
+        run(cargo(&[
+            "test",
+            "-p",
+            "ferry-transport",
+            "--release",
+            "--lib",
+            "--target-dir",
+            LOOM_TARGET_DIR,
+            "shm::",
+        ])
+        .env("RUSTFLAGS", "--cfg loom"))
+    })?;
     // The libtorch crates, built against the .venv's PyTorch.
     steps.step("clippy (libtorch crates)", || {
         run(with_libtorch(&mut cargo(&libtorch_args(

@@ -783,3 +783,39 @@ fn a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving() {
         },
     );
 }
+
+/// Rank 1 runs in a user namespace of its own (`unshare --user`): the
+/// kernel would refuse CMA between the two, their `cma` domain descriptors
+/// differ, and selection falls back to the `shm` channel; calls with large
+/// tensors still work. (Needs the default channel list: the xtask's runs
+/// that force one channel leave it out.)
+#[test]
+fn cma_across_user_namespaces_falls_back_to_shm() {
+    let unshare = |rank: u32| {
+        if rank == 1 {
+            vec!["unshare", "--user", "--map-root-user"]
+        } else {
+            Vec::new()
+        }
+    };
+    ferry_testkit::world_wrapped_ok(
+        "cma_across_user_namespaces_falls_back_to_shm",
+        2,
+        unshare,
+        |rank| {
+            start(rank);
+            let peer = 1 - rank;
+            let t = sample(DType::F32, &[3 << 20], rank as u8);
+            let back: RawTensor = ferry_rpc::rpc_sync(peer, "identity", t.clone()).unwrap();
+            assert_eq!(back, t);
+            let link = ferry_rpc::agent()
+                .unwrap()
+                .link_info(peer)
+                .unwrap()
+                .unwrap();
+            assert_eq!(link.outgoing[0].channel, "shm");
+            assert_eq!(link.incoming[0].channel, "shm");
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}

@@ -62,6 +62,18 @@ pub fn worker_rank(test: &str) -> Option<u32> {
 /// rank's output once all have exited (killing them at the deadline); in a
 /// child, runs the body and returns `None`.
 pub fn world(test: &str, world: u32, body: impl Fn(u32)) -> Option<Vec<Output>> {
+    world_wrapped(test, world, |_| Vec::new(), body)
+}
+
+/// Like [`world`], with rank `r`'s process started through the command
+/// `wrapper(r)` (e.g. `["unshare", "--user", "--map-root-user"]` to run it
+/// in a user namespace of its own; empty: started directly).
+pub fn world_wrapped(
+    test: &str,
+    world: u32,
+    wrapper: impl Fn(u32) -> Vec<&'static str>,
+    body: impl Fn(u32),
+) -> Option<Vec<Output>> {
     if let Some(rank) = worker_rank(test) {
         body(rank);
         return None;
@@ -74,7 +86,16 @@ pub fn world(test: &str, world: u32, body: impl Fn(u32)) -> Option<Vec<Output>> 
     let (tx, rx) = mpsc::channel();
     let mut pids = Vec::new();
     for rank in 0..world {
-        let mut child = Command::new(&exe)
+        let wrap = wrapper(rank);
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = command
             .args([test, "--exact", "--nocapture", "--test-threads", "1"])
             .env("FERRY_TEST_NAME", test)
             .env("MASTER_ADDR", "127.0.0.1")
@@ -130,7 +151,17 @@ pub fn world(test: &str, world: u32, body: impl Fn(u32)) -> Option<Vec<Output>> 
 
 /// Like [`world`], and asserts every rank succeeded, printing their output if not.
 pub fn world_ok(test: &str, size: u32, body: impl Fn(u32)) -> Option<Vec<Output>> {
-    let outputs = world(test, size, body)?;
+    world_wrapped_ok(test, size, |_| Vec::new(), body)
+}
+
+/// Like [`world_wrapped`], and asserts every rank succeeded.
+pub fn world_wrapped_ok(
+    test: &str,
+    size: u32,
+    wrapper: impl Fn(u32) -> Vec<&'static str>,
+    body: impl Fn(u32),
+) -> Option<Vec<Output>> {
+    let outputs = world_wrapped(test, size, wrapper, body)?;
     for (rank, o) in outputs.iter().enumerate() {
         assert!(
             o.success,
