@@ -495,29 +495,39 @@ fn a_dead_peer_fails_calls_without_hanging() {
             assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
             let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
             assert_eq!(s, 2);
-            // Tell rank 1 through the store that it may stop serving.
-            let agent = ferry_rpc::agent().unwrap();
-            agent
-                .block_on(agent.store().set("test/done", Vec::new()))
-                .unwrap();
             // Graceful shutdown would wait for the dead worker: shut down at once.
-            ferry_rpc::shutdown_now().unwrap();
+            release_the_bystander();
         } else if rank == 1 {
-            // Serve until rank 0 is done with us (the key is set, or rank 0's
-            // store went away with it), then stop.
-            let agent = ferry_rpc::agent().unwrap();
-            let _ = agent.block_on(
-                agent
-                    .store()
-                    .wait(&["test/done".to_string()], Duration::from_secs(60)),
-            );
-            ferry_rpc::shutdown_now().unwrap();
+            serve_as_bystander();
         } else {
             // Rank 2 exits inside `exit_process`; this point is never reached
             // unless the call never came.
             std::thread::park();
         }
     });
+}
+
+/// Rank 0 of a test with a dead peer: tells the bystander (rank 1) through
+/// the store that it may stop serving, then shuts down at once (a graceful
+/// shutdown would wait for the dead worker).
+fn release_the_bystander() {
+    let agent = ferry_rpc::agent().unwrap();
+    agent
+        .block_on(agent.store().set("test/done", Vec::new()))
+        .unwrap();
+    ferry_rpc::shutdown_now().unwrap();
+}
+
+/// Rank 1 of a test with a dead peer: serves until rank 0 is done with it
+/// (the key is set, or rank 0's store went away with it), then stops.
+fn serve_as_bystander() {
+    let agent = ferry_rpc::agent().unwrap();
+    let _ = agent.block_on(
+        agent
+            .store()
+            .wait(&["test/done".to_string()], Duration::from_secs(60)),
+    );
+    ferry_rpc::shutdown_now().unwrap();
 }
 
 /// Counts service messages and answers with the sum of a list.
@@ -763,19 +773,9 @@ fn a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving() {
                 let t = sample(DType::F32, &[3 << 20], 4);
                 let back: RawTensor = ferry_rpc::rpc_sync(1u32, "identity", t.clone()).unwrap();
                 assert_eq!(back, t);
-                let agent = ferry_rpc::agent().unwrap();
-                agent
-                    .block_on(agent.store().set("test/done", Vec::new()))
-                    .unwrap();
-                ferry_rpc::shutdown_now().unwrap();
+                release_the_bystander();
             } else if rank == 1 {
-                let agent = ferry_rpc::agent().unwrap();
-                let _ = agent.block_on(
-                    agent
-                        .store()
-                        .wait(&["test/done".to_string()], Duration::from_secs(60)),
-                );
-                ferry_rpc::shutdown_now().unwrap();
+                serve_as_bystander();
             } else {
                 // Rank 2 exits while receiving; never reached otherwise.
                 std::thread::park();

@@ -233,6 +233,16 @@ struct Agreement {
 }
 
 impl Agreement {
+    /// Both directions' channels and the transport, as both ends compute them.
+    fn compute(local: &Endpoint, peer: Handshake) -> Result<Agreement, TransportError> {
+        Ok(Agreement {
+            outgoing: select_channels(&local.channels, &peer.channels)?,
+            incoming: select_channels(&peer.channels, &local.channels)?,
+            transport: transport_name(select_transport(&local.transports, &peer.transports)),
+            peer,
+        })
+    }
+
     fn uses(&self, name: &str) -> bool {
         self.outgoing
             .iter()
@@ -307,37 +317,20 @@ impl PeerConnection {
         let nonce = fresh_nonce();
         let (agreement, setup) = match role {
             Role::Connect => {
-                let props = vec![(PROP_MPT_LANES.into(), local.config.mpt_lanes.to_string())];
+                let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
+                let props = vec![(PROP_MPT_LANES.into(), lanes.to_string())];
                 writer
                     .write(&handshake_message(local.handshake(Vec::new(), props))?)
                     .await?;
                 let peer = read_handshake(&mut reader, &fail).await?;
-                let outgoing = select_channels(&local.channels, &peer.channels)?;
-                verify(&outgoing, &peer.selection)?;
-                let incoming = select_channels(&peer.channels, &local.channels)?;
-                let transport =
-                    transport_name(select_transport(&local.transports, &peer.transports));
-                let agreement = Agreement {
-                    peer,
-                    outgoing,
-                    incoming,
-                    transport,
-                };
+                let agreement = Agreement::compute(local, peer)?;
+                verify(&agreement.outgoing, &agreement.peer.selection)?;
                 let setup = connect_setup(&agreement, local, &fail).await?;
                 (agreement, setup)
             }
             Role::Accept => {
                 let peer = read_handshake(&mut reader, &fail).await?;
-                let incoming = select_channels(&peer.channels, &local.channels)?;
-                let outgoing = select_channels(&local.channels, &peer.channels)?;
-                let transport =
-                    transport_name(select_transport(&local.transports, &peer.transports));
-                let agreement = Agreement {
-                    peer,
-                    outgoing,
-                    incoming,
-                    transport,
-                };
+                let agreement = Agreement::compute(local, peer)?;
                 let mut props = Vec::new();
                 let shm_listener = if agreement.needs_shm() {
                     let name = format!("ferry/{}/{nonce:016x}", std::process::id());

@@ -3,24 +3,14 @@
 //! (the multi-process runs are the RPC suite's, once per combination).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
-use ferry_transport::{
-    channel, Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor,
-};
-use ferry_wire::{payload, DType, Flags, MessageKind};
-use tokio::net::TcpListener;
+use ferry_transport::{channel, Endpoint, RawTensor};
+use ferry_wire::DType;
 
-async fn pair(server: Endpoint, client: Endpoint) -> (PeerConnection, PeerConnection) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accept = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        PeerConnection::accept(s, &server).await.unwrap()
-    });
-    let c = PeerConnection::connect(addr, &client).await.unwrap();
-    (accept.await.unwrap(), c)
-}
+use common::{decode, message, pair};
 
 /// An endpoint offering only `channels` and `transports`, sending every
 /// tensor over its channel when `small` is 0.
@@ -31,21 +21,6 @@ fn endpoint(name: &str, rank: u32, channels: &str, transports: &str, small: usiz
     e.config.small_tensor_bytes = small;
     e.config.mpt_lanes = 3;
     e
-}
-
-fn message<T: serde::Serialize>(id: u64, value: &T) -> OutgoingMessage {
-    let e = payload::encode(value).unwrap();
-    OutgoingMessage {
-        kind: MessageKind::REQUEST,
-        flags: Flags::NONE,
-        request_id: id,
-        payload: e.payload,
-        tensors: e.tensors,
-    }
-}
-
-fn decode<T: serde::de::DeserializeOwned>(m: IncomingMessage) -> T {
-    payload::decode(&m.payload, m.tensors).unwrap()
 }
 
 fn sample(len: usize, seed: u8) -> RawTensor {

@@ -2,25 +2,16 @@
 //! and layout, batching, and bad input.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
-use ferry_transport::{
-    Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor, TransportError,
-};
+use ferry_transport::{Endpoint, PeerConnection, RawTensor, TransportError};
 use ferry_wire::{payload, DType, Flags, FrameHeader, Limits, MessageKind};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-async fn pair(server: Endpoint, client: Endpoint) -> (PeerConnection, PeerConnection) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accept = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        PeerConnection::accept(s, &server).await.unwrap()
-    });
-    let c = PeerConnection::connect(addr, &client).await.unwrap();
-    (accept.await.unwrap(), c)
-}
+use common::{decode, message, pair};
 
 /// An endpoint on TCP with the `inline` channel only: the tests that write
 /// raw frames write that format.
@@ -29,21 +20,6 @@ fn plain(name: &str, rank: u32) -> Endpoint {
     e.channels = ferry_transport::channel::parse_channels("inline").unwrap();
     e.transports = ferry_transport::channel::parse_transports("tcp").unwrap();
     e
-}
-
-fn message<T: serde::Serialize>(id: u64, value: &T) -> OutgoingMessage {
-    let e = payload::encode(value).unwrap();
-    OutgoingMessage {
-        kind: MessageKind::REQUEST,
-        flags: Flags::NONE,
-        request_id: id,
-        payload: e.payload,
-        tensors: e.tensors,
-    }
-}
-
-fn decode<T: serde::de::DeserializeOwned>(m: IncomingMessage) -> T {
-    payload::decode(&m.payload, m.tensors).unwrap()
 }
 
 fn sample(dtype: DType, shape: &[i64], seed: u8) -> RawTensor {

@@ -867,6 +867,12 @@ async fn exchange(
                     .map_err(|reason| protocol(rank, replica_id, reason))
             };
             let ((), tensor) = tokio::try_join!(send, receive)?;
+            // Segments pulled out of band (the `cma` channel) are copied:
+            // let the peer free them now rather than with its next write.
+            writer
+                .write_batch(&[])
+                .await
+                .map_err(|error| peer_error(rank, replica_id, error))?;
             Ok((rank, tensor))
         }
     });
