@@ -206,3 +206,67 @@ async fn a_tensor_stays_alive_until_released() {
     assert_eq!(client.writer.tensors_in_flight(), 0);
     assert!(weak.upgrade().is_none(), "released after the peer's copy");
 }
+
+/// Writes a raw frame carrying one 1 KiB tensor whose record is `record`.
+fn raw_frame(record: &[u8]) -> Vec<u8> {
+    let t = sample(1024, 1);
+    let e = ferry_wire::payload::encode(&t).unwrap();
+    ferry_wire::Frame::encode(
+        ferry_wire::MessageKind::REQUEST,
+        ferry_wire::Flags::NONE,
+        1,
+        &e.descriptors(),
+        &e.payload,
+        &[record],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_channel_records_are_typed_errors() {
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("cma", vec![7u8; 17], "channel record: unknown mode 7"),
+        (
+            "mpt",
+            [&[1u8][..], &5u64.to_le_bytes()].concat(),
+            "channel record: mpt transfer 5 where 0 was due",
+        ),
+        // A truncated record: the peer closes after half of it.
+        ("cma", vec![1u8, 0, 0], "closed"),
+    ];
+    for (ch, record, expected) in cases {
+        let (mut server, mut client) = pair(
+            endpoint("s", 0, ch, "tcp", 0),
+            endpoint("c", 1, ch, "tcp", 0),
+        )
+        .await;
+        client.writer.write_raw_for_tests(&raw_frame(&record)).await;
+        client.writer.shutdown().await.unwrap();
+        let err = server.reader.read().await.unwrap_err();
+        assert!(err.to_string().contains(expected), "{ch}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_an_unknown_token_is_refused() {
+    let (mut server, mut client) = pair(
+        endpoint("s", 0, "cma", "tcp", 0),
+        endpoint("c", 1, "cma", "tcp", 0),
+    )
+    .await;
+    let header = ferry_wire::FrameHeader {
+        kind: ferry_wire::MessageKind::RELEASE,
+        flags: ferry_wire::Flags::NONE,
+        request_id: 0,
+        payload_len: 8,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    let frame = [&header.encode()[..], &42u64.to_le_bytes()].concat();
+    client.writer.write_raw_for_tests(&frame).await;
+    let err = server.reader.read().await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("release of token 42, which names no tensor in flight"),
+        "{err}"
+    );
+}
