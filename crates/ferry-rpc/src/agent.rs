@@ -929,18 +929,9 @@ impl Inner {
 
     fn serve_request(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
         let id = msg.header.request_id;
-        let (header, rest) = match postcard::take_from_bytes::<CallHeader>(&msg.payload) {
-            Ok((h, rest)) => (h, msg.payload.len() - rest.len()),
-            Err(e) => {
-                return self.reply(
-                    &outbox,
-                    id,
-                    Err(Failure::new(
-                        FailureKind::BadRequest,
-                        format!("malformed call header: {e}"),
-                    )),
-                )
-            }
+        let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
+            Ok(split) => split,
+            Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
         let function = match self.lookup(&header.function, header.signature) {
             Ok(f) => f,
@@ -1044,18 +1035,9 @@ impl Inner {
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
         };
-        let (header, offset) = match postcard::take_from_bytes::<ServiceHeader>(&msg.payload) {
-            Ok((h, rest)) => (h, msg.payload.len() - rest.len()),
-            Err(e) => {
-                return self.reply(
-                    &outbox,
-                    id,
-                    Err(Failure::new(
-                        FailureKind::BadRequest,
-                        format!("malformed service header: {e}"),
-                    )),
-                )
-            }
+        let (header, offset) = match split_header::<ServiceHeader>(&msg.payload, "service") {
+            Ok(split) => split,
+            Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
         let scopes = self.intercept_receive(
             &from,
@@ -1111,6 +1093,23 @@ impl Inner {
             self.call_done();
         }
     }
+}
+
+/// The postcard header `H` at the start of a payload, and the offset of
+/// what follows it; a `BadRequest` failure naming the `what` header if it
+/// does not decode.
+fn split_header<H: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    what: &str,
+) -> Result<(H, usize), Failure> {
+    postcard::take_from_bytes::<H>(payload)
+        .map(|(header, rest)| (header, payload.len() - rest.len()))
+        .map_err(|e| {
+            Failure::new(
+                FailureKind::BadRequest,
+                format!("malformed {what} header: {e}"),
+            )
+        })
 }
 
 async fn timer_loop(inner: Arc<Inner>) {

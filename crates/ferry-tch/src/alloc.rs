@@ -3,8 +3,8 @@
 
 use std::any::Any;
 
-use ferry_transport::{Allocator, RecvBuffer, TransportError};
-use ferry_wire::{Device, TensorDescriptor};
+use ferry_transport::{host_destination_len, Allocator, RecvBuffer, TransportError};
+use ferry_wire::TensorDescriptor;
 
 use crate::dtype::kind_of;
 
@@ -53,18 +53,7 @@ impl Allocator for TchAllocator {
         &self,
         descriptor: &TensorDescriptor,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
-        if descriptor.device != Device::Cpu {
-            return Err(TransportError::Alloc(format!(
-                "ferry-tch receives cpu tensors only, got one on {}",
-                descriptor.device
-            )));
-        }
-        let len = usize::try_from(descriptor.byte_len).map_err(|_| {
-            TransportError::Alloc(format!(
-                "{} bytes do not fit in memory",
-                descriptor.byte_len
-            ))
-        })?;
+        let len = host_destination_len(descriptor, "ferry-tch's allocator")?;
         let kind = kind_of(descriptor.dtype);
         let esize = descriptor.dtype.size();
         let alloc = |what: &str, e: tch::TchError| {

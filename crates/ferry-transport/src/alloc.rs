@@ -29,6 +29,28 @@ pub trait Allocator: Send + Sync + 'static {
     ) -> Result<Box<dyn RecvBuffer>, TransportError>;
 }
 
+/// The length in bytes of a host-memory destination for `descriptor`, for
+/// allocators that serve only CPU tensors (`allocator` names the one asking,
+/// in the error): another device, or a length that does not fit in this
+/// process's address space, is an [`TransportError::Alloc`].
+pub fn host_destination_len(
+    descriptor: &TensorDescriptor,
+    allocator: &str,
+) -> Result<usize, TransportError> {
+    if descriptor.device != ferry_wire::Device::Cpu {
+        return Err(TransportError::Alloc(format!(
+            "{allocator} serves cpu tensors only, got one on {}",
+            descriptor.device
+        )));
+    }
+    usize::try_from(descriptor.byte_len).map_err(|_| {
+        TransportError::Alloc(format!(
+            "{} bytes do not fit in memory",
+            descriptor.byte_len
+        ))
+    })
+}
+
 /// The default allocator: aligned host memory from the process-wide
 /// [`BufferPool`](crate::BufferPool) (pre-faulted and reused for large
 /// tensors), finished as [`RawTensor`].
@@ -55,18 +77,7 @@ impl Allocator for RawAllocator {
         &self,
         descriptor: &TensorDescriptor,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
-        if descriptor.device != ferry_wire::Device::Cpu {
-            return Err(TransportError::Alloc(format!(
-                "the raw allocator only serves cpu tensors, got {}",
-                descriptor.device
-            )));
-        }
-        let len = usize::try_from(descriptor.byte_len).map_err(|_| {
-            TransportError::Alloc(format!(
-                "{} bytes do not fit in memory",
-                descriptor.byte_len
-            ))
-        })?;
+        let len = host_destination_len(descriptor, "the raw allocator")?;
         Ok(Box::new(RawBuffer {
             storage: crate::BufferPool::global().storage(len)?,
             descriptor: descriptor.clone(),

@@ -209,12 +209,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &self.peer
     }
 
-    /// Replaces the channel selection (once the handshake has fixed it).
-    pub fn with_selection(mut self, selection: Selection) -> Self {
-        self.selection = selection;
-        self
-    }
-
     /// Replaces the name used in errors (once the handshake names the peer).
     pub fn set_peer(&mut self, peer: impl Into<String>) {
         self.peer = peer.into();
@@ -527,12 +521,6 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             channel::MPT if self.channels.mpt.is_some() => Ok(Route::Mpt),
             other => Err(missing(other)),
         }
-    }
-
-    /// Replaces the channel selection (once the handshake has fixed it).
-    pub fn with_selection(mut self, selection: Selection) -> Self {
-        self.selection = selection;
-        self
     }
 
     /// Replaces the name used in errors.

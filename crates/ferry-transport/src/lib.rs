@@ -70,11 +70,9 @@ pub mod selection;
 pub mod shm;
 mod tensor;
 
-pub use alloc::{Allocator, RawAllocator, RecvBuffer};
+pub use alloc::{host_destination_len, Allocator, RawAllocator, RecvBuffer};
 #[cfg(not(loom))]
-pub use connection::{
-    Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, Role, MAX_MPT_LANES,
-};
+pub use connection::{Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, MAX_MPT_LANES};
 pub use error::TransportError;
 #[cfg(not(loom))]
 pub use framing::{

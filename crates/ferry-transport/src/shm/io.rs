@@ -211,7 +211,7 @@ impl ShmReader {
 
     fn disarm(&mut self) {
         if self.armed {
-            self.ring.cancel_reader_sleep();
+            self.ring.disarm_reader_wait();
             self.armed = false;
         }
     }
@@ -263,7 +263,7 @@ impl AsyncRead for ShmReader {
                 if spin(|| ring.readable() > 0 || ring.is_closed()) {
                     continue;
                 }
-                if !this.ring.prepare_reader_sleep() {
+                if !this.ring.arm_reader_wait() {
                     continue;
                 }
                 this.armed = true;
@@ -358,7 +358,7 @@ impl ShmWriter {
 
     fn disarm(&mut self) {
         if self.armed {
-            self.ring.cancel_writer_sleep();
+            self.ring.disarm_writer_wait();
             self.armed = false;
         }
     }
@@ -400,7 +400,7 @@ impl ShmWriter {
                 if spin(|| ring.writable() > 0 || ring.is_reader_closed()) {
                     continue;
                 }
-                if !self.ring.prepare_writer_sleep() {
+                if !self.ring.arm_writer_wait() {
                     continue;
                 }
                 self.armed = true;

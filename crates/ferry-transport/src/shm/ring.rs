@@ -390,7 +390,7 @@ impl Ring {
     /// consumer may sleep until signalled (the producer is now bound to
     /// signal after its next publish). Returns `false`, with the flag
     /// cleared again, if data or `closed` showed up meanwhile.
-    pub fn prepare_reader_sleep(&self) -> bool {
+    pub fn arm_reader_wait(&self) -> bool {
         let h = self.hdr();
         h.reader_sleeping.0.store(1, Relaxed);
         fence(SeqCst);
@@ -403,7 +403,7 @@ impl Ring {
 
     /// Consumer: clears `reader_sleeping` after waking up (or giving up on
     /// sleeping). Harmless if the producer already cleared it.
-    pub fn cancel_reader_sleep(&self) {
+    pub fn disarm_reader_wait(&self) {
         self.hdr().reader_sleeping.0.store(0, Relaxed);
     }
 
@@ -421,7 +421,7 @@ impl Ring {
     /// `writer_sleeping`, issues a `SeqCst` fence and re-checks. Returns
     /// `true` if the ring is still full and the reader has not closed (sleep
     /// until signalled), `false` with the flag cleared otherwise.
-    pub fn prepare_writer_sleep(&self) -> bool {
+    pub fn arm_writer_wait(&self) -> bool {
         let h = self.hdr();
         h.writer_sleeping.0.store(1, Relaxed);
         fence(SeqCst);
@@ -435,7 +435,7 @@ impl Ring {
     }
 
     /// Producer: clears `writer_sleeping` after waking up (or giving up).
-    pub fn cancel_writer_sleep(&self) {
+    pub fn disarm_writer_wait(&self) {
         self.hdr().writer_sleeping.0.store(0, Relaxed);
     }
 
@@ -741,31 +741,31 @@ mod tests {
         let seg = Segment::create(Ring::bytes_needed(4), "ring-test").expect("segment");
         let mut ring = ring_in(&seg, 0, 4);
         // Empty: the reader may sleep; a publish must then wake it, once.
-        assert!(ring.prepare_reader_sleep());
+        assert!(ring.arm_reader_wait());
         assert_eq!(ring.write(&[1]), 1);
         assert!(ring.take_reader_sleeping());
         assert!(!ring.take_reader_sleeping());
         // Data present: no sleep, flag left clear.
-        assert!(!ring.prepare_reader_sleep());
+        assert!(!ring.arm_reader_wait());
         assert!(!ring.take_reader_sleeping());
         // Full: the writer may sleep; a read must then wake it.
         assert_eq!(ring.write(&[2, 3, 4]), 3);
-        assert!(ring.prepare_writer_sleep());
+        assert!(ring.arm_writer_wait());
         let mut b = [0u8; 1];
         assert_eq!(ring.read(&mut b), 1);
         assert!(ring.take_writer_sleeping());
-        assert!(!ring.prepare_writer_sleep());
-        ring.cancel_writer_sleep();
-        ring.cancel_reader_sleep();
+        assert!(!ring.arm_writer_wait());
+        ring.disarm_writer_wait();
+        ring.disarm_reader_wait();
         // Closed: the reader does not sleep even when empty.
         let mut rest = [0u8; 4];
         assert_eq!(ring.read(&mut rest), 3);
         ring.close();
-        assert!(!ring.prepare_reader_sleep());
+        assert!(!ring.arm_reader_wait());
         // Reader closed: the writer does not sleep even when full.
         assert_eq!(ring.write(&[0; 4]), 4);
         ring.close_reader();
-        assert!(!ring.prepare_writer_sleep());
+        assert!(!ring.arm_writer_wait());
     }
 }
 
@@ -844,9 +844,9 @@ mod loom_tests {
                         if tx.take_reader_sleeping() {
                             data_ready2.notify();
                         }
-                    } else if tx.prepare_writer_sleep() {
+                    } else if tx.arm_writer_wait() {
                         space_ready2.wait();
-                        tx.cancel_writer_sleep();
+                        tx.disarm_writer_wait();
                     }
                 }
                 tx.close();
@@ -872,9 +872,9 @@ mod loom_tests {
                     got.extend_from_slice(&buf[..n]);
                     continue;
                 }
-                if rx.prepare_reader_sleep() {
+                if rx.arm_reader_wait() {
                     data_ready.wait();
-                    rx.cancel_reader_sleep();
+                    rx.disarm_reader_wait();
                 }
             }
             assert_eq!(got, [10, 11, 12]);

@@ -1,0 +1,202 @@
+//! What follows the handshake when the selection needs it: shared memory
+//! passed over an abstract Unix socket (the `shm` transport and channel),
+//! `mpt` lanes, and the watch on the peer process.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ferry_wire::Handshake;
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+
+use super::{
+    property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_PID,
+    PROP_SHM_SOCKET, SETUP_TIMEOUT,
+};
+use crate::mpt::{connect_lanes, LaneListener};
+use crate::shm::{recv_fds, send_fds, ShmLink};
+use crate::{channel, TransportError};
+
+/// What the set-up after the handshake produced.
+#[derive(Default)]
+pub(super) struct Setup {
+    /// Rings for the frames (the `shm` transport).
+    pub(super) frames: Option<ShmLink>,
+    /// Rings for tensor bytes (the `shm` channel).
+    pub(super) data: Option<ShmLink>,
+    /// Fires when the peer process exits (same host only).
+    pub(super) peer_gone: Option<ProcessWatch>,
+    /// Lanes (incoming, outgoing) for `mpt`.
+    pub(super) lanes: Option<(Vec<TcpStream>, Vec<TcpStream>)>,
+}
+
+/// Connecting side: create the shared memory and pass it; open the lanes.
+pub(super) async fn connect_setup(
+    agreement: &Agreement,
+    local: &Endpoint,
+    fail: &impl Fn(String) -> TransportError,
+) -> Result<Setup, TransportError> {
+    let mut setup = Setup::default();
+    let peer = &agreement.peer;
+    if agreement.needs_shm() {
+        let socket = property(peer, PROP_SHM_SOCKET)
+            .ok_or_else(|| fail("shared memory is selected but the peer named no socket".into()))?;
+        let stream = connect_abstract(socket)
+            .map_err(|e| fail(format!("connecting to {socket:?} failed: {e}")))?;
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut kinds = [0u8; 2];
+        if agreement.transport == channel::SHM_TRANSPORT {
+            let (link, f) = ShmLink::create(local.config.shm_transport_ring)?;
+            setup.frames = Some(link);
+            fds.extend(f);
+            kinds[0] = 1;
+        }
+        if agreement.uses(channel::SHM) {
+            let (link, f) = ShmLink::create(local.config.shm_channel_ring)?;
+            setup.data = Some(link);
+            fds.extend(f);
+            kinds[1] = 1;
+        }
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        send_fds(&stream, &kinds, &borrowed)
+            .await
+            .map_err(|e| fail(format!("passing shared memory failed: {e}")))?;
+        setup.peer_gone = Some(ProcessWatch::watch(peer, fail)?);
+    }
+    if agreement.uses(channel::MPT) {
+        let addr = property(peer, PROP_MPT_ADDR)
+            .ok_or_else(|| fail("mpt is selected but the peer named no lane address".into()))?;
+        let (addr, nonce) = addr
+            .split_once('/')
+            .and_then(|(a, n)| Some((a.parse::<SocketAddr>().ok()?, n.parse::<u64>().ok()?)))
+            .ok_or_else(|| fail(format!("bad lane address {addr:?}")))?;
+        let n = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
+        let mut lanes = connect_lanes(addr, nonce, 2 * n, SETUP_TIMEOUT).await?;
+        let incoming = lanes.split_off(n);
+        setup.lanes = Some((incoming, lanes));
+    }
+    Ok(setup)
+}
+
+/// Accepting side: take the passed shared memory; accept the lanes.
+pub(super) async fn accept_setup(
+    agreement: &Agreement,
+    shm_listener: Option<UnixListener>,
+    lane_listener: Option<LaneListener>,
+    nonce: u64,
+    fail: &impl Fn(String) -> TransportError,
+) -> Result<Setup, TransportError> {
+    let mut setup = Setup::default();
+    if let Some(listener) = shm_listener {
+        let (stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
+        let mut kinds = [0u8; 2];
+        let (n, mut fds) = recv_fds(&stream, &mut kinds, 2 * ShmLink::FD_COUNT)
+            .await
+            .map_err(|e| fail(format!("receiving shared memory failed: {e}")))?;
+        let want_frames = agreement.transport == channel::SHM_TRANSPORT;
+        let want_data = agreement.uses(channel::SHM);
+        if n != 2 || (kinds[0] == 1) != want_frames || (kinds[1] == 1) != want_data {
+            return Err(fail(format!(
+                "the peer passed shared memory for {kinds:?}, expected frames={want_frames} data={want_data}"
+            )));
+        }
+        let expected = ShmLink::FD_COUNT * (usize::from(want_frames) + usize::from(want_data));
+        if fds.len() != expected {
+            return Err(fail(format!(
+                "the peer passed {} descriptors, expected {expected}",
+                fds.len()
+            )));
+        }
+        let mut rest = fds.split_off(0).into_iter();
+        if want_frames {
+            setup.frames = Some(ShmLink::open(
+                rest.by_ref().take(ShmLink::FD_COUNT).collect(),
+            )?);
+        }
+        if want_data {
+            setup.data = Some(ShmLink::open(
+                rest.by_ref().take(ShmLink::FD_COUNT).collect(),
+            )?);
+        }
+        setup.peer_gone = Some(ProcessWatch::watch(&agreement.peer, fail)?);
+    }
+    if let Some(listener) = lane_listener {
+        let lanes_each = property(&agreement.peer, PROP_MPT_LANES)
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=MAX_MPT_LANES).contains(n))
+            .ok_or_else(|| {
+                fail(format!(
+                    "the peer asks for no valid lane count (1..={MAX_MPT_LANES})"
+                ))
+            })?;
+        let mut lanes = listener
+            .accept(nonce, 2 * lanes_each, SETUP_TIMEOUT)
+            .await?;
+        // The connecting side sends on the first half: that is our incoming.
+        let outgoing = lanes.split_off(lanes_each);
+        setup.lanes = Some((lanes, outgoing));
+    }
+    Ok(setup)
+}
+
+/// Fires when the peer process exits: a pidfd, readable once it is gone.
+#[derive(Clone)]
+pub(super) struct ProcessWatch {
+    fd: Arc<tokio::io::unix::AsyncFd<OwnedFd>>,
+}
+
+impl ProcessWatch {
+    pub(super) fn watch(
+        peer: &Handshake,
+        fail: &impl Fn(String) -> TransportError,
+    ) -> Result<Self, TransportError> {
+        let pid = property(peer, PROP_PID)
+            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| fail("the peer did not name its process".into()))?;
+        let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK)
+            .map_err(|e| fail(format!("cannot watch process {pid:?}: {e}")))?;
+        // SAFETY: `fd` is an open pidfd that the AsyncFd owns from here on,
+        // so it stays open and the same for the AsyncFd's lifetime.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| fail(format!("cannot watch process {pid:?}: {e}")))?;
+        Ok(ProcessWatch { fd: Arc::new(fd) })
+    }
+
+    pub(super) fn future(self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            // A pidfd becomes readable when the process exits; an error
+            // means the watch is broken, which is treated the same way.
+            let _ = self.fd.readable().await;
+        })
+    }
+}
+
+pub(super) fn fresh_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+pub(super) fn bind_abstract(name: &str) -> io::Result<UnixListener> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    listener.set_nonblocking(true)?;
+    UnixListener::from_std(listener)
+}
+
+fn connect_abstract(name: &str) -> io::Result<UnixStream> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
+}

@@ -1,0 +1,83 @@
+//! The byte streams under a [`PeerConnection`](super::PeerConnection):
+//! the TCP connection, or shared-memory rings with the TCP connection held
+//! open beside them.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::shm::{ShmReader, ShmWriter};
+
+/// The reading half of a [`PeerConnection`](super::PeerConnection)'s transport.
+pub enum PeerReader {
+    /// Frames arrive on the TCP connection.
+    Tcp(OwnedReadHalf),
+    /// Frames arrive through a shared-memory ring (the TCP connection is
+    /// held open beside it).
+    Shm(ShmReader, OwnedReadHalf),
+}
+
+/// The writing half of a [`PeerConnection`](super::PeerConnection)'s transport.
+pub enum PeerWriter {
+    /// Frames leave on the TCP connection.
+    Tcp(OwnedWriteHalf),
+    /// Frames leave through a shared-memory ring.
+    Shm(ShmWriter, OwnedWriteHalf),
+}
+
+impl AsyncRead for PeerReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerReader::Tcp(r) => Pin::new(r).poll_read(cx, buf),
+            PeerReader::Shm(r, _) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for PeerWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerWriter::Tcp(w) => Pin::new(w).poll_write(cx, buf),
+            PeerWriter::Shm(w, _) => Pin::new(w).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerWriter::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            PeerWriter::Shm(w, _) => Pin::new(w).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            PeerWriter::Tcp(w) => w.is_write_vectored(),
+            PeerWriter::Shm(w, _) => w.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerWriter::Tcp(w) => Pin::new(w).poll_flush(cx),
+            PeerWriter::Shm(w, _) => Pin::new(w).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerWriter::Tcp(w) => Pin::new(w).poll_shutdown(cx),
+            PeerWriter::Shm(w, _) => Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
