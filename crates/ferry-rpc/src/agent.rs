@@ -902,7 +902,7 @@ impl Inner {
             }
         } else if kind == MessageKind::REQUEST {
             self.active.fetch_add(1, Ordering::SeqCst);
-            self.serve_request(peer.clone(), msg, outbox.clone());
+            self.serve_request(peer, msg, outbox.clone());
         } else if kind.is_service() {
             self.active.fetch_add(1, Ordering::SeqCst);
             self.serve_service(peer.clone(), msg, outbox.clone());
@@ -927,7 +927,7 @@ impl Inner {
         self.call_done();
     }
 
-    fn serve_request(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
+    fn serve_request(self: &Arc<Self>, from: &WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
         let id = msg.header.request_id;
         let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
             Ok(split) => split,
@@ -938,7 +938,7 @@ impl Inner {
             Err(failure) => return self.reply(&outbox, id, Err(failure)),
         };
         let scopes = self.intercept_receive(
-            &from,
+            from,
             &header.function,
             false,
             &msg.tensors,

@@ -24,7 +24,7 @@ pub trait CallScope: Send + Sync + 'static {
 
 /// The scopes of one call.
 #[derive(Clone, Default)]
-pub(crate) struct Scopes(Arc<Vec<Arc<dyn CallScope>>>);
+pub(crate) struct Scopes(Option<Arc<Vec<Arc<dyn CallScope>>>>);
 
 thread_local! {
     static CURRENT: RefCell<Scopes> = RefCell::new(Scopes::default());
@@ -32,7 +32,12 @@ thread_local! {
 
 impl Scopes {
     pub(crate) fn new(scopes: Vec<Arc<dyn CallScope>>) -> Self {
-        Scopes(Arc::new(scopes))
+        // No scopes (the common case) costs no allocation.
+        Scopes((!scopes.is_empty()).then(|| Arc::new(scopes)))
+    }
+
+    fn list(&self) -> &[Arc<dyn CallScope>] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// The scopes entered on this thread.
@@ -41,7 +46,7 @@ impl Scopes {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.list().is_empty()
     }
 
     /// Runs `f` inside these scopes.
@@ -60,7 +65,7 @@ impl Scopes {
                 }
             }
         }
-        let guards = self.0.iter().map(|s| s.enter()).collect();
+        let guards = self.list().iter().map(|s| s.enter()).collect();
         let _restore = Restore(Some(previous), guards);
         f()
     }
@@ -110,7 +115,7 @@ mod tests {
         assert!(Scopes::current().is_empty());
         scopes.run(|| {
             assert_eq!(DEPTH.with(|d| d.get()), 2);
-            assert_eq!(Scopes::current().0.len(), 2);
+            assert_eq!(Scopes::current().list().len(), 2);
             // Nested entry of the captured scopes (work started from inside).
             Scopes::current().run(|| assert_eq!(DEPTH.with(|d| d.get()), 4));
             assert_eq!(DEPTH.with(|d| d.get()), 2);

@@ -60,7 +60,7 @@ impl Allocator for TchAllocator {
             TransportError::Alloc(format!("libtorch could not allocate {what}: {e}"))
         };
         let (storage, view) = if descriptor.is_contiguous() {
-            let t = tch::Tensor::f_empty(&descriptor.shape, (kind, tch::Device::Cpu))
+            let t = tch::Tensor::f_empty(&descriptor.shape[..], (kind, tch::Device::Cpu))
                 .map_err(|e| alloc("the tensor", e))?;
             (t.shallow_clone(), t)
         } else {
@@ -69,8 +69,8 @@ impl Allocator for TchAllocator {
                 .map_err(|e| alloc("the tensor's storage", e))?;
             let view = storage
                 .f_as_strided(
-                    &descriptor.shape,
-                    &descriptor.strides,
+                    &descriptor.shape[..],
+                    &descriptor.strides[..],
                     Some(descriptor.storage_offset),
                 )
                 .map_err(|e| alloc("the view", e))?;

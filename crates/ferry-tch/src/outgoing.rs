@@ -51,8 +51,8 @@ impl Outgoing {
         };
         let descriptor = TensorDescriptor {
             dtype,
-            shape,
-            strides,
+            shape: shape.into(),
+            strides: strides.into(),
             storage_offset: 0,
             byte_len: span as u64 * dtype.size() as u64,
             device: Device::Cpu,

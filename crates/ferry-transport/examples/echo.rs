@@ -113,8 +113,8 @@ fn double(t: &RawTensor) -> Result<RawTensor, BoxError> {
     }
     let desc = TensorDescriptor {
         dtype: t.dtype(),
-        shape: t.shape().to_vec(),
-        strides: t.strides().to_vec(),
+        shape: t.shape().into(),
+        strides: t.strides().into(),
         storage_offset: t.storage_offset(),
         byte_len: storage.len() as u64,
         device: ferry_wire::Device::Cpu,

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use ferry_wire::payload::{self, OutgoingTensor};
-use ferry_wire::{contiguous_strides, DType, Device, TensorDescriptor};
+use ferry_wire::{contiguous_strides, DType, Device, Dims, TensorDescriptor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::pool::Block;
@@ -203,8 +203,8 @@ impl RawTensor {
         storage_offset: i64,
     ) -> Result<Self, TransportError> {
         let desc = TensorDescriptor {
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: Dims::from_slice(shape),
+            strides: Dims::from_slice(strides),
             storage_offset,
             ..self.desc.clone()
         };

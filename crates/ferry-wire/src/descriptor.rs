@@ -1,7 +1,15 @@
 //! Tensor descriptors: everything a receiver needs to allocate a tensor's
 //! destination before its bytes arrive.
 
+use smallvec::SmallVec;
+
 use crate::{DType, Device, Limits, WireError};
+
+/// A tensor's sizes or strides, one entry per dimension. Up to four
+/// dimensions are stored inline, so describing a typical tensor allocates
+/// nothing; it derefs to `[i64]` and converts from `Vec<i64>` and slices
+/// (`Dims::from_slice`).
+pub type Dims = SmallVec<[i64; 4]>;
 
 /// Metadata of one tensor in a message: element type, view geometry, the
 /// number of bytes that travel and the device they live on.
@@ -14,9 +22,9 @@ pub struct TensorDescriptor {
     /// Element type.
     pub dtype: DType,
     /// Size of each dimension.
-    pub shape: Vec<i64>,
+    pub shape: Dims,
     /// Stride of each dimension, in elements.
-    pub strides: Vec<i64>,
+    pub strides: Dims,
     /// Offset of the first element in the transferred bytes, in elements.
     pub storage_offset: i64,
     /// Number of bytes that travel for this tensor.
@@ -35,7 +43,7 @@ impl TensorDescriptor {
         let numel: i64 = shape.iter().product();
         Self {
             dtype,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             storage_offset: 0,
             byte_len: (numel.max(0) as u64) * dtype.size() as u64,
@@ -51,7 +59,7 @@ impl TensorDescriptor {
     /// Whether the view is row-major contiguous starting at the first transferred byte.
     pub fn is_contiguous(&self) -> bool {
         self.storage_offset == 0
-            && self.strides == contiguous_strides(&self.shape)
+            && has_contiguous_strides(&self.shape, &self.strides)
             && self.byte_len == self.numel() * self.dtype.size() as u64
     }
 
@@ -176,7 +184,7 @@ impl TensorDescriptor {
             available: input.len() as u64,
         })?;
         let (shape_bytes, stride_bytes) = rest.split_at(8 * ndim);
-        let read = |b: &[u8]| -> Vec<i64> {
+        let read = |b: &[u8]| -> Dims {
             b.chunks_exact(8)
                 .map(|c| i64::from_le_bytes(le8(c)))
                 .collect()
@@ -195,14 +203,30 @@ impl TensorDescriptor {
 }
 
 /// Row-major strides for `shape`, in elements.
-pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
-    let mut strides = vec![0i64; shape.len()];
+pub fn contiguous_strides(shape: &[i64]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0i64; shape.len()];
     let mut acc: i64 = 1;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
         acc = acc.saturating_mul(d.max(1));
     }
     strides
+}
+
+/// Whether `strides` are the row-major strides of `shape` (as
+/// [`contiguous_strides`] gives them), without building them.
+fn has_contiguous_strides(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.len() != strides.len() {
+        return false;
+    }
+    let mut acc: i64 = 1;
+    for (&s, &d) in strides.iter().zip(shape).rev() {
+        if s != acc {
+            return false;
+        }
+        acc = acc.saturating_mul(d.max(1));
+    }
+    true
 }
 
 fn le4(b: &[u8]) -> [u8; 4] {
@@ -224,7 +248,7 @@ mod tests {
     #[test]
     fn contiguous_descriptor_round_trips() {
         let d = TensorDescriptor::contiguous(DType::F32, &[2, 3, 4], Device::Cpu);
-        assert_eq!(d.strides, vec![12, 4, 1]);
+        assert_eq!(d.strides[..], [12, 4, 1]);
         assert_eq!(d.byte_len, 96);
         assert!(d.is_contiguous());
         let mut buf = Vec::new();
@@ -249,8 +273,8 @@ mod tests {
         assert_eq!(e.byte_len, 0);
         e.validate(&Limits::default()).unwrap();
         let t = TensorDescriptor {
-            strides: vec![1, 3],
-            shape: vec![3, 2],
+            strides: [1, 3].into_iter().collect(),
+            shape: [3, 2].into_iter().collect(),
             ..TensorDescriptor::contiguous(DType::F32, &[2, 3], Device::Cpu)
         };
         t.validate(&Limits::default()).unwrap();

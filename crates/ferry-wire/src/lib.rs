@@ -37,7 +37,7 @@ mod frame;
 mod handshake;
 pub mod payload;
 
-pub use descriptor::{contiguous_strides, TensorDescriptor};
+pub use descriptor::{contiguous_strides, Dims, TensorDescriptor};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::WireError;

@@ -227,8 +227,8 @@ fn oversized_lengths_fail_before_allocation() {
 
     let mut d = TensorDescriptor::contiguous(DType::F32, &[4], Device::Cpu);
     d.byte_len = u64::MAX - 3;
-    d.shape = vec![i64::MAX / 4];
-    d.strides = vec![1];
+    d.shape = vec![i64::MAX / 4].into();
+    d.strides = vec![1].into();
     let mut table = Vec::new();
     d.encode(&mut table);
     let err = TensorDescriptor::decode(&table, &Limits::default()).unwrap_err();

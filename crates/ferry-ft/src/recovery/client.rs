@@ -624,8 +624,8 @@ impl Allocator for LaneAllocator {
         let fits = descriptor.device == Device::Cpu
             && descriptor.dtype == tensor.dtype
             && descriptor.byte_len == chunk.len
-            && descriptor.shape == [(chunk.len / element) as i64]
-            && descriptor.strides == [1]
+            && descriptor.shape[..] == [(chunk.len / element) as i64]
+            && descriptor.strides[..] == [1]
             && descriptor.storage_offset == 0
             && chunk.offset + chunk.len <= tensor.len;
         if !fits {
