@@ -59,7 +59,7 @@ impl TensorDescriptor {
     /// Whether the view is row-major contiguous starting at the first transferred byte.
     pub fn is_contiguous(&self) -> bool {
         self.storage_offset == 0
-            && has_contiguous_strides(&self.shape, &self.strides)
+            && self.strides == contiguous_strides(&self.shape)
             && self.byte_len == self.numel() * self.dtype.size() as u64
     }
 
@@ -211,22 +211,6 @@ pub fn contiguous_strides(shape: &[i64]) -> Dims {
         acc = acc.saturating_mul(d.max(1));
     }
     strides
-}
-
-/// Whether `strides` are the row-major strides of `shape` (as
-/// [`contiguous_strides`] gives them), without building them.
-fn has_contiguous_strides(shape: &[i64], strides: &[i64]) -> bool {
-    if shape.len() != strides.len() {
-        return false;
-    }
-    let mut acc: i64 = 1;
-    for (&s, &d) in strides.iter().zip(shape).rev() {
-        if s != acc {
-            return false;
-        }
-        acc = acc.saturating_mul(d.max(1));
-    }
-    true
 }
 
 fn le4(b: &[u8]) -> [u8; 4] {
