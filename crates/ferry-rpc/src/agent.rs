@@ -9,6 +9,7 @@
 //! so calls in flight share system calls.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,13 +23,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::runtime::{Handle, Runtime};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::call::{CallSlot, RpcFuture};
 use crate::current;
 use crate::functions::{panic_message, Body, CallResult, Function, Signature};
+use crate::outbox::{outbox, Outbox, OutboxQueue, SendError};
 use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader};
 use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
@@ -38,17 +40,12 @@ use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
 const RUNNING: u8 = 0;
 const JOINING: u8 = 1;
 const STOPPED: u8 = 2;
-/// Most messages a writer gathers into one batch.
-const MAX_BATCH: usize = 256;
 
 /// A worker's RPC agent. Cheap to clone; all clones are the same agent.
 #[derive(Clone)]
 pub struct Agent {
     pub(crate) inner: Arc<Inner>,
 }
-
-/// A queue into a connection's writer task.
-type Outbox = mpsc::UnboundedSender<OutgoingMessage>;
 
 #[derive(Clone)]
 struct Link {
@@ -80,6 +77,12 @@ pub struct LinkInfo {
 struct Calls {
     pending: HashMap<u64, Pending>,
     deadlines: BTreeSet<(Instant, u64)>,
+    /// When the timer task wakes next (`None`: it waits for a wake-up).
+    /// A new deadline wakes it only if earlier; after expiring calls it
+    /// re-arms for the earliest deadline left. A call that completes
+    /// leaves it armed for the old deadline (it then finds nothing to
+    /// expire), so back-to-back calls do not wake it at all.
+    timer_armed: Option<Instant>,
 }
 
 pub(crate) struct Inner {
@@ -657,9 +660,9 @@ impl Inner {
         {
             let mut calls = self.calls.lock();
             if let Some((at, _)) = deadline {
-                let earliest = calls.deadlines.first().map(|(t, _)| *t);
                 calls.deadlines.insert((at, id));
-                if earliest.is_none_or(|e| at < e) {
+                if calls.timer_armed.is_none_or(|armed| at < armed) {
+                    calls.timer_armed = Some(at);
                     self.timer_wake.notify_one();
                 }
             }
@@ -681,11 +684,13 @@ impl Inner {
             payload,
             tensors,
         };
-        if link.outbox.send(message).is_err() {
-            self.fail_call(id, |worker| RpcError::PeerUnreachable {
+        match link.outbox.send(message) {
+            Ok(()) => {}
+            Err(SendError::Closed) => self.fail_call(id, |worker| RpcError::PeerUnreachable {
                 worker,
                 reason: "its connection closed".into(),
-            });
+            }),
+            Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
         }
         Ok(slot)
     }
@@ -698,7 +703,7 @@ impl Inner {
                 return l.clone();
             }
         }
-        let (outbox, rx) = mpsc::unbounded_channel();
+        let (outbox, rx) = outbox(self.handle.clone());
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let link = Link {
             conn,
@@ -719,7 +724,7 @@ impl Inner {
         rank: u32,
         conn: u64,
         outbox: Outbox,
-        rx: mpsc::UnboundedReceiver<OutgoingMessage>,
+        rx: OutboxQueue,
     ) {
         let peer = &self.workers[rank as usize];
         let addr = self.addrs[rank as usize];
@@ -755,7 +760,7 @@ impl Inner {
         conn: u64,
         peer: WorkerInfo,
         outbox: Outbox,
-        mut rx: mpsc::UnboundedReceiver<OutgoingMessage>,
+        rx: OutboxQueue,
     ) {
         debug!(
             peer = %peer.name,
@@ -771,43 +776,15 @@ impl Inner {
                 incoming: connection.incoming_channels().to_vec(),
             },
         );
-        let mut writer = connection.writer;
+        let releases = connection.writer.release_signal();
         let mut reader = connection.reader;
-        let releases = writer.release_signal();
+        rx.install(connection.writer).await;
         let me = self.clone();
         let writer_task = self.handle.spawn(
             async move {
-                let mut batch = Vec::with_capacity(MAX_BATCH);
-                loop {
-                    let first = tokio::select! {
-                        biased;
-                        m = rx.recv() => match m {
-                            Some(m) => m,
-                            None => break,
-                        },
-                        () = releases.wait() => {
-                            // The reader copied tensors out of band: tell the peer.
-                            if let Err(e) = writer.write_batch(&[]).await {
-                                me.fail_connection(conn, e.to_string());
-                                return;
-                            }
-                            continue;
-                        }
-                    };
-                    batch.push(first);
-                    while batch.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(m) => batch.push(m),
-                            Err(_) => break,
-                        }
-                    }
-                    if let Err(e) = writer.write_batch(&batch).await {
-                        me.fail_connection(conn, e.to_string());
-                        return;
-                    }
-                    batch.clear();
+                if let Err(e) = rx.drain(releases).await {
+                    me.fail_connection(conn, e.to_string());
                 }
-                let _ = writer.shutdown().await;
             }
             .in_current_span(),
         );
@@ -916,13 +893,16 @@ impl Inner {
             Ok(e) => (MessageKind::RESPONSE, e),
             Err(f) => (MessageKind::ERROR, payload::encode(&f).unwrap_or_default()),
         };
-        let _ = outbox.send(OutgoingMessage {
+        let sent = outbox.send(OutgoingMessage {
             kind,
             flags: Flags::REPLY,
             request_id,
             payload: encoded.payload,
             tensors: encoded.tensors,
         });
+        if let Err(SendError::Write(e)) = sent {
+            warn!(request_id, error = %e, "cannot send a reply");
+        }
         self.finished.fetch_add(1, Ordering::SeqCst);
         self.call_done();
     }
@@ -996,7 +976,7 @@ impl Inner {
                     future: Box::pin(fut),
                 });
                 let span = self.span.clone();
-                self.handle.spawn(
+                let mut task = Box::pin(
                     async move {
                         let result = match futures::FutureExt::catch_unwind(fut).await {
                             Ok(r) => r,
@@ -1006,6 +986,18 @@ impl Inner {
                     }
                     .instrument(span),
                 );
+                // Polled once here: a body that is ready at once (most are)
+                // answers without a trip through the scheduler; one that
+                // waits continues as a task, which polls it again with its
+                // own waker.
+                let _runtime = self.handle.enter();
+                if task
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+                    .is_pending()
+                {
+                    self.handle.spawn(task);
+                }
             }
         }
     }
@@ -1114,12 +1106,17 @@ fn split_header<H: serde::de::DeserializeOwned>(
 
 async fn timer_loop(inner: Arc<Inner>) {
     loop {
-        let next = inner.calls.lock().deadlines.first().map(|(t, _)| *t);
-        match next {
+        let armed = inner.calls.lock().timer_armed;
+        match armed {
             None => inner.timer_wake.notified().await,
             Some(at) => {
                 tokio::select! {
-                    _ = tokio::time::sleep_until(at.into()) => inner.expire(Instant::now()),
+                    _ = tokio::time::sleep_until(at.into()) => {
+                        inner.expire(Instant::now());
+                        let mut calls = inner.calls.lock();
+                        calls.timer_armed = calls.deadlines.first().map(|(t, _)| *t);
+                    }
+                    // An earlier deadline was armed.
                     _ = inner.timer_wake.notified() => {}
                 }
             }
@@ -1163,7 +1160,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                     );
                 }
                 let peer = inner2.workers[rank as usize].clone();
-                let (outbox, rx) = mpsc::unbounded_channel();
+                let (outbox, rx) = outbox(inner2.handle.clone());
                 let conn = inner2.next_conn.fetch_add(1, Ordering::Relaxed);
                 inner2
                     .serve_connection(connection, conn, peer, outbox, rx)

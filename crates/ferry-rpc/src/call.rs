@@ -3,8 +3,10 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use ferry_transport::IncomingMessage;
 use ferry_wire::{payload, MessageKind};
@@ -15,11 +17,20 @@ use crate::functions::Signature;
 use crate::protocol::{Failure, FailureKind};
 use crate::RpcError;
 
+/// How long a thread waiting for a reply re-checks before it parks.
+/// Round trips on one host take tens of microseconds, a park and wake-up
+/// about as long again.
+const SPIN_BUDGET: Duration = Duration::from_micros(50);
+/// Checks between two looks at the clock.
+const SPINS_PER_CHECK: u32 = 64;
+
 /// Where the outcome of one call lands: completed exactly once, by the
 /// reply, the timeout timer, a lost connection or shutdown.
 pub(crate) struct CallSlot {
     state: Mutex<SlotState>,
     done: Condvar,
+    /// Set once `state` is `Done`: what a waiting thread spins on.
+    completed: AtomicBool,
 }
 
 enum SlotState {
@@ -33,6 +44,7 @@ impl CallSlot {
         Arc::new(Self {
             state: Mutex::new(SlotState::Waiting(None)),
             done: Condvar::new(),
+            completed: AtomicBool::new(false),
         })
     }
 
@@ -40,6 +52,7 @@ impl CallSlot {
         Arc::new(Self {
             state: Mutex::new(SlotState::Done(result)),
             done: Condvar::new(),
+            completed: AtomicBool::new(true),
         })
     }
 
@@ -56,6 +69,7 @@ impl CallSlot {
                 _ => return,
             }
         };
+        self.completed.store(true, Ordering::Release);
         self.done.notify_all();
         if let Some(w) = waker {
             w.wake();
@@ -77,6 +91,7 @@ impl CallSlot {
     }
 
     fn wait(&self) -> Result<IncomingMessage, RpcError> {
+        self.spin_until_completed();
         let mut state = self.state.lock();
         loop {
             match std::mem::replace(&mut *state, SlotState::Taken) {
@@ -89,6 +104,26 @@ impl CallSlot {
                     self.done.wait(&mut state);
                 }
             }
+        }
+    }
+
+    /// Re-checks for up to [`SPIN_BUDGET`] before the caller parks: a
+    /// reply that comes within it costs no futex wake-up on either side.
+    /// Yields the CPU between checks, so a thread that has work to do on
+    /// this core (the one delivering the reply, say) gets to run.
+    fn spin_until_completed(&self) {
+        let start = Instant::now();
+        loop {
+            for _ in 0..SPINS_PER_CHECK {
+                if self.completed.load(Ordering::Acquire) {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= SPIN_BUDGET {
+                return;
+            }
+            std::thread::yield_now();
         }
     }
 

@@ -42,6 +42,7 @@ mod functions;
 mod join;
 mod name;
 mod options;
+mod outbox;
 mod protocol;
 mod rendezvous;
 pub mod scope;

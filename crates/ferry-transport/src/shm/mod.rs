@@ -32,8 +32,9 @@
 //! `head` (`Acquire`) and publishes `tail`. Only a side that has to wait
 //! involves the kernel, through a Dekker-style handshake on a flag:
 //!
-//! - A consumer that finds the ring empty re-checks `head` for
-//!   [`SPIN_ITERATIONS`] rounds ([`std::hint::spin_loop`]), then stores
+//! - A consumer that finds the ring empty re-checks `head` for up to
+//!   [`SPIN_BUDGET`] (rounds of [`SPIN_ITERATIONS`] checks with
+//!   [`std::hint::spin_loop`], the CPU yielded between rounds), then stores
 //!   `reader_sleeping = 1`, issues a `SeqCst` fence and re-checks `head`
 //!   (and `closed`); only if the ring is still empty does it wait on the
 //!   data-available eventfd.
@@ -79,6 +80,6 @@ pub use segment::{Segment, MAX_SEGMENT_LEN};
 #[cfg(not(loom))]
 pub use fdpass::{recv_fds, send_fds, MAX_FDS_PER_MESSAGE};
 #[cfg(not(loom))]
-pub use io::{PeerGone, ShmReader, ShmWriter, SPIN_ITERATIONS};
+pub use io::{PeerGone, ShmReader, ShmWriter, SPIN_BUDGET, SPIN_ITERATIONS};
 #[cfg(not(loom))]
 pub use link::ShmLink;

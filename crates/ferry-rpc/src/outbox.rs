@@ -1,0 +1,227 @@
+//! The way out of a connection: a queue drained by the connection's writer
+//! task, and a direct path past it.
+//!
+//! A sender that finds the queue empty and the writer idle writes its
+//! message itself, on its own thread, which saves waking the writer task
+//! (on another thread, often): on the `shm` transport that wake-up is a
+//! good part of an empty call's round trip. If the transport cannot take
+//! the whole frame at once, a task on the agent's runtime finishes it, so
+//! a send never waits. Otherwise messages go through the queue and the
+//! writer task writes what has gathered as one batch. Order is kept: a
+//! direct write happens only while nothing queued is still unwritten,
+//! under the lock the writer task holds while it writes.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Waker};
+
+use ferry_transport::{FrameWriter, OutgoingMessage, PeerWriter, TransportError};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, Mutex, Notify};
+
+/// Most messages the writer task takes into one batch.
+const MAX_BATCH: usize = 256;
+
+/// The sending side of one connection; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Outbox {
+    queue: mpsc::UnboundedSender<OutgoingMessage>,
+    shared: Arc<SharedWriter>,
+}
+
+/// The writer task's side: the queue and the writer it drains into.
+pub(crate) struct OutboxQueue {
+    queue: mpsc::UnboundedReceiver<OutgoingMessage>,
+    shared: Arc<SharedWriter>,
+}
+
+/// The connection's frame writer, shared by the writer task and direct
+/// writers.
+struct SharedWriter {
+    /// `None` until the connection is established, and after a failed write.
+    writer: Arc<Mutex<Option<FrameWriter<PeerWriter>>>>,
+    /// Messages queued and not yet written.
+    queued: AtomicUsize,
+    /// A write failed: the connection is broken.
+    failed: AtomicBool,
+    /// The error of a failed direct write finished by a task, for the
+    /// writer task to report.
+    error: parking_lot::Mutex<Option<TransportError>>,
+    /// Wakes the writer task when `error` is set.
+    broken: Notify,
+    /// The agent's runtime, entered by direct writers (the transports
+    /// register their wake-ups with its reactor).
+    runtime: Handle,
+}
+
+/// Why [`Outbox::send`] did not send.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The connection's writer is gone (closed or failed earlier).
+    Closed,
+    /// Writing the message failed; the connection is broken.
+    Write(TransportError),
+}
+
+/// A new outbox and the queue its writer task drains.
+pub(crate) fn outbox(runtime: Handle) -> (Outbox, OutboxQueue) {
+    let (queue, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(SharedWriter {
+        writer: Arc::new(Mutex::new(None)),
+        queued: AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+        error: parking_lot::Mutex::new(None),
+        broken: Notify::new(),
+        runtime,
+    });
+    (
+        Outbox {
+            queue,
+            shared: shared.clone(),
+        },
+        OutboxQueue { queue: rx, shared },
+    )
+}
+
+impl Outbox {
+    /// Whether messages can no longer leave through it.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.queue.is_closed() || self.shared.failed.load(Ordering::SeqCst)
+    }
+
+    /// Sends `message`: written directly when the writer is idle and
+    /// nothing is queued, else queued for the writer task. Never waits: a
+    /// direct write the transport cannot take at once is finished by a
+    /// task on the agent's runtime, which keeps the writer until then.
+    pub(crate) fn send(&self, message: OutgoingMessage) -> Result<(), SendError> {
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(SendError::Closed);
+        }
+        let message = match self.try_write(message) {
+            Ok(written) => return written,
+            Err(message) => message,
+        };
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        self.queue.send(message).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            SendError::Closed
+        })
+    }
+
+    /// The direct write, or the message back when it has to be queued.
+    fn try_write(
+        &self,
+        message: OutgoingMessage,
+    ) -> Result<Result<(), SendError>, OutgoingMessage> {
+        if self.shared.queued.load(Ordering::SeqCst) != 0 {
+            return Err(message);
+        }
+        let Ok(mut guard) = self.shared.writer.clone().try_lock_owned() else {
+            return Err(message);
+        };
+        // Under the lock the writer task is not writing; with nothing
+        // queued, nothing sent earlier is still unwritten.
+        if guard.is_none() || self.shared.queued.load(Ordering::SeqCst) != 0 {
+            return Err(message);
+        }
+        let shared = self.shared.clone();
+        let mut write = Box::pin(async move {
+            let Some(writer) = guard.as_mut() else {
+                return;
+            };
+            if let Err(e) = writer.write(&message).await {
+                *guard = None;
+                shared.fail(e);
+            }
+        });
+        // The transports register their wake-ups with the agent's reactor.
+        let _runtime = self.shared.runtime.enter();
+        if write
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+        {
+            // Part of the frame may be out: the rest must follow before
+            // anything else, so the task keeps the writer until it is done.
+            self.shared.runtime.spawn(write);
+            return Ok(Ok(()));
+        }
+        Ok(match self.shared.take_error() {
+            Some(e) => Err(SendError::Write(e)),
+            None => Ok(()),
+        })
+    }
+}
+
+impl SharedWriter {
+    /// Records a failed write: the connection is broken. The writer task
+    /// reports it (`drain` returns it) unless a direct sender takes it.
+    fn fail(&self, error: TransportError) {
+        *self.error.lock() = Some(error);
+        self.failed.store(true, Ordering::SeqCst);
+        self.broken.notify_one();
+    }
+
+    fn take_error(&self) -> Option<TransportError> {
+        self.error.lock().take()
+    }
+}
+
+impl OutboxQueue {
+    /// Installs the established connection's writer.
+    pub(crate) async fn install(&self, writer: FrameWriter<PeerWriter>) {
+        *self.shared.writer.lock().await = Some(writer);
+    }
+
+    /// The writer task: writes queued messages in batches (and the
+    /// connection's pending releases when `releases` fires) until every
+    /// [`Outbox`] is dropped, then shuts the write side down. Returns the
+    /// first write error.
+    pub(crate) async fn drain(
+        mut self,
+        releases: ferry_transport::ReleaseSignal,
+    ) -> Result<(), TransportError> {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let first = tokio::select! {
+                biased;
+                m = self.queue.recv() => match m {
+                    Some(m) => Some(m),
+                    None => break,
+                },
+                // The reader copied tensors out of band: tell the peer.
+                () = releases.wait() => None,
+                () = self.shared.broken.notified() => match self.shared.take_error() {
+                    Some(e) => return Err(e),
+                    None => continue,
+                },
+            };
+            batch.extend(first);
+            while batch.len() < MAX_BATCH {
+                match self.queue.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let written = batch.len();
+            let mut guard = self.shared.writer.lock().await;
+            let Some(writer) = guard.as_mut() else {
+                // A direct write failed.
+                return self.shared.take_error().map_or(Ok(()), Err);
+            };
+            if let Err(e) = writer.write_batch(&batch).await {
+                self.shared.failed.store(true, Ordering::SeqCst);
+                *guard = None;
+                return Err(e);
+            }
+            drop(guard);
+            self.shared.queued.fetch_sub(written, Ordering::SeqCst);
+            batch.clear();
+        }
+        if let Some(writer) = self.shared.writer.lock().await.as_mut() {
+            let _ = writer.shutdown().await;
+        }
+        Ok(())
+    }
+}
