@@ -9,7 +9,6 @@
 //! so calls in flight share system calls.
 
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -30,6 +29,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::call::{CallSlot, RpcFuture};
 use crate::current;
 use crate::functions::{panic_message, Body, CallResult, Function, Signature};
+use crate::inline;
 use crate::outbox::{outbox, Outbox, OutboxQueue, SendError};
 use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader};
 use crate::scope::{Scoped, Scopes};
@@ -976,28 +976,21 @@ impl Inner {
                     future: Box::pin(fut),
                 });
                 let span = self.span.clone();
-                let mut task = Box::pin(
-                    async move {
-                        let result = match futures::FutureExt::catch_unwind(fut).await {
-                            Ok(r) => r,
-                            Err(panic) => Err(Failure::failed(panic_message(&*panic))),
-                        };
-                        current::enter(&agent, || scopes.run(|| done(result)));
-                    }
-                    .instrument(span),
+                // A body that is ready at once (most are) answers without a
+                // trip through the scheduler; one that waits continues as a task.
+                inline::run_or_spawn(
+                    &self.handle,
+                    Box::pin(
+                        async move {
+                            let result = match futures::FutureExt::catch_unwind(fut).await {
+                                Ok(r) => r,
+                                Err(panic) => Err(Failure::failed(panic_message(&*panic))),
+                            };
+                            current::enter(&agent, || scopes.run(|| done(result)));
+                        }
+                        .instrument(span),
+                    ),
                 );
-                // Polled once here: a body that is ready at once (most are)
-                // answers without a trip through the scheduler; one that
-                // waits continues as a task, which polls it again with its
-                // own waker.
-                let _runtime = self.handle.enter();
-                if task
-                    .as_mut()
-                    .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-                    .is_pending()
-                {
-                    self.handle.spawn(task);
-                }
             }
         }
     }

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
 
+use ferry_transport::shm::{spin_until, SPIN_BUDGET};
 use ferry_transport::IncomingMessage;
 use ferry_wire::{payload, MessageKind};
 use parking_lot::{Condvar, Mutex};
@@ -16,13 +16,6 @@ use serde::de::DeserializeOwned;
 use crate::functions::Signature;
 use crate::protocol::{Failure, FailureKind};
 use crate::RpcError;
-
-/// How long a thread waiting for a reply re-checks before it parks.
-/// Round trips on one host take tens of microseconds, a park and wake-up
-/// about as long again.
-const SPIN_BUDGET: Duration = Duration::from_micros(50);
-/// Checks between two looks at the clock.
-const SPINS_PER_CHECK: u32 = 64;
 
 /// Where the outcome of one call lands: completed exactly once, by the
 /// reply, the timeout timer, a lost connection or shutdown.
@@ -109,22 +102,10 @@ impl CallSlot {
 
     /// Re-checks for up to [`SPIN_BUDGET`] before the caller parks: a
     /// reply that comes within it costs no futex wake-up on either side.
-    /// Yields the CPU between checks, so a thread that has work to do on
+    /// The CPU is yielded between rounds, so a thread with work to do on
     /// this core (the one delivering the reply, say) gets to run.
     fn spin_until_completed(&self) {
-        let start = Instant::now();
-        loop {
-            for _ in 0..SPINS_PER_CHECK {
-                if self.completed.load(Ordering::Acquire) {
-                    return;
-                }
-                std::hint::spin_loop();
-            }
-            if start.elapsed() >= SPIN_BUDGET {
-                return;
-            }
-            std::thread::yield_now();
-        }
+        spin_until(SPIN_BUDGET, || self.completed.load(Ordering::Acquire));
     }
 
     fn is_done(&self) -> bool {

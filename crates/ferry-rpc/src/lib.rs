@@ -39,6 +39,7 @@ mod call;
 mod current;
 mod error;
 mod functions;
+mod inline;
 mod join;
 mod name;
 mod options;

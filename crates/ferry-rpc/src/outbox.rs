@@ -11,14 +11,14 @@
 //! direct write happens only while nothing queued is still unwritten,
 //! under the lock the writer task holds while it writes.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Waker};
 
 use ferry_transport::{FrameWriter, OutgoingMessage, PeerWriter, TransportError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Mutex, Notify};
+
+use crate::inline;
 
 /// Most messages the writer task takes into one batch.
 const MAX_BATCH: usize = 256;
@@ -126,7 +126,7 @@ impl Outbox {
             return Err(message);
         }
         let shared = self.shared.clone();
-        let mut write = Box::pin(async move {
+        let write = Box::pin(async move {
             let Some(writer) = guard.as_mut() else {
                 return;
             };
@@ -135,16 +135,9 @@ impl Outbox {
                 shared.fail(e);
             }
         });
-        // The transports register their wake-ups with the agent's reactor.
-        let _runtime = self.shared.runtime.enter();
-        if write
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_pending()
-        {
-            // Part of the frame may be out: the rest must follow before
-            // anything else, so the task keeps the writer until it is done.
-            self.shared.runtime.spawn(write);
+        // A frame the transport cannot take at once may be partly out: the
+        // task that finishes it keeps the writer until it is done.
+        if !inline::run_or_spawn(&self.shared.runtime, write) {
             return Ok(Ok(()));
         }
         Ok(match self.shared.take_error() {

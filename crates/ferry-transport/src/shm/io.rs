@@ -42,7 +42,16 @@ pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
 const MAX_WAKES_PER_POLL: u32 = 8;
 
 /// Re-checks `ready()` for up to [`SPIN_BUDGET`]; `true` as soon as it is.
-fn spin(mut ready: impl FnMut() -> bool) -> bool {
+fn spin(ready: impl FnMut() -> bool) -> bool {
+    spin_until(SPIN_BUDGET, ready)
+}
+
+/// Re-checks `ready()` for up to `budget` in rounds of [`SPIN_ITERATIONS`]
+/// checks ([`std::hint::spin_loop`] in between), yielding the CPU between
+/// rounds; `true` as soon as it holds. How any side that expects an
+/// answer from another process within microseconds should wait before it
+/// parks (the rings here, a caller waiting for its reply).
+pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     loop {
         for _ in 0..SPIN_ITERATIONS {
@@ -51,7 +60,7 @@ fn spin(mut ready: impl FnMut() -> bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= SPIN_BUDGET {
+        if start.elapsed() >= budget {
             return ready();
         }
         std::thread::yield_now();
