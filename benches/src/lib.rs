@@ -1,5 +1,5 @@
-//! Helpers shared by Ferry's side-by-side benchmark binaries (`rpc_latency`
-//! and `rref_overhead`): the `4MB`-style size arguments and labels of the
+//! Helpers shared by Ferry's side-by-side benchmark binaries (`rpc_latency`,
+//! `rref_overhead`, and for its JSON output `lighthouse_load`): the `4MB`-style size arguments and labels of the
 //! peer scripts, the float32 tensor both send, the peers' summary
 //! statistics, the two-process set-up, and writing a result as JSON.
 //!

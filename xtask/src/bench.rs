@@ -53,6 +53,12 @@ const QUICK_BUDGET_S: f64 = 600.0;
 const LIGHTHOUSE_REPLICAS: &[&str] = &["2", "16", "128"];
 /// Clients sending heartbeats back to back in the lighthouse bench.
 const LIGHTHOUSE_HB_CLIENTS: &str = "8";
+/// Shapes (connections × heartbeats in flight on each) of the heartbeat
+/// load generator, `lighthouse_load`, run against each lighthouse after the
+/// script.
+const LIGHTHOUSE_LOAD_SHAPES: &[&str] = &["8x1", "8x16"];
+/// `lighthouse_load --seconds`, and under `--quick`.
+const LIGHTHOUSE_LOAD_SECONDS: [&str; 2] = ["2", "1"];
 /// Runs of the lighthouse script per side, and under `--quick` (each run
 /// takes about 6 s; on a small machine one run's numbers move by tens of
 /// percent from the next, so the table shows the median).
@@ -339,18 +345,24 @@ fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Re
 /// `torchft_lighthouse` (installed with torchft in the `.venv`), each
 /// started as its own process, fresh for each run, with the same options
 /// ([`LIGHTHOUSE_OPTIONS`]) and killed afterwards whatever happens;
-/// [`LIGHTHOUSE_RUNS`] times each, alternating which side goes first; each
-/// side's result is the median over its runs. Then the table. Without the script (no peers directory, or `--no-peer`)
-/// there is no driver: the bench is skipped.
+/// [`LIGHTHOUSE_RUNS`] times each, alternating which side goes first.
+/// After the script, each run also drives the same server process with
+/// Ferry's heartbeat load generator, `lighthouse_load`
+/// ([`LIGHTHOUSE_LOAD_SHAPES`]). Each side's result is the median over its
+/// runs. Then the table. Without the script (no peers directory, or
+/// `--no-peer`) there is no driver: the bench is skipped.
 fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
     let runs = LIGHTHOUSE_RUNS[usize::from(o.quick)];
     let heading = format!(
         "Ferry vs torchft {TORCHFT_VERSION}: lighthouse (`ferry-lighthouse` vs torchft's \
          `torchft_lighthouse`), same host, same options (min_replicas 1, join timeout 50 ms, \
          tick 10 ms), both driven by torchft {TORCHFT_VERSION}'s LighthouseClient \
-         (lighthouse_bench.py --addr)\nquorum: all N replicas ask at once, from the last \
-         request sent (or the first) until every replica has its answer, median over rounds; \
-         each side: median of {runs} run(s), alternating\n\
+         (lighthouse_bench.py --addr), then by one load generator (lighthouse_load: one \
+         thread, C connections with K heartbeats in flight on each)\nquorum: all N replicas \
+         ask at once, from the last request sent (or the first) until every replica has its \
+         answer, median over rounds; each side: median of {runs} run(s), alternating\n\
+         heartbeats handled: the server's capacity, from lighthouse_load; torchft's client \
+         spends 3-4x the server's CPU per heartbeat, so its row measures the client (no target)\n\
          both servers run as their own process (bound to 127.0.0.1:0), as deployed; the \
          script reaches each through --addr\n\
          ratio > 1: Ferry is better; target ≥1x: Ferry at least as fast on every row"
@@ -385,16 +397,23 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
             &format!("setup: torchft {TORCHFT_VERSION} in .venv"),
             ensure_torchft,
         )?;
-        steps.step("build: ferry-lighthouse (release)", || {
-            run(&mut cargo(&[
-                "build",
-                "--release",
-                "-p",
-                "ferry-ft",
-                "--bin",
-                "ferry-lighthouse",
-            ]))
-        })?;
+        steps.step(
+            "build: ferry-lighthouse and the load generator lighthouse_load (release)",
+            || {
+                run(&mut cargo(&[
+                    "build",
+                    "--release",
+                    "-p",
+                    "ferry-ft",
+                    "--bin",
+                    "ferry-lighthouse",
+                    "-p",
+                    "ferry-benches",
+                    "--bin",
+                    "lighthouse_load",
+                ]))
+            },
+        )?;
         let script_args = lighthouse_script_args(o);
         let ferry_server = LighthouseProgram::Ferry.command_line();
         let peer_server = format!(
@@ -414,7 +433,7 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
                 };
                 steps.step(
                     &format!(
-                        "{side}: lighthouse_bench.py against {} ({i}/{runs})",
+                        "{side}: lighthouse_bench.py, lighthouse_load against {} ({i}/{runs})",
                         program.name()
                     ),
                     || {
@@ -428,7 +447,12 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
                             LighthouseProgram::Ferry => format!("lighthouse_ferry_client.{i}.log"),
                             LighthouseProgram::Torchft => format!("lighthouse_peer.{i}.log"),
                         };
-                        let result = run_lighthouse_script(&script, &args, &out_path(&log));
+                        let result = run_lighthouse_script(&script, &args, &out_path(&log))
+                            .and_then(|mut result| {
+                                let load = run_lighthouse_load(&lighthouse.url, o)?;
+                                result["load_heartbeats_per_s"] = load["heartbeats_per_s"].clone();
+                                Ok(result)
+                            });
                         // Stopped on every path (`LighthouseProcess` also kills on drop).
                         let stopped = lighthouse.stop();
                         let result = match program {
@@ -476,6 +500,7 @@ fn median_of_runs(runs: Vec<Value>, server: &str, args: &str) -> Value {
         "aggregate": format!("median over {} run(s)", runs.len()),
         "quorum": field("quorum"),
         "heartbeats_per_s": field("heartbeats_per_s"),
+        "load_heartbeats_per_s": field("load_heartbeats_per_s"),
         "runs": runs,
     })
 }
@@ -763,6 +788,29 @@ fn run_lighthouse_script(script: &Path, args: &[&str], log: &Path) -> Result<Val
     Ok(result)
 }
 
+/// Runs the heartbeat load generator (`lighthouse_load`, release build)
+/// against the lighthouse at `url` with [`LIGHTHOUSE_LOAD_SHAPES`],
+/// bounded by [`LIGHTHOUSE_SCRIPT_TIMEOUT`], and returns the JSON object it
+/// prints.
+fn run_lighthouse_load(url: &str, o: &Options) -> Result<Value> {
+    let seconds = LIGHTHOUSE_LOAD_SECONDS[usize::from(o.quick)];
+    let mut args = vec!["--addr", url, "--seconds", seconds, "--shapes"];
+    args.extend_from_slice(LIGHTHOUSE_LOAD_SHAPES);
+    let binary = release_binary("lighthouse_load");
+    eprintln!("    $ {} {}", binary.display(), args.join(" "));
+    let mut c = cmd(&binary.to_string_lossy(), &args);
+    c.stdin(Stdio::null()).stdout(Stdio::piped());
+    let stdout = run_bounded(&mut c, LIGHTHOUSE_SCRIPT_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("lighthouse_load failed: {e:#}"))?;
+    let compact: String = stdout.split_whitespace().collect();
+    let result = serde_json::from_str::<Value>(stdout.trim())
+        .ok()
+        .filter(Value::is_object)
+        .with_context(|| format!("lighthouse_load printed no JSON object (stdout: {stdout:?})"))?;
+    eprintln!("    {compact}");
+    Ok(result)
+}
+
 /// The last lines of the log at `log` (repository-relative), to quote in
 /// an error; empty if there is nothing to read.
 fn log_tail(log: &Path) -> String {
@@ -813,8 +861,12 @@ fn last_json_object(text: &str) -> Option<Value> {
 
 /// Row specs for the lighthouse table: the quorum latency after the last
 /// request for each replica count found on either side (ascending), then
-/// heartbeats per second, all with [`LIGHTHOUSE_TARGET`]; then, without a
-/// target, the span from the first request to the last answer.
+/// heartbeats handled per second under each load generator shape
+/// ([`LIGHTHOUSE_LOAD_SHAPES`]), all with [`LIGHTHOUSE_TARGET`]; then,
+/// without a target, heartbeats per second from torchft's own client (which
+/// spends three to four times the server's CPU per heartbeat, so on a small
+/// machine it measures the client) and the span from the first quorum
+/// request to the last answer.
 pub(crate) fn lighthouse_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowSpec> {
     let mut counts: Vec<u64> = Vec::new();
     for result in std::iter::once(ferry).chain(peer) {
@@ -841,15 +893,28 @@ pub(crate) fn lighthouse_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowSp
             .with_target(LIGHTHOUSE_TARGET)
         })
         .collect();
-    specs.push(
+    specs.extend(LIGHTHOUSE_LOAD_SHAPES.iter().map(|shape| {
+        let (connections, in_flight) = shape.split_once('x').unwrap_or((shape, "1"));
         RowSpec::new(
-            format!("heartbeats, {LIGHTHOUSE_HB_CLIENTS} clients back to back"),
+            format!(
+                "heartbeats handled, {connections} connections x {in_flight} in flight \
+                 (lighthouse_load)"
+            ),
             "hb/s",
             Better::Higher,
-            Metric::At("/heartbeats_per_s".into()),
+            Metric::At(format!("/load_heartbeats_per_s/{shape}")),
         )
-        .with_target(LIGHTHOUSE_TARGET),
-    );
+        .with_target(LIGHTHOUSE_TARGET)
+    }));
+    specs.push(RowSpec::new(
+        format!(
+            "heartbeats, torchft's client, {LIGHTHOUSE_HB_CLIENTS} threads back to back \
+             (client-bound)"
+        ),
+        "hb/s",
+        Better::Higher,
+        Metric::At("/heartbeats_per_s".into()),
+    ));
     specs.extend(counts.iter().map(|&n| {
         RowSpec::new(
             format!("quorum, {n} replicas: first request to all answered, median"),
@@ -1351,7 +1416,8 @@ mod tests {
                 "2": {"after_last_request_ms_median": lat[0], "first_to_all_done_ms_median": 2.0 * lat[0], "rounds": 5},
                 "16": {"after_last_request_ms_median": lat[1], "first_to_all_done_ms_median": 2.0 * lat[1], "rounds": 5},
                 "128": {"after_last_request_ms_median": lat[2], "first_to_all_done_ms_median": 2.0 * lat[2], "rounds": 5}},
-                "heartbeats_per_s": hb})
+                "heartbeats_per_s": hb,
+                "load_heartbeats_per_s": {"8x1": 3.0 * hb, "8x16": 5.0 * hb}})
         };
         let ferry = result([0.5, 1.0, 8.0], 20000.0);
         let peer = result([1.0, 1.0, 4.0], 10000.0);
@@ -1364,7 +1430,9 @@ mod tests {
                 "quorum, 2 replicas: after last request, median",
                 "quorum, 16 replicas: after last request, median",
                 "quorum, 128 replicas: after last request, median",
-                "heartbeats, 8 clients back to back",
+                "heartbeats handled, 8 connections x 1 in flight (lighthouse_load)",
+                "heartbeats handled, 8 connections x 16 in flight (lighthouse_load)",
+                "heartbeats, torchft's client, 8 threads back to back (client-bound)",
                 "quorum, 2 replicas: first request to all answered, median",
                 "quorum, 16 replicas: first request to all answered, median",
                 "quorum, 128 replicas: first request to all answered, median",
@@ -1377,14 +1445,20 @@ mod tests {
         assert_eq!(got(2), (Some(8.0), Some(4.0), Some(0.5), Some(false)));
         assert_eq!(
             got(3),
-            (Some(20000.0), Some(10000.0), Some(2.0), Some(true))
+            (Some(60000.0), Some(30000.0), Some(2.0), Some(true))
         );
-        assert_eq!(rows[3].unit, "hb/s");
-        assert_eq!(got(6), (Some(16.0), Some(8.0), Some(0.5), None));
-        assert_eq!(rows.iter().filter(|r| r.target == Some(1.0)).count(), 4);
+        assert_eq!(
+            got(4),
+            (Some(100000.0), Some(50000.0), Some(2.0), Some(true))
+        );
+        // torchft's own client sets its rate: shown, without a target.
+        assert_eq!(got(5), (Some(20000.0), Some(10000.0), Some(2.0), None));
+        assert!(rows[3..6].iter().all(|r| r.unit == "hb/s"));
+        assert_eq!(got(8), (Some(16.0), Some(8.0), Some(0.5), None));
+        assert_eq!(rows.iter().filter(|r| r.target == Some(1.0)).count(), 5);
         // Ferry's result alone still gives every row.
         let alone = table::compare(&ferry, None, &lighthouse_specs(&ferry, None));
-        assert_eq!(alone.len(), 7);
+        assert_eq!(alone.len(), 9);
         assert!(alone.iter().all(|r| r.ferry.is_some() && r.met.is_none()));
     }
 
