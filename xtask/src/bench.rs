@@ -802,12 +802,11 @@ fn run_lighthouse_load(url: &str, o: &Options) -> Result<Value> {
     c.stdin(Stdio::null()).stdout(Stdio::piped());
     let stdout = run_bounded(&mut c, LIGHTHOUSE_SCRIPT_TIMEOUT)
         .map_err(|e| anyhow::anyhow!("lighthouse_load failed: {e:#}"))?;
-    let compact: String = stdout.split_whitespace().collect();
     let result = serde_json::from_str::<Value>(stdout.trim())
         .ok()
         .filter(Value::is_object)
         .with_context(|| format!("lighthouse_load printed no JSON object (stdout: {stdout:?})"))?;
-    eprintln!("    {compact}");
+    eprintln!("    {result}");
     Ok(result)
 }
 
