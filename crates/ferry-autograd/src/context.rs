@@ -3,11 +3,13 @@
 //! backward passes accumulated here.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tch::Tensor;
 
 use crate::engine_shim::tensor_id;
+use crate::waiting_root::WaitingRoot;
 
 /// A recv function: a received tensor (a leaf here) whose gradient goes
 /// back to the worker that sent it.
@@ -32,6 +34,9 @@ pub(crate) struct ContextState {
     pub(crate) known_workers: BTreeSet<u32>,
     /// Set by a backward without `retain_graph`.
     pub(crate) graph_released: bool,
+    /// The thread blocked in `backward` in this context on this worker,
+    /// which runs the passes arriving meanwhile (see `waiting_root`).
+    pub(crate) waiting_root: Option<Arc<WaitingRoot>>,
 }
 
 /// A distributed autograd context on this worker.

@@ -15,7 +15,7 @@
 //! backward is over. Unless the caller retains it, the root's part is then
 //! released at once and the other workers' parts with the context.
 
-use ferry_rpc::Agent;
+use ferry_rpc::{Agent, ServiceFuture};
 use ferry_wire::payload;
 use tch::Tensor;
 
@@ -23,6 +23,7 @@ use crate::container::DistAutogradContainer;
 use crate::context::Context;
 use crate::engine_shim::{grad, leaves, tensor_id};
 use crate::message::{AutogradMessage, AUTOGRAD_SERVICE};
+use crate::waiting_root::{Job, WaitingRoot};
 use crate::AutogradError;
 
 /// A gradient to send back: (sender's rank, message id, gradient).
@@ -44,12 +45,14 @@ fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Out
     Ok(out)
 }
 
-/// Sends each gradient to its worker and waits until all of their parts
-/// (and the parts those cause) are done. The first error wins, after all
-/// replies are in.
-fn propagate(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Result<(), AutogradError> {
+/// The replies of gradients sent by [`send`], one per gradient: the
+/// worker it went to and its reply (or why it could not be sent).
+pub(crate) type Replies = Vec<(u32, Result<ServiceFuture, AutogradError>)>;
+
+/// Sends each gradient to the worker that sent its tensor.
+fn send(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Replies {
     let timeout = agent.rpc_timeout();
-    let calls: Vec<_> = outgoing
+    outgoing
         .into_iter()
         .map(|(to, message_id, grad)| {
             let message = AutogradMessage::Propagate {
@@ -65,18 +68,26 @@ fn propagate(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Result<
                 .map(|m| agent.call_service(to, AUTOGRAD_SERVICE, m, timeout));
             (to, call)
         })
-        .collect();
+        .collect()
+}
+
+/// Completes when every worker that was sent a gradient has finished its
+/// part (and the parts those cause). The first error wins, after all
+/// replies are in.
+pub(crate) async fn wait(agent: Agent, replies: Replies) -> Result<(), AutogradError> {
     let mut first_error = None;
-    for (to, call) in calls {
-        if let Err(e) = call.and_then(|c| {
-            c.wait().map(drop).map_err(|e| {
+    for (to, reply) in replies {
+        let done = match reply {
+            Ok(r) => r.await.map(drop).map_err(|e| {
                 let worker = agent
                     .get_worker_info(to)
                     .map(|w| w.name)
                     .unwrap_or_else(|_| format!("rank {to}"));
                 AutogradError::from_remote(&worker, e)
-            })
-        }) {
+            }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
             first_error.get_or_insert(e);
         }
     }
@@ -119,7 +130,25 @@ pub(crate) fn backward(
         worker: container.worker_name(),
         message,
     })?;
-    propagate(&agent, context_id, outgoing)?;
+    let replies = send(&agent, context_id, outgoing);
+    // Wait here, running on this thread the passes that the gradients
+    // coming back to this worker start (see `waiting_root`).
+    let root = WaitingRoot::for_current_thread();
+    let registered = {
+        let mut state = ctx.state.lock();
+        let free = state.waiting_root.is_none();
+        if free {
+            state.waiting_root = Some(root.clone());
+        }
+        free
+    };
+    let done = root.block_on(wait(agent, replies));
+    if registered {
+        ctx.state.lock().waiting_root = None;
+    }
+    // Jobs are queued under the context's lock, so none comes after this.
+    root.run_queued();
+    done?;
     if !retain_graph {
         // Released on the root: another backward in this context fails
         // here before anything is sent. The other workers' parts of the
@@ -130,13 +159,37 @@ pub(crate) fn backward(
     Ok(())
 }
 
+/// Runs `job`, a pass for context `context_id`, on the thread waiting in
+/// `backward` in that context here, if there is one; otherwise gives it
+/// back, for the caller to run elsewhere.
+pub(crate) fn run_on_waiting_root(
+    container: &DistAutogradContainer,
+    context_id: u64,
+    job: Job,
+) -> Option<Job> {
+    let Ok(ctx) = container.get(context_id) else {
+        return Some(job);
+    };
+    let state = ctx.state.lock();
+    match &state.waiting_root {
+        Some(root) => {
+            root.push(job);
+            None
+        }
+        None => Some(job),
+    }
+}
+
 /// A `Propagate` arrived: the gradient of the tensor sent as `message_id`.
+/// Runs the local pass on this thread and sends the gradients it yields
+/// for other workers, without waiting for them: await [`wait`] on the
+/// result for their parts to be done.
 pub(crate) fn on_propagate(
     container: &DistAutogradContainer,
     context_id: u64,
     message_id: u64,
     grad: Tensor,
-) -> Result<(), AutogradError> {
+) -> Result<(Agent, Replies), AutogradError> {
     let agent = container.agent()?;
     let ctx = container.get(context_id)?;
     let sent = {
@@ -156,7 +209,8 @@ pub(crate) fn on_propagate(
         worker: container.worker_name(),
         message,
     })?;
-    propagate(&agent, context_id, outgoing)
+    let replies = send(&agent, context_id, outgoing);
+    Ok((agent, replies))
 }
 
 /// Frees the recorded graph of `ctx` (the tensors the send and recv

@@ -61,6 +61,7 @@ mod error;
 mod guard;
 mod message;
 pub mod optim;
+mod waiting_root;
 
 use std::sync::Arc;
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::container::DistAutogradContainer;
 use crate::engine;
+use crate::waiting_root::Job;
 
 /// The service kind of distributed autograd messages.
 pub const AUTOGRAD_SERVICE: MessageKind = MessageKind(0x102);
@@ -108,13 +109,34 @@ impl Service for AutogradService {
                     message_id,
                     grad,
                 } => {
-                    // The pass runs libtorch and waits for the passes it
-                    // causes: take this runtime thread out of the scheduler
-                    // for it rather than hopping to another thread.
-                    tokio::task::block_in_place(|| {
-                        engine::on_propagate(&container, context_id, message_id, grad.into_inner())
-                    })
-                    .map_err(|e| e.to_string())?;
+                    // The pass runs libtorch: on the thread waiting in
+                    // `backward` in this context here if there is one, on
+                    // the blocking pool otherwise (see `waiting_root`).
+                    // It sends what it yields for other workers itself;
+                    // their parts are awaited here, holding no thread.
+                    let (done, outcome) = tokio::sync::oneshot::channel();
+                    let job: Job = {
+                        let container = container.clone();
+                        Box::new(move || {
+                            let sent = engine::on_propagate(
+                                &container,
+                                context_id,
+                                message_id,
+                                grad.into_inner(),
+                            );
+                            let _ = done.send(sent);
+                        })
+                    };
+                    if let Some(job) = engine::run_on_waiting_root(&container, context_id, job) {
+                        tokio::task::spawn_blocking(job);
+                    }
+                    let (agent, replies) = outcome
+                        .await
+                        .map_err(|_| "the backward pass was dropped before it ran".to_string())?
+                        .map_err(|e| e.to_string())?;
+                    engine::wait(agent, replies)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     payload::encode(&()).map_err(|e| e.to_string())
                 }
                 AutogradMessage::ReleaseContexts { context_ids } => {

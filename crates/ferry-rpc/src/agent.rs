@@ -790,7 +790,15 @@ impl Inner {
         );
         loop {
             match reader.read().await {
-                Ok(Some(msg)) => self.on_message(&peer, msg, &outbox),
+                Ok(Some(msg)) => {
+                    if self.on_message(&peer, msg, &outbox) {
+                        // The message woke or spawned a task, which tokio
+                        // runs on this thread after this one returns: if
+                        // the next read finds nothing, it lets that task
+                        // run before it spins for what the task may cause.
+                        reader.stream_mut().yield_before_spin();
+                    }
+                }
                 Ok(None) => {
                     self.fail_connection(conn, "the connection was closed".into());
                     break;
@@ -866,25 +874,37 @@ impl Inner {
         }
     }
 
-    fn on_message(self: &Arc<Self>, peer: &WorkerInfo, msg: IncomingMessage, outbox: &Outbox) {
+    /// Handles one message; returns whether it left a task queued on this
+    /// runtime (a woken caller, a body or handler that has to wait).
+    fn on_message(
+        self: &Arc<Self>,
+        peer: &WorkerInfo,
+        msg: IncomingMessage,
+        outbox: &Outbox,
+    ) -> bool {
         let kind = msg.header.kind;
         if msg.header.flags.contains(Flags::REPLY) {
             let id = msg.header.request_id;
             match self.take_pending(id) {
                 Some(p) => {
-                    p.slot.complete(Ok(msg));
+                    let woke = p.slot.complete(Ok(msg));
                     self.call_done();
+                    woke
                 }
-                None => debug!(peer = %peer.name, id, "dropping a late reply"),
+                None => {
+                    debug!(peer = %peer.name, id, "dropping a late reply");
+                    false
+                }
             }
         } else if kind == MessageKind::REQUEST {
             self.active.fetch_add(1, Ordering::SeqCst);
-            self.serve_request(peer, msg, outbox.clone());
+            self.serve_request(peer, msg, outbox.clone())
         } else if kind.is_service() {
             self.active.fetch_add(1, Ordering::SeqCst);
-            self.serve_service(peer.clone(), msg, outbox.clone());
+            self.serve_service(peer.clone(), msg, outbox.clone())
         } else {
             warn!(peer = %peer.name, %kind, "ignoring an unexpected message");
+            false
         }
     }
 
@@ -907,15 +927,27 @@ impl Inner {
         self.call_done();
     }
 
-    fn serve_request(self: &Arc<Self>, from: &WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
+    /// Runs a request's function; returns whether it left a task queued.
+    fn serve_request(
+        self: &Arc<Self>,
+        from: &WorkerInfo,
+        msg: IncomingMessage,
+        outbox: Outbox,
+    ) -> bool {
         let id = msg.header.request_id;
         let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
             Ok(split) => split,
-            Err(failure) => return self.reply(&outbox, id, Err(failure)),
+            Err(failure) => {
+                self.reply(&outbox, id, Err(failure));
+                return false;
+            }
         };
         let function = match self.lookup(&header.function, header.signature) {
             Ok(f) => f,
-            Err(failure) => return self.reply(&outbox, id, Err(failure)),
+            Err(failure) => {
+                self.reply(&outbox, id, Err(failure));
+                return false;
+            }
         };
         let scopes = self.intercept_receive(
             from,
@@ -941,11 +973,12 @@ impl Inner {
                 });
                 inner.reply(&outbox, id, encoded);
             },
-        );
+        )
     }
 
     /// Runs a function body the way its registration asks (blocking pool or
-    /// task), with this agent as the current one, then hands the outcome to `done`.
+    /// task), with this agent as the current one, then hands the outcome to
+    /// `done`. Returns whether it left a task queued on this runtime.
     fn run_body(
         self: &Arc<Self>,
         body: Body,
@@ -954,7 +987,7 @@ impl Inner {
         tensors: Vec<IncomingTensor>,
         scopes: Scopes,
         done: impl FnOnce(CallResult) + Send + 'static,
-    ) {
+    ) -> bool {
         let agent = Agent {
             inner: self.clone(),
         };
@@ -968,6 +1001,7 @@ impl Inner {
                         })
                     })
                 });
+                false
             }
             Body::Async(f) => {
                 let fut = current::enter(&agent, || scopes.run(|| f(&payload[offset..], tensors)));
@@ -978,7 +1012,7 @@ impl Inner {
                 let span = self.span.clone();
                 // A body that is ready at once (most are) answers without a
                 // trip through the scheduler; one that waits continues as a task.
-                inline::run_or_spawn(
+                !inline::run_or_spawn(
                     &self.handle,
                     Box::pin(
                         async move {
@@ -990,7 +1024,7 @@ impl Inner {
                         }
                         .instrument(span),
                     ),
-                );
+                )
             }
         }
     }
@@ -1010,19 +1044,31 @@ impl Inner {
         Ok(function.clone())
     }
 
-    fn serve_service(self: &Arc<Self>, from: WorkerInfo, msg: IncomingMessage, outbox: Outbox) {
+    /// Hands a service message to its service; returns whether it left a
+    /// task queued. The handler's future is polled here first, like an
+    /// async body, and continues as a task only if it has to wait.
+    fn serve_service(
+        self: &Arc<Self>,
+        from: WorkerInfo,
+        msg: IncomingMessage,
+        outbox: Outbox,
+    ) -> bool {
         let id = msg.header.request_id;
         let kind = msg.header.kind;
         let Some(service) = self.services.get(&kind).cloned() else {
-            return self.reply(
+            self.reply(
                 &outbox,
                 id,
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
+            return false;
         };
         let (header, offset) = match split_header::<ServiceHeader>(&msg.payload, "service") {
             Ok(split) => split,
-            Err(failure) => return self.reply(&outbox, id, Err(failure)),
+            Err(failure) => {
+                self.reply(&outbox, id, Err(failure));
+                return false;
+            }
         };
         let scopes = self.intercept_receive(
             &from,
@@ -1042,13 +1088,16 @@ impl Inner {
             scopes,
             future: Box::pin(handled),
         };
-        self.handle.spawn(
-            async move {
-                let result = handled.await.map_err(Failure::failed);
-                inner.reply(&outbox, id, result);
-            }
-            .instrument(self.span.clone()),
-        );
+        !inline::run_or_spawn(
+            &self.handle,
+            Box::pin(
+                async move {
+                    let result = handled.await.map_err(Failure::failed);
+                    inner.reply(&outbox, id, result);
+                }
+                .instrument(self.span.clone()),
+            ),
+        )
     }
 
     /// Expires calls whose deadline passed.

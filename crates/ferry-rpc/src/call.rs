@@ -49,8 +49,9 @@ impl CallSlot {
         })
     }
 
-    /// Completes the slot; a second completion is ignored.
-    pub(crate) fn complete(&self, result: Result<IncomingMessage, RpcError>) {
+    /// Completes the slot; a second completion is ignored. Returns whether
+    /// it woke a task (a caller awaiting the future).
+    pub(crate) fn complete(&self, result: Result<IncomingMessage, RpcError>) -> bool {
         let waker = {
             let mut state = self.state.lock();
             match &mut *state {
@@ -59,13 +60,17 @@ impl CallSlot {
                     *state = SlotState::Done(result);
                     w
                 }
-                _ => return,
+                _ => return false,
             }
         };
         self.completed.store(true, Ordering::Release);
         self.done.notify_all();
-        if let Some(w) = waker {
-            w.wake();
+        match waker {
+            Some(w) => {
+                w.wake();
+                true
+            }
+            None => false,
         }
     }
 

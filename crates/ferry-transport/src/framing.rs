@@ -176,6 +176,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.selection = selection;
     }
 
+    /// The stream the frames are read from.
+    pub fn stream_mut(&mut self) -> &mut R {
+        self.inner.get_mut()
+    }
+
     /// Replaces the underlying stream, keeping everything else; refused
     /// (with the count) when bytes of the old stream are buffered unread.
     pub(crate) fn map_stream<R2: AsyncRead + Unpin>(

@@ -364,3 +364,46 @@ async fn recv_fds_rejects_more_fds_than_expected() {
     })
     .await;
 }
+
+/// Polls `r` once for a read into a fresh buffer; the poll must be pending.
+fn poll_pending_once(r: &mut ShmReader, cx: &mut std::task::Context<'_>) {
+    let mut bytes = [0u8; 8];
+    let mut buf = tokio::io::ReadBuf::new(&mut bytes);
+    assert!(tokio::io::AsyncRead::poll_read(Pin::new(r), cx, &mut buf).is_pending());
+}
+
+#[test]
+fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bounded(async {
+        let ((mut r, _w), _other_side) = link_pair(4096, None, None);
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        // The task a message woke: on this one-thread runtime it runs only
+        // when the reading task returns.
+        tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        r.yield_before_spin();
+        // First poll of an empty ring: back to the scheduler at once,
+        // neither spinning nor arming the sleep.
+        std::future::poll_fn(|cx| {
+            poll_pending_once(&mut r, cx);
+            Poll::Ready(())
+        })
+        .await;
+        assert!(format!("{r:?}").contains("armed: false"), "{r:?}");
+        // Let the scheduler run what is queued.
+        tokio::task::yield_now().await;
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+        // The next poll spins as usual, then arms the sleep; so does every
+        // later read (the request is for one yield).
+        std::future::poll_fn(|cx| {
+            poll_pending_once(&mut r, cx);
+            Poll::Ready(())
+        })
+        .await;
+        assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
+    }));
+}

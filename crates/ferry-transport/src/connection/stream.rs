@@ -28,6 +28,16 @@ pub enum PeerWriter {
     Shm(ShmWriter, OwnedWriteHalf),
 }
 
+impl PeerReader {
+    /// See [`ShmReader::yield_before_spin`]; nothing on TCP, whose reads
+    /// do not spin.
+    pub fn yield_before_spin(&mut self) {
+        if let PeerReader::Shm(r, _) = self {
+            r.yield_before_spin();
+        }
+    }
+}
+
 impl AsyncRead for PeerReader {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -186,8 +186,9 @@ fn peer_gone(kind: io::ErrorKind) -> io::Error {
 /// The reading side of one ring direction: an [`AsyncRead`] that copies
 /// bytes out of shared memory.
 ///
-/// An empty ring is first re-checked for up to [`SPIN_BUDGET`], then
-/// the reader sets `reader_sleeping` and waits on the data-available
+/// An empty ring is first re-checked for up to [`SPIN_BUDGET`] (after
+/// one yield to the scheduler if [`yield_before_spin`](Self::yield_before_spin)
+/// asked for it), then the reader sets `reader_sleeping` and waits on the data-available
 /// eventfd. Once the writer has shut down (or was dropped) and the ring is
 /// drained, reads return 0 bytes (end of stream). If the [`PeerGone`]
 /// future completes while the reader waits, the read fails with
@@ -199,6 +200,8 @@ pub struct ShmReader {
     space_ready: Signal,
     gone: Gone,
     armed: bool,
+    /// Set by [`ShmReader::yield_before_spin`]; cleared by the yield.
+    yield_before_spin: bool,
     /// Keeps the mapping alive while `ring` points into it.
     _segment: Arc<Segment>,
 }
@@ -226,6 +229,7 @@ impl ShmReader {
             space_ready,
             gone,
             armed: false,
+            yield_before_spin: false,
             _segment: segment,
         }
     }
@@ -233,6 +237,18 @@ impl ShmReader {
     /// The ring's capacity in bytes.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()
+    }
+
+    /// The next time a read finds the ring empty, yield to the tokio
+    /// scheduler once (`tokio::task::yield_now`) before spinning.
+    ///
+    /// For a reader whose last message woke or spawned a task: tokio runs
+    /// that task on this thread, but only after the reading task returns,
+    /// which a spinning reader does only after [`SPIN_BUDGET`], while the
+    /// message it waits for may be the one that task is to cause. While the
+    /// ring holds bytes the reader reads on; it yields when it would spin.
+    pub fn yield_before_spin(&mut self) {
+        self.yield_before_spin = true;
     }
 
     fn disarm(&mut self) {
@@ -285,6 +301,17 @@ impl AsyncRead for ShmReader {
                 return Poll::Ready(Ok(()));
             }
             if !this.armed {
+                if this.yield_before_spin {
+                    this.yield_before_spin = false;
+                    // Deferred until the worker has run what is queued,
+                    // without waking another worker (a self-wake would).
+                    if std::pin::pin!(tokio::task::yield_now())
+                        .poll(cx)
+                        .is_pending()
+                    {
+                        return Poll::Pending;
+                    }
+                }
                 let ring = &this.ring;
                 if spin(|| ring.readable() > 0 || ring.is_closed()) {
                     continue;
