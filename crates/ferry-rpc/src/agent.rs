@@ -41,6 +41,10 @@ const RUNNING: u8 = 0;
 const JOINING: u8 = 1;
 const STOPPED: u8 = 2;
 
+/// How long rank 0's stop waits for its store server to write the answers
+/// it already gave (a client that reads nothing must not hold it up).
+const STORE_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A worker's RPC agent. Cheap to clone; all clones are the same agent.
 #[derive(Clone)]
 pub struct Agent {
@@ -476,8 +480,20 @@ impl Agent {
         for t in inner.tasks.lock().drain(..) {
             t.abort();
         }
-        // Dropping the server stops it (rank 0 only).
-        inner.store_server.lock().take();
+        // The store server (rank 0 only) closes gracefully where this
+        // thread may block on the runtime: the answers it already gave
+        // still reach their workers (the other ranks' last `set` of the
+        // shutdown rounds, which this rank has seen, is acknowledged).
+        // Elsewhere dropping it stops it at once.
+        let server = inner.store_server.lock().take();
+        if let Some(server) = server {
+            if tokio::runtime::Handle::try_current().is_err() {
+                // The timer is made inside the runtime.
+                let _ = inner.handle.block_on(async {
+                    tokio::time::timeout(STORE_CLOSE_TIMEOUT, server.close()).await
+                });
+            }
+        }
         if let Some(rt) = inner.runtime.lock().take() {
             rt.shutdown_background();
         }

@@ -22,6 +22,11 @@ pub trait Service: Send + Sync + 'static {
     /// A short name for errors and logs (e.g. `"rref"`).
     fn name(&self) -> &str;
     /// Handles one message from `from`.
+    ///
+    /// The returned future is polled once right away on the thread that
+    /// read the message (as an async function body is), and continues as a
+    /// task only if it has to wait: it must not block, and heavy work
+    /// belongs on another thread (`tokio::task::spawn_blocking`), awaited.
     fn handle(
         &self,
         from: WorkerInfo,

@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -243,9 +243,12 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 /// The store server rank 0 hosts, like c10d's `TCPStore` master.
 ///
 /// [`bind`](Self::bind) binds and returns; a spawned tokio task then
-/// accepts and serves clients. Dropping the server (or
-/// [`shutdown`](Self::shutdown)) stops it: the listener and every client
-/// connection close, and clients' outstanding requests fail.
+/// accepts and serves clients. [`close`](Self::close) stops it gracefully:
+/// no request is read any more, but every answer already given is still
+/// written before its connection closes (a client whose `set` the others
+/// have seen also gets its acknowledgement). Dropping the server (or
+/// [`shutdown`](Self::shutdown)) stops it at once: the listener and every
+/// client connection close, and clients' outstanding requests fail.
 ///
 /// A client sending a malformed or oversized message is disconnected
 /// (with a warning); the others are served on.
@@ -253,6 +256,8 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 pub struct TcpStoreServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
+    /// Set to `true` by [`close`](Self::close).
+    closing: watch::Sender<bool>,
 }
 
 impl TcpStoreServer {
@@ -266,9 +271,14 @@ impl TcpStoreServer {
         let listener = TcpListener::bind(addr).await.map_err(io_err)?;
         let local_addr = listener.local_addr().map_err(io_err)?;
         let state = Arc::new(MemoryStore::new(DEFAULT_STORE_TIMEOUT));
-        let task = tokio::spawn(serve(listener, state));
+        let (closing, closed) = watch::channel(false);
+        let task = tokio::spawn(serve(listener, state, closed));
         debug!(%local_addr, "store server listening");
-        Ok(TcpStoreServer { local_addr, task })
+        Ok(TcpStoreServer {
+            local_addr,
+            task,
+            closing,
+        })
     }
 
     /// The address the server listens on.
@@ -280,6 +290,15 @@ impl TcpStoreServer {
     /// client connections close as soon as the runtime cancels the
     /// serving task.
     pub fn shutdown(self) {}
+
+    /// Stops serving gracefully: stops accepting clients and reading
+    /// requests, writes every answer already given, then closes each
+    /// connection; completes when all are closed. Requests still waiting
+    /// (a `wait` on a missing key) get no answer.
+    pub async fn close(mut self) {
+        let _ = self.closing.send(true);
+        let _ = (&mut self.task).await;
+    }
 }
 
 impl Drop for TcpStoreServer {
@@ -288,15 +307,29 @@ impl Drop for TcpStoreServer {
     }
 }
 
-/// Accepts clients until cancelled. Connection tasks live in a `JoinSet`,
-/// so cancelling this task cancels them all.
-async fn serve(listener: TcpListener, state: Arc<MemoryStore>) {
+/// Completes once the server is closing (or gone).
+async fn closing(closed: &mut watch::Receiver<bool>) {
+    let _ = closed.wait_for(|c| *c).await;
+}
+
+/// Accepts clients until cancelled or closed. Connection tasks live in a
+/// `JoinSet`, so cancelling this task cancels them all; once `closed`
+/// turns `true` it stops accepting and waits for the connections to
+/// finish their answers.
+async fn serve(listener: TcpListener, state: Arc<MemoryStore>, mut closed: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
+    let for_connections = closed.clone();
     loop {
         tokio::select! {
+            () = closing(&mut closed) => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(serve_connection(state.clone(), stream, peer));
+                    connections.spawn(serve_connection(
+                        state.clone(),
+                        stream,
+                        peer,
+                        for_connections.clone(),
+                    ));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: let it pass.
@@ -307,6 +340,8 @@ async fn serve(listener: TcpListener, state: Arc<MemoryStore>) {
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
 
 /// What a request needs: an answer now, or a wait first.
@@ -362,26 +397,36 @@ fn handle(state: &Arc<MemoryStore>, request: Request) -> Handled {
 
 /// Serves one client until it disconnects or misbehaves. Its pending
 /// waits are dropped with it.
-async fn serve_connection(state: Arc<MemoryStore>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one client until it disconnects, sends bad input, or the server
+/// closes; on the way out, every answer already given is written.
+async fn serve_connection(
+    state: Arc<MemoryStore>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut closed: watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let mut requests = frames::<_, RequestFrame>(BufReader::new(rd));
     let (tx, rx) = mpsc::unbounded_channel();
-    let respond = |id: u64, response: Response| {
-        let frame = encode(&ResponseFrame { id, response }).or_else(|e| {
-            let response = Response::Failed(Failure::Other(e.to_string()));
-            encode(&ResponseFrame { id, response })
-        });
-        if let Ok(frame) = frame {
-            // Fails only once the writer has stopped, which ends the
-            // connection anyway.
-            let _ = tx.send(frame);
-        }
-    };
-    let mut waits = FuturesUnordered::new();
-    let read = async {
+    // Owns the sender: once reading stops, the writer ends after the
+    // answers queued so far.
+    let read = async move {
+        let respond = |id: u64, response: Response| {
+            let frame = encode(&ResponseFrame { id, response }).or_else(|e| {
+                let response = Response::Failed(Failure::Other(e.to_string()));
+                encode(&ResponseFrame { id, response })
+            });
+            if let Ok(frame) = frame {
+                // Fails only once the writer has stopped, which ends the
+                // connection anyway.
+                let _ = tx.send(frame);
+            }
+        };
+        let mut waits = FuturesUnordered::new();
         loop {
             tokio::select! {
+                () = closing(&mut closed) => return,
                 request = requests.next() => match request {
                     None => {
                         debug!(%peer, "store client disconnected");
@@ -400,13 +445,20 @@ async fn serve_connection(state: Arc<MemoryStore>, stream: TcpStream, peer: Sock
             }
         }
     };
+    let write = write_frames(wr, rx);
+    tokio::pin!(write);
     tokio::select! {
         () = read => {}
-        written = write_frames(wr, rx) => {
+        written = &mut write => {
             if let Err(e) = written {
                 debug!(%peer, error = %e, "cannot write to store client");
             }
+            return;
         }
+    }
+    // Reading stopped and its sender is gone: write what is queued.
+    if let Err(e) = write.await {
+        debug!(%peer, error = %e, "cannot write to store client");
     }
 }
 
@@ -842,5 +894,69 @@ mod tests {
             }),
             Err(StoreError::Protocol(_))
         ));
+    }
+
+    /// Sends `request` as frame `id` on a raw connection.
+    async fn send_raw(w: &mut TcpStream, id: u64, request: Request) {
+        w.write_all(&encode(&RequestFrame { id, request }).unwrap())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closing_writes_the_answers_already_given_then_closes() {
+        let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = server.local_addr();
+        // A raw client that sends a `set` and reads nothing yet.
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        send_raw(
+            &mut raw,
+            1,
+            Request::Set {
+                key: "exit/3".into(),
+                value: vec![],
+            },
+        )
+        .await;
+        // Another client sees the key: the `set` was handled and answered.
+        let other = TcpStore::connect(addr, Duration::from_secs(10))
+            .await
+            .unwrap();
+        other
+            .wait(&["exit/3".to_string()], Duration::from_secs(10))
+            .await
+            .unwrap();
+        // A request that can only wait: closing does not answer it.
+        send_raw(
+            &mut raw,
+            2,
+            Request::Wait {
+                keys: vec!["never".into()],
+                timeout: Duration::from_secs(60),
+            },
+        )
+        .await;
+        tokio::time::timeout(Duration::from_secs(10), server.close())
+            .await
+            .expect("close completes");
+        // The answer to the `set` arrives, then the end of the stream.
+        let mut rd = BufReader::new(raw);
+        let first: ResponseFrame = read_frame(&mut rd).await.unwrap().unwrap();
+        assert_eq!(first.id, 1);
+        assert!(
+            matches!(first.response, Response::Done),
+            "{:?}",
+            first.response
+        );
+        assert!(read_frame::<_, ResponseFrame>(&mut rd)
+            .await
+            .unwrap()
+            .is_none());
+        // No new client is accepted.
+        assert!(TcpStore::connect(addr, Duration::from_millis(300))
+            .await
+            .is_err());
     }
 }
