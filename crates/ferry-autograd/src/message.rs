@@ -1,6 +1,7 @@
 //! The autograd service: what workers send each other during backward and
 //! clean-up, and the handler that serves it.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::container::DistAutogradContainer;
 use crate::engine;
 use crate::waiting_root::Job;
+use crate::AutogradError;
 
 /// The service kind of distributed autograd messages.
 pub const AUTOGRAD_SERVICE: MessageKind = MessageKind(0x102);
@@ -118,12 +120,25 @@ impl Service for AutogradService {
                     let job: Job = {
                         let container = container.clone();
                         Box::new(move || {
-                            let sent = engine::on_propagate(
-                                &container,
-                                context_id,
-                                message_id,
-                                grad.into_inner(),
-                            );
+                            // A panic is this message's error, not the
+                            // waiting root thread's (nor a lost reply).
+                            let sent = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                                engine::on_propagate(
+                                    &container,
+                                    context_id,
+                                    message_id,
+                                    grad.into_inner(),
+                                )
+                            }))
+                            .unwrap_or_else(|panic| {
+                                Err(AutogradError::Engine {
+                                    worker: container.worker_name(),
+                                    message: format!(
+                                        "the backward pass panicked: {}",
+                                        panic_text(&*panic)
+                                    ),
+                                })
+                            });
                             let _ = done.send(sent);
                         })
                     };
@@ -148,4 +163,13 @@ impl Service for AutogradService {
             }
         })
     }
+}
+
+/// The text of a panic payload.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
