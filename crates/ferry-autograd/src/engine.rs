@@ -15,6 +15,9 @@
 //! backward is over. Unless the caller retains it, the root's part is then
 //! released at once and the other workers' parts with the context.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
 use ferry_rpc::{Agent, ServiceFuture};
 use ferry_wire::payload;
 use tch::Tensor;
@@ -47,7 +50,7 @@ fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Out
 
 /// The replies of gradients sent by [`send`], one per gradient: the
 /// worker it went to and its reply (or why it could not be sent).
-pub(crate) type Replies = Vec<(u32, Result<ServiceFuture, AutogradError>)>;
+type Replies = Vec<(u32, Result<ServiceFuture, AutogradError>)>;
 
 /// Sends each gradient to the worker that sent its tensor.
 fn send(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Replies {
@@ -74,7 +77,7 @@ fn send(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Replies {
 /// Completes when every worker that was sent a gradient has finished its
 /// part (and the parts those cause). The first error wins, after all
 /// replies are in.
-pub(crate) async fn wait(agent: Agent, replies: Replies) -> Result<(), AutogradError> {
+async fn wait(agent: Agent, replies: Replies) -> Result<(), AutogradError> {
     let mut first_error = None;
     for (to, reply) in replies {
         let done = match reply {
@@ -159,10 +162,53 @@ pub(crate) fn backward(
     Ok(())
 }
 
+/// A `Propagate` arrived: the gradient of the tensor sent as `message_id`.
+/// Completes when the pass it starts here, and the passes that one causes
+/// elsewhere, are done.
+///
+/// The pass runs libtorch: on the thread waiting in `backward` in this
+/// context here if there is one, on the blocking pool otherwise (see
+/// `waiting_root`). It sends what it yields for other workers itself;
+/// their parts are awaited here, holding no thread.
+pub(crate) async fn on_propagate(
+    container: Arc<DistAutogradContainer>,
+    context_id: u64,
+    message_id: u64,
+    grad: Tensor,
+) -> Result<(), AutogradError> {
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    let worker = container.worker_name();
+    let job: Job = {
+        let container = container.clone();
+        Box::new(move || {
+            // A panic is this message's error, not the waiting root
+            // thread's (nor a lost reply).
+            let sent = catch_unwind(AssertUnwindSafe(|| {
+                run_propagated(&container, context_id, message_id, grad)
+            }))
+            .unwrap_or_else(|panic| {
+                Err(AutogradError::Engine {
+                    worker: container.worker_name(),
+                    message: format!("the backward pass {}", ferry_rpc::panic_message(&*panic)),
+                })
+            });
+            let _ = done.send(sent);
+        })
+    };
+    if let Some(job) = run_on_waiting_root(&container, context_id, job) {
+        tokio::task::spawn_blocking(job);
+    }
+    let (agent, replies) = outcome.await.map_err(|_| AutogradError::Engine {
+        worker,
+        message: "the backward pass was dropped before it ran".into(),
+    })??;
+    wait(agent, replies).await
+}
+
 /// Runs `job`, a pass for context `context_id`, on the thread waiting in
 /// `backward` in that context here, if there is one; otherwise gives it
 /// back, for the caller to run elsewhere.
-pub(crate) fn run_on_waiting_root(
+fn run_on_waiting_root(
     container: &DistAutogradContainer,
     context_id: u64,
     job: Job,
@@ -180,11 +226,10 @@ pub(crate) fn run_on_waiting_root(
     }
 }
 
-/// A `Propagate` arrived: the gradient of the tensor sent as `message_id`.
-/// Runs the local pass on this thread and sends the gradients it yields
-/// for other workers, without waiting for them: await [`wait`] on the
-/// result for their parts to be done.
-pub(crate) fn on_propagate(
+/// The pass of a `Propagate`, run on this thread: the local pass from the
+/// send function's tensor, and the gradients it yields for other workers
+/// sent, without waiting for them.
+fn run_propagated(
     container: &DistAutogradContainer,
     context_id: u64,
     message_id: u64,

@@ -1,7 +1,6 @@
 //! The autograd service: what workers send each other during backward and
 //! clean-up, and the handler that serves it.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::container::DistAutogradContainer;
 use crate::engine;
-use crate::waiting_root::Job;
-use crate::AutogradError;
 
 /// The service kind of distributed autograd messages.
 pub const AUTOGRAD_SERVICE: MessageKind = MessageKind(0x102);
@@ -111,47 +108,14 @@ impl Service for AutogradService {
                     message_id,
                     grad,
                 } => {
-                    // The pass runs libtorch: on the thread waiting in
-                    // `backward` in this context here if there is one, on
-                    // the blocking pool otherwise (see `waiting_root`).
-                    // It sends what it yields for other workers itself;
-                    // their parts are awaited here, holding no thread.
-                    let (done, outcome) = tokio::sync::oneshot::channel();
-                    let job: Job = {
-                        let container = container.clone();
-                        Box::new(move || {
-                            // A panic is this message's error, not the
-                            // waiting root thread's (nor a lost reply).
-                            let sent = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                                engine::on_propagate(
-                                    &container,
-                                    context_id,
-                                    message_id,
-                                    grad.into_inner(),
-                                )
-                            }))
-                            .unwrap_or_else(|panic| {
-                                Err(AutogradError::Engine {
-                                    worker: container.worker_name(),
-                                    message: format!(
-                                        "the backward pass panicked: {}",
-                                        panic_text(&*panic)
-                                    ),
-                                })
-                            });
-                            let _ = done.send(sent);
-                        })
-                    };
-                    if let Some(job) = engine::run_on_waiting_root(&container, context_id, job) {
-                        tokio::task::spawn_blocking(job);
-                    }
-                    let (agent, replies) = outcome
-                        .await
-                        .map_err(|_| "the backward pass was dropped before it ran".to_string())?
-                        .map_err(|e| e.to_string())?;
-                    engine::wait(agent, replies)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    engine::on_propagate(
+                        container.clone(),
+                        context_id,
+                        message_id,
+                        grad.into_inner(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
                     payload::encode(&()).map_err(|e| e.to_string())
                 }
                 AutogradMessage::ReleaseContexts { context_ids } => {
@@ -163,13 +127,4 @@ impl Service for AutogradService {
             }
         })
     }
-}
-
-/// The text of a panic payload.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }

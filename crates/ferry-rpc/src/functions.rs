@@ -220,8 +220,10 @@ fn decode_args<A: DeserializeOwned>(
     })
 }
 
-/// The text of a panic payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+/// The text of a caught panic's payload, as `"panicked: {message}"` (how
+/// a panicking function body's error reads): for layers that run user or
+/// library code on their own threads and report its panics as errors.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let text = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

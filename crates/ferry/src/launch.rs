@@ -105,7 +105,7 @@ pub fn local(world_size: u32) -> Result<Role, LaunchError> {
     for rank in 0..world_size {
         let child = Command::new(&exe)
             .args(&args)
-            .envs(openmp.iter().map(|(k, v)| (k, v)))
+            .envs(openmp.iter().map(|(name, value)| (*name, value.as_str())))
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("RANK", rank.to_string())

@@ -186,10 +186,10 @@ fn peer_gone(kind: io::ErrorKind) -> io::Error {
 /// The reading side of one ring direction: an [`AsyncRead`] that copies
 /// bytes out of shared memory.
 ///
-/// An empty ring is first re-checked for up to [`SPIN_BUDGET`] (after
-/// one yield to the scheduler if [`yield_before_spin`](Self::yield_before_spin)
-/// asked for it), then the reader sets `reader_sleeping` and waits on the data-available
-/// eventfd. Once the writer has shut down (or was dropped) and the ring is
+/// An empty ring is first re-checked for up to [`SPIN_BUDGET`] (after one
+/// yield to the scheduler if [`yield_before_spin`](Self::yield_before_spin)
+/// asked for it), then the reader sets `reader_sleeping` and waits on the
+/// data-available eventfd. Once the writer has shut down (or was dropped) and the ring is
 /// drained, reads return 0 bytes (end of stream). If the [`PeerGone`]
 /// future completes while the reader waits, the read fails with
 /// [`io::ErrorKind::UnexpectedEof`]. Dropping the reader tells the writer
