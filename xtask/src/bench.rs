@@ -47,6 +47,13 @@ const RREF_SIZES_QUICK: &[&str] = &["4MB", "40MB"];
 /// (forward, backward, optimizer step) at most 1/4 of PyTorch's, i.e. a
 /// ratio (PyTorch / Ferry) of at least 4.
 const AUTOGRAD_TARGET: f64 = 4.0;
+/// Runs of each side of the autograd comparison, and under `--quick`. On a
+/// small machine one run's medians move by tens of percent from the next
+/// (page faults on the fresh 4 MB gradients, how the host places the two
+/// vCPUs), and an overhead is a small difference of two of them; so each
+/// run's overheads are inferred from that run's own columns, and the table
+/// shows their median over the runs.
+const AUTOGRAD_RUNS: [usize; 2] = [5, 1];
 /// `cargo xtask bench --quick` must finish within this many seconds.
 const QUICK_BUDGET_S: f64 = 600.0;
 /// Replica counts of the lighthouse quorum rows (the issue's 2, 16, 128).
@@ -290,6 +297,8 @@ fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<(
         heading:
             "Ferry vs PyTorch RPC (TensorPipe), same host, CPU tensors; ratio > 1: Ferry is better",
         specs: rpc_latency_specs,
+        runs: 1,
+        over_runs: None,
     }
     .run(steps, o, peers)
 }
@@ -314,14 +323,31 @@ fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result
                   CPU float32 tensors\nratio > 1: Ferry is better; an rref-tensor row has a \
                   ratio only when both differences are positive",
         specs: rref_overhead_specs,
+        runs: 1,
+        over_runs: None,
     }
     .run(steps, o, peers)
 }
 
 /// Ferry's `autograd_overhead` example (`ferry-autograd`, built against the
 /// `.venv`'s libtorch) and the peer's `pt_dist_autograd_overhead.py` (the
-/// paper's Table 2), then the table.
+/// paper's Table 2), [`AUTOGRAD_RUNS`] times each, alternating which side
+/// goes first; then the table, from each side's medians over its runs
+/// ([`autograd_over_runs`]).
 fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    let runs = AUTOGRAD_RUNS[usize::from(o.quick)];
+    let heading = format!(
+        "Ferry vs PyTorch RPC: distributed autograd overhead (the paper's Table 2), same \
+         host, two Linear(1024, 1024), batch 32, CPU float32; in ms, each side the median \
+         over {runs} run(s), alternating which goes first\n\
+         columns: the median over the runs of each run's median; overheads: each run's \
+         overhead from that run's own medians, then the median over the runs\n\
+         norpc-step (Ferry only: the peer has no such column): the same SGD update done \
+         locally after a local forward and backward, the step's local reference\n\
+         ratio = PyTorch / Ferry (> 1: Ferry is better); an overhead has a ratio only when \
+         both are positive\n\
+         target ≥4x: Ferry's overhead at most 1/4 of PyTorch's"
+    );
     Comparison {
         name: "autograd_overhead",
         ferry_target: &["-p", "ferry-autograd", "--example", "autograd_overhead"],
@@ -329,12 +355,10 @@ fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Re
         ferry_args: &[],
         peer_script: "pt_dist_autograd_overhead.py",
         peer_args: &[],
-        heading: "Ferry vs PyTorch RPC: distributed autograd overhead (the paper's Table 2), same \
-                  host, two Linear(1024, 1024), batch 32, CPU float32; medians in ms\n\
-                  ratio = PyTorch / Ferry (> 1: Ferry is better); overheads are differences of \
-                  the medians and have a ratio only when both are positive\n\
-                  target ≥4x: Ferry's overhead at most 1/4 of PyTorch's",
+        heading: &heading,
         specs: autograd_overhead_specs,
+        runs,
+        over_runs: Some(autograd_over_runs),
     }
     .run(steps, o, peers)
 }
@@ -948,6 +972,11 @@ struct Comparison<'a> {
     heading: &'a str,
     /// The table's rows, from Ferry's result and the peer's (if there).
     specs: fn(&Value, Option<&Value>) -> Vec<RowSpec>,
+    /// How many times each side runs (alternating which goes first).
+    runs: usize,
+    /// What a side's result is over its runs (each run's own result, in
+    /// order); without it, a side runs once and its result is that run's.
+    over_runs: Option<fn(Vec<Value>) -> Value>,
 }
 
 impl Comparison<'_> {
@@ -958,38 +987,73 @@ impl Comparison<'_> {
         if !o.table_only {
             let ferry_out = self.out_path("ferry_");
             let peer_out = self.out_path("peer_");
-            // A peer file left from an earlier run must not pose as this run's.
+            // Files left from an earlier run must not pose as this run's.
+            remove_stale(&ferry_out)?;
             remove_stale(&peer_out)?;
-            steps.step(&format!("ferry: {}", self.name), || {
-                remove_stale(&ferry_out)?;
-                let mut c = cargo(&["run", "--release"]);
-                c.args(self.ferry_target).arg("--");
-                if self.libtorch {
-                    with_libtorch(&mut c);
-                }
-                if o.quick {
-                    c.arg("--quick");
-                }
-                c.args(self.ferry_args);
-                c.arg("--out").arg(&ferry_out);
-                run(&mut c)
-            })?;
-            if let Some(script) = peer_script(peers, self.peer_script) {
-                let name = format!("peer: {} (PyTorch RPC)", self.peer_script);
-                steps.step(&name, || {
-                    let py = venv_python();
-                    let mut c = cmd(&py.to_string_lossy(), &[]);
-                    c.arg(&script).args(self.peer_args);
-                    if o.quick {
-                        c.arg("--quick");
+            let script = peer_script(peers, self.peer_script);
+            // Each run's result, read before the next run overwrites it.
+            let read = |out: &Path| -> Result<Option<Value>> {
+                self.over_runs
+                    .map(|_| table::read_result(&root().join(out)))
+                    .transpose()
+            };
+            let (mut ferry_runs, mut peer_runs) = (Vec::new(), Vec::new());
+            for i in 0..self.runs {
+                let of = if self.runs > 1 {
+                    format!(" (run {}/{})", i + 1, self.runs)
+                } else {
+                    String::new()
+                };
+                let peer_first = i % 2 == 1;
+                for peer_side in [peer_first, !peer_first] {
+                    if !peer_side {
+                        steps.step(&format!("ferry: {}{of}", self.name), || {
+                            self.run_ferry(o, &ferry_out)
+                        })?;
+                        ferry_runs.extend(read(&ferry_out)?);
+                    } else if let Some(script) = &script {
+                        let name = format!("peer: {} (PyTorch RPC){of}", self.peer_script);
+                        steps.step(&name, || self.run_peer(o, script, &peer_out))?;
+                        peer_runs.extend(read(&peer_out)?);
                     }
-                    c.arg("--out").arg(&peer_out);
-                    run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
-                })?;
+                }
+            }
+            if let Some(over_runs) = self.over_runs {
+                write_result(&ferry_out, &over_runs(ferry_runs))?;
+                if !peer_runs.is_empty() {
+                    write_result(&peer_out, &over_runs(peer_runs))?;
+                }
             }
         }
 
         self.table(steps, o)
+    }
+
+    /// One run of Ferry's side, its result written to `out`.
+    fn run_ferry(&self, o: &Options, out: &Path) -> Result<()> {
+        let mut c = cargo(&["run", "--release"]);
+        c.args(self.ferry_target).arg("--");
+        if self.libtorch {
+            with_libtorch(&mut c);
+        }
+        if o.quick {
+            c.arg("--quick");
+        }
+        c.args(self.ferry_args);
+        c.arg("--out").arg(out);
+        run(&mut c)
+    }
+
+    /// One run of the peer's `script`, its result written to `out`.
+    fn run_peer(&self, o: &Options, script: &Path, out: &Path) -> Result<()> {
+        let py = venv_python();
+        let mut c = cmd(&py.to_string_lossy(), &[]);
+        c.arg(script).args(self.peer_args);
+        if o.quick {
+            c.arg("--quick");
+        }
+        c.arg("--out").arg(out);
+        run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
     }
 
     /// `target/ferry-bench/<prefix><name>.json`.
@@ -1093,62 +1157,115 @@ pub(crate) fn rref_overhead_specs(ferry: &Value, peer: Option<&Value>) -> Vec<Ro
     specs
 }
 
-/// Row specs for the distributed autograd table (the paper's Table 2): the
-/// median of each column, then the overheads inferred from those medians on
-/// each side: RPC forward (nograd-fwd − norpc-fwd), distributed autograd
-/// forward (grad-fwd − nograd-fwd), distributed autograd backward as the
-/// peer reports it (grad-bwd − norpc-bwd) and as the paper infers it (also
-/// minus the RPC forward overhead). The optimizer step and the three
-/// autograd overheads carry [`AUTOGRAD_TARGET`].
-pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
-    let median = |col: &str| Metric::At(format!("/columns/{col}/median_ms"));
-    let combination = |terms: &[(f64, &str)]| {
-        Metric::Sum(terms.iter().map(|&(k, col)| (k, median(col))).collect())
+/// The overheads of one autograd run (a result of either side), each
+/// inferred from that run's own column medians as the paper does: RPC
+/// forward (nograd-fwd − norpc-fwd), distributed autograd forward
+/// (grad-fwd − nograd-fwd), backward as the peer reports it (grad-bwd −
+/// norpc-bwd) and as the paper infers it (also minus the RPC forward
+/// overhead), and the optimizer step over its local reference
+/// (dist-optim-step − norpc-step, Ferry's only). `null` where a column is
+/// missing.
+fn autograd_inferred(run: &Value) -> Value {
+    let median = |col: &str| {
+        run.pointer(&format!("/columns/{col}/median_ms"))
+            .and_then(Value::as_f64)
     };
-    let row = |case: &str, metric: Metric| RowSpec::new(case, "ms", Better::Lower, metric);
+    let sum = |terms: &[(f64, &str)]| -> Value {
+        terms
+            .iter()
+            .map(|&(k, col)| median(col).map(|m| k * m))
+            .sum::<Option<f64>>()
+            .map_or(Value::Null, |v| json!(v))
+    };
+    json!({
+        "rpc_fwd_ms": sum(&[(1.0, "nograd-fwd"), (-1.0, "norpc-fwd")]),
+        "fwd_ms": sum(&[(1.0, "grad-fwd"), (-1.0, "nograd-fwd")]),
+        "bwd_ms": sum(&[(1.0, "grad-bwd"), (-1.0, "norpc-bwd")]),
+        "bwd_paper_ms": sum(&[
+            (1.0, "grad-bwd"),
+            (-1.0, "norpc-bwd"),
+            (-1.0, "nograd-fwd"),
+            (1.0, "norpc-fwd"),
+        ]),
+        "step_over_local_ms": sum(&[(1.0, "dist-optim-step"), (-1.0, "norpc-step")]),
+    })
+}
+
+/// One side's autograd result over its runs (at least one): every column
+/// statistic and every inferred overhead ([`autograd_inferred`], paired
+/// within a run) replaced by its median over the runs ([`median_tree`]),
+/// with the first run's `config` and each run's own result under `runs`.
+fn autograd_over_runs(runs: Vec<Value>) -> Value {
+    let per_run: Vec<Value> = runs
+        .iter()
+        .map(|r| json!({"columns": r["columns"].clone(), "inferred": autograd_inferred(r)}))
+        .collect();
+    let all: Vec<&Value> = per_run.iter().collect();
+    let mut result = if all.is_empty() {
+        json!({})
+    } else {
+        median_tree(&all)
+    };
+    result["aggregate"] = json!(format!("median over {} run(s)", runs.len()));
+    result["config"] = runs.first().map_or(Value::Null, |r| r["config"].clone());
+    result["runs"] = json!(runs);
+    result
+}
+
+/// Row specs for the distributed autograd table (the paper's Table 2),
+/// from [`autograd_over_runs`] results: the median of each column, then the
+/// inferred overheads ([`autograd_inferred`]). The optimizer step and the
+/// three autograd overheads carry [`AUTOGRAD_TARGET`].
+pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
+    let row = |case: &str, ptr: String| RowSpec::new(case, "ms", Better::Lower, Metric::At(ptr));
+    let column = |col: &str| {
+        row(
+            &format!("{col} median"),
+            format!("/columns/{col}/median_ms"),
+        )
+    };
+    let inferred = |case: &str, key: &str| row(case, format!("/inferred/{key}"));
     let mut specs: Vec<RowSpec> = [
         "norpc-fwd",
         "nograd-fwd",
         "grad-fwd",
         "norpc-bwd",
         "grad-bwd",
+        "norpc-step",
     ]
-    .iter()
-    .map(|col| row(&format!("{col} median"), median(col)))
+    .into_iter()
+    .map(column)
     .collect();
-    specs.push(
-        row("dist-optim-step median", median("dist-optim-step")).with_target(AUTOGRAD_TARGET),
-    );
-    specs.push(row(
+    specs.push(column("dist-optim-step").with_target(AUTOGRAD_TARGET));
+    specs.push(inferred(
         "rpc fwd overhead (nograd-fwd - norpc-fwd)",
-        combination(&[(1.0, "nograd-fwd"), (-1.0, "norpc-fwd")]),
+        "rpc_fwd_ms",
     ));
     specs.push(
-        row(
+        inferred(
             "dist autograd fwd overhead (grad-fwd - nograd-fwd)",
-            combination(&[(1.0, "grad-fwd"), (-1.0, "nograd-fwd")]),
+            "fwd_ms",
         )
         .with_target(AUTOGRAD_TARGET),
     );
     specs.push(
-        row(
+        inferred(
             "dist autograd bwd overhead (grad-bwd - norpc-bwd)",
-            combination(&[(1.0, "grad-bwd"), (-1.0, "norpc-bwd")]),
+            "bwd_ms",
         )
         .with_target(AUTOGRAD_TARGET),
     );
     specs.push(
-        row(
+        inferred(
             "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
-            combination(&[
-                (1.0, "grad-bwd"),
-                (-1.0, "norpc-bwd"),
-                (-1.0, "nograd-fwd"),
-                (1.0, "norpc-fwd"),
-            ]),
+            "bwd_paper_ms",
         )
         .with_target(AUTOGRAD_TARGET),
     );
+    specs.push(inferred(
+        "dist optimizer step over local (dist-optim-step - norpc-step)",
+        "step_over_local_ms",
+    ));
     specs
 }
 
@@ -1342,14 +1459,22 @@ mod tests {
     #[test]
     fn autograd_rows_follow_the_peer_schema() {
         let col = |median: f64| json!({"n": 40, "mean_ms": median, "median_ms": median});
-        let result = |m: [f64; 6]| {
-            json!({"columns": {
+        // The peer's schema; Ferry's adds norpc-step.
+        let result = |m: [f64; 6], local_step: Option<f64>| {
+            let mut r = json!({"config": {"reps": 40}, "columns": {
                 "norpc-fwd": col(m[0]), "nograd-fwd": col(m[1]), "grad-fwd": col(m[2]),
                 "norpc-bwd": col(m[3]), "grad-bwd": col(m[4]), "dist-optim-step": col(m[5]),
-            }})
+            }});
+            if let Some(s) = local_step {
+                r["columns"]["norpc-step"] = col(s);
+            }
+            r
         };
-        let ferry = result([1.0, 1.25, 1.375, 2.0, 2.5, 0.25]);
-        let peer = result([1.0, 2.0, 3.0, 2.0, 6.0, 0.5]);
+        let ferry = autograd_over_runs(vec![result(
+            [1.0, 1.25, 1.375, 2.0, 2.5, 0.25],
+            Some(0.125),
+        )]);
+        let peer = autograd_over_runs(vec![result([1.0, 2.0, 3.0, 2.0, 6.0, 0.5], None)]);
         let specs = autograd_overhead_specs(&ferry, Some(&peer));
         let rows = table::compare(&ferry, Some(&peer), &specs);
         let cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
@@ -1361,22 +1486,49 @@ mod tests {
                 "grad-fwd median",
                 "norpc-bwd median",
                 "grad-bwd median",
+                "norpc-step median",
                 "dist-optim-step median",
                 "rpc fwd overhead (nograd-fwd - norpc-fwd)",
                 "dist autograd fwd overhead (grad-fwd - nograd-fwd)",
                 "dist autograd bwd overhead (grad-bwd - norpc-bwd)",
                 "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
+                "dist optimizer step over local (dist-optim-step - norpc-step)",
             ]
         );
         let got = |i: usize| (rows[i].ferry, rows[i].peer, rows[i].ratio, rows[i].met);
         assert_eq!(got(2), (Some(1.375), Some(3.0), Some(3.0 / 1.375), None));
-        assert_eq!(got(5), (Some(0.25), Some(0.5), Some(2.0), Some(false)));
-        assert_eq!(got(6), (Some(0.25), Some(1.0), Some(4.0), None));
-        assert_eq!(got(7), (Some(0.125), Some(1.0), Some(8.0), Some(true)));
-        assert_eq!(got(8), (Some(0.5), Some(4.0), Some(8.0), Some(true)));
+        assert_eq!(got(5), (Some(0.125), None, None, None));
+        assert_eq!(got(6), (Some(0.25), Some(0.5), Some(2.0), Some(false)));
+        assert_eq!(got(7), (Some(0.25), Some(1.0), Some(4.0), None));
+        assert_eq!(got(8), (Some(0.125), Some(1.0), Some(8.0), Some(true)));
+        assert_eq!(got(9), (Some(0.5), Some(4.0), Some(8.0), Some(true)));
         // 2.5 - 2 - 0.25 = 0.25 against 6 - 2 - 1 = 3.
-        assert_eq!(got(9), (Some(0.25), Some(3.0), Some(12.0), Some(true)));
+        assert_eq!(got(10), (Some(0.25), Some(3.0), Some(12.0), Some(true)));
+        assert_eq!(got(11), (Some(0.125), None, None, None));
         assert_eq!(rows.iter().filter(|r| r.target == Some(4.0)).count(), 4);
+    }
+
+    #[test]
+    fn autograd_overheads_are_paired_within_a_run_then_the_median_over_runs() {
+        let col = |median: f64| json!({"median_ms": median});
+        let run = |nograd: f64, grad: f64| {
+            json!({"config": {"reps": 300}, "columns": {
+                "norpc-fwd": col(1.0), "nograd-fwd": col(nograd), "grad-fwd": col(grad),
+            }})
+        };
+        // Forward overheads 0.5, 0.0 and 0.25 by run. The difference of the
+        // column medians (2.0 - 2.0) would be 0; the paired median is 0.25.
+        let runs = vec![run(1.0, 1.5), run(2.0, 2.0), run(3.0, 3.25)];
+        let r = autograd_over_runs(runs.clone());
+        assert_eq!(r["inferred"]["fwd_ms"], json!(0.25));
+        assert_eq!(r["columns"]["nograd-fwd"]["median_ms"], json!(2.0));
+        assert_eq!(r["columns"]["grad-fwd"]["median_ms"], json!(2.0));
+        assert_eq!(r["columns"]["norpc-fwd"]["median_ms"], json!(1.0));
+        // Missing columns stay missing, not zero.
+        assert_eq!(r["inferred"]["bwd_ms"], Value::Null);
+        assert_eq!(r["aggregate"], json!("median over 3 run(s)"));
+        assert_eq!(r["config"], json!({"reps": 300}));
+        assert_eq!(r["runs"], json!(runs));
     }
 
     #[test]

@@ -35,10 +35,6 @@ pub(crate) enum Metric {
         matching: Vec<(String, Value)>,
         field: String,
     },
-    /// A linear combination `Σ coefficient × metric` (e.g. a difference of
-    /// two medians), computed the same way on both sides; missing if any
-    /// term is.
-    Sum(Vec<(f64, Metric)>),
 }
 
 impl Metric {
@@ -61,7 +57,6 @@ impl Metric {
                 })?
                 .pointer(field)?
                 .as_f64(),
-            Metric::Sum(terms) => terms.iter().map(|(k, m)| Some(k * m.get(result)?)).sum(),
         }
     }
 }
@@ -412,24 +407,17 @@ mod tests {
     }
 
     #[test]
-    fn sums_and_targets() {
-        let diff = Metric::Sum(vec![
-            (1.0, Metric::At("/a".into())),
-            (-1.0, Metric::At("/b".into())),
-        ]);
+    fn differences_and_targets() {
+        let diff = Metric::At("/a_minus_b".into());
         let spec = |case: &str, m: Metric| RowSpec::new(case, "ms", Better::Lower, m);
         let specs = [
             spec("a", Metric::At("/a".into())).with_target(4.0),
             spec("a-b", diff.clone()).with_target(4.0),
             spec("plain", diff),
-            spec(
-                "missing",
-                Metric::Sum(vec![(1.0, Metric::At("/nope".into()))]),
-            )
-            .with_target(4.0),
+            spec("missing", Metric::At("/nope".into())).with_target(4.0),
         ];
-        let ferry = json!({"a": 1.0, "b": 1.5});
-        let peer = json!({"a": 5.0, "b": 4.0});
+        let ferry = json!({"a": 1.0, "a_minus_b": -0.5});
+        let peer = json!({"a": 5.0, "a_minus_b": 1.0});
         let rows = compare(&ferry, Some(&peer), &specs);
         // 1.0 <= 5.0 / 4: met.
         assert_eq!((rows[0].ratio, rows[0].met), (Some(5.0), Some(true)));

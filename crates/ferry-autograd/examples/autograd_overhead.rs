@@ -21,7 +21,12 @@
 //! - `grad-bwd`: `ctx.backward(&[loss], false)` of the RPC model, in the
 //!   same iteration as `grad-fwd`;
 //! - `dist-optim-step`: `DistributedOptimizer(SGD, lr 1e-3).step(ctx)`
-//!   after a grad forward and backward (a separate loop).
+//!   after a grad forward and backward (a separate loop);
+//! - `norpc-step` (Ferry only; the peer has no such column): the same SGD
+//!   update of the same four parameters, done locally in this process by a
+//!   [`LocalOptimizer`](ferry_autograd::optim::LocalOptimizer) right after
+//!   a local forward and backward (a separate loop): the step's local
+//!   reference, as `norpc-bwd` is the backward's.
 //!
 //! Inferred overheads (as the peer reports them; `overheads` in the JSON):
 //! RPC forward = nograd-fwd − norpc-fwd, distributed autograd forward =
@@ -43,6 +48,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ferry_autograd::optim::LocalOptimizer;
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
 use ferry_rpc::{Functions, RpcOptions};
 use ferry_rref::RRef;
@@ -340,6 +346,39 @@ impl Trainer {
         }
         Ok(steps)
     }
+
+    /// `norpc-step`: the local model's forward and backward (untimed), then
+    /// the timed SGD update of its four parameters by a local optimizer.
+    fn local_steps(&mut self, c: &Config) -> Result<Vec<f64>> {
+        let params = [&self.layer1, &self.layer2_local]
+            .into_iter()
+            .flat_map(|l| l.params().map(|p| p.shallow_clone()))
+            .collect();
+        let mut opt = LocalOptimizer::new(OptimizerKind::sgd(1e-3), params)?;
+        let mut steps = Vec::with_capacity(c.optim_reps);
+        for i in 0..c.warmup + c.optim_reps {
+            self.layer1.clear_grads();
+            self.layer2_local.clear_grads();
+            let loss = self
+                .layer2_local
+                .forward(&self.layer1.forward(&self.x))
+                .sum(Kind::Float);
+            loss.f_backward()?;
+            // The cleared leaves share the optimizer's storage: their
+            // gradients are the optimizer's parameters' gradients.
+            let grads: Vec<Option<tch::Tensor>> = [&self.layer1, &self.layer2_local]
+                .into_iter()
+                .flat_map(|l| l.params().map(|p| Some(p.grad())))
+                .collect();
+            let s = Instant::now();
+            opt.step(&grads)?;
+            let e = s.elapsed().as_secs_f64();
+            if i >= c.warmup {
+                steps.push(e);
+            }
+        }
+        Ok(steps)
+    }
 }
 
 fn trainer(c: &Config) -> Result<Value> {
@@ -388,6 +427,8 @@ fn trainer(c: &Config) -> Result<Value> {
     }
     eprintln!("[ferry autograd] DistributedOptimizer steps");
     columns.insert("dist-optim-step".into(), stats_ms(&tr.optim_steps(c)?));
+    eprintln!("[ferry autograd] local optimizer steps");
+    columns.insert("norpc-step".into(), stats_ms(&tr.local_steps(c)?));
 
     let get = |col: &str, stat: &str| columns[col][stat].as_f64().unwrap_or(f64::NAN);
     let diff = |a: &str, b: &str| {
