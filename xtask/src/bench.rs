@@ -297,8 +297,7 @@ fn rpc_latency(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<(
         heading:
             "Ferry vs PyTorch RPC (TensorPipe), same host, CPU tensors; ratio > 1: Ferry is better",
         specs: rpc_latency_specs,
-        runs: 1,
-        over_runs: None,
+        repeat: None,
     }
     .run(steps, o, peers)
 }
@@ -323,8 +322,7 @@ fn rref_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result
                   CPU float32 tensors\nratio > 1: Ferry is better; an rref-tensor row has a \
                   ratio only when both differences are positive",
         specs: rref_overhead_specs,
-        runs: 1,
-        over_runs: None,
+        repeat: None,
     }
     .run(steps, o, peers)
 }
@@ -357,8 +355,10 @@ fn autograd_overhead(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Re
         peer_args: &[],
         heading: &heading,
         specs: autograd_overhead_specs,
-        runs,
-        over_runs: Some(autograd_over_runs),
+        repeat: Some(Repeat {
+            runs,
+            over_runs: autograd_over_runs,
+        }),
     }
     .run(steps, o, peers)
 }
@@ -446,10 +446,7 @@ fn lighthouse(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()
         );
         let (mut ferry_runs, mut peer_runs) = (Vec::new(), Vec::new());
         for i in 1..=runs {
-            // Alternate who goes first, so a drift in the machine's speed
-            // does not always favour the same side.
-            let ferry_first = i % 2 == 1;
-            for ferry_side in [ferry_first, !ferry_first] {
+            for ferry_side in sides_in_order(i) {
                 let (program, side, runs_of_side) = if ferry_side {
                     (LighthouseProgram::Ferry, "ferry", &mut ferry_runs)
                 } else {
@@ -972,11 +969,25 @@ struct Comparison<'a> {
     heading: &'a str,
     /// The table's rows, from Ferry's result and the peer's (if there).
     specs: fn(&Value, Option<&Value>) -> Vec<RowSpec>,
-    /// How many times each side runs (alternating which goes first).
+    /// Runs each side more than once; without it, once, and a side's
+    /// result is that run's.
+    repeat: Option<Repeat>,
+}
+
+/// How a [`Comparison`] repeats its sides.
+struct Repeat {
+    /// How many times each side runs ([`sides_in_order`]).
     runs: usize,
-    /// What a side's result is over its runs (each run's own result, in
-    /// order); without it, a side runs once and its result is that run's.
-    over_runs: Option<fn(Vec<Value>) -> Value>,
+    /// A side's result over its runs (each run's own result, in order).
+    over_runs: fn(Vec<Value>) -> Value,
+}
+
+/// Which side goes first in run `run` (from 1), then the other: `true` is
+/// Ferry's. They alternate, so that a drift in the machine's speed does not
+/// always favour the same side.
+fn sides_in_order(run: usize) -> [bool; 2] {
+    let ferry_first = run % 2 == 1;
+    [ferry_first, !ferry_first]
 }
 
 impl Comparison<'_> {
@@ -991,22 +1002,24 @@ impl Comparison<'_> {
             remove_stale(&ferry_out)?;
             remove_stale(&peer_out)?;
             let script = peer_script(peers, self.peer_script);
-            // Each run's result, read before the next run overwrites it.
+            let runs = self.repeat.as_ref().map_or(1, |r| r.runs);
+            // Each run's result (when repeating), read before the next run
+            // overwrites it.
             let read = |out: &Path| -> Result<Option<Value>> {
-                self.over_runs
+                self.repeat
+                    .as_ref()
                     .map(|_| table::read_result(&root().join(out)))
                     .transpose()
             };
             let (mut ferry_runs, mut peer_runs) = (Vec::new(), Vec::new());
-            for i in 0..self.runs {
-                let of = if self.runs > 1 {
-                    format!(" (run {}/{})", i + 1, self.runs)
+            for i in 1..=runs {
+                let of = if self.repeat.is_some() {
+                    format!(" (run {i}/{runs})")
                 } else {
                     String::new()
                 };
-                let peer_first = i % 2 == 1;
-                for peer_side in [peer_first, !peer_first] {
-                    if !peer_side {
+                for ferry_side in sides_in_order(i) {
+                    if ferry_side {
                         steps.step(&format!("ferry: {}{of}", self.name), || {
                             self.run_ferry(o, &ferry_out)
                         })?;
@@ -1018,10 +1031,11 @@ impl Comparison<'_> {
                     }
                 }
             }
-            if let Some(over_runs) = self.over_runs {
-                write_result(&ferry_out, &over_runs(ferry_runs))?;
-                if !peer_runs.is_empty() {
-                    write_result(&peer_out, &over_runs(peer_runs))?;
+            if let Some(repeat) = &self.repeat {
+                for (runs, out) in [(ferry_runs, &ferry_out), (peer_runs, &peer_out)] {
+                    if !runs.is_empty() {
+                        write_result(out, &(repeat.over_runs)(runs))?;
+                    }
                 }
             }
         }
@@ -1201,13 +1215,9 @@ fn autograd_over_runs(runs: Vec<Value>) -> Value {
         .map(|r| json!({"columns": r["columns"].clone(), "inferred": autograd_inferred(r)}))
         .collect();
     let all: Vec<&Value> = per_run.iter().collect();
-    let mut result = if all.is_empty() {
-        json!({})
-    } else {
-        median_tree(&all)
-    };
+    let mut result = median_tree(&all);
     result["aggregate"] = json!(format!("median over {} run(s)", runs.len()));
-    result["config"] = runs.first().map_or(Value::Null, |r| r["config"].clone());
+    result["config"] = runs[0]["config"].clone();
     result["runs"] = json!(runs);
     result
 }

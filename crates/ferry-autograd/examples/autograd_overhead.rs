@@ -31,8 +31,9 @@
 //! Inferred overheads (as the peer reports them; `overheads` in the JSON):
 //! RPC forward = nograd-fwd − norpc-fwd, distributed autograd forward =
 //! grad-fwd − nograd-fwd, distributed autograd backward = grad-bwd −
-//! norpc-bwd; Ferry's JSON also carries the paper's backward overhead,
-//! grad-bwd − norpc-bwd − (nograd-fwd − norpc-fwd). After `--warmup`
+//! norpc-bwd (`cargo xtask bench` infers these, the paper's backward
+//! overhead and the step's over `norpc-step` itself, run by run, from the
+//! columns of either side). After `--warmup`
 //! iterations of each, the three forward variants are interleaved in blocks
 //! of `--block` iterations until each has `--reps` timings.
 //!
@@ -437,18 +438,10 @@ fn trainer(c: &Config) -> Result<Value> {
             "median": get(a, "median_ms") - get(b, "median_ms"),
         })
     };
-    let paper_bwd = |stat: &str| {
-        get("grad-bwd", stat)
-            - get("norpc-bwd", stat)
-            - (get("nograd-fwd", stat) - get("norpc-fwd", stat))
-    };
     let overheads = json!({
         "rpc_fwd_overhead_ms (nograd-fwd - norpc-fwd)": diff("nograd-fwd", "norpc-fwd"),
         "dist_autograd_fwd_overhead_ms (grad-fwd - nograd-fwd)": diff("grad-fwd", "nograd-fwd"),
         "dist_autograd_bwd_overhead_ms (grad-bwd - norpc-bwd)": diff("grad-bwd", "norpc-bwd"),
-        "dist_autograd_bwd_overhead_paper_ms (grad-bwd - norpc-bwd - (nograd-fwd - norpc-fwd))": {
-            "mean": paper_bwd("mean_ms"), "median": paper_bwd("median_ms"),
-        },
     });
     Ok(json!({
         "columns": columns,

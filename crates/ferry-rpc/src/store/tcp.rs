@@ -395,10 +395,9 @@ fn handle(state: &Arc<MemoryStore>, request: Request) -> Handled {
     }
 }
 
-/// Serves one client until it disconnects or misbehaves. Its pending
-/// waits are dropped with it.
 /// Serves one client until it disconnects, sends bad input, or the server
-/// closes; on the way out, every answer already given is written.
+/// closes; on the way out, every answer already given is written. Its
+/// pending waits are dropped with it.
 async fn serve_connection(
     state: Arc<MemoryStore>,
     stream: TcpStream,
