@@ -1224,8 +1224,11 @@ fn autograd_over_runs(runs: Vec<Value>) -> Value {
 
 /// Row specs for the distributed autograd table (the paper's Table 2),
 /// from [`autograd_over_runs`] results: the median of each column, then the
-/// inferred overheads ([`autograd_inferred`]). The optimizer step and the
-/// three autograd overheads carry [`AUTOGRAD_TARGET`].
+/// inferred overheads ([`autograd_inferred`]). The three figures the issue
+/// sets a target for carry [`AUTOGRAD_TARGET`]: the optimizer step and the
+/// forward and backward overheads as the peer defines them. The paper's
+/// backward overhead (the peer's minus the RPC forward overhead) is shown
+/// without one: the issue's backward figure is the peer's definition.
 pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
     let row = |case: &str, ptr: String| RowSpec::new(case, "ms", Better::Lower, Metric::At(ptr));
     let column = |col: &str| {
@@ -1265,13 +1268,10 @@ pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> 
         )
         .with_target(AUTOGRAD_TARGET),
     );
-    specs.push(
-        inferred(
-            "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
-            "bwd_paper_ms",
-        )
-        .with_target(AUTOGRAD_TARGET),
-    );
+    specs.push(inferred(
+        "dist autograd bwd overhead, paper (also - rpc fwd overhead)",
+        "bwd_paper_ms",
+    ));
     specs.push(inferred(
         "dist optimizer step over local (dist-optim-step - norpc-step)",
         "step_over_local_ms",
@@ -1513,9 +1513,9 @@ mod tests {
         assert_eq!(got(8), (Some(0.125), Some(1.0), Some(8.0), Some(true)));
         assert_eq!(got(9), (Some(0.5), Some(4.0), Some(8.0), Some(true)));
         // 2.5 - 2 - 0.25 = 0.25 against 6 - 2 - 1 = 3.
-        assert_eq!(got(10), (Some(0.25), Some(3.0), Some(12.0), Some(true)));
+        assert_eq!(got(10), (Some(0.25), Some(3.0), Some(12.0), None));
         assert_eq!(got(11), (Some(0.125), None, None, None));
-        assert_eq!(rows.iter().filter(|r| r.target == Some(4.0)).count(), 4);
+        assert_eq!(rows.iter().filter(|r| r.target == Some(4.0)).count(), 3);
     }
 
     #[test]
