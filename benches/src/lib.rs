@@ -1,7 +1,8 @@
 //! Helpers shared by Ferry's side-by-side benchmark binaries (`rpc_latency`,
-//! `rref_overhead`, and for its JSON output `lighthouse_load`): the `4MB`-style size arguments and labels of the
-//! peer scripts, the float32 tensor both send, the peers' summary
-//! statistics, the two-process set-up, and writing a result as JSON.
+//! `rref_overhead`, and for its JSON output `lighthouse_load`): the
+//! `4MB`-style size arguments and labels of the peer scripts, the float32
+//! tensor both send, the peers' summary statistics, the two-process set-up,
+//! and writing a result as JSON.
 //!
 //! The statistics follow the peer scripts in `../shared/peers` so that
 //! `cargo xtask bench` can put both sides in one table.

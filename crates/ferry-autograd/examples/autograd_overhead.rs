@@ -33,9 +33,9 @@
 //! grad-fwd − nograd-fwd, distributed autograd backward = grad-bwd −
 //! norpc-bwd (`cargo xtask bench` infers these, the paper's backward
 //! overhead and the step's over `norpc-step` itself, run by run, from the
-//! columns of either side). After `--warmup`
-//! iterations of each, the three forward variants are interleaved in blocks
-//! of `--block` iterations until each has `--reps` timings.
+//! columns of either side). After `--warmup` iterations of each, the three
+//! forward variants are interleaved in blocks of `--block` iterations until
+//! each has `--reps` timings.
 //!
 //! Usage: `autograd_overhead [--quick] [--hidden H] [--batch B] [--reps N]
 //! [--optim-reps N] [--warmup N] [--block N] [--threads N]
