@@ -35,6 +35,7 @@ use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader
 use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
+use crate::watch;
 use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
 
 const RUNNING: u8 = 0;
@@ -592,20 +593,35 @@ impl Inner {
             message: e.to_string(),
         };
         let mut args_payload = Vec::with_capacity(64);
-        let tensors = payload::encode_into(args, &mut args_payload).map_err(codec)?;
-        header.extensions = self.intercept_send(rank, function, &tensors);
-        let mut payload_bytes = Vec::with_capacity(32 + function.len() + args_payload.len());
-        payload::encode_into(&header, &mut payload_bytes).map_err(codec)?;
-        payload_bytes.extend_from_slice(&args_payload);
-        let slot = self.send_request(
-            rank,
-            MessageKind::REQUEST,
-            function,
-            payload_bytes,
-            tensors,
-            timeout,
-        )?;
-        Ok((slot, self.workers[rank as usize].name.clone()))
+        // Layers that fork state into the arguments (RRefs) learn how the
+        // call ends; a call that never leaves undoes it now.
+        let (tensors, watches) =
+            watch::encoding_message(|| payload::encode_into(args, &mut args_payload));
+        let sent = (|| {
+            let tensors = tensors.map_err(codec)?;
+            header.extensions = self.intercept_send(rank, function, &tensors);
+            let mut payload_bytes = Vec::with_capacity(32 + function.len() + args_payload.len());
+            payload::encode_into(&header, &mut payload_bytes).map_err(codec)?;
+            payload_bytes.extend_from_slice(&args_payload);
+            self.send_request(
+                rank,
+                MessageKind::REQUEST,
+                function,
+                payload_bytes,
+                tensors,
+                timeout,
+            )
+        })();
+        match sent {
+            Ok(slot) => {
+                slot.watch(watches);
+                Ok((slot, self.workers[rank as usize].name.clone()))
+            }
+            Err(e) => {
+                watches.settle(watch::Delivery::NotDecoded);
+                Err(e)
+            }
+        }
     }
 
     /// Runs the interceptors over a call about to leave; returns what they attach.
@@ -983,9 +999,16 @@ impl Inner {
             tensors,
             scopes,
             move |result| {
-                let encoded = result.and_then(|v| {
-                    v.encode()
-                        .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
+                let (encoded, watches) = watch::encoding_message(|| {
+                    result.and_then(|v| {
+                        v.encode()
+                            .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
+                    })
+                });
+                // A result that did not encode is never sent.
+                watches.settle(match encoded {
+                    Ok(_) => watch::Delivery::Decoded,
+                    Err(_) => watch::Delivery::NotDecoded,
                 });
                 inner.reply(&outbox, id, encoded);
             },

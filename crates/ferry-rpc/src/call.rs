@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::functions::Signature;
 use crate::protocol::{Failure, FailureKind};
+use crate::watch::{Delivery, Watches};
 use crate::RpcError;
 
 /// Where the outcome of one call lands: completed exactly once, by the
@@ -24,6 +25,10 @@ pub(crate) struct CallSlot {
     done: Condvar,
     /// Set once `state` is `Done`: what a waiting thread spins on.
     completed: AtomicBool,
+    /// Whether `watches` holds any (read and written under `state`'s lock).
+    watched: AtomicBool,
+    /// Told how the call ended before its caller is (see [`crate::watch`]).
+    watches: Mutex<Watches>,
 }
 
 enum SlotState {
@@ -38,6 +43,8 @@ impl CallSlot {
             state: Mutex::new(SlotState::Waiting(None)),
             done: Condvar::new(),
             completed: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            watches: Mutex::new(Watches::default()),
         })
     }
 
@@ -46,23 +53,34 @@ impl CallSlot {
             state: Mutex::new(SlotState::Done(result)),
             done: Condvar::new(),
             completed: AtomicBool::new(true),
+            watched: AtomicBool::new(false),
+            watches: Mutex::new(Watches::default()),
         })
     }
 
     /// Completes the slot; a second completion is ignored. Returns whether
     /// it woke a task (a caller awaiting the future).
     pub(crate) fn complete(&self, result: Result<IncomingMessage, RpcError>) -> bool {
-        let waker = {
+        let (waker, watched) = {
             let mut state = self.state.lock();
             match &mut *state {
                 SlotState::Waiting(w) => {
                     let w = w.take();
+                    let watched = self.watched.load(Ordering::Relaxed).then(|| {
+                        let watches = std::mem::take(&mut *self.watches.lock());
+                        (watches, delivery(&result))
+                    });
                     *state = SlotState::Done(result);
-                    w
+                    (w, watched)
                 }
                 _ => return false,
             }
         };
+        // The watches hear first, so a caller that sees the outcome sees
+        // what they undid too.
+        if let Some((watches, delivery)) = watched {
+            watches.settle(delivery);
+        }
         self.completed.store(true, Ordering::Release);
         self.done.notify_all();
         match waker {
@@ -72,6 +90,26 @@ impl CallSlot {
             }
             None => false,
         }
+    }
+
+    /// Attaches the watches of the call's message; settles them at once if
+    /// the call has already ended.
+    pub(crate) fn watch(&self, watches: Watches) {
+        if watches.is_empty() {
+            return;
+        }
+        let state = self.state.lock();
+        let delivery = match &*state {
+            SlotState::Waiting(_) => {
+                *self.watches.lock() = watches;
+                self.watched.store(true, Ordering::Relaxed);
+                return;
+            }
+            SlotState::Done(result) => delivery(result),
+            SlotState::Taken => Delivery::Unknown,
+        };
+        drop(state);
+        watches.settle(delivery);
     }
 
     fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<IncomingMessage, RpcError>> {
@@ -243,6 +281,23 @@ pub(crate) fn decode_reply<T: DeserializeOwned>(
         function: function.to_string(),
         message: e.to_string(),
     })
+}
+
+/// Whether a call's receiver decoded its arguments, judging by its outcome.
+fn delivery(result: &Result<IncomingMessage, RpcError>) -> Delivery {
+    match result {
+        Ok(msg) if msg.header.kind == MessageKind::ERROR => {
+            match payload::decode::<Failure>(&msg.payload, Vec::new()).map(|f| f.kind) {
+                Ok(
+                    FailureKind::UnknownFunction | FailureKind::WrongType | FailureKind::BadRequest,
+                ) => Delivery::NotDecoded,
+                Ok(FailureKind::Failed) => Delivery::Decoded,
+                Ok(FailureKind::BadArguments) | Err(_) => Delivery::Unknown,
+            }
+        }
+        Ok(_) => Delivery::Decoded,
+        Err(_) => Delivery::Unknown,
+    }
 }
 
 pub(crate) fn failure_to_error(

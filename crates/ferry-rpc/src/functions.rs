@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::protocol::{Failure, FailureKind};
+use crate::watch;
 use crate::Value;
 
 /// The type signature of a remote function: its argument and result types.
@@ -135,7 +136,11 @@ impl Functions {
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
         let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
-            let args: A = decode_args(bytes, tensors)?;
+            let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
+            let args = args?;
+            if !before.is_empty() {
+                before.block().map_err(Failure::failed)?;
+            }
             match catch_unwind(AssertUnwindSafe(|| f(args))) {
                 Ok(Ok(r)) => Ok(Value::new(r)),
                 Ok(Err(e)) => Err(Failure::failed(e.to_string())),
@@ -163,10 +168,14 @@ impl Functions {
     {
         let f = Arc::new(f);
         let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> BoxFuture<CallResult> {
-            let args: Result<A, Failure> = decode_args(bytes, tensors);
+            let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
             let f = f.clone();
             Box::pin(async move {
-                match f(args?).await {
+                let args = args?;
+                if !before.is_empty() {
+                    before.wait().await.map_err(Failure::failed)?;
+                }
+                match f(args).await {
                     Ok(r) => Ok(Value::new(r)),
                     Err(e) => Err(Failure::failed(e.to_string())),
                 }

@@ -50,6 +50,7 @@ pub mod scope;
 pub mod service;
 pub mod store;
 mod value;
+pub mod watch;
 
 use std::time::Duration;
 

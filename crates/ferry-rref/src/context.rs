@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use ferry_rpc::watch::{Delivery, MessageWatch, Watches};
 use ferry_rpc::{Agent, BoxFuture, RpcError, Service, Value, WeakAgent, WorkerInfo};
 use ferry_transport::IncomingMessage;
 use ferry_wire::payload::{self, Encoded};
@@ -16,7 +17,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::error::RRefError;
-use crate::message::{RRefMessage, ToHereReply, RREF_SERVICE};
+use crate::message::{RRefMessage, RemoteReply, ToHereReply, RREF_SERVICE};
 use crate::protocol::{
     Counts, Envelope, Event, ForkData, ForkId, Holder, RRefId, RRefProtocol, Transmit, WorkerId,
 };
@@ -310,6 +311,41 @@ impl RRefContext {
         self.protocol.lock().is_confirmed(holder)
     }
 
+    /// Resolves once the owner has confirmed `holder`, or fails after the
+    /// agent's default timeout.
+    pub(crate) async fn confirmed(
+        &self,
+        holder: Holder,
+        rref_id: RRefId,
+        owner: WorkerId,
+    ) -> Result<(), RRefError> {
+        let after = self
+            .agent()
+            .ok_or(RRefError::ShutDown { rref_id })?
+            .rpc_timeout();
+        let confirmed = || self.is_confirmed(holder).then_some(());
+        wait::until_timeout(&self.progress, after, confirmed)
+            .await
+            .ok_or_else(|| RRefError::NotConfirmed {
+                rref_id,
+                owner: self.worker_name(owner),
+                after,
+            })
+    }
+
+    /// Attaches the fork `data` to the message being encoded: if the
+    /// message never reaches its receiver's code, the fork is undone.
+    pub(crate) fn watch_fork(self: &Arc<Self>, data: ForkData) {
+        let watch = Box::new(ForkWatch {
+            ctx: self.clone(),
+            data,
+        });
+        if ferry_rpc::watch::watch_message(watch).is_err() {
+            // Checked by the caller; never here.
+            warn!(fork = %data.fork_id, "an RRef fork outside any message");
+        }
+    }
+
     /// The error of a handle whose creation failed.
     pub(crate) fn creation_failed(
         &self,
@@ -347,15 +383,16 @@ impl RRefContext {
         id
     }
 
-    /// Starts a `remote` call of `function` on `owner`; returns the new
-    /// handle at once.
+    /// Starts a `remote` call of `function` on `owner` with the encoded
+    /// arguments and the watches of the RRefs forked into them; returns the
+    /// new handle at once.
     pub(crate) fn remote(
         self: &Arc<Self>,
         agent: &Agent,
         owner: WorkerId,
         function: &str,
         signature: u64,
-        args: Encoded,
+        (args, watches): (Encoded, Watches),
         timeout: Duration,
     ) -> (RRefId, Holder) {
         // A call to this worker itself still goes through its own
@@ -384,6 +421,7 @@ impl RRefContext {
                 m
             }
             Err(e) => {
+                watches.settle(Delivery::NotDecoded);
                 let reason = format!("cannot encode the call: {e}");
                 match fork_id {
                     Some(f) => {
@@ -399,7 +437,18 @@ impl RRefContext {
         let reply = agent.call_service(owner, RREF_SERVICE, message, timeout);
         let ctx = self.clone();
         agent.spawn(async move {
-            match (reply.await, fork_id) {
+            let reply = reply.await;
+            // The forks in the arguments: undone if the owner refused the
+            // call before decoding them.
+            watches.settle(match &reply {
+                Ok(m) => match postcard::from_bytes::<RemoteReply>(&m.payload) {
+                    Ok(RemoteReply::Ran) => Delivery::Decoded,
+                    Ok(RemoteReply::Refused) => Delivery::NotDecoded,
+                    Err(_) => Delivery::Unknown,
+                },
+                Err(_) => Delivery::Unknown,
+            });
+            match (reply, fork_id) {
                 (Ok(_), Some(f)) => ctx.with_protocol(|p| p.remote_confirmed(f)),
                 (Ok(_), None) => {}
                 (Err(e), _) => ctx.fail_creation(rref_id, fork_id, e.to_string()),
@@ -483,10 +532,15 @@ impl RRefContext {
                 let args = payload[rest..].to_vec();
                 let outcome = agent
                     .run_function(&function, signature, args, tensors)
-                    .await
-                    .map_err(|e| e.to_string());
-                slot.set(outcome);
-                Ok(Encoded::default())
+                    .await;
+                let reply = match &outcome {
+                    Err(RpcError::UnknownFunction { .. } | RpcError::WrongType { .. }) => {
+                        RemoteReply::Refused
+                    }
+                    _ => RemoteReply::Ran,
+                };
+                slot.set(outcome.map_err(|e| e.to_string()));
+                payload::encode(&reply).map_err(|e| e.to_string())
             }
             RRefMessage::ToHere {
                 rref_id,
@@ -506,7 +560,14 @@ impl RRefContext {
                     }
                     SlotState::Ready(v) => {
                         let agent = self.agent().ok_or("the worker is shutting down")?;
-                        match agent.enter(|| v.encode()) {
+                        // RRefs inside the value are forked into the reply.
+                        let (value, watches) =
+                            agent.enter(|| ferry_rpc::watch::encoding_message(|| v.encode()));
+                        watches.settle(match value {
+                            Ok(_) => Delivery::Decoded,
+                            Err(_) => Delivery::NotDecoded,
+                        });
+                        match value {
                             Ok(value) => {
                                 let mut out = reply(ToHereReply::Value)?;
                                 out.payload.extend_from_slice(&value.payload);
@@ -561,6 +622,21 @@ fn retryable(e: &RpcError) -> bool {
         e,
         RpcError::PeerUnreachable { .. } | RpcError::Timeout { .. }
     )
+}
+
+/// Undoes a fork whose message its receiver never decoded.
+struct ForkWatch {
+    ctx: Arc<RRefContext>,
+    data: ForkData,
+}
+
+impl MessageWatch for ForkWatch {
+    fn settled(self: Box<Self>, delivery: Delivery) {
+        if delivery == Delivery::NotDecoded {
+            debug!(fork = %self.data.fork_id, rref = %self.data.rref_id, "fork not delivered: undone");
+            self.ctx.with_protocol(|p| p.fork_not_delivered(self.data));
+        }
+    }
 }
 
 /// The agent-facing side of the context.

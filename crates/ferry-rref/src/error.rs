@@ -77,6 +77,26 @@ pub enum RRefError {
         /// The RRef.
         rref_id: RRefId,
     },
+    /// An RRef was serialized outside any RPC message (PyTorch refuses
+    /// pickling an RRef outside an RPC call too): only the arguments and
+    /// results of `rpc_sync`, `rpc_async` and `remote` may carry one,
+    /// because only there does the protocol learn who receives the fork.
+    #[error("{rref_id} cannot be serialized outside an RPC message: pass RRefs only inside the arguments or results of rpc_sync, rpc_async or remote")]
+    OutsideMessage {
+        /// The RRef.
+        rref_id: RRefId,
+    },
+    /// A user RRef that arrived in a function's arguments was not confirmed
+    /// by its owner in time, so the function did not run.
+    #[error("{rref_id} in the arguments was not confirmed by its owner {owner} within {after:?}")]
+    NotConfirmed {
+        /// The RRef.
+        rref_id: RRefId,
+        /// The owner's name.
+        owner: String,
+        /// The time waited.
+        after: Duration,
+    },
     /// The RRef layer is not installed on this worker's agent.
     #[error("RRefs are not installed on this worker: call ferry_rref::install(&mut options) before starting RPC (ferry::init_rpc does it)")]
     NotInstalled,

@@ -118,9 +118,19 @@ where
     let ctx = RRefContext::of(agent)?;
     let owner = agent.get_worker_info(to)?.id;
     let signature = Signature::of::<A, R>().hash();
-    let args = payload::encode(&args)
-        .map_err(|e| RRefError::Codec(format!("cannot encode the arguments of {function}: {e}")))?;
-    let (rref_id, holder) = ctx.remote(agent, owner, function, signature, args, timeout);
+    // RRefs in the arguments are forked into this message: undone if the
+    // owner never decodes it.
+    let (args, watches) = ferry_rpc::watch::encoding_message(|| payload::encode(&args));
+    let args = match args {
+        Ok(args) => args,
+        Err(e) => {
+            watches.settle(ferry_rpc::watch::Delivery::NotDecoded);
+            return Err(RRefError::Codec(format!(
+                "cannot encode the arguments of {function}: {e}"
+            )));
+        }
+    };
+    let (rref_id, holder) = ctx.remote(agent, owner, function, signature, (args, watches), timeout);
     Ok(RRef::from_parts(ctx, rref_id, holder, owner))
 }
 

@@ -29,6 +29,16 @@ pub(crate) enum RRefMessage {
     },
 }
 
+/// The owner's answer to [`RRefMessage::Remote`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum RemoteReply {
+    /// The function ran (its outcome, value or error, is kept as the value).
+    Ran,
+    /// The function was refused before its arguments were decoded (no such
+    /// function, a wrong signature): the forks in them never arrived.
+    Refused,
+}
+
 /// The owner's answer to [`RRefMessage::ToHere`]; with `Value`, the
 /// encoded value follows it in the payload.
 #[derive(Debug, Serialize, Deserialize)]

@@ -313,12 +313,20 @@ fn to_here_reply<T: DeserializeOwned>(
 }
 
 impl<T> Serialize for RRef<T> {
+    /// Forks the RRef into the message being encoded (refused outside one,
+    /// with [`RRefError::OutsideMessage`]'s text); the fork is undone if the
+    /// message never reaches its receiver's code.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let h = &self.handle;
+        if !ferry_rpc::watch::is_encoding_message() {
+            let e = RRefError::OutsideMessage { rref_id: h.rref_id };
+            return Err(payload::custom_ser_error::<S::Error>(e.to_string()));
+        }
         let fork = h
             .ctx
             .fork(h.holder, h.rref_id, h.owner)
             .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
+        h.ctx.watch_fork(fork);
         RRefWire {
             fork,
             type_name: type_name::<T>().to_string(),
@@ -342,6 +350,19 @@ impl<'de, T> Deserialize<'de> for RRef<T> {
                 wire.type_name,
                 wire.fork.rref_id
             )));
+        }
+        // In a function's arguments: the function runs once the owner has
+        // confirmed this user (as PyTorch's callee waits for its pending
+        // users before running the function).
+        if !rref.confirmed_by_owner() {
+            let handle = rref.handle.clone();
+            ferry_rpc::watch::before_run(Box::pin(async move {
+                let h = &handle;
+                h.ctx
+                    .confirmed(h.holder, h.rref_id, h.owner)
+                    .await
+                    .map_err(|e| e.to_string())
+            }));
         }
         Ok(rref)
     }

@@ -53,6 +53,10 @@ fn functions() -> Functions {
             .map_err(|e| e.to_string())
     });
     f.register("echo", |r: RRef<i64>| r);
+    f.register("confirmed", |r: RRef<i64>| r.confirmed_by_owner());
+    f.register_async("confirmed_async", |r: RRef<i64>| async move {
+        Ok::<_, std::convert::Infallible>(r.confirmed_by_owner())
+    });
     // Forwards the RRef `hops` more times round the workers, then fetches it.
     f.register_fallible(
         "forward",
@@ -397,30 +401,231 @@ fn error_texts() {
     });
 }
 
+/// An argument whose encoding fails (after the RRef before it was forked).
+#[derive(Debug)]
+struct Unencodable;
+
+impl Serialize for Unencodable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(
+            "this value refuses to be encoded",
+        ))
+    }
+}
+
+/// An RRef owned by worker0 (`RRef::new`) and a user of one owned by worker1
+/// (`remote`), both confirmed: the two kinds of parent a fork can have.
+fn owned_and_user() -> (RRef<i64>, RRef<i64>) {
+    let owned = RRef::new(7i64).unwrap();
+    let user: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 1i64)).unwrap();
+    assert_eq!(user.to_here().unwrap(), 2);
+    (owned, user)
+}
+
 #[test]
-fn a_refused_call_leaks_its_rrefs_and_shutdown_reports_them() {
-    let Some(out) = world_ok(
-        "a_refused_call_leaks_its_rrefs_and_shutdown_reports_them",
+fn a_call_to_a_missing_function_releases_its_rrefs() {
+    world_ok(
+        "a_call_to_a_missing_function_releases_its_rrefs",
         4,
         |rank| {
             let ctx = init(rank);
             if rank == 0 {
-                let r: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 1i64)).unwrap();
-                assert_eq!(r.to_here().unwrap(), 2);
-                // The callee refuses the call before decoding its arguments (a
-                // wrong type), so the fork inside is never received.
-                let e = ferry_rpc::rpc_sync::<Vec<i64>, _>("worker2", "fetch_vec", r.clone())
-                    .unwrap_err();
-                assert!(e.to_string().contains("wrong type"), "{e}");
+                let (owned, user) = owned_and_user();
+                for r in [&owned, &user] {
+                    let e = ferry_rpc::rpc_sync::<i64, _>("worker2", "no_such_function", r.clone())
+                        .unwrap_err();
+                    assert!(
+                        matches!(e, ferry_rpc::RpcError::UnknownFunction { .. }),
+                        "{e}"
+                    );
+                    // Also to the owner itself (worker1 owns `user`).
+                    let e = ferry_rpc::rpc_sync::<i64, _>("worker1", "no_such_function", r.clone())
+                        .unwrap_err();
+                    assert!(e.to_string().contains("no_such_function"), "{e}");
+                }
+                // Undone at once, before the error came back.
+                assert_eq!(ctx.debug_info().num_pending_children, 0);
+                drop((owned, user));
             }
-            ferry_rpc::shutdown().unwrap();
-            println!("LEAKED={}", ctx.leaked().len());
+            finish(rank, &ctx);
         },
-    ) else {
-        return;
-    };
-    assert_eq!(out[1].values("LEAKED"), ["1"], "the owner reports the RRef");
-    assert_eq!(out[0].values("LEAKED"), ["0"]);
+    );
+}
+
+#[test]
+fn a_call_with_the_wrong_argument_type_releases_its_rrefs() {
+    world_ok(
+        "a_call_with_the_wrong_argument_type_releases_its_rrefs",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                let (owned, user) = owned_and_user();
+                for r in [&owned, &user] {
+                    // The callee refuses the call before decoding its arguments.
+                    let e = ferry_rpc::rpc_sync::<Vec<i64>, _>("worker2", "fetch_vec", r.clone())
+                        .unwrap_err();
+                    assert!(e.to_string().contains("wrong type"), "{e}");
+                }
+                assert_eq!(ctx.debug_info().num_pending_children, 0);
+                drop((owned, user));
+            }
+            finish(rank, &ctx);
+        },
+    );
+}
+
+#[test]
+fn a_call_whose_arguments_fail_to_encode_releases_its_rrefs() {
+    world_ok(
+        "a_call_whose_arguments_fail_to_encode_releases_its_rrefs",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                let (owned, user) = owned_and_user();
+                for r in [&owned, &user] {
+                    let e =
+                        ferry_rpc::rpc_sync::<i64, _>("worker2", "fetch", (r.clone(), Unencodable))
+                            .unwrap_err();
+                    assert!(matches!(e, ferry_rpc::RpcError::Codec { .. }), "{e}");
+                    let e =
+                        ferry_rref::remote::<i64, _>("worker3", "fetch", (r.clone(), Unencodable))
+                            .unwrap_err();
+                    assert!(matches!(e, RRefError::Codec(_)), "{e}");
+                }
+                assert_eq!(ctx.debug_info().num_pending_children, 0);
+                drop((owned, user));
+            }
+            finish(rank, &ctx);
+        },
+    );
+}
+
+#[test]
+fn remote_of_a_missing_function_releases_its_rrefs() {
+    world_ok(
+        "remote_of_a_missing_function_releases_its_rrefs",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                let (owned, user) = owned_and_user();
+                for r in [&owned, &user] {
+                    for to in ["worker2", "worker1", "worker0"] {
+                        let made: RRef<i64> =
+                            ferry_rref::remote(to, "no_such_function", r.clone()).unwrap();
+                        let e = made.to_here().unwrap_err();
+                        assert!(e.to_string().contains("no_such_function"), "{e}");
+                    }
+                }
+                drop((owned, user));
+            }
+            finish(rank, &ctx);
+        },
+    );
+}
+
+#[test]
+fn a_proxy_call_to_a_missing_method_releases_its_rrefs() {
+    world_ok(
+        "a_proxy_call_to_a_missing_method_releases_its_rrefs",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                let c: RRef<Counter> = ferry_rref::remote("worker1", "counter", 10i64).unwrap();
+                let e = c
+                    .rpc_sync()
+                    .call::<i64, _>("no_such_method", 1i64)
+                    .unwrap_err();
+                assert!(e.to_string().contains("no_such_method"), "{e}");
+                let e = c
+                    .rpc_async()
+                    .call::<i64, _>("no_such_method", 1i64)
+                    .wait()
+                    .unwrap_err();
+                assert!(e.to_string().contains("no_such_method"), "{e}");
+                let made: RRef<i64> = c.remote().call("no_such_method", 1i64).unwrap();
+                let e = made.to_here().unwrap_err();
+                assert!(e.to_string().contains("no_such_method"), "{e}");
+                // Owned here, too.
+                let local = RRef::new(Counter::default()).unwrap();
+                let e = local
+                    .rpc_sync()
+                    .call::<i64, _>("no_such_method", 1i64)
+                    .unwrap_err();
+                assert!(e.to_string().contains("no_such_method"), "{e}");
+                // And the methods that exist still work.
+                assert_eq!(c.rpc_sync().call::<i64, _>("add", 5i64).unwrap(), 15);
+                drop((c, made, local));
+            }
+            finish(rank, &ctx);
+        },
+    );
+}
+
+#[test]
+fn an_rref_serialized_outside_any_message_is_refused() {
+    world_ok(
+        "an_rref_serialized_outside_any_message_is_refused",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                let (owned, user) = owned_and_user();
+                for r in [&owned, &user] {
+                    let e = ferry_wire::payload::encode(r).unwrap_err().to_string();
+                    let want = RRefError::OutsideMessage { rref_id: r.id() }.to_string();
+                    assert!(e.contains(&want), "{e}");
+                }
+                // Nothing was forked.
+                assert_eq!(ctx.debug_info().num_pending_children, 0);
+                // Inside a message it still travels.
+                let v: i64 = ferry_rpc::rpc_sync("worker2", "fetch", user.clone()).unwrap();
+                assert_eq!(v, 2);
+                drop((owned, user));
+            }
+            finish(rank, &ctx);
+        },
+    );
+}
+
+#[test]
+fn user_rrefs_are_confirmed_before_the_function_runs() {
+    world_ok(
+        "user_rrefs_are_confirmed_before_the_function_runs",
+        4,
+        |rank| {
+            let ctx = init(rank);
+            if rank == 0 {
+                // Sent on at once from a user (worker0) that the owner
+                // (worker1) has not confirmed yet: worker2 and worker3 get
+                // pending users, confirmed by worker1 before they run.
+                for _ in 0..10 {
+                    let r: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 2i64)).unwrap();
+                    let confirmed: bool =
+                        ferry_rpc::rpc_sync("worker2", "confirmed", r.clone()).unwrap();
+                    assert!(confirmed, "rpc_sync ran before its RRef was confirmed");
+                    let f = ferry_rpc::rpc_async::<bool, _>("worker3", "confirmed", r.clone());
+                    assert!(
+                        f.wait().unwrap(),
+                        "rpc_async ran before its RRef was confirmed"
+                    );
+                    let made: RRef<bool> =
+                        ferry_rref::remote("worker2", "confirmed", r.clone()).unwrap();
+                    assert!(
+                        made.to_here().unwrap(),
+                        "remote ran before its RRef was confirmed"
+                    );
+                    let made: RRef<bool> =
+                        ferry_rref::remote("worker3", "confirmed_async", r).unwrap();
+                    assert!(made.to_here().unwrap(), "an async function ran unconfirmed");
+                }
+            }
+            finish(rank, &ctx);
+        },
+    );
 }
 
 #[test]

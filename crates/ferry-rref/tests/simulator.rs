@@ -1,7 +1,8 @@
 //! A deterministic, seeded simulator for the RRef reference-counting
 //! protocol: several `RRefProtocol` workers under an adversarial network
 //! (reordering, duplicated, dropped and retransmitted control messages,
-//! remote calls that time out), checking after every step that no owner is
+//! remote calls that time out, user messages whose receiver refuses them
+//! before decoding the RRef inside), checking after every step that no owner is
 //! deleted while anything can still reach it, that nothing is deleted
 //! twice, and, once every handle is dropped and the network drained, that
 //! every table is empty and every value was deleted exactly once.
@@ -74,6 +75,10 @@ fn random_schedules_keep_rref_invariants() {
             assert!(total.early_deletes > 0, "no early delete: {total:?}");
             assert!(total.before_creation > 0, "{total:?}");
             assert!(total.self_forks > 0, "{total:?}");
+            assert!(
+                total.refused > 0 && total.refused_owner_forks > 0,
+                "no refused user message: {total:?}"
+            );
         }
     }
     println!("{total:#?}\nin {:?}", started.elapsed());

@@ -302,6 +302,34 @@ impl RRefProtocol {
         }
     }
 
+    /// The message that carried `data` (forked here) never reached its
+    /// receiver's code: it failed to encode, was not sent, or the receiver
+    /// refused it before decoding it. The fork is undone: a user forgets
+    /// the pending child (which may let the user go), an owner forgets the
+    /// fork it counted. Nobody else ever heard of the fork, so nothing is
+    /// sent for it. A second call, or a call for a fork that was
+    /// received after all, changes nothing.
+    ///
+    /// Only call it when the receiver certainly did not decode the message:
+    /// a fork the receiver holds must stay counted.
+    pub fn fork_not_delivered(&mut self, data: ForkData) {
+        if data.parent != self.me {
+            return;
+        }
+        if data.owner == self.me {
+            if let Some(o) = self.owners.get_mut(&data.rref_id) {
+                if o.forks.remove(&data.fork_id) {
+                    self.maybe_delete_owner(data.rref_id);
+                }
+            }
+        } else if let Some(parent) = self.pending_children.remove(&data.fork_id) {
+            if let Some(u) = self.users.get_mut(&parent) {
+                u.children = u.children.saturating_sub(1);
+            }
+            self.maybe_delete_user(parent);
+        }
+    }
+
     /// Takes in an RRef that arrived inside a message and returns the local
     /// handle it becomes.
     pub fn receive(&mut self, data: ForkData) -> Holder {

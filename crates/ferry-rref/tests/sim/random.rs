@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ferry_rref::protocol::WorkerId;
 
 use super::rng::Rng;
-use super::world::{Check, Stats, World};
+use super::world::{Check, Msg, Stats, World};
 
 /// Drain iterations during which the network may still misbehave.
 const DRAIN_CHAOS: usize = 300;
@@ -24,6 +24,7 @@ enum Action {
     Retransmit,
     Replay,
     Timeout,
+    Refuse,
 }
 
 /// Per-schedule weights, so schedules differ in flavour (a lazy network
@@ -35,6 +36,7 @@ struct Weights {
     deliver: usize,
     chaos: usize,
     timeout: usize,
+    refuse: usize,
 }
 
 /// Runs schedule `seed`. Returns the statistics, or the violation (a panic
@@ -70,6 +72,7 @@ fn drive(world: &mut World, rng: &mut Rng) -> Check {
         deliver: rng.range(15, 80),
         chaos: rng.range(0, 12),
         timeout: rng.range(0, 6),
+        refuse: rng.range(0, 6),
     };
     for step in 0..steps {
         world.log(|| format!("-- step {step}"));
@@ -103,7 +106,12 @@ fn drive(world: &mut World, rng: &mut Rng) -> Check {
             continue;
         }
         if i < DRAIN_CHAOS && rng.chance(8) {
-            match rng.below(4) {
+            match rng.below(5) {
+                4 => {
+                    if let Some(k) = pick_user(world, rng) {
+                        world.refuse(k)?;
+                    }
+                }
                 0 => {
                     if let Some(k) = pick_control(world, rng) {
                         world.duplicate(k)?;
@@ -143,6 +151,13 @@ fn drive(world: &mut World, rng: &mut Rng) -> Check {
     ))
 }
 
+fn pick_user(world: &World, rng: &mut Rng) -> Option<usize> {
+    let users: Vec<usize> = (0..world.net.len())
+        .filter(|&k| matches!(world.net[k], Msg::User { .. }))
+        .collect();
+    (!users.is_empty()).then(|| users[rng.below(users.len())])
+}
+
 fn pick_control(world: &World, rng: &mut Rng) -> Option<usize> {
     let controls: Vec<usize> = (0..world.net.len())
         .filter(|&k| world.net[k].is_control())
@@ -156,6 +171,11 @@ fn random_step(world: &mut World, rng: &mut Rng, w: &Weights) -> Check {
     let controls = world.net.iter().filter(|m| m.is_control()).count();
     let unacked: usize = (0..n).map(|x| world.unacked_count(x as WorkerId)).sum();
     let pending = world.pending_remotes().count();
+    let user_msgs = world
+        .net
+        .iter()
+        .filter(|m| matches!(m, Msg::User { .. }))
+        .count();
     let if_any = |weight: usize, any: bool| if any { weight } else { 0 };
     let choices = [
         (w.create, Action::Create),
@@ -167,6 +187,7 @@ fn random_step(world: &mut World, rng: &mut Rng, w: &Weights) -> Check {
         (if_any(w.chaos / 2 + 1, unacked > 0), Action::Retransmit),
         (if_any(w.chaos / 3, world.history_len() > 0), Action::Replay),
         (if_any(w.timeout, pending > 0), Action::Timeout),
+        (if_any(w.refuse, user_msgs > 0), Action::Refuse),
     ];
     let total: usize = choices.iter().map(|(weight, _)| weight).sum();
     let mut roll = rng.below(total);
@@ -222,6 +243,11 @@ fn random_step(world: &mut World, rng: &mut Rng, w: &Weights) -> Check {
         Action::Replay => {
             let k = rng.below(world.history_len());
             world.replay(k);
+        }
+        Action::Refuse => {
+            if let Some(k) = pick_user(world, rng) {
+                world.refuse(k)?;
+            }
         }
         Action::Timeout => {
             let pending: Vec<_> = world.pending_remotes().collect();

@@ -165,6 +165,7 @@ fn user_shares_with_owner_as_argument() {
 /// to C (1) and drops it at once; the fork keeps the value alive.
 #[test]
 fn owner_shares_with_user() {
+    // An owner parent: w0 owns the RRef and forks it to w1.
     let mut w = World::new(2, true);
     let r = ok!(w, w.create_owner(0));
     ok!(w, w.fork(0, Holder::Owner(r), 1)).unwrap();
@@ -479,6 +480,7 @@ fn owner_forks_to_itself() {
 /// would flag a delete at that moment.
 #[test]
 fn owner_drop_with_fork_in_flight_does_not_delete() {
+    // An owner parent: w0 owns the RRef and forks it to w1.
     let mut w = World::new(2, true);
     let r = ok!(w, w.create_owner(0));
     ok!(w, w.fork(0, Holder::Owner(r), 1)).unwrap();
@@ -494,6 +496,7 @@ fn owner_drop_with_fork_in_flight_does_not_delete() {
 /// a delete of something never created, and a leak are all reported.
 #[test]
 fn checker_reports_unsafe_deletes_resurrections_and_leaks() {
+    // An owner parent: w0 owns the RRef and forks it to w1.
     let mut w = World::new(2, true);
     let r = ok!(w, w.create_owner(0));
     let err = w.check_event(0, Event::OwnerDeleted(r)).unwrap_err();
@@ -548,4 +551,37 @@ fn remote_call_that_never_leaves_leaves_nothing_anywhere() {
     assert!(w.net.is_empty(), "no message may go out for it");
     ok!(w, w.deliver_all());
     ok!(w, w.check_quiescent());
+}
+
+/// A user message refused before its receiver decoded it (no such
+/// function, a wrong signature, or it never left): the sender undoes the
+/// fork. From a user, the parent is released (G2 no longer waits); from
+/// the owner, the fork it counted goes; nothing is sent for the fork.
+#[test]
+fn refused_user_messages_undo_their_forks() {
+    let mut w = World::new(3, true);
+    // A user parent: w0 created the RRef on w1 and forks it to w2.
+    let a = ok!(w, w.remote(0, 1));
+    let r = w.rref_of(0, a);
+    ok!(w, w.deliver_where(remote_call));
+    ok!(w, w.deliver_where(remote_return));
+    ok!(w, w.fork(0, a, 2));
+    assert_eq!(w.workers[0].counts().pending_children, 1);
+    let i = w.net.iter().position(user_msg(2)).unwrap();
+    ok!(w, w.refuse(i));
+    assert_eq!(w.workers[0].counts().pending_children, 0);
+    assert!(w.net.is_empty(), "nothing goes out for a refused fork");
+    ok!(w, w.drop_handle(0, a));
+    finish(&mut w, r, 1);
+
+    // An owner parent: w0 owns the RRef and forks it to w1.
+    let mut w = World::new(2, true);
+    let r = ok!(w, w.create_owner(0));
+    ok!(w, w.fork(0, Holder::Owner(r), 1));
+    let i = w.net.iter().position(user_msg(1)).unwrap();
+    ok!(w, w.refuse(i));
+    ok!(w, w.drop_handle(0, Holder::Owner(r)));
+    // Deleted at once: the refused fork no longer holds the value.
+    assert_eq!(owner_deletes(&w, r), 1, "trace:\n{}", w.trace_text());
+    finish(&mut w, r, 0);
 }

@@ -184,6 +184,11 @@ pub(crate) struct Stats {
     /// Forks refused because the creation timed out.
     pub(crate) forks_refused: u64,
     pub(crate) self_forks: u64,
+    /// User messages their receiver refused (or that never left) before
+    /// decoding them: the sender undid the fork.
+    pub(crate) refused: u64,
+    /// Of those, forks made by the owner itself.
+    pub(crate) refused_owner_forks: u64,
     pub(crate) max_in_flight: u64,
 }
 
@@ -205,6 +210,8 @@ impl Stats {
         self.before_creation += o.before_creation;
         self.forks_refused += o.forks_refused;
         self.self_forks += o.self_forks;
+        self.refused += o.refused;
+        self.refused_owner_forks += o.refused_owner_forks;
         self.max_in_flight = self.max_in_flight.max(o.max_in_flight);
     }
 }
@@ -611,6 +618,29 @@ impl World {
         self.log(|| format!("w{w} remote call for {f} never sent: remote_not_sent"));
         self.workers[ix(w)].remote_not_sent(f);
         self.pump(w)
+    }
+
+    /// The user message at `i` is not decoded by its receiver: it failed to
+    /// encode or send, or the receiver refused the call (no such function,
+    /// a wrong signature). The sender is told with `fork_not_delivered`.
+    pub(crate) fn refuse(&mut self, i: usize) -> Check {
+        let m = self.net.remove(i);
+        let Msg::User { from, data, .. } = m else {
+            return Err(format!("driver bug: refusing {m}"));
+        };
+        self.log(|| format!("refused, never decoded: {m}"));
+        self.stats.refused += 1;
+        if data.owner == from {
+            self.stats.refused_owner_forks += 1;
+        }
+        // The owner never learns of this child, so G2 no longer waits for it.
+        for kids in self.children.values_mut() {
+            kids.retain(|c| *c != data.fork_id);
+        }
+        self.workers[ix(from)].fork_not_delivered(data);
+        // A second report (a duplicate of the failure) changes nothing.
+        self.workers[ix(from)].fork_not_delivered(data);
+        self.pump(from)
     }
 
     fn remember(&mut self, m: Msg) {
