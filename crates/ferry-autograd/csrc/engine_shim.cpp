@@ -50,6 +50,9 @@ char* ferry_grad(const at::Tensor* const* roots, const at::Tensor* const* grad_o
                                      /*allow_unused=*/true);
     for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
     return nullptr;
+  } catch (const c10::Error& e) {
+    // The error proper, without the C++ backtrace `what()` appends.
+    return error_text(e.what_without_backtrace());
   } catch (const std::exception& e) {
     return error_text(e.what());
   } catch (...) {
@@ -91,6 +94,9 @@ char* ferry_leaves(const at::Tensor* const* roots, int n, void* state,
       for (const auto& edge : node->next_edges()) visit(edge.function.get());
     }
     return nullptr;
+  } catch (const c10::Error& e) {
+    // The error proper, without the C++ backtrace `what()` appends.
+    return error_text(e.what_without_backtrace());
   } catch (const std::exception& e) {
     return error_text(e.what());
   } catch (...) {

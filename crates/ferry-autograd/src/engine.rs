@@ -18,14 +18,15 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use ferry_rpc::{Agent, ServiceFuture};
+use ferry_rpc::{Agent, RemoteError, ServiceFuture};
 use ferry_wire::payload;
 use tch::Tensor;
 
 use crate::container::DistAutogradContainer;
 use crate::context::Context;
 use crate::engine_shim::{grad, leaves, tensor_id};
-use crate::message::{AutogradMessage, AUTOGRAD_SERVICE};
+use crate::error::error_proper;
+use crate::message::{AutogradMessage, PropagateReply, AUTOGRAD_SERVICE};
 use crate::waiting_root::{Job, WaitingRoot};
 use crate::AutogradError;
 
@@ -81,13 +82,27 @@ async fn wait(agent: Agent, replies: Replies) -> Result<(), AutogradError> {
     let mut first_error = None;
     for (to, reply) in replies {
         let done = match reply {
-            Ok(r) => r.await.map(drop).map_err(|e| {
-                let worker = agent
-                    .get_worker_info(to)
-                    .map(|w| w.name)
-                    .unwrap_or_else(|_| format!("rank {to}"));
-                AutogradError::from_remote(&worker, e)
-            }),
+            Ok(r) => {
+                let worker = || {
+                    agent
+                        .get_worker_info(to)
+                        .map(|w| w.name)
+                        .unwrap_or_else(|_| format!("rank {to}"))
+                };
+                match r.await {
+                    Ok(reply) => {
+                        match payload::decode::<PropagateReply>(&reply.payload, Vec::new()) {
+                            Ok(PropagateReply::Done) => Ok(()),
+                            Ok(PropagateReply::Failed(e)) => Err(AutogradError::Remote(e)),
+                            Err(e) => Err(AutogradError::Remote(RemoteError::new(
+                                worker(),
+                                format!("malformed reply to a gradient: {e}"),
+                            ))),
+                        }
+                    }
+                    Err(e) => Err(AutogradError::from_remote(&worker(), e)),
+                }
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = done {
@@ -105,6 +120,10 @@ pub(crate) fn backward(
     roots: &[Tensor],
     retain_graph: bool,
 ) -> Result<(), AutogradError> {
+    // Bad arguments are refused before anything, the graph included, is touched.
+    if roots.is_empty() {
+        return Err(AutogradError::NoRoots);
+    }
     let agent = container.agent()?;
     let ctx = container.get(context_id)?;
     if ctx.state.lock().graph_released {
@@ -121,6 +140,11 @@ pub(crate) fn backward(
         if !root.requires_grad() {
             return Err(bad("does not require grad (no autograd history)"));
         }
+        if root.is_leaf() {
+            return Err(bad(
+                "is a leaf tensor: it does not have a valid gradient function (a root must be computed from tensors that require grad)",
+            ));
+        }
         if root.numel() != 1 {
             return Err(bad(&format!(
                 "roots must be scalars (one element), this one has shape {:?}",
@@ -131,7 +155,7 @@ pub(crate) fn backward(
     let seeds: Vec<Tensor> = roots.iter().map(Tensor::ones_like).collect();
     let outgoing = run_pass(&ctx, roots, &seeds).map_err(|message| AutogradError::Engine {
         worker: container.worker_name(),
-        message,
+        message: error_proper(&message),
     })?;
     let replies = send(&agent, context_id, outgoing);
     // Wait here, running on this thread the passes that the gradients
@@ -252,7 +276,7 @@ fn run_propagated(
     };
     let outgoing = run_pass(&ctx, &[sent], &[grad]).map_err(|message| AutogradError::Engine {
         worker: container.worker_name(),
-        message,
+        message: error_proper(&message),
     })?;
     let replies = send(&agent, context_id, outgoing);
     Ok((agent, replies))

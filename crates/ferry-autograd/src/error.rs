@@ -1,6 +1,6 @@
 //! Errors of distributed autograd.
 
-use ferry_rpc::RpcError;
+use ferry_rpc::{RemoteError, RpcError};
 
 /// What went wrong in distributed autograd.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +22,10 @@ pub enum AutogradError {
         /// This worker's name.
         worker: String,
     },
+    /// `backward` was given no roots (PyTorch: "No tensors provided for
+    /// gradient computation"); the context's graph is left as it was.
+    #[error("no tensors provided for gradient computation: backward needs at least one root")]
+    NoRoots,
     /// A root of `backward` is not usable.
     #[error("backward root {index}: {reason}")]
     BadRoot {
@@ -41,14 +45,11 @@ pub enum AutogradError {
         /// libtorch's message.
         message: String,
     },
-    /// Another worker's part failed (its error inside).
-    #[error("error on worker {worker}: {message}")]
-    Remote {
-        /// The worker whose part failed.
-        worker: String,
-        /// Its error.
-        message: String,
-    },
+    /// Another worker's part failed: the worker where the error started
+    /// ([`RemoteError::origin`]), its message, and the workers that relayed
+    /// it here ([`RemoteError::hops`]).
+    #[error(transparent)]
+    Remote(RemoteError),
     /// The RPC layer failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),
@@ -66,17 +67,79 @@ pub enum AutogradError {
 }
 
 impl AutogradError {
-    /// An error from another worker's part, named by that worker.
+    /// An error in the reply of `worker`, sent a gradient by this worker:
+    /// a failed call names `worker` as its origin.
     pub(crate) fn from_remote(worker: &str, error: RpcError) -> Self {
         match error {
-            RpcError::Remote { message, .. } => AutogradError::Remote {
-                worker: worker.to_string(),
-                message,
-            },
-            other => AutogradError::Remote {
-                worker: worker.to_string(),
-                message: other.to_string(),
-            },
+            RpcError::Remote { message, .. } => {
+                AutogradError::Remote(RemoteError::new(worker, message))
+            }
+            other => AutogradError::Rpc(other),
         }
+    }
+
+    /// This worker's part failed with `self`: the error as it travels
+    /// back to the worker that sent the gradient, `me` named as its origin
+    /// unless it started further away (then `me` is one more hop).
+    pub(crate) fn into_remote(self, me: &str) -> RemoteError {
+        match self {
+            AutogradError::Remote(r) => r.relayed_by(me),
+            AutogradError::Engine { worker, message } => RemoteError::new(
+                worker,
+                format!("the local autograd engine failed: {message}"),
+            ),
+            other => RemoteError::new(me, other.to_string()),
+        }
+    }
+}
+
+/// The error proper of a libtorch error text: without the C++ backtrace
+/// libtorch appends ("Exception raised from ..., frame #0: ...").
+pub(crate) fn error_proper(text: &str) -> String {
+    let cut = [
+        "\nException raised from ",
+        "Exception raised from ",
+        "\nframe #",
+    ]
+    .iter()
+    .filter_map(|m| text.find(m))
+    .min()
+    .unwrap_or(text.len());
+    text[..cut].trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtorch_backtraces_are_cut_from_error_texts() {
+        let text = "one of the variables needed for gradient computation has been modified by an inplace operation\nException raised from unpack at /pytorch/torch/csrc/autograd/saved_variable.cpp:180 (most recent call first):\nframe #0: c10::Error::Error() + 0x9e";
+        assert_eq!(
+            error_proper(text),
+            "one of the variables needed for gradient computation has been modified by an inplace operation"
+        );
+        assert_eq!(error_proper("plain"), "plain");
+        assert_eq!(error_proper("two\nlines"), "two\nlines");
+    }
+
+    #[test]
+    fn errors_relayed_back_name_their_origin_once() {
+        let engine = AutogradError::Engine {
+            worker: "worker2".into(),
+            message: "inplace".into(),
+        };
+        let at_w2 = engine.into_remote("worker2");
+        let at_w0 = AutogradError::Remote(at_w2).into_remote("worker0");
+        let at_root = AutogradError::Remote(at_w0.relayed_by("worker3"));
+        let AutogradError::Remote(r) = &at_root else {
+            unreachable!()
+        };
+        assert_eq!(r.origin(), "worker2");
+        assert_eq!(r.hops(), ["worker2", "worker0", "worker3"]);
+        assert_eq!(
+            at_root.to_string(),
+            "error on worker worker2: the local autograd engine failed: inplace (relayed by worker0 -> worker3)"
+        );
     }
 }

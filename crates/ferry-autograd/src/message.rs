@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_rpc::{Agent, BoxFuture, RpcError, Service, WorkerInfo};
+use ferry_rpc::{Agent, BoxFuture, RemoteError, RpcError, Service, WorkerInfo};
 use ferry_tch::Tensor;
 use ferry_transport::IncomingMessage;
 use ferry_wire::payload::{self, Encoded};
@@ -38,6 +38,17 @@ pub(crate) enum AutogradMessage {
     },
     /// These contexts ended: release them here and pass it on.
     ReleaseContexts { context_ids: Vec<u64> },
+}
+
+/// The reply to [`AutogradMessage::Propagate`], once the part it started
+/// (here and further on) has finished.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum PropagateReply {
+    /// Every part finished.
+    Done,
+    /// A part failed: where the error started and the workers that
+    /// relayed it, this one last.
+    Failed(RemoteError),
 }
 
 /// Sends a clean-up message, retrying on dead-peer and timeout errors with
@@ -108,15 +119,18 @@ impl Service for AutogradService {
                     message_id,
                     grad,
                 } => {
-                    engine::on_propagate(
+                    let outcome = engine::on_propagate(
                         container.clone(),
                         context_id,
                         message_id,
                         grad.into_inner(),
                     )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    payload::encode(&()).map_err(|e| e.to_string())
+                    .await;
+                    let reply = match outcome {
+                        Ok(()) => PropagateReply::Done,
+                        Err(e) => PropagateReply::Failed(e.into_remote(&container.worker_name())),
+                    };
+                    payload::encode(&reply).map_err(|e| e.to_string())
                 }
                 AutogradMessage::ReleaseContexts { context_ids } => {
                     for id in context_ids {

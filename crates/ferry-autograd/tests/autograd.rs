@@ -431,3 +431,78 @@ fn errors_name_the_worker_and_leave_everyone_usable() {
         },
     );
 }
+
+#[test]
+fn backward_refuses_no_roots_and_leaf_roots_without_touching_the_graph() {
+    world_ok(
+        "backward_refuses_no_roots_and_leaf_roots_without_touching_the_graph",
+        2,
+        |rank| {
+            let container = init(rank);
+            if rank == 0 {
+                let x = tch::Tensor::randn([3], F64).set_requires_grad(true);
+                let ctx = ferry_autograd::context().unwrap();
+                let y: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();
+                let err = ctx.backward(&[], false).unwrap_err();
+                assert!(matches!(err, AutogradError::NoRoots), "{err}");
+                assert!(
+                    err.to_string()
+                        .contains("no tensors provided for gradient computation"),
+                    "{err}"
+                );
+                // A leaf that requires grad has no gradient function.
+                let leaf = tch::Tensor::ones([1], F64).set_requires_grad(true);
+                let err = ctx.backward(&[leaf], false).unwrap_err();
+                assert!(
+                    matches!(err, AutogradError::BadRoot { index: 0, .. }),
+                    "{err}"
+                );
+                assert!(err.to_string().contains("gradient function"), "{err}");
+                // The graph is intact: the correct backward still works.
+                ctx.backward(&[y.sum(tch::Kind::Double)], false).unwrap();
+                assert_close(
+                    ctx.gradients().get(&x).unwrap(),
+                    &x.detach().cos(),
+                    "after the refused backwards",
+                );
+            }
+            finish(&container);
+        },
+    );
+}
+
+#[test]
+fn an_error_three_hops_away_names_its_origin_once() {
+    world_ok(
+        "an_error_three_hops_away_names_its_origin_once",
+        4,
+        |rank| {
+            let container = init(rank);
+            if rank == 1 {
+                let x = tch::Tensor::randn([3], F64).set_requires_grad(true);
+                let ctx = ferry_autograd::context().unwrap();
+                // worker1 -> worker3 -> worker0 -> worker2 (sigmoid, kept there).
+                let path = vec![name(0), name(2)];
+                let y: Tensor = ferry_rpc::rpc_sync(name(3), "chain", (t(&x), path)).unwrap();
+                ferry_rpc::rpc_sync::<(), _>(name(2), "corrupt", ()).unwrap();
+                let err = ctx
+                    .backward(&[y.sum(tch::Kind::Double)], false)
+                    .unwrap_err();
+                let AutogradError::Remote(remote) = &err else {
+                    panic!("want a remote error, got {err:?}");
+                };
+                assert_eq!(remote.origin(), "worker2");
+                assert_eq!(remote.hops(), ["worker2", "worker0", "worker3"]);
+                assert!(remote.message().contains("inplace"), "{err}");
+                let text = err.to_string();
+                assert!(text.starts_with("error on worker worker2: "), "{text}");
+                assert_eq!(text.matches("error on worker").count(), 1, "{text}");
+                assert!(text.ends_with("(relayed by worker0 -> worker3)"), "{text}");
+                // libtorch's C++ backtrace stays out of the message.
+                assert!(!text.contains("Exception raised from"), "{text}");
+                assert!(!text.contains("frame #"), "{text}");
+            }
+            finish(&container);
+        },
+    );
+}

@@ -127,3 +127,80 @@ pub enum RpcError {
     #[error("graceful shutdown failed: {0}")]
     Join(String),
 }
+
+/// An error that started on one worker and reached this one through a
+/// chain of others (a backward pass that failed three workers away, a
+/// call made from inside a call): the worker where it started and its
+/// message, with the workers it crossed kept as context.
+///
+/// ```
+/// use ferry_rpc::RemoteError;
+///
+/// let e = RemoteError::new("worker2", "the engine failed")
+///     .relayed_by("worker0")
+///     .relayed_by("worker3");
+/// assert_eq!(e.origin(), "worker2");
+/// assert_eq!(e.message(), "the engine failed");
+/// assert_eq!(e.hops(), ["worker2", "worker0", "worker3"]);
+/// assert_eq!(
+///     e.to_string(),
+///     "error on worker worker2: the engine failed (relayed by worker0 -> worker3)"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RemoteError {
+    origin: String,
+    message: String,
+    hops: Vec<String>,
+}
+
+impl RemoteError {
+    /// An error raised on `origin` with `message` (the error proper, not
+    /// prefixed with the worker's name).
+    pub fn new(origin: impl Into<String>, message: impl Into<String>) -> Self {
+        let origin = origin.into();
+        Self {
+            hops: vec![origin.clone()],
+            origin,
+            message: message.into(),
+        }
+    }
+
+    /// The same error, passed on by `worker` (added once to the hops).
+    #[must_use]
+    pub fn relayed_by(mut self, worker: impl Into<String>) -> Self {
+        let worker = worker.into();
+        if self.hops.last() != Some(&worker) {
+            self.hops.push(worker);
+        }
+        self
+    }
+
+    /// The worker where the error started.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The error as raised on its origin.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The workers the error crossed: its origin first, then each worker
+    /// that passed it on, the one that reported it here last.
+    pub fn hops(&self) -> &[String] {
+        &self.hops
+    }
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "error on worker {}: {}", self.origin, self.message)?;
+        if self.hops.len() > 1 {
+            write!(f, " (relayed by {})", self.hops[1..].join(" -> "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RemoteError {}

@@ -60,7 +60,7 @@ use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use call::RpcFuture;
-pub use error::RpcError;
+pub use error::{RemoteError, RpcError};
 pub use functions::{panic_message, BoxFuture, Functions, Signature};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};

@@ -104,6 +104,17 @@ pub(crate) fn functions() -> Functions {
         *KEPT.lock().unwrap() = Some(Tensor::from(y.shallow_clone()));
         Tensor::from(y)
     });
+    // Forwards `x` along `path` (nested calls in one context), the last
+    // hop running `sigmoid_kept`; each hop scales by one on the way back.
+    f.register_fallible("chain", |(x, path): (Tensor, Vec<String>)| {
+        let y: Tensor = match path.as_slice() {
+            [] => return Err("an empty path".to_string()),
+            [last] => ferry_rpc::rpc_sync(last.as_str(), "sigmoid_kept", x),
+            [next, rest @ ..] => ferry_rpc::rpc_sync(next.as_str(), "chain", (x, rest.to_vec())),
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(Tensor::from(&*y * 1.0))
+    });
     f.register("corrupt", |(): ()| {
         if let Some(t) = KEPT.lock().unwrap().take() {
             let mut t = t.into_inner();
