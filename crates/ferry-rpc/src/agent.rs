@@ -390,7 +390,13 @@ impl Agent {
                 return Err(RpcError::Config(format!("{kind} is not a service kind")));
             }
             let rank = inner.resolve(&to.into())?;
-            let name = format!("service {}", kind.0);
+            // Named as the service registered here for `kind` calls itself
+            // (every worker registers the same ones), for interceptors and
+            // errors: a timeout names "rref", not a number.
+            let name = match inner.services.get(&kind) {
+                Some(service) => service.name().to_string(),
+                None => format!("service {}", kind.0),
+            };
             let header = ServiceHeader {
                 extensions: inner.intercept_send(rank, &name, &message.tensors),
             };

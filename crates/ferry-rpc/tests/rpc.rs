@@ -541,11 +541,21 @@ impl Service for SumService {
         from: WorkerInfo,
         message: IncomingMessage,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Encoded, String>> + Send>> {
+        // The agent is current while `handle` runs (not inside the future).
+        let store = ferry_rpc::Agent::current().map(|a| a.store());
         Box::pin(async move {
             let v: Vec<i64> =
                 payload::decode(&message.payload, message.tensors).map_err(|e| e.to_string())?;
             if v.is_empty() {
                 return Err(format!("empty list from {}", from.name));
+            }
+            if v == [-1] {
+                // Answers once the store key `gate/sum` is set.
+                store
+                    .ok_or("no current agent")?
+                    .wait(&["gate/sum".to_string()], Duration::from_secs(60))
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             tokio::task::yield_now().await;
             let tag = SCOPE_TAG.with(|t| t.borrow().clone());
@@ -617,8 +627,27 @@ fn services_and_interceptors_plug_in() {
                 payload::decode(&reply.payload, reply.tensors).unwrap();
             assert_eq!((from.as_str(), sum), ("worker0", 6));
             // Service messages carry extensions, and the handler runs in the scope.
-            let want = format!("to worker1 calling service {} from worker0", kind.0);
-            assert_eq!(tag, Some(want));
+            // Named as the service calls itself.
+            assert_eq!(tag.as_deref(), Some("to worker1 calling sum from worker0"));
+            // A service message that times out names the service too.
+            let err = agent
+                .call_service(
+                    1u32,
+                    kind,
+                    payload::encode(&vec![-1i64]).unwrap(),
+                    Duration::from_millis(100),
+                )
+                .wait()
+                .unwrap_err();
+            assert!(matches!(err, RpcError::Timeout { .. }), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with("call of \"sum\" on worker \"worker1\" timed out"),
+                "{err}"
+            );
+            agent
+                .block_on(agent.store().set("gate/sum", vec![1]))
+                .unwrap();
             let err = agent
                 .call_service(
                     1u32,
@@ -647,7 +676,7 @@ fn services_and_interceptors_plug_in() {
             assert_eq!(SCOPE_TAG.with(|t| t.borrow().clone()), None);
             assert_eq!(
                 sent.load(Ordering::SeqCst),
-                6,
+                7,
                 "interceptors see function calls and service messages"
             );
         }

@@ -489,10 +489,13 @@ fn a_call_whose_arguments_fail_to_encode_releases_its_rrefs() {
                         ferry_rpc::rpc_sync::<i64, _>("worker2", "fetch", (r.clone(), Unencodable))
                             .unwrap_err();
                     assert!(matches!(e, ferry_rpc::RpcError::Codec { .. }), "{e}");
+                    // The type's own message, not only postcard's.
+                    assert!(e.to_string().contains("refuses to be encoded"), "{e}");
                     let e =
                         ferry_rref::remote::<i64, _>("worker3", "fetch", (r.clone(), Unencodable))
                             .unwrap_err();
                     assert!(matches!(e, RRefError::Codec(_)), "{e}");
+                    assert!(e.to_string().contains("refuses to be encoded"), "{e}");
                 }
                 assert_eq!(ctx.debug_info().num_pending_children, 0);
                 drop((owned, user));

@@ -29,6 +29,7 @@
 //! assert_eq!(decoded.payload, b"args");
 //! ```
 
+mod catch;
 mod descriptor;
 mod device;
 mod dtype;

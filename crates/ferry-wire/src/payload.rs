@@ -125,6 +125,16 @@ pub fn encode_into<T: Serialize + ?Sized>(
             .map(std::mem::take)
             .unwrap_or_default()
     });
+    if matches!(result, Err(postcard::Error::SerdeSerCustom))
+        && LAST_CUSTOM.with(|c| c.borrow().is_none())
+    {
+        // A type's own custom error: postcard dropped its text, so walk
+        // the value again (still inside this table, whose tensors are
+        // dropped) to catch it.
+        if let Some(msg) = crate::catch::custom_message(value) {
+            LAST_CUSTOM.with(|c| *c.borrow_mut() = Some(msg));
+        }
+    }
     drop(scope);
     match result {
         Ok(buf) => {

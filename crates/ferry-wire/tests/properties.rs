@@ -310,3 +310,20 @@ fn hashmap_of_tensors_round_trips() {
         payload::decode(&encoded.payload, receive(&encoded)).unwrap();
     assert_eq!(back, map);
 }
+
+#[test]
+fn a_custom_serialization_error_keeps_its_text() {
+    struct Refuses;
+    impl Serialize for Refuses {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom(
+                "this value refuses to be encoded",
+            ))
+        }
+    }
+    let err = payload::encode(&(7u32, "x", Refuses))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("this value refuses to be encoded"), "{err}");
+    assert!(!err.contains("Serde Serialization Error"), "{err}");
+}
