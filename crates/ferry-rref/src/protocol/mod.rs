@@ -20,6 +20,12 @@
 //! its deletion without a confirmation, and an owner that gets a deletion
 //! for a user it does not know yet keeps it until the creating message
 //! arrives ([`RRefProtocol::remote_failed`]).
+//!
+//! Another: a message carrying a fork that its receiver certainly never
+//! decoded (it failed to encode or send, or was refused before its
+//! arguments were read) has its fork undone by the sender
+//! ([`RRefProtocol::fork_not_delivered`]), so a failed call leaves nothing
+//! referenced.
 
 mod dedup;
 mod ids;
