@@ -6,7 +6,9 @@
 //! - the `shm` transport or `shm` channel: the accepting side listens on a
 //!   fresh abstract Unix socket named in its handshake; the connecting side
 //!   creates the shared-memory segments and passes their descriptors over it;
-//! - the `cma` channel: nothing more (each handshake names the process);
+//! - the `cma` channel: only with the `shm` transport, whose set-up names
+//!   the peer process through the kernel (`SO_PEERCRED` on the Unix
+//!   socket); `cma` reads from that process only;
 //! - the `mpt` channel: the accepting side listens on a fresh TCP port named
 //!   in its handshake, the connecting side opens the lanes (one set per
 //!   direction).
@@ -33,8 +35,6 @@ use crate::{
     TransportError,
 };
 
-/// Handshake property: the sender's process id.
-const PROP_PID: &str = "pid";
 /// Handshake property: the abstract Unix socket for shared-memory setup.
 const PROP_SHM_SOCKET: &str = "shm.socket";
 /// Handshake property: the TCP address for `mpt` lanes.
@@ -86,8 +86,6 @@ impl Endpoint {
         selection: Vec<ChannelChoice>,
         properties: Vec<(String, String)>,
     ) -> Handshake {
-        let mut properties = properties;
-        properties.push((PROP_PID.into(), std::process::id().to_string()));
         Handshake {
             protocol_version: PROTOCOL_VERSION,
             worker_name: self.worker_name.clone(),
@@ -162,11 +160,21 @@ struct Agreement {
 
 impl Agreement {
     /// Both directions' channels and the transport, as both ends compute them.
+    ///
+    /// `cma` takes part only when the frames travel on the `shm` transport:
+    /// its records then arrive through rings shared with exactly the process
+    /// the kernel names at the other end of the Unix socket they were passed
+    /// over (`SO_PEERCRED`), and that is the only process `cma` reads from.
+    /// On TCP nothing ties the sender of a record to a process, so a peer
+    /// whose frames come over TCP never gets `cma`.
     fn compute(local: &Endpoint, peer: Handshake) -> Result<Agreement, TransportError> {
+        let transport = transport_name(select_transport(&local.transports, &peer.transports));
+        let mine = channels_for(&local.channels, transport);
+        let theirs = channels_for(&peer.channels, transport);
         Ok(Agreement {
-            outgoing: select_channels(&local.channels, &peer.channels)?,
-            incoming: select_channels(&peer.channels, &local.channels)?,
-            transport: transport_name(select_transport(&local.transports, &peer.transports)),
+            outgoing: select_channels(&mine, &theirs)?,
+            incoming: select_channels(&theirs, &mine)?,
+            transport,
             peer,
         })
     }
@@ -180,6 +188,16 @@ impl Agreement {
     fn needs_shm(&self) -> bool {
         self.transport == channel::SHM_TRANSPORT || self.uses(channel::SHM)
     }
+}
+
+/// The channel offers that may be selected over `transport`: without the
+/// `shm` transport, `cma` is left out (see [`Agreement::compute`]).
+fn channels_for(offers: &[ChannelOffer], transport: &str) -> Vec<ChannelOffer> {
+    offers
+        .iter()
+        .filter(|o| transport == channel::SHM_TRANSPORT || o.name != channel::CMA)
+        .cloned()
+        .collect()
 }
 
 fn transport_name(name: Option<&str>) -> &'static str {
@@ -296,12 +314,13 @@ impl PeerConnection {
             transport,
         } = agreement;
         let name = peer.worker_name.clone();
-        let peer_pid: Option<i32> = property(&peer, PROP_PID).and_then(|p| p.parse().ok());
+        // Only the process the kernel vouches for, never a pid a peer states.
+        let peer_pid = setup.peer_pid;
         let uses_cma_in = incoming.iter().any(|c| c.channel == channel::CMA);
         let uses_cma_out = outgoing.iter().any(|c| c.channel == channel::CMA);
-        if uses_cma_in && peer_pid.is_none() {
+        if (uses_cma_in || uses_cma_out) && (peer_pid.is_none() || setup.frames.is_none()) {
             return Err(fail(
-                "cma is selected but the peer did not name its process".into(),
+                "cma is selected without the shm transport's verified peer process".into(),
             ));
         }
         let gone = setup.peer_gone;
