@@ -118,13 +118,13 @@ fn worker() {
             tokio::spawn(async move {
                 let mut conn = match PeerConnection::accept(stream, &endpoint).await {
                     Ok(c) => c,
-                    Err(e) => return eprintln!("worker: handshake failed: {e}"),
+                    Err(e) => return println!("ACCEPT_FAILED={e}"),
                 };
                 loop {
                     let msg = match conn.reader.read().await {
                         Ok(Some(m)) => m,
                         Ok(None) => return,
-                        Err(e) => return eprintln!("worker: connection failed: {e}"),
+                        Err(e) => return println!("READ_FAILED={e}"),
                     };
                     let mut echoed = Vec::new();
                     for t in msg.tensors {
@@ -366,4 +366,40 @@ async fn a_claimed_pid_never_makes_cma_read_another_process() {
     );
     drop(c);
     let _ = victim.child.stdin.take();
+}
+
+/// Waits (bounded) until the worker closes `s`; fails if it sends anything.
+async fn closed_without_a_word(s: &mut TcpStream) {
+    let mut got = Vec::new();
+    match tokio::time::timeout(STEP, s.read_to_end(&mut got)).await {
+        Ok(_) => assert!(got.is_empty(), "the worker sent {} bytes", got.len()),
+        Err(_) => panic!("the worker kept the connection open for {STEP:?}"),
+    }
+}
+
+/// Issue 23, point 5: the header of the first frame is checked against the
+/// handshake's 64 KiB cap before anything else is read: a header announcing
+/// 256 MiB closes the connection at once, and the worker serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_frame_larger_than_a_handshake_is_refused_unread() {
+    let (mut worker, addr) = start_worker(&[]);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let header = FrameHeader {
+        kind: MessageKind::HANDSHAKE,
+        flags: Flags::NONE,
+        request_id: 0,
+        payload_len: 256 << 20,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    s.write_all(&header.encode()).await.unwrap();
+    closed_without_a_word(&mut s).await;
+    let err = worker.value("ACCEPT_FAILED");
+    assert!(
+        err.contains("payload length") && err.contains(&(64 << 10).to_string()),
+        "{err}"
+    );
+    PeerConnection::connect(addr, &Endpoint::new("client", 1))
+        .await
+        .expect("the worker still serves");
 }

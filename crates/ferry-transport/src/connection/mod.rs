@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_wire::{
-    ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind, TransportOffer,
-    PROTOCOL_VERSION,
+    handshake_limits, ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind,
+    TransportOffer, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -247,9 +247,11 @@ impl PeerConnection {
         stream.set_nodelay(true).map_err(io_err)?;
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
         let (r, w) = stream.into_split();
+        // Until the handshake is in, a frame may hold a handshake and nothing
+        // more: a header announcing more is refused before its body is read.
         let mut reader = FrameReader::new(
             PeerReader::Tcp(r),
-            local.limits,
+            handshake_limits(),
             local.allocator.clone(),
             Selection::default(),
             peer_addr.clone(),
@@ -357,6 +359,7 @@ impl PeerConnection {
                 PeerWriter::Tcp(tcp) | PeerWriter::Shm(_, tcp) => PeerWriter::Shm(sw, tcp),
             });
         }
+        reader.set_limits(local.limits);
         reader.set_selection(Selection::new(incoming));
         reader.set_peer(name.clone());
         writer.set_selection(Selection::new(outgoing));
