@@ -403,3 +403,63 @@ async fn a_first_frame_larger_than_a_handshake_is_refused_unread() {
         .await
         .expect("the worker still serves");
 }
+
+/// Issue 23, point 9 (handshake disclosure): a client that sends garbage or
+/// an invalid handshake gets nothing back; one whose handshake is valid
+/// but shares no same-host domain learns neither the worker's pid nor its
+/// boot id, namespaces or user ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_reveals_nothing_a_stranger_does_not_need() {
+    let (worker, addr) = start_worker(&[]);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n")
+        .await
+        .unwrap();
+    closed_without_a_word(&mut s).await;
+
+    let mut wrong = Handshake::decode(&handshake("tcp", "inline", Vec::new()).payload).unwrap();
+    wrong.protocol_version = PROTOCOL_VERSION + 1;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let payload = wrong.encode().unwrap();
+    let header = FrameHeader {
+        kind: MessageKind::HANDSHAKE,
+        flags: Flags::NONE,
+        request_id: 0,
+        payload_len: payload.len() as u32,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    s.write_all(&[&header.encode()[..], &payload].concat())
+        .await
+        .unwrap();
+    closed_without_a_word(&mut s).await;
+
+    let mut c = raw(addr).await;
+    c.writer
+        .write(&handshake("tcp", "inline", Vec::new()))
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(STEP, c.reader.read())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let reply = Handshake::decode(&reply.payload).unwrap();
+    let text = format!("{reply:?}");
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    for secret in [
+        boot.trim(),
+        "pid:[",
+        "user:[",
+        "net:[",
+        "uid=",
+        &worker.pid().to_string(),
+    ] {
+        assert!(
+            !text.contains(secret),
+            "the reply reveals {secret:?}: {text}"
+        );
+    }
+    assert_eq!(reply.worker_name, "worker");
+    assert_eq!(reply.selection.len(), 1, "{:?}", reply.selection);
+}

@@ -29,7 +29,9 @@ use tokio::net::TcpStream;
 
 use crate::framing::{ReadChannels, Shared, WriteChannels};
 use crate::mpt::{LaneListener, MptReceiver, MptSender};
-use crate::selection::{select_channels, select_transport, verify, Selection};
+use crate::selection::{
+    disclosed_channels, disclosed_transports, select_channels, select_transport, verify, Selection,
+};
 use crate::{
     channel, Allocator, ChannelConfig, FrameReader, FrameWriter, OutgoingMessage, RawAllocator,
     TransportError,
@@ -81,17 +83,29 @@ impl Endpoint {
         }
     }
 
+    /// This side's handshake. The accepting side passes the peer's
+    /// (already accepted) handshake and shows only the offers whose domain
+    /// descriptors the peer gave too ([`disclosed_channels`]): boot ids,
+    /// namespace and user ids reach only a peer that has them already.
     fn handshake(
         &self,
+        peer: Option<&Handshake>,
         selection: Vec<ChannelChoice>,
         properties: Vec<(String, String)>,
     ) -> Handshake {
+        let (transports, channels) = match peer {
+            Some(p) => (
+                disclosed_transports(&self.transports, &p.transports),
+                disclosed_channels(&self.channels, &p.channels),
+            ),
+            None => (self.transports.clone(), self.channels.clone()),
+        };
         Handshake {
             protocol_version: PROTOCOL_VERSION,
             worker_name: self.worker_name.clone(),
             rank: self.rank,
-            transports: self.transports.clone(),
-            channels: self.channels.clone(),
+            transports,
+            channels,
             selection,
             properties,
         }
@@ -268,7 +282,11 @@ impl PeerConnection {
                 let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
                 let props = vec![(PROP_MPT_LANES.into(), lanes.to_string())];
                 writer
-                    .write(&handshake_message(local.handshake(Vec::new(), props))?)
+                    .write(&handshake_message(local.handshake(
+                        None,
+                        Vec::new(),
+                        props,
+                    ))?)
                     .await?;
                 let peer = read_handshake(&mut reader, &fail).await?;
                 let agreement = Agreement::compute(local, peer)?;
@@ -281,7 +299,8 @@ impl PeerConnection {
                 let agreement = Agreement::compute(local, peer)?;
                 let mut props = Vec::new();
                 let shm_listener = if agreement.needs_shm() {
-                    let name = format!("ferry/{}/{nonce:016x}", std::process::id());
+                    // No pid in the name: the peer learns nothing it does not need.
+                    let name = format!("ferry/{nonce:016x}{:016x}", fresh_nonce());
                     let listener = bind_abstract(&name).map_err(&io_err)?;
                     props.push((PROP_SHM_SOCKET.into(), name));
                     Some(listener)
@@ -296,9 +315,11 @@ impl PeerConnection {
                     None
                 };
                 writer
-                    .write(&handshake_message(
-                        local.handshake(agreement.incoming.clone(), props),
-                    )?)
+                    .write(&handshake_message(local.handshake(
+                        Some(&agreement.peer),
+                        agreement.incoming.clone(),
+                        props,
+                    ))?)
                     .await?;
                 let setup = tokio::time::timeout(
                     SETUP_TIMEOUT,
