@@ -3,7 +3,7 @@
 //!
 //! | channel | carries tensor bytes | domain (who can use it with whom) | default priority |
 //! |---|---|---|---|
-//! | `cma` | receiver pulls them from the sender's memory (`process_vm_readv`): one copy | same boot, PID and user namespace, user (only offered where the kernel permits it) | 30 |
+//! | `cma` | receiver pulls them from the sender's memory (`process_vm_readv`): one copy | same boot, PID and user namespace, user (only offered where the kernel permits it); selected only with the `shm` transport, reading only from the process the kernel names as the peer | 30 |
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot and network namespace | 20 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
 //! | `inline` | after the frame on the connection itself | any | 0 |

@@ -5,9 +5,12 @@
 //! Viability is checked the way TensorPipe checks it:
 //! - the syscall works in this process (a seccomp filter may forbid it: a
 //!   read of our own memory is tried);
-//! - the kernel's Yama policy allows it: with `ptrace_scope` 1 this process
-//!   declares any process may read it (`PR_SET_PTRACER_ANY`); with 2 it
-//!   needs `CAP_SYS_PTRACE`; with 3 it is never allowed;
+//! - the kernel's Yama policy allows it: with `ptrace_scope` 0 (or no Yama)
+//!   the classic same-user rule applies; with 1 only an ancestor may read a
+//!   process, so two sibling workers can use `cma` only if each declares
+//!   that any process may read it (`PR_SET_PTRACER_ANY`), which this build
+//!   does only when `FERRY_CMA_PTRACER_ANY=1` asks for it (see below); with
+//!   2 it needs `CAP_SYS_PTRACE`; with 3 it is never allowed;
 //! - the two processes share a boot id, PID namespace, user namespace and
 //!   user and group ids: all of these go into the channel's domain
 //!   descriptor, so selection only picks `cma` between processes that have
@@ -15,6 +18,25 @@
 //!
 //! When any check fails the channel is simply not offered, and selection
 //! falls back to the next channel.
+//!
+//! # Whom a receiver reads
+//!
+//! Only the process the kernel names at the other end of the connection:
+//! `cma` is selected only with the `shm` transport, and the pid comes from
+//! `SO_PEERCRED` on the Unix socket the rings were passed over, never from
+//! the peer's handshake (see `connection`). A peer can make the receiver
+//! read only its own memory.
+//!
+//! # The ptrace opt-in (`FERRY_CMA_PTRACER_ANY`)
+//!
+//! Under Yama `ptrace_scope` 1 (the default of several distributions),
+//! `PR_SET_PTRACER_ANY` switches Yama's protection off for this process:
+//! every process of the same user may then attach to it (`ptrace`, a
+//! debugger) and read or write its memory, not only the Ferry peers. It is
+//! the price of `cma` between sibling workers on such a host, and it is off
+//! by default: without it `cma` is not offered there and tensors take the
+//! `shm` channel (one more copy). Where Yama is absent or at 0 (as on the
+//! machines Ferry is tested on) the opt-in is not needed and not used.
 //!
 //! On the wire a `cma` tensor is a record (address, token) in the frame; the
 //! sender keeps the tensor alive under its token until the receiver's
@@ -63,14 +85,24 @@ fn check_ptrace_policy() -> Result<(), String> {
     };
     match scope {
         0 => Ok(()),
-        1 => rustix::process::set_ptracer(rustix::process::PTracer::Any)
+        1 if ptracer_any_opted_in() => rustix::process::set_ptracer(rustix::process::PTracer::Any)
             .map_err(|e| format!("Yama ptrace_scope is 1 and PR_SET_PTRACER failed: {e}")),
+        1 => Err(
+            "Yama ptrace_scope is 1: sibling processes cannot read each other unless \
+                  FERRY_CMA_PTRACER_ANY=1 lets any process of this user trace this one"
+                .into(),
+        ),
         2 if has_cap_sys_ptrace() => Ok(()),
         2 => Err("Yama ptrace_scope is 2 and this process lacks CAP_SYS_PTRACE".into()),
         n => Err(format!(
             "Yama ptrace_scope is {n}: no process may read another"
         )),
     }
+}
+
+/// Whether `FERRY_CMA_PTRACER_ANY=1` accepts the ptrace trade-off.
+fn ptracer_any_opted_in() -> bool {
+    std::env::var("FERRY_CMA_PTRACER_ANY").is_ok_and(|v| v.trim() == "1")
 }
 
 fn has_cap_sys_ptrace() -> bool {

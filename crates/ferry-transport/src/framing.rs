@@ -176,6 +176,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.selection = selection;
     }
 
+    /// Replaces the limits checked on every frame read from now on.
+    pub(crate) fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
     /// The stream the frames are read from.
     pub fn stream_mut(&mut self) -> &mut R {
         self.inner.get_mut()

@@ -197,6 +197,53 @@ pub fn select_transport<'a>(
     best.map(|(_, name)| name)
 }
 
+/// What of `local`'s channel offers a peer that offered `peer` may see: the
+/// devices whose descriptor equals one the peer gave for the same channel.
+/// A descriptor names where a channel reaches (boot id, namespaces, user
+/// ids), so an accepting worker reveals one only to a peer that showed it
+/// already. Selection is unchanged by the filter: only equal descriptors
+/// ever qualify, and priorities are kept.
+pub fn disclosed_channels(local: &[ChannelOffer], peer: &[ChannelOffer]) -> Vec<ChannelOffer> {
+    local
+        .iter()
+        .filter_map(|offer| {
+            let theirs: Vec<&str> = peer
+                .iter()
+                .filter(|p| p.name == offer.name)
+                .flat_map(|p| p.devices.iter().map(|d| d.descriptor.as_str()))
+                .collect();
+            let devices: Vec<_> = offer
+                .devices
+                .iter()
+                .filter(|d| theirs.contains(&d.descriptor.as_str()))
+                .cloned()
+                .collect();
+            (!devices.is_empty()).then(|| ChannelOffer {
+                name: offer.name.clone(),
+                priority: offer.priority,
+                devices,
+            })
+        })
+        .collect()
+}
+
+/// What of `local`'s transport offers a peer that offered `peer` may see:
+/// those it offered too, with an equal descriptor (see
+/// [`disclosed_channels`]).
+pub fn disclosed_transports(
+    local: &[TransportOffer],
+    peer: &[TransportOffer],
+) -> Vec<TransportOffer> {
+    local
+        .iter()
+        .filter(|l| {
+            peer.iter()
+                .any(|p| p.name == l.name && p.descriptor == l.descriptor)
+        })
+        .cloned()
+        .collect()
+}
+
 /// Chooses, for every (source device, target device) pair, the channel that
 /// carries tensors from the `sender`'s source device into the `receiver`'s
 /// target device, by the rule in the [module documentation](self).
@@ -887,6 +934,30 @@ mod tests {
                         }
                     }
                 }
+            }
+
+            #[test]
+            fn disclosure_hides_foreign_descriptors_and_keeps_the_selection(
+                local in offers(),
+                peer in offers(),
+            ) {
+                let shown = disclosed_channels(&local, &peer);
+                // Every descriptor shown is one the peer gave for that channel.
+                for o in &shown {
+                    for d in &o.devices {
+                        prop_assert!(peer.iter().any(|p| p.name == o.name
+                            && p.devices.iter().any(|pd| pd.descriptor == d.descriptor)));
+                    }
+                }
+                // Both ends still compute the same selection, both ways.
+                prop_assert_eq!(
+                    select_channels(&shown, &peer).expect("valid"),
+                    select_channels(&local, &peer).expect("valid")
+                );
+                prop_assert_eq!(
+                    select_channels(&peer, &shown).expect("valid"),
+                    select_channels(&peer, &local).expect("valid")
+                );
             }
 
             #[test]

@@ -116,9 +116,11 @@ async fn inline_over_tcp() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cma_over_tcp() {
-    exchange("cma", "tcp", 0, "tcp", "cma").await;
-    exchange("cma, inline", "tcp", 1 << 20, "tcp", "cma").await;
+async fn cma_over_the_shm_transport_only() {
+    exchange("cma", "shm", 0, "shm", "cma").await;
+    exchange("cma, inline", "shm", 1 << 20, "shm", "cma").await;
+    // Over TCP nothing ties a record's sender to a process: no cma.
+    exchange("cma, inline", "tcp", 0, "tcp", "inline").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +143,7 @@ async fn every_channel_over_the_shm_transport() {
 
 #[tokio::test]
 async fn cma_on_a_current_thread_runtime() {
-    exchange("cma", "tcp", 0, "tcp", "cma").await;
+    exchange("cma", "shm", 0, "shm", "cma").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,8 +189,8 @@ async fn channels_fall_back_when_the_peer_lacks_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tensor_stays_alive_until_released() {
     let (mut server, mut client) = pair(
-        endpoint("s", 0, "cma", "tcp", 0),
-        endpoint("c", 1, "cma", "tcp", 0),
+        endpoint("s", 0, "cma", "shm", 0),
+        endpoint("c", 1, "cma", "shm", 0),
     )
     .await;
     let t = sample(1 << 20, 7);
@@ -234,9 +236,11 @@ async fn malformed_channel_records_are_typed_errors() {
         ("cma", vec![1u8, 0, 0], "closed"),
     ];
     for (ch, record, expected) in cases {
+        // cma is selected only with the shm transport.
+        let transport = if ch == "cma" { "shm" } else { "tcp" };
         let (mut server, mut client) = pair(
-            endpoint("s", 0, ch, "tcp", 0),
-            endpoint("c", 1, ch, "tcp", 0),
+            endpoint("s", 0, ch, transport, 0),
+            endpoint("c", 1, ch, transport, 0),
         )
         .await;
         client.writer.write_raw_for_tests(&raw_frame(&record)).await;
@@ -249,8 +253,8 @@ async fn malformed_channel_records_are_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_an_unknown_token_is_refused() {
     let (mut server, mut client) = pair(
-        endpoint("s", 0, "cma", "tcp", 0),
-        endpoint("c", 1, "cma", "tcp", 0),
+        endpoint("s", 0, "cma", "shm", 0),
+        endpoint("c", 1, "cma", "shm", 0),
     )
     .await;
     let header = ferry_wire::FrameHeader {

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Device, WireError};
+use crate::{Device, Limits, WireError};
 
 /// Version of the connection protocol spoken after the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -80,6 +80,21 @@ pub struct Handshake {
 /// Largest encoded handshake accepted.
 pub const MAX_HANDSHAKE_BYTES: usize = 64 << 10;
 
+/// The limits a reader applies to the first frame of a connection, before
+/// the handshake: a payload of at most [`MAX_HANDSHAKE_BYTES`] and no
+/// descriptor table or tensors, so a frame header announcing more is
+/// refused before anything else is read or allocated.
+pub fn handshake_limits() -> Limits {
+    Limits {
+        max_payload_bytes: MAX_HANDSHAKE_BYTES as u32,
+        max_descriptor_bytes: 0,
+        max_tensors: 0,
+        max_dims: 0,
+        max_tensor_bytes: 0,
+        max_message_tensor_bytes: 0,
+    }
+}
+
 impl Handshake {
     /// Encodes the handshake as a postcard payload.
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
@@ -110,5 +125,41 @@ impl Handshake {
             )));
         }
         Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Flags, FrameHeader, MessageKind, HEADER_LEN};
+
+    fn header(payload_len: u32, descriptors_len: u32, tensor_count: u32) -> [u8; HEADER_LEN] {
+        FrameHeader {
+            kind: MessageKind::HANDSHAKE,
+            flags: Flags::NONE,
+            request_id: 0,
+            payload_len,
+            descriptors_len,
+            tensor_count,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn the_first_frame_is_checked_against_the_handshake_cap() {
+        let limits = handshake_limits();
+        let max = MAX_HANDSHAKE_BYTES as u32;
+        assert!(FrameHeader::decode(&header(max, 0, 0), &limits).is_ok());
+        let err = FrameHeader::decode(&header(256 << 20, 0, 0), &limits).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            WireError::TooLarge {
+                what: "payload length",
+                len: 256 << 20,
+                max: max.into()
+            }
+            .to_string()
+        );
+        assert!(FrameHeader::decode(&header(10, 24, 1), &limits).is_err());
     }
 }

@@ -47,7 +47,7 @@ pub use frame::{
     HEADER_LEN, MAGIC, WIRE_VERSION,
 };
 pub use handshake::{
-    ChannelChoice, ChannelOffer, DeviceOffer, Handshake, TransportOffer, MAX_HANDSHAKE_BYTES,
-    PROTOCOL_VERSION,
+    handshake_limits, ChannelChoice, ChannelOffer, DeviceOffer, Handshake, TransportOffer,
+    MAX_HANDSHAKE_BYTES, PROTOCOL_VERSION,
 };
 pub use payload::{Encoded, IncomingTensor, OutgoingTensor};

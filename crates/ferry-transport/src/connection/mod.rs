@@ -6,7 +6,9 @@
 //! - the `shm` transport or `shm` channel: the accepting side listens on a
 //!   fresh abstract Unix socket named in its handshake; the connecting side
 //!   creates the shared-memory segments and passes their descriptors over it;
-//! - the `cma` channel: nothing more (each handshake names the process);
+//! - the `cma` channel: only with the `shm` transport, whose set-up names
+//!   the peer process through the kernel (`SO_PEERCRED` on the Unix
+//!   socket); `cma` reads from that process only;
 //! - the `mpt` channel: the accepting side listens on a fresh TCP port named
 //!   in its handshake, the connecting side opens the lanes (one set per
 //!   direction).
@@ -19,22 +21,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_wire::{
-    ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind, TransportOffer,
-    PROTOCOL_VERSION,
+    handshake_limits, ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind,
+    TransportOffer, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::framing::{ReadChannels, Shared, WriteChannels};
 use crate::mpt::{LaneListener, MptReceiver, MptSender};
-use crate::selection::{select_channels, select_transport, verify, Selection};
+use crate::selection::{
+    disclosed_channels, disclosed_transports, select_channels, select_transport, verify, Selection,
+};
 use crate::{
     channel, Allocator, ChannelConfig, FrameReader, FrameWriter, OutgoingMessage, RawAllocator,
     TransportError,
 };
 
-/// Handshake property: the sender's process id.
-const PROP_PID: &str = "pid";
 /// Handshake property: the abstract Unix socket for shared-memory setup.
 const PROP_SHM_SOCKET: &str = "shm.socket";
 /// Handshake property: the TCP address for `mpt` lanes.
@@ -81,19 +83,29 @@ impl Endpoint {
         }
     }
 
+    /// This side's handshake. The accepting side passes the peer's
+    /// (already accepted) handshake and shows only the offers whose domain
+    /// descriptors the peer gave too ([`disclosed_channels`]): boot ids,
+    /// namespace and user ids reach only a peer that has them already.
     fn handshake(
         &self,
+        peer: Option<&Handshake>,
         selection: Vec<ChannelChoice>,
         properties: Vec<(String, String)>,
     ) -> Handshake {
-        let mut properties = properties;
-        properties.push((PROP_PID.into(), std::process::id().to_string()));
+        let (transports, channels) = match peer {
+            Some(p) => (
+                disclosed_transports(&self.transports, &p.transports),
+                disclosed_channels(&self.channels, &p.channels),
+            ),
+            None => (self.transports.clone(), self.channels.clone()),
+        };
         Handshake {
             protocol_version: PROTOCOL_VERSION,
             worker_name: self.worker_name.clone(),
             rank: self.rank,
-            transports: self.transports.clone(),
-            channels: self.channels.clone(),
+            transports,
+            channels,
             selection,
             properties,
         }
@@ -162,11 +174,21 @@ struct Agreement {
 
 impl Agreement {
     /// Both directions' channels and the transport, as both ends compute them.
+    ///
+    /// `cma` takes part only when the frames travel on the `shm` transport:
+    /// its records then arrive through rings shared with exactly the process
+    /// the kernel names at the other end of the Unix socket they were passed
+    /// over (`SO_PEERCRED`), and that is the only process `cma` reads from.
+    /// On TCP nothing ties the sender of a record to a process, so a peer
+    /// whose frames come over TCP never gets `cma`.
     fn compute(local: &Endpoint, peer: Handshake) -> Result<Agreement, TransportError> {
+        let transport = transport_name(select_transport(&local.transports, &peer.transports));
+        let mine = channels_for(&local.channels, transport);
+        let theirs = channels_for(&peer.channels, transport);
         Ok(Agreement {
-            outgoing: select_channels(&local.channels, &peer.channels)?,
-            incoming: select_channels(&peer.channels, &local.channels)?,
-            transport: transport_name(select_transport(&local.transports, &peer.transports)),
+            outgoing: select_channels(&mine, &theirs)?,
+            incoming: select_channels(&theirs, &mine)?,
+            transport,
             peer,
         })
     }
@@ -180,6 +202,16 @@ impl Agreement {
     fn needs_shm(&self) -> bool {
         self.transport == channel::SHM_TRANSPORT || self.uses(channel::SHM)
     }
+}
+
+/// The channel offers that may be selected over `transport`: without the
+/// `shm` transport, `cma` is left out (see [`Agreement::compute`]).
+fn channels_for(offers: &[ChannelOffer], transport: &str) -> Vec<ChannelOffer> {
+    offers
+        .iter()
+        .filter(|o| transport == channel::SHM_TRANSPORT || o.name != channel::CMA)
+        .cloned()
+        .collect()
 }
 
 fn transport_name(name: Option<&str>) -> &'static str {
@@ -229,9 +261,11 @@ impl PeerConnection {
         stream.set_nodelay(true).map_err(io_err)?;
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
         let (r, w) = stream.into_split();
+        // Until the handshake is in, a frame may hold a handshake and nothing
+        // more: a header announcing more is refused before its body is read.
         let mut reader = FrameReader::new(
             PeerReader::Tcp(r),
-            local.limits,
+            handshake_limits(),
             local.allocator.clone(),
             Selection::default(),
             peer_addr.clone(),
@@ -248,7 +282,11 @@ impl PeerConnection {
                 let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
                 let props = vec![(PROP_MPT_LANES.into(), lanes.to_string())];
                 writer
-                    .write(&handshake_message(local.handshake(Vec::new(), props))?)
+                    .write(&handshake_message(local.handshake(
+                        None,
+                        Vec::new(),
+                        props,
+                    ))?)
                     .await?;
                 let peer = read_handshake(&mut reader, &fail).await?;
                 let agreement = Agreement::compute(local, peer)?;
@@ -261,7 +299,8 @@ impl PeerConnection {
                 let agreement = Agreement::compute(local, peer)?;
                 let mut props = Vec::new();
                 let shm_listener = if agreement.needs_shm() {
-                    let name = format!("ferry/{}/{nonce:016x}", std::process::id());
+                    // No pid in the name: the peer learns nothing it does not need.
+                    let name = format!("ferry/{nonce:016x}{:016x}", fresh_nonce());
                     let listener = bind_abstract(&name).map_err(&io_err)?;
                     props.push((PROP_SHM_SOCKET.into(), name));
                     Some(listener)
@@ -276,9 +315,11 @@ impl PeerConnection {
                     None
                 };
                 writer
-                    .write(&handshake_message(
-                        local.handshake(agreement.incoming.clone(), props),
-                    )?)
+                    .write(&handshake_message(local.handshake(
+                        Some(&agreement.peer),
+                        agreement.incoming.clone(),
+                        props,
+                    ))?)
                     .await?;
                 let setup = tokio::time::timeout(
                     SETUP_TIMEOUT,
@@ -296,12 +337,13 @@ impl PeerConnection {
             transport,
         } = agreement;
         let name = peer.worker_name.clone();
-        let peer_pid: Option<i32> = property(&peer, PROP_PID).and_then(|p| p.parse().ok());
+        // Only the process the kernel vouches for, never a pid a peer states.
+        let peer_pid = setup.peer_pid;
         let uses_cma_in = incoming.iter().any(|c| c.channel == channel::CMA);
         let uses_cma_out = outgoing.iter().any(|c| c.channel == channel::CMA);
-        if uses_cma_in && peer_pid.is_none() {
+        if (uses_cma_in || uses_cma_out) && (peer_pid.is_none() || setup.frames.is_none()) {
             return Err(fail(
-                "cma is selected but the peer did not name its process".into(),
+                "cma is selected without the shm transport's verified peer process".into(),
             ));
         }
         let gone = setup.peer_gone;
@@ -338,6 +380,7 @@ impl PeerConnection {
                 PeerWriter::Tcp(tcp) | PeerWriter::Shm(_, tcp) => PeerWriter::Shm(sw, tcp),
             });
         }
+        reader.set_limits(local.limits);
         reader.set_selection(Selection::new(incoming));
         reader.set_peer(name.clone());
         writer.set_selection(Selection::new(outgoing));

@@ -9,12 +9,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ferry_wire::Handshake;
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use super::{
-    property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_PID,
-    PROP_SHM_SOCKET, SETUP_TIMEOUT,
+    property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_SHM_SOCKET,
+    SETUP_TIMEOUT,
 };
 use crate::mpt::{connect_lanes, LaneListener};
 use crate::shm::{recv_fds, send_fds, ShmLink};
@@ -29,6 +28,10 @@ pub(super) struct Setup {
     pub(super) data: Option<ShmLink>,
     /// Fires when the peer process exits (same host only).
     pub(super) peer_gone: Option<ProcessWatch>,
+    /// The peer's process id as the kernel states it (`SO_PEERCRED` of the
+    /// Unix socket the shared memory was passed over); never the pid a
+    /// handshake claims. Only this process may be read by `cma`.
+    pub(super) peer_pid: Option<i32>,
     /// Lanes (incoming, outgoing) for `mpt`.
     pub(super) lanes: Option<(Vec<TcpStream>, Vec<TcpStream>)>,
 }
@@ -64,7 +67,9 @@ pub(super) async fn connect_setup(
         send_fds(&stream, &kinds, &borrowed)
             .await
             .map_err(|e| fail(format!("passing shared memory failed: {e}")))?;
-        setup.peer_gone = Some(ProcessWatch::watch(peer, fail)?);
+        let pid = verified_pid(&stream, fail)?;
+        setup.peer_gone = Some(ProcessWatch::watch(pid, fail)?);
+        setup.peer_pid = Some(pid);
     }
     if agreement.uses(channel::MPT) {
         let addr = property(peer, PROP_MPT_ADDR)
@@ -124,7 +129,9 @@ pub(super) async fn accept_setup(
                 rest.by_ref().take(ShmLink::FD_COUNT).collect(),
             )?);
         }
-        setup.peer_gone = Some(ProcessWatch::watch(&agreement.peer, fail)?);
+        let pid = verified_pid(&stream, fail)?;
+        setup.peer_gone = Some(ProcessWatch::watch(pid, fail)?);
+        setup.peer_pid = Some(pid);
     }
     if let Some(listener) = lane_listener {
         let lanes_each = property(&agreement.peer, PROP_MPT_LANES)
@@ -151,15 +158,34 @@ pub(super) struct ProcessWatch {
     fd: Arc<tokio::io::unix::AsyncFd<OwnedFd>>,
 }
 
+/// The process at the other end of a connected Unix socket, as the kernel
+/// recorded it (`SO_PEERCRED`: the connecting process for the accepting
+/// side, the listening process for the connecting side). A peer in a PID
+/// namespace this process cannot see has pid 0 there: refused.
+fn verified_pid(
+    stream: &UnixStream,
+    fail: &impl Fn(String) -> TransportError,
+) -> Result<i32, TransportError> {
+    let cred = stream.peer_cred().map_err(|e| {
+        fail(format!(
+            "cannot read the shared-memory peer's credentials: {e}"
+        ))
+    })?;
+    match cred.pid() {
+        Some(pid) if pid > 0 => Ok(pid),
+        _ => Err(fail(
+            "the kernel names no process for the shared-memory peer (another PID namespace)".into(),
+        )),
+    }
+}
+
 impl ProcessWatch {
     pub(super) fn watch(
-        peer: &Handshake,
+        pid: i32,
         fail: &impl Fn(String) -> TransportError,
     ) -> Result<Self, TransportError> {
-        let pid = property(peer, PROP_PID)
-            .and_then(|p| p.parse::<i32>().ok())
-            .and_then(rustix::process::Pid::from_raw)
-            .ok_or_else(|| fail("the peer did not name its process".into()))?;
+        let pid = rustix::process::Pid::from_raw(pid)
+            .ok_or_else(|| fail(format!("{pid} is not a process id")))?;
         let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK)
             .map_err(|e| fail(format!("cannot watch process {pid:?}: {e}")))?;
         // SAFETY: `fd` is an open pidfd that the AsyncFd owns from here on,
