@@ -26,128 +26,77 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
 use tracing_subscriber::EnvFilter;
 
-const USAGE: &str = "\
-Usage: ferry-lighthouse --min-replicas N [OPTIONS]
-
-Ferry's lighthouse: forms quorums of replica groups (torchft.LighthouseService)
-and serves a status dashboard on the same port.
-
-Options:
-  --bind ADDR                 Address to bind the server to [default: [::]:29510]
-  --min-replicas N            Minimum number of replicas to consider a quorum (required)
-  --join-timeout-ms MS        How long to wait for heartbeating stragglers to join
-                              before issuing quorum [default: 60000]
-  --quorum-tick-ms MS         How frequently to check for quorum when waiting for
-                              stragglers [default: 100]
-  --heartbeat-timeout-ms MS   How long to wait for a heartbeat before considering a
-                              replica dead [default: 5000]
-  --threads N                 Threads serving requests; 1 serves everything on one
-                              thread, N > 1 uses N worker threads [default: 1]
-  -h, --help                  Print this help
-  -V, --version               Print the version
-
-torchft's spellings (--min_replicas, --join_timeout_ms, --quorum_tick_ms,
---heartbeat_timeout_ms) are accepted too. Logs go to stderr (RUST_LOG, default info).";
-
-/// What the command line asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Command {
-    Run {
-        bind: String,
-        options: LighthouseOptions,
-        /// Threads serving requests (`--threads`, at least 1).
-        threads: usize,
-    },
-    Help,
-    Version,
+/// Ferry's lighthouse: forms quorums of replica groups
+/// (torchft.LighthouseService) and serves a status dashboard on the same
+/// port.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ferry-lighthouse",
+    version,
+    after_help = "torchft's spellings (--min_replicas, --join_timeout_ms, --quorum_tick_ms, \
+                  --heartbeat_timeout_ms) are accepted too. Logs go to stderr (RUST_LOG, \
+                  default info)."
+)]
+struct Args {
+    /// Address to bind the server to.
+    #[arg(long, value_name = "ADDR", default_value = "[::]:29510")]
+    bind: String,
+    /// Minimum number of replicas to consider a quorum.
+    #[arg(long, value_name = "N", alias = "min_replicas")]
+    min_replicas: u64,
+    /// How long to wait for heartbeating stragglers to join before issuing
+    /// quorum, in milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        alias = "join_timeout_ms",
+        default_value_t = 60_000
+    )]
+    join_timeout_ms: u64,
+    /// How frequently to check for quorum when waiting for stragglers, in
+    /// milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        alias = "quorum_tick_ms",
+        default_value_t = 100
+    )]
+    quorum_tick_ms: u64,
+    /// How long to wait for a heartbeat before considering a replica dead, in
+    /// milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        alias = "heartbeat_timeout_ms",
+        default_value_t = 5_000
+    )]
+    heartbeat_timeout_ms: u64,
+    /// Threads serving requests: 1 serves everything on one thread, N > 1
+    /// uses N worker threads.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    threads: u64,
 }
 
-/// Parses the arguments after the program name.
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut bind = "[::]:29510".to_owned();
-    let mut min_replicas = None;
-    let mut join_timeout_ms = 60_000;
-    let mut quorum_tick_ms = 100;
-    let mut heartbeat_timeout_ms = 5_000;
-    let mut threads = 1;
-
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(Command::Help);
-        }
-        if arg == "-V" || arg == "--version" {
-            return Ok(Command::Version);
-        }
-        let Some(flag) = arg.strip_prefix("--") else {
-            return Err(format!("unexpected argument {arg:?}"));
-        };
-        let (name, inline_value) = match flag.split_once('=') {
-            Some((name, value)) => (name, Some(value.to_owned())),
-            None => (flag, None),
-        };
-        // torchft spells flags with underscores, Ferry with dashes.
-        let name = name.replace('_', "-");
-        let mut value = || {
-            inline_value
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("--{name} needs a value"))
-        };
-        let number = |text: String| {
-            text.parse::<u64>()
-                .map_err(|_| format!("--{name}: {text:?} is not a non-negative integer"))
-        };
-        match name.as_str() {
-            "bind" => bind = value()?,
-            "min-replicas" => min_replicas = Some(number(value()?)?),
-            "join-timeout-ms" => join_timeout_ms = number(value()?)?,
-            "quorum-tick-ms" => quorum_tick_ms = number(value()?)?,
-            "heartbeat-timeout-ms" => heartbeat_timeout_ms = number(value()?)?,
-            "threads" => {
-                threads = usize::try_from(number(value()?)?)
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or("--threads must be at least 1")?;
-            }
-            _ => return Err(format!("unknown option {arg:?}")),
-        }
+impl Args {
+    /// The lighthouse's options these arguments ask for.
+    fn options(&self) -> LighthouseOptions {
+        LighthouseOptions::new(self.min_replicas)
+            .with_join_timeout(Duration::from_millis(self.join_timeout_ms))
+            .with_quorum_tick(Duration::from_millis(self.quorum_tick_ms))
+            .with_heartbeat_timeout(Duration::from_millis(self.heartbeat_timeout_ms))
     }
-
-    let min_replicas = min_replicas.ok_or("--min-replicas is required")?;
-    Ok(Command::Run {
-        bind,
-        options: LighthouseOptions::new(min_replicas)
-            .with_join_timeout(Duration::from_millis(join_timeout_ms))
-            .with_quorum_tick(Duration::from_millis(quorum_tick_ms))
-            .with_heartbeat_timeout(Duration::from_millis(heartbeat_timeout_ms)),
-        threads,
-    })
 }
 
 fn main() -> ExitCode {
-    let (bind, options, threads) = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run {
-            bind,
-            options,
-            threads,
-        }) => (bind, options, threads),
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Version) => {
-            println!("ferry-lighthouse {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("ferry-lighthouse: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // Help, version and bad arguments exit here (usage errors with code 2).
+    let args = Args::parse();
+    let options = args.options();
+    let threads = usize::try_from(args.threads).unwrap_or(usize::MAX);
+    let bind = args.bind;
 
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -213,23 +162,27 @@ async fn stop_signal() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
 
-    fn parse(args: &[&str]) -> Result<Command, String> {
-        parse_args(args.iter().map(|arg| (*arg).to_owned()))
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("ferry-lighthouse").chain(args.iter().copied()))
     }
 
-    fn run(bind: &str, options: LighthouseOptions) -> Result<Command, String> {
-        Ok(Command::Run {
-            bind: bind.to_owned(),
-            options,
-            threads: 1,
-        })
+    fn parsed(args: &[&str]) -> (String, LighthouseOptions, u64) {
+        let args = parse(args).expect("valid arguments");
+        (args.bind.clone(), args.options(), args.threads)
+    }
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Args::command().debug_assert();
     }
 
     #[test]
     fn ferry_spellings() {
         assert_eq!(
-            parse(&[
+            parsed(&[
                 "--bind",
                 "127.0.0.1:0",
                 "--min-replicas",
@@ -240,12 +193,13 @@ mod tests {
                 "--heartbeat-timeout-ms",
                 "900",
             ]),
-            run(
-                "127.0.0.1:0",
+            (
+                "127.0.0.1:0".to_owned(),
                 LighthouseOptions::new(3)
                     .with_join_timeout(Duration::from_millis(250))
                     .with_quorum_tick(Duration::from_millis(7))
                     .with_heartbeat_timeout(Duration::from_millis(900)),
+                1
             )
         );
     }
@@ -253,7 +207,7 @@ mod tests {
     #[test]
     fn torchft_spellings() {
         assert_eq!(
-            parse(&[
+            parsed(&[
                 "--min_replicas",
                 "2",
                 "--join_timeout_ms",
@@ -263,12 +217,13 @@ mod tests {
                 "2000",
                 "--bind=[::]:29511",
             ]),
-            run(
-                "[::]:29511",
+            (
+                "[::]:29511".to_owned(),
                 LighthouseOptions::new(2)
                     .with_join_timeout(Duration::from_millis(1000))
                     .with_quorum_tick(Duration::from_millis(50))
                     .with_heartbeat_timeout(Duration::from_millis(2000)),
+                1
             )
         );
     }
@@ -276,44 +231,37 @@ mod tests {
     #[test]
     fn threads() {
         assert_eq!(
-            parse(&["--min-replicas", "1", "--threads=4"]),
-            Ok(Command::Run {
-                bind: "[::]:29510".to_owned(),
-                options: LighthouseOptions::new(1),
-                threads: 4,
-            })
+            parsed(&["--min-replicas", "1", "--threads=4"]),
+            ("[::]:29510".to_owned(), LighthouseOptions::new(1), 4)
         );
     }
 
     #[test]
     fn torchft_defaults() {
         assert_eq!(
-            parse(&["--min_replicas", "1"]),
-            run("[::]:29510", LighthouseOptions::new(1))
+            parsed(&["--min_replicas", "1"]),
+            ("[::]:29510".to_owned(), LighthouseOptions::new(1), 1)
         );
     }
 
     #[test]
-    fn errors() {
-        assert!(parse(&[])
-            .unwrap_err()
-            .contains("--min-replicas is required"));
-        assert!(parse(&["--min-replicas"])
-            .unwrap_err()
-            .contains("needs a value"));
-        assert!(parse(&["--min-replicas", "two"])
-            .unwrap_err()
-            .contains("not a non-negative integer"));
-        assert!(parse(&["--min-replicas", "1", "--frobnicate", "3"])
-            .unwrap_err()
-            .contains("unknown option"));
-        assert!(parse(&["min_replicas", "1"])
-            .unwrap_err()
-            .contains("unexpected argument"));
-        assert!(parse(&["--min-replicas", "1", "--threads", "0"])
-            .unwrap_err()
-            .contains("--threads must be at least 1"));
-        assert_eq!(parse(&["--min-replicas", "1", "--help"]), Ok(Command::Help));
-        assert_eq!(parse(&["-V"]), Ok(Command::Version));
+    fn errors_name_the_argument() {
+        let kind = |args: &[&str]| parse(args).unwrap_err().kind();
+        let text = |args: &[&str]| parse(args).unwrap_err().to_string();
+        assert_eq!(kind(&[]), ErrorKind::MissingRequiredArgument);
+        assert!(text(&[]).contains("--min-replicas"));
+        assert!(text(&["--min-replicas"]).contains("--min-replicas"));
+        assert!(text(&["--min-replicas", "two"]).contains("'two'"));
+        assert_eq!(
+            kind(&["--min-replicas", "1", "--frobnicate", "3"]),
+            ErrorKind::UnknownArgument
+        );
+        assert!(text(&["min_replicas", "1"]).contains("min_replicas"));
+        assert!(text(&["--min-replicas", "1", "--threads", "0"]).contains("--threads"));
+        assert_eq!(
+            kind(&["--min-replicas", "1", "--help"]),
+            ErrorKind::DisplayHelp
+        );
+        assert_eq!(kind(&["-V"]), ErrorKind::DisplayVersion);
     }
 }
