@@ -34,6 +34,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(u.parse()?)
 }
 
+/// [`parse_size`] as a clap value parser (`value_parser = size_arg`).
+pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
+    parse_size(text).map_err(|e| format!("{text:?} is not a size (bytes, or B/KB/MB/GB): {e}"))
+}
+
 /// The label of a size of `n` bytes, as the peer scripts write it: the
 /// largest of `GB`, `MB`, `KB` that divides it evenly, else bytes (`0B`,
 /// `1KB`, `4MB`, `1000B`).

@@ -25,7 +25,8 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
 use ferry_benches::write_result;
 use ferry_ft::proto::lighthouse_service_client::LighthouseServiceClient;
 use ferry_ft::proto::LighthouseHeartbeatRequest;
@@ -70,6 +71,50 @@ impl Shape {
     }
 }
 
+/// A heartbeat load generator for any `torchft.LighthouseService`.
+#[derive(Debug, Parser)]
+#[command(name = "lighthouse_load")]
+struct Args {
+    /// The lighthouse's address (`http://` is added when missing).
+    #[arg(long, value_name = "ADDR")]
+    addr: String,
+    /// Load shapes, CONNECTIONSxIN_FLIGHT each.
+    #[arg(long, num_args = 1.., value_parser = shape_arg, default_values = ["8x1", "8x16"])]
+    shapes: Vec<Shape>,
+    /// Seconds counted per shape.
+    #[arg(long, default_value_t = 3.0, value_parser = positive_seconds)]
+    seconds: f64,
+    /// Seconds of warm-up before counting, per shape.
+    #[arg(long, default_value_t = 0.5, value_parser = seconds_arg)]
+    warmup: f64,
+    /// Where to write the JSON result (stdout when absent).
+    #[arg(long, value_name = "PATH")]
+    out: Option<String>,
+}
+
+/// clap's parser for one `--shapes` value.
+fn shape_arg(text: &str) -> Result<Shape, String> {
+    Shape::parse(text).map_err(|e| format!("{e:#}"))
+}
+
+/// clap's parser for a duration in seconds (finite, not negative).
+fn seconds_arg(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
+        _ => Err(format!("{text:?} is not a number of seconds")),
+    }
+}
+
+/// [`seconds_arg`], more than 0.
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    let seconds = seconds_arg(text)?;
+    if seconds > 0.0 {
+        Ok(seconds)
+    } else {
+        Err("must be more than 0 seconds".to_owned())
+    }
+}
+
 struct Config {
     addr: String,
     shapes: Vec<Shape>,
@@ -78,65 +123,19 @@ struct Config {
     out: Option<String>,
 }
 
-fn config() -> Result<Config> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut addr = None;
-    let mut shapes = vec![Shape::parse("8x1")?, Shape::parse("8x16")?];
-    let (mut seconds, mut warmup, mut out) = (3.0, 0.5, None);
-    let mut i = 0;
-    let seconds_arg = |i: usize, name: &str| -> Result<f64> {
-        let v = args
-            .get(i)
-            .with_context(|| format!("{name} needs a number of seconds"))?;
-        let s: f64 = v
-            .parse()
-            .with_context(|| format!("{name}: {v:?} is not a number"))?;
-        ensure!(s.is_finite() && s >= 0.0, "{name}: {v:?} is not a duration");
-        Ok(s)
-    };
-    while i < args.len() {
-        match args[i].as_str() {
-            "--addr" => {
-                i += 1;
-                let a = args.get(i).context("--addr needs an address")?;
-                addr = Some(if a.starts_with("http") {
-                    a.clone()
-                } else {
-                    format!("http://{a}")
-                });
-            }
-            "--shapes" => {
-                shapes.clear();
-                while i + 1 < args.len() && !args[i + 1].starts_with("--") {
-                    i += 1;
-                    shapes.push(Shape::parse(&args[i])?);
-                }
-                ensure!(!shapes.is_empty(), "--shapes needs at least one CxK");
-            }
-            "--seconds" => {
-                i += 1;
-                seconds = seconds_arg(i, "--seconds")?;
-                ensure!(seconds > 0.0, "--seconds must be more than 0");
-            }
-            "--warmup" => {
-                i += 1;
-                warmup = seconds_arg(i, "--warmup")?;
-            }
-            "--out" => {
-                i += 1;
-                out = Some(args.get(i).context("--out needs a path")?.clone());
-            }
-            other => bail!("unknown argument {other:?}"),
-        }
-        i += 1;
+fn config() -> Config {
+    let args = Args::parse();
+    Config {
+        addr: if args.addr.starts_with("http") {
+            args.addr
+        } else {
+            format!("http://{}", args.addr)
+        },
+        shapes: args.shapes,
+        seconds: args.seconds,
+        warmup: args.warmup,
+        out: args.out,
     }
-    Ok(Config {
-        addr: addr.context("--addr is required")?,
-        shapes,
-        seconds,
-        warmup,
-        out,
-    })
 }
 
 /// Heartbeats answered within `[start, stop)` by one request stream that
@@ -199,7 +198,7 @@ async fn measure(addr: &str, shape: Shape, warmup: f64, seconds: f64) -> Result<
 }
 
 fn main() -> Result<()> {
-    let c = config()?;
+    let c = config();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

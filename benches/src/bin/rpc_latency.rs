@@ -12,13 +12,29 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::Parser;
 use ferry::rpc;
 use ferry::{DType, RawTensor};
 use ferry_benches::{
-    memory, parse_size, pct, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
+    memory, pct, size_arg, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
 };
 use serde_json::{json, Value};
+
+/// Ferry's side of the PyTorch RPC latency comparison (`pt_rpc_latency.py`).
+#[derive(Debug, Parser)]
+#[command(name = "rpc_latency")]
+struct Args {
+    /// Short cells (1 s instead of 10 s, fewer repetitions): a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Tensor sizes to measure (bytes, or with a B/KB/MB/GB suffix).
+    #[arg(long, num_args = 1.., value_parser = size_arg, default_values = ["0", "1KB", "1MB", "4MB"])]
+    sizes: Vec<u64>,
+    /// Where to write the JSON result (stdout when absent).
+    #[arg(long, value_name = "PATH")]
+    out: Option<String>,
+}
 
 struct Config {
     quick: bool,
@@ -34,11 +50,11 @@ struct Config {
     out: Option<String>,
 }
 
-fn config() -> Result<Config> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+fn config() -> Config {
+    let args = Args::parse();
     let mut c = Config {
-        quick: false,
-        sizes: vec![0, 1 << 10, 1 << 20, 4 << 20],
+        quick: args.quick,
+        sizes: args.sizes,
         cell_seconds: 10.0,
         min_reps: 5,
         max_reps: 2000,
@@ -47,35 +63,16 @@ fn config() -> Result<Config> {
         inflight: 64,
         tput_seconds: 5.0,
         tput_runs: 3,
-        out: None,
+        out: args.out,
     };
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--quick" => c.quick = true,
-            "--out" => {
-                i += 1;
-                c.out = Some(args.get(i).context("--out needs a path")?.clone());
-            }
-            "--sizes" => {
-                c.sizes.clear();
-                while i + 1 < args.len() && !args[i + 1].starts_with("--") {
-                    i += 1;
-                    c.sizes.push(parse_size(&args[i])?);
-                }
-            }
-            other => bail!("unknown argument {other:?}"),
-        }
-        i += 1;
-    }
-    if c.quick {
+    if args.quick {
         c.cell_seconds = 1.0;
         c.min_reps = 3;
         c.warmup = 5;
         c.tput_seconds = 1.0;
         c.tput_runs = 1;
     }
-    Ok(c)
+    c
 }
 
 const CALLEE: u32 = 1;
@@ -236,7 +233,7 @@ fn measure_peak_rss(bytes: u64) -> Result<Value> {
 }
 
 fn main() -> Result<()> {
-    let c = config()?;
+    let c = config();
     let result = two_workers(Duration::from_secs(900), |_| {}, || caller(&c))?;
     if let Some(value) = result {
         write_result(&value, c.out.as_deref())?;

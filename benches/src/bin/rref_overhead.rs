@@ -24,12 +24,11 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Result};
+use clap::Parser;
 use ferry::rpc::{self, Functions};
 use ferry::{RRef, RawTensor};
-use ferry_benches::{
-    parse_size, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
-};
+use ferry_benches::{size_arg, size_label, stats_ms, test_tensor, two_workers, write_result, Std};
 use serde_json::{json, Value};
 
 /// Timeout of every call and of `to_here` (a 400MB round trip is slow on a
@@ -49,79 +48,53 @@ struct Config {
     out: Option<String>,
 }
 
-fn config() -> Result<Config> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut quick = false;
-    let mut sizes: Option<Vec<u64>> = None;
-    let (mut reps, mut reps_large, mut warmup, mut block) = (None, None, None, 10);
-    let mut out = None;
-    let mut i = 0;
-    let number = |i: usize, name: &str| -> Result<usize> {
-        let v = args
-            .get(i)
-            .with_context(|| format!("{name} needs a number"))?;
-        v.parse()
-            .with_context(|| format!("{name}: {v:?} is not a number"))
-    };
-    while i < args.len() {
-        match args[i].as_str() {
-            "--quick" => quick = true,
-            "--out" => {
-                i += 1;
-                out = Some(args.get(i).context("--out needs a path")?.clone());
-            }
-            "--sizes" => {
-                let mut list = Vec::new();
-                while i + 1 < args.len() && !args[i + 1].starts_with("--") {
-                    i += 1;
-                    list.push(parse_size(&args[i])?);
-                }
-                sizes = Some(list);
-            }
-            "--reps" => {
-                i += 1;
-                reps = Some(number(i, "--reps")?);
-            }
-            "--reps-large" => {
-                i += 1;
-                reps_large = Some(number(i, "--reps-large")?);
-            }
-            "--warmup" => {
-                i += 1;
-                warmup = Some(number(i, "--warmup")?);
-            }
-            "--block" => {
-                i += 1;
-                block = number(i, "--block")?;
-            }
-            other => bail!(
-                "unknown argument {other:?} (expected --quick, --sizes, --reps, --reps-large, \
-                 --warmup, --block, --out)"
-            ),
-        }
-        i += 1;
-    }
-    let c = Config {
+/// Ferry's side of the paper's Table 1 (`pt_rref_overhead.py`).
+#[derive(Debug, Parser)]
+#[command(name = "rref_overhead")]
+struct Args {
+    /// Fewer repetitions and no 400 MB cell: a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Tensor sizes (bytes, or with a B/KB/MB/GB suffix) [default: 4MB 40MB
+    /// 400MB; 4MB 40MB with --quick].
+    #[arg(long, num_args = 1.., value_parser = size_arg)]
+    sizes: Option<Vec<u64>>,
+    /// Timed calls per cell below 400 MB [default: 100; 20 with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: Option<u64>,
+    /// Timed calls per cell from 400 MB [default: 30; 5 with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    reps_large: Option<u64>,
+    /// Untimed calls before each cell [default: 3; 2 with --quick].
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Calls per alternation block between the two sides.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    block: u64,
+    /// Where to write the JSON result (stdout when absent).
+    #[arg(long, value_name = "PATH")]
+    out: Option<String>,
+}
+
+fn config() -> Config {
+    let args = Args::parse();
+    let quick = args.quick;
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    Config {
         quick,
-        sizes: sizes.unwrap_or_else(|| {
+        sizes: args.sizes.unwrap_or_else(|| {
             if quick {
                 vec![4 << 20, 40 << 20]
             } else {
                 vec![4 << 20, 40 << 20, 400 << 20]
             }
         }),
-        reps: reps.unwrap_or(if quick { 20 } else { 100 }),
-        reps_large: reps_large.unwrap_or(if quick { 5 } else { 30 }),
-        warmup: warmup.unwrap_or(if quick { 2 } else { 3 }),
-        block,
-        out,
-    };
-    ensure!(c.block > 0, "--block must be at least 1");
-    ensure!(
-        c.reps > 0 && c.reps_large > 0,
-        "--reps and --reps-large must be at least 1"
-    );
-    Ok(c)
+        reps: args.reps.map_or(if quick { 20 } else { 100 }, count),
+        reps_large: args.reps_large.map_or(if quick { 5 } else { 30 }, count),
+        warmup: args.warmup.map_or(if quick { 2 } else { 3 }, count),
+        block: count(args.block),
+        out: args.out,
+    }
 }
 
 fn call_tensor(t: &RawTensor) -> Result<f64> {
@@ -206,7 +179,7 @@ fn caller(c: &Config) -> Result<Value> {
 }
 
 fn main() -> Result<()> {
-    let c = config()?;
+    let c = config();
     let t0 = Instant::now();
     // `identity_rref` answers on the callee's runtime like `identity`, and
     // awaits the fetch from the owner instead of blocking a thread on it.
