@@ -1,6 +1,7 @@
 //! Ferry's task runner: `cargo xtask <command>`.
 //!
-//! - `cargo xtask demo [ARGS…]`: build in release and run the demo example;
+//! - `cargo xtask demo [ARGS…]`: build in release and run `ferry-autograd`'s
+//!   `train` example (Listing 1 across 3 processes, then locally);
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
@@ -27,7 +28,9 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  demo [ARGS...]    build in release and run `ferry`'s demo example (ARGS are passed through)
+  demo [ARGS...]    build in release and train the paper's Listing 1 across 3 local processes
+                    (distributed autograd + DistributedOptimizer), then locally for comparison:
+                    ferry-autograd's `train` example (ARGS are passed through, e.g. --steps 1000)
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
   bench [--quick]   criterion benches + Ferry vs peer tables (target/ferry-bench/):
                     RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and

@@ -12,14 +12,15 @@
 //! `cargo xtask demo` runs it; by hand:
 //! `cargo run --release -p ferry-autograd --example train -- [--steps N]`.
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use ferry_autograd::optim::LocalOptimizer;
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
 use ferry_rpc::{Functions, RpcOptions};
 use ferry_rref::RRef;
 use ferry_tch::Tensor;
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
@@ -101,28 +102,47 @@ fn optimizer() -> OptimizerKind {
     OptimizerKind::sgd(0.05).momentum(0.9)
 }
 
-/// A progress bar on stderr: redrawn in place on a terminal, with a line
-/// kept every tenth of the run (the only lines when not a terminal).
-fn progress(step: usize, steps: usize, loss: f64, started: Instant) {
-    use std::io::IsTerminal;
-    let width = 30;
-    let done = (step * width) / steps.max(1);
-    let rate = step as f64 / started.elapsed().as_secs_f64().max(1e-9);
-    let line = format!(
-        "  [{}{}] {step:>4}/{steps}  loss {loss:>10.6}  {rate:>6.1} steps/s",
-        "#".repeat(done),
-        ".".repeat(width - done)
-    );
-    let keep = step == 1 || step % (steps / 10).max(1) == 0 || step == steps;
-    let mut err = std::io::stderr();
-    if err.is_terminal() {
-        let _ = write!(err, "\r{line}");
-        if keep {
-            let _ = writeln!(err);
+/// The coordinator's progress: an `indicatif` bar redrawn in place on a
+/// terminal, plus a line every tenth of the run (the only output when
+/// stderr is not a terminal, e.g. in CI logs).
+struct Progress {
+    bar: ProgressBar,
+    steps: usize,
+}
+
+impl Progress {
+    fn new(steps: usize) -> Self {
+        let bar = ProgressBar::new(steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "  [{bar:30}] {pos:>4}/{len}  loss {msg:>10}  {per_sec:>14}  eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("#>."),
+        );
+        Self { bar, steps }
+    }
+
+    /// Step `step` (1-based) ended with `loss`.
+    fn step(&self, step: usize, loss: f64) {
+        self.bar.set_message(format!("{loss:.6}"));
+        self.bar.set_position(step as u64);
+        if step == 1 || step % (self.steps / 10).max(1) == 0 || step == self.steps {
+            let rate = step as f64 / self.bar.elapsed().as_secs_f64().max(1e-9);
+            let line = format!(
+                "  step {step:>4}/{}  loss {loss:>10.6}  {rate:>6.1} steps/s",
+                self.steps
+            );
+            if self.bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                self.bar.println(line);
+            }
         }
-        let _ = err.flush();
-    } else if keep {
-        let _ = writeln!(err, "{line}");
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
     }
 }
 
@@ -144,6 +164,7 @@ fn coordinate(steps: usize) -> Result<(Vec<f64>, Duration), Box<dyn std::error::
     let opt = DistributedOptimizer::new(optimizer(), params)?;
     let mut losses = Vec::with_capacity(steps);
     let started = Instant::now();
+    let progress = Progress::new(steps);
     for step in 0..steps {
         let (x, target) = batch(step, &teacher);
         let ctx = ferry_autograd::context()?;
@@ -157,8 +178,9 @@ fn coordinate(steps: usize) -> Result<(Vec<f64>, Duration), Box<dyn std::error::
         opt.step(ctx.id())?;
         let l = loss.double_value(&[]);
         losses.push(l);
-        progress(step + 1, steps, l, started);
+        progress.step(step + 1, l);
     }
+    progress.finish();
     Ok((losses, started.elapsed()))
 }
 
@@ -189,13 +211,17 @@ fn train_locally(steps: usize) -> Result<(Vec<f64>, Duration), Box<dyn std::erro
     Ok((losses, started.elapsed()))
 }
 
+/// Listing 1 trained across 3 local processes, then locally.
+#[derive(Debug, Parser)]
+#[command(name = "train")]
+struct Args {
+    /// Training steps (one batch each).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let steps: usize = std::env::args()
-        .skip_while(|a| a != "--steps")
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(300);
+    let steps = usize::try_from(Args::parse().steps)?;
     let rank = match ferry::launch::local(3)? {
         ferry::launch::Role::Launcher => return Ok(()),
         ferry::launch::Role::Worker { rank, .. } => rank,

@@ -1,6 +1,7 @@
-//! The main job of `cargo xtask demo`: 4 local worker processes rendezvous,
-//! exchange tensors with `rpc_sync` and `rpc_async`, and print what they
-//! measured.
+//! A tour of Ferry's RPC: 4 local worker processes rendezvous, exchange
+//! tensors with `rpc_sync` and `rpc_async`, and print what they measured.
+//! (`cargo xtask demo` runs a different program: `ferry-autograd`'s `train`
+//! example, Listing 1 trained across 3 processes.)
 //!
 //! Run it with `cargo run --release -p ferry --example demo`; it launches
 //! its own workers (like `torchrun`) and exits when all of them have shut
