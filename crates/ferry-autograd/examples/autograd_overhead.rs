@@ -49,6 +49,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use ferry_autograd::optim::LocalOptimizer;
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
 use ferry_rpc::{Functions, RpcOptions};
@@ -65,81 +66,66 @@ const CALLEE: &str = "worker1";
 /// Set by the launcher for its workers: where rank 0 writes its result.
 const PART_ENV: &str = "FERRY_AUTOGRAD_OVERHEAD_PART";
 
-/// The benchmark's settings (the peer's arguments).
-#[derive(Debug, Clone)]
+/// The benchmark's settings (the peer's arguments, same spellings).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "autograd_overhead")]
 struct Config {
+    /// Hidden width of the two linear layers.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(i64).range(1..))]
     hidden: i64,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..))]
     batch: i64,
+    /// Timed forward/backward repetitions per side.
+    #[arg(long, default_value_t = 300, value_parser = positive)]
     reps: usize,
+    /// Timed optimizer-step repetitions per side.
+    #[arg(long, default_value_t = 100, value_parser = positive)]
     optim_reps: usize,
+    /// Untimed repetitions before measuring.
+    #[arg(long, default_value_t = 20)]
     warmup: usize,
+    /// Repetitions per alternation block between the sides.
+    #[arg(long, default_value_t = 20, value_parser = positive)]
     block: usize,
+    /// libtorch intra-op threads (libtorch's default when absent).
+    #[arg(long)]
     threads: Option<i32>,
+    /// RPC timeout in seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     rpc_timeout: f64,
+    /// The peer's quick run: 40 reps, 20 optimizer reps, warm-up 5, blocks of
+    /// 10 (overriding those options, as the peer's `--quick` does).
+    #[arg(long)]
     quick: bool,
+    /// Where to write the JSON result (stdout when absent).
+    #[arg(long, value_name = "PATH")]
     out: Option<String>,
 }
 
-fn config() -> Result<Config> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut c = Config {
-        hidden: 1024,
-        batch: 32,
-        reps: 300,
-        optim_reps: 100,
-        warmup: 20,
-        block: 20,
-        threads: None,
-        rpc_timeout: 120.0,
-        quick: false,
-        out: None,
-    };
-    let mut i = 0;
-    while i < args.len() {
-        let name = args[i].as_str();
-        let mut value = || -> Result<&str> {
-            i += 1;
-            Ok(args
-                .get(i)
-                .ok_or_else(|| format!("{name} needs a value"))?
-                .as_str())
-        };
-        fn num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
-            v.parse()
-                .map_err(|_| format!("{name}: {v:?} is not a number").into())
-        }
-        match name {
-            "--quick" => c.quick = true,
-            "--hidden" => c.hidden = num(name, value()?)?,
-            "--batch" => c.batch = num(name, value()?)?,
-            "--reps" => c.reps = num(name, value()?)?,
-            "--optim-reps" => c.optim_reps = num(name, value()?)?,
-            "--warmup" => c.warmup = num(name, value()?)?,
-            "--block" => c.block = num(name, value()?)?,
-            "--threads" => c.threads = Some(num(name, value()?)?),
-            "--rpc-timeout" => c.rpc_timeout = num(name, value()?)?,
-            "--out" => c.out = Some(value()?.to_string()),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?} (expected --quick, --hidden, --batch, --reps, \
-                     --optim-reps, --warmup, --block, --threads, --rpc-timeout, --out)"
-                )
-                .into())
-            }
-        }
-        i += 1;
+/// clap's parser for a count of at least 1.
+fn positive(text: &str) -> std::result::Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{text:?} is not a count of at least 1")),
     }
+}
+
+/// clap's parser for a duration in seconds (finite, not negative).
+fn seconds(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
+        _ => Err(format!("{text:?} is not a number of seconds")),
+    }
+}
+
+fn config() -> Config {
+    let mut c = Config::parse();
     if c.quick {
         // The peer's `--quick` overrides these, explicit or not.
         (c.reps, c.optim_reps, c.warmup, c.block) = (40, 20, 5, 10);
     }
-    if c.block == 0 || c.reps == 0 || c.optim_reps == 0 {
-        return Err("--block, --reps and --optim-reps must be at least 1".into());
-    }
-    if c.hidden <= 0 || c.batch <= 0 || c.rpc_timeout < 0.0 {
-        return Err("--hidden and --batch must be positive, --rpc-timeout not negative".into());
-    }
-    Ok(c)
+    c
 }
 
 // ------------------------------------------------------------------ the model
@@ -491,7 +477,7 @@ fn part_path(c: &Config) -> Result<PathBuf> {
 }
 
 fn main() -> Result<()> {
-    let c = config()?;
+    let c = config();
     let t0 = Instant::now();
     if std::env::var_os("RANK").is_none() {
         // The launcher: the workers inherit where rank 0 writes its part.
