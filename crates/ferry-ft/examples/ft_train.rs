@@ -187,25 +187,33 @@ impl Model {
 const QUORUM_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A replica group's settings (`ft_train replica ...`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "ft_train replica")]
 pub(crate) struct ReplicaArgs {
     /// Which replica group (0, 1, 2); its replica id is `ft_train_{index}:{pid}`.
+    #[arg(long, default_value_t = 0)]
     pub(crate) index: usize,
     /// The lighthouse's address.
+    #[arg(long)]
     pub(crate) lighthouse: String,
     /// Train until this many steps are committed.
+    #[arg(long, default_value_t = 100)]
     pub(crate) steps: i64,
     /// Then go on until a step is committed by this many replica groups
     /// (0: stop at `steps`): every group ends at the same step, whoever was
     /// down on the way.
+    #[arg(long, default_value_t = 0)]
     pub(crate) until_groups: u64,
     /// Fewest replica groups a step may be committed with.
+    #[arg(long, default_value_t = 2)]
     pub(crate) min_replicas: u64,
     /// Timeout of the process group (rendezvous, allreduce) and of healing.
+    #[arg(long, default_value_t = 3000)]
     pub(crate) timeout_ms: u64,
     /// Fault injection: stop dead in the first step at or after this one,
     /// after the quorum and before the allreduce (a replica about to be
     /// killed mid-step).
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) hang_at_step: Option<i64>,
 }
 
@@ -236,33 +244,10 @@ impl ReplicaArgs {
     }
 
     fn parse(args: &[String]) -> Result<Self> {
-        let mut parsed = Self {
-            index: 0,
-            lighthouse: String::new(),
-            steps: 100,
-            until_groups: 0,
-            min_replicas: 2,
-            timeout_ms: 3000,
-            hang_at_step: None,
-        };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--index" => parsed.index = value.parse()?,
-                "--lighthouse" => parsed.lighthouse = value.clone(),
-                "--steps" => parsed.steps = value.parse()?,
-                "--until-groups" => parsed.until_groups = value.parse()?,
-                "--min-replicas" => parsed.min_replicas = value.parse()?,
-                "--timeout-ms" => parsed.timeout_ms = value.parse()?,
-                "--hang-at-step" => parsed.hang_at_step = Some(value.parse()?),
-                other => bail!("unknown replica argument {other:?}"),
-            }
-        }
-        if parsed.lighthouse.is_empty() {
-            bail!("--lighthouse is required");
-        }
-        Ok(parsed)
+        use clap::Parser;
+        Ok(Self::try_parse_from(
+            std::iter::once("replica").chain(args.iter().map(String::as_str)),
+        )?)
     }
 }
 

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
 use ferry_ft::recovery::{
     fetch_checkpoint, fetch_checkpoint_into, CheckpointServer, CheckpointServerOptions,
     CheckpointState, FetchOptions,
@@ -32,42 +33,36 @@ use ferry_wire::{DType, Device, TensorDescriptor};
 /// The step the source serves.
 const STEP: i64 = 7;
 
-#[derive(Debug, Clone)]
+/// Live-recovery throughput of a 1 GiB checkpoint between two processes.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "recovery_throughput")]
 struct Args {
-    serve: bool,
+    /// The source's role (the parent spawns itself with it).
+    #[command(subcommand)]
+    role: Option<Role>,
+    /// MiB of f32 in the checkpoint.
+    #[arg(long, global = true, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     mib: u64,
+    /// Tensors the checkpoint is split into (of unequal sizes).
+    #[arg(long, global = true, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     tensors: u64,
+    /// TCP lanes of the fetch.
+    #[arg(long, global = true, default_value_t = 2)]
     lanes: u32,
+    /// MiB per chunk of the fetch.
+    #[arg(long, global = true, default_value_t = 8)]
     chunk_mib: u64,
+    /// Timed fetches of each kind.
+    #[arg(long, global = true, default_value_t = 5)]
     rounds: usize,
 }
 
-fn parse_args() -> Result<Args> {
-    let mut args = Args {
-        serve: false,
-        mib: 1024,
-        tensors: 8,
-        lanes: 2,
-        chunk_mib: 8,
-        rounds: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().ok_or_else(|| anyhow!("{arg} needs a value"));
-        match arg.as_str() {
-            "serve" => args.serve = true,
-            "--mib" => args.mib = value()?.parse()?,
-            "--tensors" => args.tensors = value()?.parse()?,
-            "--lanes" => args.lanes = value()?.parse()?,
-            "--chunk-mib" => args.chunk_mib = value()?.parse()?,
-            "--rounds" => args.rounds = value()?.parse()?,
-            other => bail!("unknown argument {other:?}"),
-        }
-    }
-    if args.tensors == 0 || args.mib == 0 {
-        bail!("--mib and --tensors must be positive");
-    }
-    Ok(args)
+/// What the process does besides the default (fetching).
+#[derive(Debug, Clone, Copy, Subcommand)]
+enum Role {
+    /// Serve the checkpoint on 127.0.0.1:0 and print the address.
+    #[command(hide = true)]
+    Serve,
 }
 
 /// Element counts of the tensors: `mib` MiB of f32 over `tensors` tensors
@@ -159,8 +154,8 @@ fn summary(mut rates: Vec<f64>) -> (f64, f64) {
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
-    if args.serve {
+    let args = Args::parse();
+    if matches!(args.role, Some(Role::Serve)) {
         return serve(&args);
     }
     let exe = std::env::current_exe()?;
