@@ -27,6 +27,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use ferry_transport::mpt::{connect_lanes, LaneListener, MptReceiver, MptSender};
 use ferry_transport::{RawTensor, RecvBuffer, Storage, TransportError};
 use ferry_wire::{DType, Device, TensorDescriptor};
@@ -50,21 +51,34 @@ fn pattern(i: usize) -> u8 {
     (i % 251) as u8
 }
 
+/// One-way loopback bandwidth: plain TCP, then `mpt` with several lanes.
+#[derive(Debug, Parser)]
+#[command(name = "mpt_bandwidth")]
+struct Args {
+    /// Tensor size in MiB.
+    #[arg(default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    size_mib: u64,
+    /// Transfers per mode.
+    #[arg(default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// Lane counts of the mpt runs, comma-separated.
+    #[arg(value_delimiter = ',', default_value = "1,2,4")]
+    lanes: Vec<u32>,
+    /// Run as the receiving child (the parent starts it).
+    #[arg(long = "receiver", hide = true)]
+    receiver: bool,
+}
+
 fn main() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().collect();
+    let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    if args.get(1).map(String::as_str) == Some(CHILD_FLAG) {
+    if args.receiver {
         return runtime.block_on(receiver());
     }
-    let size_mib: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(256);
-    let repeats: u32 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(20);
-    let lanes: Vec<u32> = match args.get(3) {
-        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
-        None => vec![1, 2, 4],
-    };
-    runtime.block_on(sender(size_mib << 20, repeats, &lanes))
+    let size = usize::try_from(args.size_mib << 20)?;
+    runtime.block_on(sender(size, args.repeats, &args.lanes))
 }
 
 /// The parent: starts the child, sends, prints the figures.
