@@ -35,6 +35,7 @@ use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader
 use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
+use crate::throttle::Throttle;
 use crate::watch;
 use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
 
@@ -60,7 +61,9 @@ struct Link {
 
 struct Pending {
     slot: Arc<CallSlot>,
+    /// The callee: only its reply, on `conn`, completes the call.
     to: u32,
+    /// The connection the request went out on.
     conn: u64,
     function: String,
     deadline: Option<(Instant, Duration)>,
@@ -123,7 +126,27 @@ pub(crate) struct Inner {
     pub(crate) init_timeout: Duration,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     span: tracing::Span,
+    /// Budget of the warning about replies that match no call of theirs.
+    foreign_replies: Throttle,
 }
+
+/// What a reply frame matched.
+enum ReplyMatch {
+    /// The call it answers, taken off the pending table.
+    Call(Pending),
+    /// No call is waiting for this id (it timed out, failed or never was).
+    NoCall,
+    /// A call with this id waits, but for a reply from another peer or on
+    /// another connection: the frame is not its answer.
+    Foreign {
+        /// The callee of the waiting call.
+        to: u32,
+    },
+}
+
+/// At most this many warnings about foreign replies per [`FOREIGN_REPLY_WINDOW`].
+const FOREIGN_REPLY_LINES: u32 = 5;
+const FOREIGN_REPLY_WINDOW: Duration = Duration::from_secs(10);
 
 impl Agent {
     /// Starts a worker: rendezvous with the group, then serve.
@@ -184,6 +207,7 @@ impl Agent {
             init_timeout: options.init_timeout,
             tasks: Mutex::new(Vec::new()),
             span: span.clone(),
+            foreign_replies: Throttle::new(FOREIGN_REPLY_LINES, FOREIGN_REPLY_WINDOW),
         });
         let agent = Agent {
             inner: inner.clone(),
@@ -829,7 +853,7 @@ impl Inner {
         loop {
             match reader.read().await {
                 Ok(Some(msg)) => {
-                    if self.on_message(&peer, msg, &outbox) {
+                    if self.on_message(&peer, conn, msg, &outbox) {
                         // The message woke or spawned a task, which tokio
                         // runs on this thread after this one returns: if
                         // the next read finds nothing, it lets that task
@@ -876,6 +900,25 @@ impl Inner {
         }
     }
 
+    /// Takes the call a reply with `id` from worker `from` on connection
+    /// `conn` answers, if it is that call's reply.
+    fn take_reply(&self, conn: u64, from: u32, id: u64) -> ReplyMatch {
+        let mut calls = self.calls.lock();
+        let Some(p) = calls.pending.get(&id) else {
+            return ReplyMatch::NoCall;
+        };
+        if p.conn != conn || p.to != from {
+            return ReplyMatch::Foreign { to: p.to };
+        }
+        let Some(p) = calls.pending.remove(&id) else {
+            return ReplyMatch::NoCall;
+        };
+        if let Some((at, _)) = p.deadline {
+            calls.deadlines.remove(&(at, id));
+        }
+        ReplyMatch::Call(p)
+    }
+
     fn take_pending(&self, id: u64) -> Option<Pending> {
         let mut calls = self.calls.lock();
         let p = calls.pending.remove(&id)?;
@@ -914,23 +957,41 @@ impl Inner {
 
     /// Handles one message; returns whether it left a task queued on this
     /// runtime (a woken caller, a body or handler that has to wait).
+    /// A reply (frame on connection `conn` from `peer`, with `id`)
+    /// completes a call only if that call's request went out to that peer
+    /// on that very connection: request ids are guessable, so an id alone
+    /// proves nothing.
     fn on_message(
         self: &Arc<Self>,
         peer: &WorkerInfo,
+        conn: u64,
         msg: IncomingMessage,
         outbox: &Outbox,
     ) -> bool {
         let kind = msg.header.kind;
         if msg.header.flags.contains(Flags::REPLY) {
             let id = msg.header.request_id;
-            match self.take_pending(id) {
-                Some(p) => {
+            match self.take_reply(conn, peer.id, id) {
+                ReplyMatch::Call(p) => {
                     let woke = p.slot.complete(Ok(msg));
                     self.call_done();
                     woke
                 }
-                None => {
+                ReplyMatch::NoCall => {
                     debug!(peer = %peer.name, id, "dropping a late reply");
+                    false
+                }
+                ReplyMatch::Foreign { to } => {
+                    if let Some(suppressed) = self.foreign_replies.allow(Instant::now()) {
+                        warn!(
+                            peer = %peer.name,
+                            id,
+                            callee = %self.workers[to as usize].name,
+                            suppressed,
+                            "dropping a reply that did not come from the callee on the \
+                             connection its request went out on"
+                        );
+                    }
                     false
                 }
             }

@@ -1,0 +1,136 @@
+//! Attacks on a group's workers from a peer that does not play by the
+//! rules, each across real worker processes on 127.0.0.1.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use ferry_rpc::{Functions, RpcOptions};
+use ferry_testkit::world_ok;
+use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection};
+use ferry_wire::{payload, Flags, MessageKind};
+
+/// What every attack's workers register.
+fn functions() -> Functions {
+    let mut f = Functions::new();
+    f.register("add", |(a, b): (i64, i64)| a + b);
+    // Returns `v` once every key in `keys` is set in the group's store
+    // (state the test controls, not time).
+    f.register("gated", |(keys, v): (Vec<String>, u64)| {
+        let agent = ferry_rpc::Agent::current().unwrap();
+        agent
+            .block_on(agent.store().wait(&keys, Duration::from_secs(60)))
+            .unwrap();
+        v
+    });
+    f
+}
+
+fn start(rank: u32) -> ferry_rpc::Agent {
+    let options = RpcOptions::from_env(format!("worker{rank}"))
+        .unwrap()
+        .functions(functions())
+        .init_timeout(Duration::from_secs(60));
+    ferry_rpc::init_rpc(options).unwrap();
+    ferry_rpc::agent().unwrap()
+}
+
+fn store_set(agent: &ferry_rpc::Agent, key: &str) {
+    agent.block_on(agent.store().set(key, Vec::new())).unwrap();
+}
+
+fn store_wait(agent: &ferry_rpc::Agent, key: &str) {
+    agent
+        .block_on(
+            agent
+                .store()
+                .wait(&[key.to_string()], Duration::from_secs(60)),
+        )
+        .unwrap();
+}
+
+/// A forged reply. Worker 0 calls worker 1 (a call that waits for a store
+/// key); meanwhile worker 2 connects to worker 0 twice, once as itself and
+/// once claiming to be worker 1, and sends REPLY frames for every request
+/// id a fresh worker could have used. None of them may complete worker
+/// 0's call: only worker 1's reply, on the connection the request went out
+/// on, does.
+#[test]
+fn a_forged_reply_does_not_complete_a_call() {
+    let outputs = world_ok("a_forged_reply_does_not_complete_a_call", 3, |rank| {
+        let agent = start(rank);
+        match rank {
+            0 => {
+                let call = ferry_rpc::rpc_async::<u64, _>(
+                    1u32,
+                    "gated",
+                    (vec!["test/forged".to_string()], 7u64),
+                );
+                store_set(&agent, "test/pending");
+                let v = call.wait().unwrap();
+                assert_eq!(v, 7, "a forged reply completed the call");
+                println!("RESULT={v}");
+                store_set(&agent, "test/done");
+            }
+            1 => {}
+            _ => {
+                store_wait(&agent, "test/pending");
+                let victim = agent.worker_addr(0u32).unwrap();
+                for (name, rank) in [("worker2", 2), ("worker1", 1)] {
+                    agent.block_on(forge_replies(victim, name, rank));
+                }
+                // Worker 0 has handled every forged frame: its call must
+                // still be waiting. Now let worker 1 answer it.
+                store_set(&agent, "test/forged");
+            }
+        }
+        // The attacker's requests were never counted as sent by a worker
+        // of the group: stop at once, not gracefully (rank 0's store may be
+        // gone by the time the others look).
+        let _ = agent.block_on(
+            agent
+                .store()
+                .wait(&["test/done".to_string()], Duration::from_secs(60)),
+        );
+        ferry_rpc::shutdown_now().unwrap();
+    });
+    if let Some(outputs) = outputs {
+        assert_eq!(outputs[0].values("RESULT"), ["7"]);
+    }
+}
+
+/// Connects to `victim` as `name` (rank `rank`) and sends a forged reply
+/// for every request id from 1 to 64, each claiming the result 424242.
+/// Returns once the victim has handled them all: a request sent after
+/// them (malformed, so no function runs) has been answered, and the
+/// victim handles a connection's frames in order.
+async fn forge_replies(victim: std::net::SocketAddr, name: &str, rank: u32) {
+    let mut conn = PeerConnection::connect(victim, &Endpoint::new(name, rank))
+        .await
+        .unwrap();
+    let forged = payload::encode(&424242u64).unwrap().payload;
+    for id in 1..=64 {
+        let reply = OutgoingMessage {
+            kind: MessageKind::RESPONSE,
+            flags: Flags::REPLY,
+            request_id: id,
+            payload: forged.clone(),
+            tensors: Vec::new(),
+        };
+        conn.writer.write(&reply).await.unwrap();
+    }
+    let probe = OutgoingMessage {
+        kind: MessageKind::REQUEST,
+        flags: Flags::NONE,
+        request_id: 1 << 40,
+        payload: Vec::new(),
+        tensors: Vec::new(),
+    };
+    conn.writer.write(&probe).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), conn.reader.read())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.header.request_id, 1 << 40);
+    assert_eq!(answer.header.kind, MessageKind::ERROR);
+}
