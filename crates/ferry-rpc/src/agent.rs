@@ -753,8 +753,58 @@ impl Inner {
                 reason: "its connection closed".into(),
             }),
             Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
+            Err(SendError::TooLarge(e)) => {
+                // Never sent: the call is forgotten, not counted as sent.
+                if self.take_pending(id).is_some() {
+                    self.sent.fetch_sub(1, Ordering::SeqCst);
+                    self.call_done();
+                }
+                let worker = self.workers[rank as usize].name.clone();
+                return Err(RpcError::too_large(worker, function.to_string(), e));
+            }
         }
         Ok(slot)
+    }
+
+    /// A message the writer task of a connection with `peer` kept back,
+    /// over the peer's limits (queued before the handshake told them): a
+    /// request fails its call, never counted as sent; a reply is replaced
+    /// by an error reply naming the limit.
+    fn refused(
+        &self,
+        peer: &WorkerInfo,
+        message: OutgoingMessage,
+        e: ferry_wire::WireError,
+    ) -> Option<OutgoingMessage> {
+        if message.flags.contains(Flags::REPLY) {
+            return Some(self.result_too_large(peer, message.request_id, &e));
+        }
+        if let Some(p) = self.take_pending(message.request_id) {
+            self.sent.fetch_sub(1, Ordering::SeqCst);
+            let worker = self.workers[p.to as usize].name.clone();
+            p.slot
+                .complete(Err(RpcError::too_large(worker, p.function, e)));
+            self.call_done();
+        }
+        None
+    }
+
+    /// The error reply that replaces a reply over the caller's limits.
+    fn result_too_large(
+        &self,
+        caller: &WorkerInfo,
+        request_id: u64,
+        e: &ferry_wire::WireError,
+    ) -> OutgoingMessage {
+        OutgoingMessage {
+            kind: MessageKind::ERROR,
+            flags: Flags::REPLY,
+            request_id,
+            payload: payload::encode(&result_too_large(caller, e))
+                .unwrap_or_default()
+                .payload,
+            tensors: Vec::new(),
+        }
     }
 
     /// The link to `rank`, connecting lazily.
@@ -842,9 +892,11 @@ impl Inner {
         let mut reader = connection.reader;
         rx.install(connection.writer).await;
         let me = self.clone();
+        let peer_of_writer = peer.clone();
         let writer_task = self.handle.spawn(
             async move {
-                if let Err(e) = rx.drain(releases).await {
+                let refused = |m, e| me.refused(&peer_of_writer, m, e);
+                if let Err(e) = rx.drain(releases, refused).await {
                     me.fail_connection(conn, e.to_string());
                 }
             }
@@ -1007,18 +1059,27 @@ impl Inner {
         }
     }
 
-    fn reply(&self, outbox: &Outbox, request_id: u64, result: Result<Encoded, Failure>) {
+    fn reply(
+        &self,
+        caller: &WorkerInfo,
+        outbox: &Outbox,
+        request_id: u64,
+        result: Result<Encoded, Failure>,
+    ) {
         let (kind, encoded) = match result {
             Ok(e) => (MessageKind::RESPONSE, e),
             Err(f) => (MessageKind::ERROR, payload::encode(&f).unwrap_or_default()),
         };
-        let sent = outbox.send(OutgoingMessage {
+        let mut sent = outbox.send(OutgoingMessage {
             kind,
             flags: Flags::REPLY,
             request_id,
             payload: encoded.payload,
             tensors: encoded.tensors,
         });
+        if let Err(SendError::TooLarge(e)) = &sent {
+            sent = outbox.send(self.result_too_large(caller, request_id, e));
+        }
         if let Err(SendError::Write(e)) = sent {
             warn!(request_id, error = %e, "cannot send a reply");
         }
@@ -1037,14 +1098,14 @@ impl Inner {
         let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(from, &outbox, id, Err(failure));
                 return false;
             }
         };
         let function = match self.lookup(&header.function, header.signature) {
             Ok(f) => f,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(from, &outbox, id, Err(failure));
                 return false;
             }
         };
@@ -1059,6 +1120,7 @@ impl Inner {
             payload, tensors, ..
         } = msg;
         let inner = self.clone();
+        let caller = from.clone();
         self.run_body(
             function.body.clone(),
             payload,
@@ -1072,12 +1134,17 @@ impl Inner {
                             .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
                     })
                 });
+                // A result over the caller's limits is never sent either.
+                let encoded = encoded.and_then(|e| match outbox.check(&e.payload, &e.tensors) {
+                    Ok(()) => Ok(e),
+                    Err(too_large) => Err(result_too_large(&caller, &too_large)),
+                });
                 // A result that did not encode is never sent.
                 watches.settle(match encoded {
                     Ok(_) => watch::Delivery::Decoded,
                     Err(_) => watch::Delivery::NotDecoded,
                 });
-                inner.reply(&outbox, id, encoded);
+                inner.reply(&caller, &outbox, id, encoded);
             },
         )
     }
@@ -1163,6 +1230,7 @@ impl Inner {
         let kind = msg.header.kind;
         let Some(service) = self.services.get(&kind).cloned() else {
             self.reply(
+                &from,
                 &outbox,
                 id,
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
@@ -1172,7 +1240,7 @@ impl Inner {
         let (header, offset) = match split_header::<ServiceHeader>(&msg.payload, "service") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(&from, &outbox, id, Err(failure));
                 return false;
             }
         };
@@ -1189,6 +1257,7 @@ impl Inner {
         let agent = Agent {
             inner: self.clone(),
         };
+        let caller = from.clone();
         let handled = current::enter(&agent, || scopes.run(|| service.handle(from, msg)));
         let handled = Scoped {
             scopes,
@@ -1199,7 +1268,7 @@ impl Inner {
             Box::pin(
                 async move {
                     let result = handled.await.map_err(Failure::failed);
-                    inner.reply(&outbox, id, result);
+                    inner.reply(&caller, &outbox, id, result);
                 }
                 .instrument(self.span.clone()),
             ),
@@ -1233,6 +1302,14 @@ impl Inner {
             self.call_done();
         }
     }
+}
+
+/// The failure that replaces a result over the caller's limits.
+fn result_too_large(caller: &WorkerInfo, e: &ferry_wire::WireError) -> Failure {
+    Failure::failed(format!(
+        "the result was not sent: worker {:?} would refuse it ({e})",
+        caller.name
+    ))
 }
 
 /// The postcard header `H` at the start of a payload, and the offset of

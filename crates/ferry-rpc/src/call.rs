@@ -296,6 +296,8 @@ fn delivery(result: &Result<IncomingMessage, RpcError>) -> Delivery {
             }
         }
         Ok(_) => Delivery::Decoded,
+        // Kept back at the sender: the callee never saw it.
+        Err(RpcError::TooLarge { .. }) => Delivery::NotDecoded,
         Err(_) => Delivery::Unknown,
     }
 }

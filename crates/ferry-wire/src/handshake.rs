@@ -75,6 +75,11 @@ pub struct Handshake {
     pub selection: Vec<ChannelChoice>,
     /// Free-form properties for extensions (name, value).
     pub properties: Vec<(String, String)>,
+    /// The limits the sender enforces on what it reads: the other side
+    /// checks its messages against them before writing
+    /// ([`Limits::check_outgoing`]), so an oversized message fails at its
+    /// sender with a size error instead of closing the connection.
+    pub limits: Limits,
 }
 
 /// Largest encoded handshake accepted.

@@ -180,6 +180,36 @@ proptest! {
         prop_assert_eq!(back, value);
     }
 
+    /// A sender's check against the receiver's limits agrees with the
+    /// receiver: `check_outgoing` passes exactly when the encoded frame
+    /// decodes under those limits, and fails with the same error.
+    #[test]
+    fn the_senders_limit_check_agrees_with_the_receiver(
+        body in prop::collection::vec(any::<u8>(), 0..64),
+        tensors in prop::collection::vec(tensor(), 0..4),
+        max_payload_bytes in 0u32..64,
+        max_descriptor_bytes in 0u32..400,
+        max_tensors in 0u32..4,
+        max_dims in 0usize..4,
+        max_tensor_bytes in 0u64..200,
+        max_message_tensor_bytes in 0u64..400,
+    ) {
+        let limits = Limits {
+            max_payload_bytes,
+            max_descriptor_bytes,
+            max_tensors,
+            max_dims,
+            max_tensor_bytes,
+            max_message_tensor_bytes,
+        };
+        let descs: Vec<_> = tensors.iter().map(|t| t.desc.clone()).collect();
+        let slices: Vec<&[u8]> = tensors.iter().map(|t| t.bytes.as_slice()).collect();
+        let bytes = Frame::encode(MessageKind::REQUEST, Flags::NONE, 1, &descs, &body, &slices);
+        let sender = limits.check_outgoing(body.len(), &descs);
+        let receiver = Frame::decode(&bytes, &limits).map(|_| ());
+        prop_assert_eq!(sender, receiver);
+    }
+
     #[test]
     fn frame_decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = Frame::decode(&bytes, &Limits::default());

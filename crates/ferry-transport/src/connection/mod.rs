@@ -108,6 +108,7 @@ impl Endpoint {
             channels,
             selection,
             properties,
+            limits: self.limits,
         }
     }
 }
@@ -385,6 +386,7 @@ impl PeerConnection {
         reader.set_peer(name.clone());
         writer.set_selection(Selection::new(outgoing));
         writer.set_peer(name.clone());
+        writer.set_peer_limits(peer.limits);
         reader.set_channels(
             ReadChannels {
                 cma_pid: if uses_cma_in { peer_pid } else { None },
