@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, PeerConnection};
 use ferry_wire::payload::{self, Encoded, IncomingTensor};
-use ferry_wire::{Flags, MessageKind};
+use ferry_wire::{Flags, MessageKind, PeerText};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -852,7 +852,8 @@ impl Inner {
                     conn,
                     format!(
                         "{addr} answered as {:?} (rank {})",
-                        c.peer.worker_name, c.peer.rank
+                        PeerText::new(&c.peer.worker_name),
+                        c.peer.rank
                     ),
                 )
             }
@@ -1379,7 +1380,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                 if !known {
                     return warn!(
                         %addr,
-                        name = %connection.peer.worker_name,
+                        name = ?PeerText::new(&connection.peer.worker_name),
                         rank,
                         "rejected a connection from a worker outside the group"
                     );

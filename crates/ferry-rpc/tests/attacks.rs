@@ -26,6 +26,12 @@ fn functions() -> Functions {
 }
 
 fn start(rank: u32) -> ferry_rpc::Agent {
+    // Warnings go to stderr, which the test reads back.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
     let options = RpcOptions::from_env(format!("worker{rank}"))
         .unwrap()
         .functions(functions())
@@ -95,6 +101,52 @@ fn a_forged_reply_does_not_complete_a_call() {
     });
     if let Some(outputs) = outputs {
         assert_eq!(outputs[0].values("RESULT"), ["7"]);
+        // Worker 0 said so, naming the sender, but not once per frame.
+        let warned = outputs[0]
+            .stderr
+            .lines()
+            .filter(|l| l.contains("dropping a reply that did not come from the callee"))
+            .collect::<Vec<_>>();
+        assert!(!warned.is_empty(), "{}", outputs[0].stderr);
+        assert!(warned.iter().any(|l| l.contains("peer=worker2")));
+        assert!(warned.iter().any(|l| l.contains("peer=worker1")));
+        assert!(warned.len() < 128, "{} warnings", warned.len());
+    }
+}
+
+/// A name with a line break and an ANSI escape, stated in a handshake to
+/// worker 0: the warning that rejects the connection shows it escaped, on
+/// one line, and the forged log line never starts a line of its own.
+#[test]
+fn a_peer_supplied_name_is_logged_escaped() {
+    const SHOWN: &str = r"evil\n2026-01-01T00:00:00Z  INFO forged: all is well\u{1b}[2J";
+    let outputs = world_ok("a_peer_supplied_name_is_logged_escaped", 2, |rank| {
+        let agent = start(rank);
+        if rank == 1 {
+            let evil = "evil\n2026-01-01T00:00:00Z  INFO forged: all is well\u{1b}[2J";
+            let victim = agent.worker_addr(0u32).unwrap();
+            agent.block_on(async {
+                let mut conn = PeerConnection::connect(victim, &Endpoint::new(evil, 1))
+                    .await
+                    .unwrap();
+                // Worker 0 logs, then drops the connection.
+                let end = tokio::time::timeout(Duration::from_secs(30), conn.reader.read())
+                    .await
+                    .unwrap();
+                assert!(matches!(end, Ok(None) | Err(_)));
+            });
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
+    if let Some(outputs) = outputs {
+        let log = &outputs[0].stderr;
+        let line = log
+            .lines()
+            .find(|l| l.contains("rejected a connection from a worker outside the group"))
+            .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+        assert!(line.contains(SHOWN), "{line}");
+        assert!(!log.contains('\u{1b}'), "{log}");
+        assert!(!log.lines().any(|l| l.starts_with("2026-01-01")), "{log}");
     }
 }
 

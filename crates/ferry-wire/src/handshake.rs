@@ -126,7 +126,9 @@ impl Handshake {
         if h.protocol_version != PROTOCOL_VERSION {
             return Err(WireError::Handshake(format!(
                 "peer {:?} speaks protocol version {}, this build speaks {}",
-                h.worker_name, h.protocol_version, PROTOCOL_VERSION
+                crate::PeerText::new(&h.worker_name),
+                h.protocol_version,
+                PROTOCOL_VERSION
             )));
         }
         Ok(h)

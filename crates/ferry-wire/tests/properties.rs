@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ferry_wire::payload::{self, IncomingTensor, OutgoingTensor};
 use ferry_wire::{
-    DType, Device, Flags, Frame, FrameHeader, Handshake, Limits, MessageKind, TensorDescriptor,
-    HEADER_LEN,
+    needs_escape, DType, Device, Flags, Frame, FrameHeader, Handshake, Limits, MessageKind,
+    PeerText, TensorDescriptor, HEADER_LEN,
 };
 use proptest::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -208,6 +208,34 @@ proptest! {
         let sender = limits.check_outgoing(body.len(), &descs);
         let receiver = Frame::decode(&bytes, &limits).map(|_| ());
         prop_assert_eq!(sender, receiver);
+    }
+
+    /// A peer's text, escaped: nothing that could forge or hide a log line
+    /// is left, at most the bound's characters of it are shown (then a
+    /// note with the exact bytes left out), text with nothing to escape is
+    /// shown as it is, and escaping twice changes nothing.
+    #[test]
+    fn peer_text_is_escaped_and_bounded(text in any::<String>(), max in 0usize..40) {
+        let shown = PeerText::bounded(&text, max).to_string();
+        let (body, note) = match shown.rsplit_once("…(") {
+            Some((body, note)) if text.chars().count() > max => (body.to_string(), Some(note.to_string())),
+            _ => (shown.clone(), None),
+        };
+        prop_assert!(!body.chars().any(needs_escape), "{:?}", body);
+        let kept: String = text.chars().take(max).collect();
+        prop_assert_eq!(&body, &PeerText::new(&kept).to_string());
+        match note {
+            Some(note) => prop_assert_eq!(note, format!("{} more bytes)", text.len() - kept.len())),
+            None => prop_assert_eq!(kept.len(), text.len()),
+        }
+        if !text.chars().any(needs_escape) && text.chars().count() <= max {
+            prop_assert_eq!(&shown, &text);
+        }
+        let body_len = body.chars().count();
+        prop_assert_eq!(PeerText::bounded(&body, body_len).to_string(), body.clone());
+        let quoted = format!("{:?}", PeerText::bounded(&text, max));
+        prop_assert!(quoted.starts_with('"') && quoted.ends_with('"'));
+        prop_assert!(!quoted.chars().any(needs_escape));
     }
 
     #[test]
