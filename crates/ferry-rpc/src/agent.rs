@@ -755,8 +755,8 @@ impl Inner {
             Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
             Err(SendError::TooLarge(e)) => {
                 // Never sent: the call is forgotten, not counted as sent.
+                self.sent.fetch_sub(1, Ordering::SeqCst);
                 if self.take_pending(id).is_some() {
-                    self.sent.fetch_sub(1, Ordering::SeqCst);
                     self.call_done();
                 }
                 let worker = self.workers[rank as usize].name.clone();
@@ -779,8 +779,9 @@ impl Inner {
         if message.flags.contains(Flags::REPLY) {
             return Some(self.result_too_large(peer, message.request_id, &e));
         }
+        // Never sent (even if the call has timed out meanwhile).
+        self.sent.fetch_sub(1, Ordering::SeqCst);
         if let Some(p) = self.take_pending(message.request_id) {
-            self.sent.fetch_sub(1, Ordering::SeqCst);
             let worker = self.workers[p.to as usize].name.clone();
             p.slot
                 .complete(Err(RpcError::too_large(worker, p.function, e)));
