@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, PeerConnection};
 use ferry_wire::payload::{self, Encoded, IncomingTensor};
-use ferry_wire::{Flags, MessageKind};
+use ferry_wire::{Flags, MessageKind, PeerText};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -35,6 +35,7 @@ use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader
 use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
 use crate::store::{Store, TcpStoreServer};
+use crate::throttle::Throttle;
 use crate::watch;
 use crate::{Functions, RpcError, RpcOptions, Value, WorkerInfo, WorkerRef};
 
@@ -60,7 +61,9 @@ struct Link {
 
 struct Pending {
     slot: Arc<CallSlot>,
+    /// The callee: only its reply, on `conn`, completes the call.
     to: u32,
+    /// The connection the request went out on.
     conn: u64,
     function: String,
     deadline: Option<(Instant, Duration)>,
@@ -123,7 +126,27 @@ pub(crate) struct Inner {
     pub(crate) init_timeout: Duration,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     span: tracing::Span,
+    /// Budget of the warning about replies that match no call of theirs.
+    foreign_replies: Throttle,
 }
+
+/// What a reply frame matched.
+enum ReplyMatch {
+    /// The call it answers, taken off the pending table.
+    Call(Pending),
+    /// No call is waiting for this id (it timed out, failed or never was).
+    NoCall,
+    /// A call with this id waits, but for a reply from another peer or on
+    /// another connection: the frame is not its answer.
+    Foreign {
+        /// The callee of the waiting call.
+        to: u32,
+    },
+}
+
+/// At most this many warnings about foreign replies per [`FOREIGN_REPLY_WINDOW`].
+const FOREIGN_REPLY_LINES: u32 = 5;
+const FOREIGN_REPLY_WINDOW: Duration = Duration::from_secs(10);
 
 impl Agent {
     /// Starts a worker: rendezvous with the group, then serve.
@@ -184,6 +207,7 @@ impl Agent {
             init_timeout: options.init_timeout,
             tasks: Mutex::new(Vec::new()),
             span: span.clone(),
+            foreign_replies: Throttle::new(FOREIGN_REPLY_LINES, FOREIGN_REPLY_WINDOW),
         });
         let agent = Agent {
             inner: inner.clone(),
@@ -729,8 +753,59 @@ impl Inner {
                 reason: "its connection closed".into(),
             }),
             Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
+            Err(SendError::TooLarge(e)) => {
+                // Never sent: the call is forgotten, not counted as sent.
+                self.sent.fetch_sub(1, Ordering::SeqCst);
+                if self.take_pending(id).is_some() {
+                    self.call_done();
+                }
+                let worker = self.workers[rank as usize].name.clone();
+                return Err(RpcError::too_large(worker, function.to_string(), e));
+            }
         }
         Ok(slot)
+    }
+
+    /// A message the writer task of a connection with `peer` kept back,
+    /// over the peer's limits (queued before the handshake told them): a
+    /// request fails its call, never counted as sent; a reply is replaced
+    /// by an error reply naming the limit.
+    fn refused(
+        &self,
+        peer: &WorkerInfo,
+        message: OutgoingMessage,
+        e: ferry_wire::WireError,
+    ) -> Option<OutgoingMessage> {
+        if message.flags.contains(Flags::REPLY) {
+            return Some(self.result_too_large(peer, message.request_id, &e));
+        }
+        // Never sent (even if the call has timed out meanwhile).
+        self.sent.fetch_sub(1, Ordering::SeqCst);
+        if let Some(p) = self.take_pending(message.request_id) {
+            let worker = self.workers[p.to as usize].name.clone();
+            p.slot
+                .complete(Err(RpcError::too_large(worker, p.function, e)));
+            self.call_done();
+        }
+        None
+    }
+
+    /// The error reply that replaces a reply over the caller's limits.
+    fn result_too_large(
+        &self,
+        caller: &WorkerInfo,
+        request_id: u64,
+        e: &ferry_wire::WireError,
+    ) -> OutgoingMessage {
+        OutgoingMessage {
+            kind: MessageKind::ERROR,
+            flags: Flags::REPLY,
+            request_id,
+            payload: payload::encode(&result_too_large(caller, e))
+                .unwrap_or_default()
+                .payload,
+            tensors: Vec::new(),
+        }
     }
 
     /// The link to `rank`, connecting lazily.
@@ -778,7 +853,8 @@ impl Inner {
                     conn,
                     format!(
                         "{addr} answered as {:?} (rank {})",
-                        c.peer.worker_name, c.peer.rank
+                        PeerText::new(&c.peer.worker_name),
+                        c.peer.rank
                     ),
                 )
             }
@@ -818,9 +894,11 @@ impl Inner {
         let mut reader = connection.reader;
         rx.install(connection.writer).await;
         let me = self.clone();
+        let peer_of_writer = peer.clone();
         let writer_task = self.handle.spawn(
             async move {
-                if let Err(e) = rx.drain(releases).await {
+                let refused = |m, e| me.refused(&peer_of_writer, m, e);
+                if let Err(e) = rx.drain(releases, refused).await {
                     me.fail_connection(conn, e.to_string());
                 }
             }
@@ -829,7 +907,7 @@ impl Inner {
         loop {
             match reader.read().await {
                 Ok(Some(msg)) => {
-                    if self.on_message(&peer, msg, &outbox) {
+                    if self.on_message(&peer, conn, msg, &outbox) {
                         // The message woke or spawned a task, which tokio
                         // runs on this thread after this one returns: if
                         // the next read finds nothing, it lets that task
@@ -876,6 +954,25 @@ impl Inner {
         }
     }
 
+    /// Takes the call a reply with `id` from worker `from` on connection
+    /// `conn` answers, if it is that call's reply.
+    fn take_reply(&self, conn: u64, from: u32, id: u64) -> ReplyMatch {
+        let mut calls = self.calls.lock();
+        let Some(p) = calls.pending.get(&id) else {
+            return ReplyMatch::NoCall;
+        };
+        if p.conn != conn || p.to != from {
+            return ReplyMatch::Foreign { to: p.to };
+        }
+        let Some(p) = calls.pending.remove(&id) else {
+            return ReplyMatch::NoCall;
+        };
+        if let Some((at, _)) = p.deadline {
+            calls.deadlines.remove(&(at, id));
+        }
+        ReplyMatch::Call(p)
+    }
+
     fn take_pending(&self, id: u64) -> Option<Pending> {
         let mut calls = self.calls.lock();
         let p = calls.pending.remove(&id)?;
@@ -914,23 +1011,41 @@ impl Inner {
 
     /// Handles one message; returns whether it left a task queued on this
     /// runtime (a woken caller, a body or handler that has to wait).
+    /// A reply (frame on connection `conn` from `peer`, with `id`)
+    /// completes a call only if that call's request went out to that peer
+    /// on that very connection: request ids are guessable, so an id alone
+    /// proves nothing.
     fn on_message(
         self: &Arc<Self>,
         peer: &WorkerInfo,
+        conn: u64,
         msg: IncomingMessage,
         outbox: &Outbox,
     ) -> bool {
         let kind = msg.header.kind;
         if msg.header.flags.contains(Flags::REPLY) {
             let id = msg.header.request_id;
-            match self.take_pending(id) {
-                Some(p) => {
+            match self.take_reply(conn, peer.id, id) {
+                ReplyMatch::Call(p) => {
                     let woke = p.slot.complete(Ok(msg));
                     self.call_done();
                     woke
                 }
-                None => {
+                ReplyMatch::NoCall => {
                     debug!(peer = %peer.name, id, "dropping a late reply");
+                    false
+                }
+                ReplyMatch::Foreign { to } => {
+                    if let Some(suppressed) = self.foreign_replies.allow(Instant::now()) {
+                        warn!(
+                            peer = %peer.name,
+                            id,
+                            callee = %self.workers[to as usize].name,
+                            suppressed,
+                            "dropping a reply that did not come from the callee on the \
+                             connection its request went out on"
+                        );
+                    }
                     false
                 }
             }
@@ -946,18 +1061,27 @@ impl Inner {
         }
     }
 
-    fn reply(&self, outbox: &Outbox, request_id: u64, result: Result<Encoded, Failure>) {
+    fn reply(
+        &self,
+        caller: &WorkerInfo,
+        outbox: &Outbox,
+        request_id: u64,
+        result: Result<Encoded, Failure>,
+    ) {
         let (kind, encoded) = match result {
             Ok(e) => (MessageKind::RESPONSE, e),
             Err(f) => (MessageKind::ERROR, payload::encode(&f).unwrap_or_default()),
         };
-        let sent = outbox.send(OutgoingMessage {
+        let mut sent = outbox.send(OutgoingMessage {
             kind,
             flags: Flags::REPLY,
             request_id,
             payload: encoded.payload,
             tensors: encoded.tensors,
         });
+        if let Err(SendError::TooLarge(e)) = &sent {
+            sent = outbox.send(self.result_too_large(caller, request_id, e));
+        }
         if let Err(SendError::Write(e)) = sent {
             warn!(request_id, error = %e, "cannot send a reply");
         }
@@ -976,14 +1100,14 @@ impl Inner {
         let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(from, &outbox, id, Err(failure));
                 return false;
             }
         };
         let function = match self.lookup(&header.function, header.signature) {
             Ok(f) => f,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(from, &outbox, id, Err(failure));
                 return false;
             }
         };
@@ -998,6 +1122,7 @@ impl Inner {
             payload, tensors, ..
         } = msg;
         let inner = self.clone();
+        let caller = from.clone();
         self.run_body(
             function.body.clone(),
             payload,
@@ -1011,12 +1136,17 @@ impl Inner {
                             .map_err(|e| Failure::failed(format!("cannot encode the result: {e}")))
                     })
                 });
+                // A result over the caller's limits is never sent either.
+                let encoded = encoded.and_then(|e| match outbox.check(&e.payload, &e.tensors) {
+                    Ok(()) => Ok(e),
+                    Err(too_large) => Err(result_too_large(&caller, &too_large)),
+                });
                 // A result that did not encode is never sent.
                 watches.settle(match encoded {
                     Ok(_) => watch::Delivery::Decoded,
                     Err(_) => watch::Delivery::NotDecoded,
                 });
-                inner.reply(&outbox, id, encoded);
+                inner.reply(&caller, &outbox, id, encoded);
             },
         )
     }
@@ -1102,6 +1232,7 @@ impl Inner {
         let kind = msg.header.kind;
         let Some(service) = self.services.get(&kind).cloned() else {
             self.reply(
+                &from,
                 &outbox,
                 id,
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
@@ -1111,7 +1242,7 @@ impl Inner {
         let (header, offset) = match split_header::<ServiceHeader>(&msg.payload, "service") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(&from, &outbox, id, Err(failure));
                 return false;
             }
         };
@@ -1128,6 +1259,7 @@ impl Inner {
         let agent = Agent {
             inner: self.clone(),
         };
+        let caller = from.clone();
         let handled = current::enter(&agent, || scopes.run(|| service.handle(from, msg)));
         let handled = Scoped {
             scopes,
@@ -1138,7 +1270,7 @@ impl Inner {
             Box::pin(
                 async move {
                     let result = handled.await.map_err(Failure::failed);
-                    inner.reply(&outbox, id, result);
+                    inner.reply(&caller, &outbox, id, result);
                 }
                 .instrument(self.span.clone()),
             ),
@@ -1172,6 +1304,14 @@ impl Inner {
             self.call_done();
         }
     }
+}
+
+/// The failure that replaces a result over the caller's limits.
+fn result_too_large(caller: &WorkerInfo, e: &ferry_wire::WireError) -> Failure {
+    Failure::failed(format!(
+        "the result was not sent: worker {:?} would refuse it ({e})",
+        caller.name
+    ))
 }
 
 /// The postcard header `H` at the start of a payload, and the offset of
@@ -1241,7 +1381,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                 if !known {
                     return warn!(
                         %addr,
-                        name = %connection.peer.worker_name,
+                        name = ?PeerText::new(&connection.peer.worker_name),
                         rank,
                         "rejected a connection from a worker outside the group"
                     );

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 
 use ferry_transport::shm::{spin_until, SPIN_BUDGET};
 use ferry_transport::IncomingMessage;
-use ferry_wire::{payload, MessageKind};
+use ferry_wire::{payload, MessageKind, PeerText};
 use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 
@@ -17,6 +17,10 @@ use crate::functions::Signature;
 use crate::protocol::{Failure, FailureKind};
 use crate::watch::{Delivery, Watches};
 use crate::RpcError;
+
+/// Most characters of a callee's error text an error shows (the rest is
+/// cut, with a note of how much; see [`PeerText`]).
+pub const MAX_ERROR_TEXT_CHARS: usize = 4096;
 
 /// Where the outcome of one call lands: completed exactly once, by the
 /// reply, the timeout timer, a lost connection or shutdown.
@@ -296,6 +300,8 @@ fn delivery(result: &Result<IncomingMessage, RpcError>) -> Delivery {
             }
         }
         Ok(_) => Delivery::Decoded,
+        // Kept back at the sender: the callee never saw it.
+        Err(RpcError::TooLarge { .. }) => Delivery::NotDecoded,
         Err(_) => Delivery::Unknown,
     }
 }
@@ -308,6 +314,13 @@ pub(crate) fn failure_to_error(
 ) -> RpcError {
     let worker = worker.to_string();
     let function = function.to_string();
+    // The callee's texts, escaped and bounded before they reach an error
+    // message (and whatever logs it).
+    let failure = Failure {
+        message: PeerText::bounded(&failure.message, MAX_ERROR_TEXT_CHARS).to_string(),
+        expected: PeerText::new(&failure.expected).to_string(),
+        ..failure
+    };
     match failure.kind {
         FailureKind::UnknownFunction => RpcError::UnknownFunction { worker, function },
         FailureKind::WrongType => RpcError::WrongType {
@@ -344,5 +357,25 @@ impl<T> std::fmt::Debug for RpcFuture<T> {
             .field("worker", &self.worker)
             .field("function", &self.function)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A callee's error text reaches the caller's error escaped and bounded.
+    #[test]
+    fn a_callees_error_text_is_escaped_and_bounded() {
+        let text = format!("boom\n\u{1b}[2Jforged{}", "x".repeat(5000));
+        let failure = Failure::failed(text.clone());
+        let e = failure_to_error(failure, "worker1", "f", Signature::of::<(), ()>());
+        let RpcError::Remote { message, .. } = &e else {
+            panic!("{e}");
+        };
+        assert!(message.starts_with(r"boom\n\u{1b}[2Jforged"), "{message}");
+        assert!(!message.contains('\n') && !message.contains('\u{1b}'));
+        let kept: String = text.chars().take(MAX_ERROR_TEXT_CHARS).collect();
+        assert!(message.ends_with(&format!("…({} more bytes)", text.len() - kept.len())));
     }
 }

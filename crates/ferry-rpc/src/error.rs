@@ -96,6 +96,24 @@ pub enum RpcError {
         /// What happened.
         reason: String,
     },
+    /// The call is over a limit the callee stated in its handshake (e.g.
+    /// its largest message): it was not sent, and the connection and the
+    /// other calls on it are unaffected.
+    #[error(
+        "call of {function:?} on worker {worker:?} not sent: its {what} of {len} exceeds the worker's limit of {max}"
+    )]
+    TooLarge {
+        /// The callee.
+        worker: String,
+        /// The function.
+        function: String,
+        /// Which length (`"message tensor bytes"`, `"payload length"`, ...).
+        what: &'static str,
+        /// The call's length.
+        len: u64,
+        /// The callee's limit.
+        max: u64,
+    },
     /// The call was cut short by an immediate shutdown.
     #[error("call of {function:?} on worker {worker:?} aborted: RPC is shutting down")]
     ShutDown {
@@ -126,6 +144,27 @@ pub enum RpcError {
     /// Graceful shutdown could not complete.
     #[error("graceful shutdown failed: {0}")]
     Join(String),
+}
+
+impl RpcError {
+    /// The error of a call to `function` on `worker` that a check against
+    /// the worker's limits refused.
+    pub(crate) fn too_large(worker: String, function: String, e: ferry_wire::WireError) -> Self {
+        match e {
+            ferry_wire::WireError::TooLarge { what, len, max } => RpcError::TooLarge {
+                worker,
+                function,
+                what,
+                len,
+                max,
+            },
+            other => RpcError::Codec {
+                action: "check the call against the worker's limits",
+                function,
+                message: other.to_string(),
+            },
+        }
+    }
 }
 
 /// An error that started on one worker and reached this one through a

@@ -49,6 +49,7 @@ mod rendezvous;
 pub mod scope;
 pub mod service;
 pub mod store;
+mod throttle;
 mod value;
 pub mod watch;
 
@@ -59,7 +60,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
-pub use call::RpcFuture;
+pub use call::{RpcFuture, MAX_ERROR_TEXT_CHARS};
 pub use error::{RemoteError, RpcError};
 pub use functions::{panic_message, BoxFuture, Functions, Signature};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};

@@ -10,11 +10,18 @@
 //! writer task writes what has gathered as one batch. Order is kept: a
 //! direct write happens only while nothing queued is still unwritten,
 //! under the lock the writer task holds while it writes.
+//!
+//! A message over the limits the peer stated in its handshake never
+//! leaves: [`Outbox::send`] refuses it at once when the handshake is in,
+//! and the writer task hands one queued before that to its `refused`
+//! callback. Either way the connection and the other messages on it are
+//! untouched (the peer would have closed the connection on reading it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ferry_transport::{FrameWriter, OutgoingMessage, PeerWriter, TransportError};
+use ferry_wire::{Limits, WireError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Mutex, Notify};
 
@@ -41,6 +48,9 @@ pub(crate) struct OutboxQueue {
 struct SharedWriter {
     /// `None` until the connection is established, and after a failed write.
     writer: Arc<Mutex<Option<FrameWriter<PeerWriter>>>>,
+    /// The peer's limits, set when the connection is established (before
+    /// `writer`).
+    peer_limits: OnceLock<Limits>,
     /// Messages queued and not yet written.
     queued: AtomicUsize,
     /// A write failed: the connection is broken.
@@ -62,6 +72,9 @@ pub(crate) enum SendError {
     Closed,
     /// Writing the message failed; the connection is broken.
     Write(TransportError),
+    /// The message is over the peer's limits (which one, by how much);
+    /// nothing was written and the connection is intact.
+    TooLarge(WireError),
 }
 
 /// A new outbox and the queue its writer task drains.
@@ -69,6 +82,7 @@ pub(crate) fn outbox(runtime: Handle) -> (Outbox, OutboxQueue) {
     let (queue, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(SharedWriter {
         writer: Arc::new(Mutex::new(None)),
+        peer_limits: OnceLock::new(),
         queued: AtomicUsize::new(0),
         failed: AtomicBool::new(false),
         error: parking_lot::Mutex::new(None),
@@ -85,6 +99,23 @@ pub(crate) fn outbox(runtime: Handle) -> (Outbox, OutboxQueue) {
 }
 
 impl Outbox {
+    /// Checks a message's payload and tensors against the peer's limits,
+    /// once the connection is established (before, everything passes:
+    /// the writer task checks it then).
+    pub(crate) fn check(
+        &self,
+        payload: &[u8],
+        tensors: &[Arc<dyn ferry_wire::OutgoingTensor>],
+    ) -> Result<(), WireError> {
+        match self.shared.peer_limits.get() {
+            Some(limits) => {
+                let descriptors: Vec<_> = tensors.iter().map(|t| t.descriptor()).collect();
+                limits.check_outgoing(payload.len(), &descriptors)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Whether messages can no longer leave through it.
     pub(crate) fn is_closed(&self) -> bool {
         self.queue.is_closed() || self.shared.failed.load(Ordering::SeqCst)
@@ -94,11 +125,20 @@ impl Outbox {
     /// nothing is queued, else queued for the writer task. Never waits: a
     /// direct write the transport cannot take at once is finished by a
     /// task on the agent's runtime, which keeps the writer until then.
+    /// A message over the peer's limits is refused (`TooLarge`) once the
+    /// connection is established; before, the writer task checks it.
     pub(crate) fn send(&self, message: OutgoingMessage) -> Result<(), SendError> {
         if self.shared.failed.load(Ordering::SeqCst) {
             return Err(SendError::Closed);
         }
-        let message = match self.try_write(message) {
+        let checked = match self.shared.peer_limits.get() {
+            Some(limits) => {
+                message.check(limits).map_err(SendError::TooLarge)?;
+                true
+            }
+            None => false,
+        };
+        let message = match self.try_write(message, checked) {
             Ok(written) => return written,
             Err(message) => message,
         };
@@ -113,6 +153,7 @@ impl Outbox {
     fn try_write(
         &self,
         message: OutgoingMessage,
+        checked: bool,
     ) -> Result<Result<(), SendError>, OutgoingMessage> {
         if self.shared.queued.load(Ordering::SeqCst) != 0 {
             return Err(message);
@@ -124,6 +165,12 @@ impl Outbox {
         // queued, nothing sent earlier is still unwritten.
         if guard.is_none() || self.shared.queued.load(Ordering::SeqCst) != 0 {
             return Err(message);
+        }
+        // The connection was established since `send` looked.
+        if let (false, Some(limits)) = (checked, self.shared.peer_limits.get()) {
+            if let Err(e) = message.check(limits) {
+                return Ok(Err(SendError::TooLarge(e)));
+            }
         }
         let shared = self.shared.clone();
         let write = Box::pin(async move {
@@ -162,18 +209,24 @@ impl SharedWriter {
 }
 
 impl OutboxQueue {
-    /// Installs the established connection's writer.
+    /// Installs the established connection's writer (and the peer's limits
+    /// it knows from the handshake).
     pub(crate) async fn install(&self, writer: FrameWriter<PeerWriter>) {
+        if let Some(limits) = writer.peer_limits() {
+            let _ = self.shared.peer_limits.set(limits);
+        }
         *self.shared.writer.lock().await = Some(writer);
     }
 
     /// The writer task: writes queued messages in batches (and the
     /// connection's pending releases when `releases` fires) until every
     /// [`Outbox`] is dropped, then shuts the write side down. Returns the
-    /// first write error.
+    /// first write error. A queued message over the peer's limits goes to
+    /// `refused` instead, which may give a message to send in its place.
     pub(crate) async fn drain(
         mut self,
         releases: ferry_transport::ReleaseSignal,
+        refused: impl Fn(OutgoingMessage, WireError) -> Option<OutgoingMessage>,
     ) -> Result<(), TransportError> {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
@@ -190,14 +243,26 @@ impl OutboxQueue {
                     None => continue,
                 },
             };
-            batch.extend(first);
-            while batch.len() < MAX_BATCH {
+            let limits = self.shared.peer_limits.get();
+            let mut admit = |m: OutgoingMessage| match limits.map(|l| m.check(l)) {
+                Some(Err(e)) => batch.extend(refused(m, e)),
+                _ => batch.push(m),
+            };
+            let mut taken = 0;
+            if let Some(m) = first {
+                admit(m);
+                taken += 1;
+            }
+            while taken < MAX_BATCH {
                 match self.queue.try_recv() {
-                    Ok(m) => batch.push(m),
+                    Ok(m) => {
+                        admit(m);
+                        taken += 1;
+                    }
                     Err(_) => break,
                 }
             }
-            let written = batch.len();
+            let written = taken;
             let mut guard = self.shared.writer.lock().await;
             let Some(writer) = guard.as_mut() else {
                 // A direct write failed.
@@ -267,7 +332,7 @@ mod tests {
         let (outbox, queue) = outbox(rt.handle().clone());
         let releases = client.writer.release_signal();
         rt.block_on(queue.install(client.writer));
-        let drained = rt.spawn(queue.drain(releases));
+        let drained = rt.spawn(queue.drain(releases, |_, _| None));
 
         // Large frames (more than any ring or socket buffer holds) between
         // small ones; nothing reads until every send has returned.

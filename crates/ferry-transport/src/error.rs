@@ -52,6 +52,17 @@ pub enum TransportError {
         /// What went wrong.
         reason: String,
     },
+    /// A message the peer would refuse (over the limits it stated in its
+    /// handshake) was kept back: nothing of it was written, and the
+    /// connection is intact.
+    #[error("{peer} would refuse this message: {source}")]
+    Refused {
+        /// The peer.
+        peer: String,
+        /// Which of the peer's limits the message exceeds, by how much.
+        #[source]
+        source: WireError,
+    },
     /// A destination could not be allocated.
     #[error("cannot allocate tensor destination: {0}")]
     Alloc(String),

@@ -432,6 +432,8 @@ pub struct FrameWriter<W> {
     inner: W,
     selection: Selection,
     peer: String,
+    /// The limits the peer stated in its handshake (`None` before one).
+    peer_limits: Option<Limits>,
     head: Vec<u8>,
     channels: WriteChannels,
     shared: Arc<Shared>,
@@ -464,6 +466,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             inner,
             selection,
             peer: peer.into(),
+            peer_limits: None,
             head: Vec::with_capacity(4096),
             channels: WriteChannels::default(),
             shared: Arc::default(),
@@ -485,6 +488,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             inner: f(self.inner),
             selection: self.selection,
             peer: self.peer,
+            peer_limits: self.peer_limits,
             head: self.head,
             channels: self.channels,
             shared: self.shared,
@@ -538,6 +542,16 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         self.peer = peer.into();
     }
 
+    /// The limits the peer stated in its handshake: a message over them is
+    /// refused here ([`TransportError::Refused`]) rather than written.
+    pub fn peer_limits(&self) -> Option<Limits> {
+        self.peer_limits
+    }
+
+    pub(crate) fn set_peer_limits(&mut self, limits: Limits) {
+        self.peer_limits = Some(limits);
+    }
+
     /// Writes one message.
     pub async fn write(&mut self, message: &OutgoingMessage) -> Result<(), TransportError> {
         self.write_batch(std::slice::from_ref(message)).await
@@ -548,7 +562,26 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// tensor bytes are written from the tensors' own memory (or handed to
     /// their channel). Queued releases go first. An empty batch with no
     /// releases queued writes nothing.
+    ///
+    /// A message over the peer's limits ([`peer_limits`](Self::peer_limits))
+    /// fails the whole batch with [`TransportError::Refused`] before
+    /// anything of it is written or handed to a channel; callers that must
+    /// keep the others check each message first ([`OutgoingMessage::check`]).
     pub async fn write_batch(&mut self, batch: &[OutgoingMessage]) -> Result<(), TransportError> {
+        let descriptors: Vec<Vec<_>> = batch
+            .iter()
+            .map(|m| m.tensors.iter().map(|t| t.descriptor()).collect())
+            .collect();
+        if let Some(limits) = &self.peer_limits {
+            for (message, descriptors) in batch.iter().zip(&descriptors) {
+                limits
+                    .check_outgoing(message.payload.len(), descriptors)
+                    .map_err(|source| TransportError::Refused {
+                        peer: self.peer.clone(),
+                        source,
+                    })?;
+            }
+        }
         self.head.clear();
         let mut pieces = Vec::with_capacity(batch.len() * 2 + 1);
         let releases = std::mem::take(&mut *self.shared.lock_releases());
@@ -566,8 +599,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             self.head.extend_from_slice(&payload);
             pieces.push(Piece::Head(0, self.head.len()));
         }
-        for (m, message) in batch.iter().enumerate() {
-            let descriptors: Vec<_> = message.tensors.iter().map(|t| t.descriptor()).collect();
+        for (m, (message, descriptors)) in batch.iter().zip(descriptors).enumerate() {
             let mut routes = Vec::with_capacity(descriptors.len());
             for d in &descriptors {
                 let name = self.selection.channel_for(d.device, Device::Cpu)?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ferry_wire::payload::{IncomingTensor, OutgoingTensor};
-use ferry_wire::{Flags, FrameHeader, MessageKind};
+use ferry_wire::{Flags, FrameHeader, Limits, MessageKind, WireError};
 
 /// A message to send. The tensors stay owned by the message (and so alive)
 /// until the writer has put their bytes on the wire.
@@ -19,6 +19,15 @@ pub struct OutgoingMessage {
     pub payload: Vec<u8>,
     /// The tensor table; each tensor's bytes are sent from its own memory.
     pub tensors: Vec<Arc<dyn OutgoingTensor>>,
+}
+
+impl OutgoingMessage {
+    /// Checks the message against a receiver's `limits` (those its
+    /// handshake stated): `Err` names the limit it exceeds and by how much.
+    pub fn check(&self, limits: &Limits) -> Result<(), WireError> {
+        let descriptors: Vec<_> = self.tensors.iter().map(|t| t.descriptor()).collect();
+        limits.check_outgoing(self.payload.len(), &descriptors)
+    }
 }
 
 impl std::fmt::Debug for OutgoingMessage {

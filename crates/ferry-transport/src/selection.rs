@@ -61,7 +61,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ferry_wire::{ChannelChoice, ChannelOffer, Device, TransportOffer};
+use ferry_wire::{ChannelChoice, ChannelOffer, Device, PeerText, TransportOffer};
 
 /// Why a channel selection could not be computed, used or agreed on.
 ///
@@ -73,13 +73,19 @@ use ferry_wire::{ChannelChoice, ChannelOffer, Device, TransportOffer};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectionError {
     /// One side's offer list names the same channel more than once.
-    #[error("channel {name:?} is offered more than once in one worker's channel list")]
+    #[error(
+        "channel {:?} is offered more than once in one worker's channel list",
+        PeerText::new(.name)
+    )]
     DuplicateChannel {
         /// The channel named twice.
         name: String,
     },
     /// One channel offer lists the same device more than once.
-    #[error("the offer of channel {channel:?} lists device {device} more than once")]
+    #[error(
+        "the offer of channel {:?} lists device {device} more than once",
+        PeerText::new(.channel)
+    )]
     DuplicateDevice {
         /// The channel whose offer is malformed.
         channel: String,
@@ -131,7 +137,7 @@ struct Choice<'a>(&'a Option<String>);
 impl fmt::Display for Choice<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some(name) => write!(f, "channel {name:?}"),
+            Some(name) => write!(f, "channel {:?}", PeerText::new(name)),
             None => f.write_str("no channel"),
         }
     }

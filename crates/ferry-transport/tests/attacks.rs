@@ -186,6 +186,7 @@ fn handshake(
         channels: channel::parse_channels(channels).unwrap(),
         selection: Vec::new(),
         properties,
+        limits: Limits::default(),
     };
     OutgoingMessage {
         kind: MessageKind::HANDSHAKE,

@@ -169,6 +169,34 @@ async fn oversized_lengths_are_refused_before_allocation() {
     );
 }
 
+/// Each side states its limits in its handshake; the other side's writer
+/// refuses a message over them before writing any of it, and the
+/// connection carries on with the next.
+#[tokio::test]
+async fn a_message_over_the_peers_limits_is_refused_by_the_writer() {
+    let mut small = Endpoint::new("s", 0);
+    small.limits = Limits {
+        max_tensor_bytes: 1 << 10,
+        ..Limits::default()
+    };
+    let (mut server, mut client) = pair(small, Endpoint::new("c", 1)).await;
+    assert_eq!(client.peer.limits.max_tensor_bytes, 1 << 10);
+    assert_eq!(client.writer.peer_limits(), Some(client.peer.limits));
+    let big = sample(DType::U8, &[4096], 1);
+    let err = client.writer.write(&message(1, &big)).await.unwrap_err();
+    assert!(matches!(err, TransportError::Refused { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("tensor byte length of 4096 exceeds the limit of 1024"),
+        "{err}"
+    );
+    let fits = sample(DType::U8, &[512], 2);
+    client.writer.write(&message(2, &fits)).await.unwrap();
+    let got = server.reader.read().await.unwrap().unwrap();
+    assert_eq!(got.header.request_id, 2);
+    assert_eq!(decode::<RawTensor>(got), fits);
+}
+
 #[tokio::test]
 async fn a_peer_dying_mid_frame_is_reported() {
     let (mut server, client) = pair(plain("s", 0), plain("c", 1)).await;

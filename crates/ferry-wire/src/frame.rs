@@ -87,7 +87,11 @@ impl std::ops::BitOr for Flags {
 }
 
 /// Upper bounds a reader enforces before allocating for a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Each side of a connection states its own in its [`Handshake`](crate::Handshake),
+/// so a sender checks a message against the receiver's limits
+/// ([`Limits::check_outgoing`]) before any of it leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     /// Largest serde payload, in bytes.
     pub max_payload_bytes: u32,
@@ -113,6 +117,48 @@ impl Default for Limits {
             max_tensor_bytes: 64 << 30,
             max_message_tensor_bytes: 64 << 30,
         }
+    }
+}
+
+impl Limits {
+    /// Checks a message a sender is about to write (its payload length and
+    /// its tensors' descriptors) against these limits, the receiver's: the
+    /// same checks, in the same order, as the receiver's
+    /// [`FrameHeader::decode`] and [`decode_descriptors`] make. An `Err`
+    /// means the receiver would refuse the frame and close the connection;
+    /// the sender is to keep it and report the error instead.
+    pub fn check_outgoing(
+        &self,
+        payload_len: usize,
+        descriptors: &[TensorDescriptor],
+    ) -> Result<(), WireError> {
+        check(
+            "payload length",
+            payload_len as u64,
+            self.max_payload_bytes.into(),
+        )?;
+        let table: u64 = descriptors.iter().map(|d| d.encoded_len() as u64).sum();
+        check(
+            "descriptor table length",
+            table,
+            self.max_descriptor_bytes.into(),
+        )?;
+        check(
+            "tensor count",
+            descriptors.len() as u64,
+            self.max_tensors.into(),
+        )?;
+        let mut total: u64 = 0;
+        for d in descriptors {
+            check(
+                "tensor dimension count",
+                d.shape.len() as u64,
+                self.max_dims as u64,
+            )?;
+            check("tensor byte length", d.byte_len, self.max_tensor_bytes)?;
+            total = total.saturating_add(d.byte_len);
+        }
+        check("message tensor bytes", total, self.max_message_tensor_bytes)
     }
 }
 

@@ -75,6 +75,11 @@ pub struct Handshake {
     pub selection: Vec<ChannelChoice>,
     /// Free-form properties for extensions (name, value).
     pub properties: Vec<(String, String)>,
+    /// The limits the sender enforces on what it reads: the other side
+    /// checks its messages against them before writing
+    /// ([`Limits::check_outgoing`]), so an oversized message fails at its
+    /// sender with a size error instead of closing the connection.
+    pub limits: Limits,
 }
 
 /// Largest encoded handshake accepted.
@@ -121,7 +126,9 @@ impl Handshake {
         if h.protocol_version != PROTOCOL_VERSION {
             return Err(WireError::Handshake(format!(
                 "peer {:?} speaks protocol version {}, this build speaks {}",
-                h.worker_name, h.protocol_version, PROTOCOL_VERSION
+                crate::PeerText::new(&h.worker_name),
+                h.protocol_version,
+                PROTOCOL_VERSION
             )));
         }
         Ok(h)

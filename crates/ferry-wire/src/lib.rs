@@ -11,7 +11,9 @@
 //! - [`payload`]: serde values whose tensors are pulled out into an
 //!   out-of-band tensor table, wherever they sit in the value;
 //! - [`Handshake`]: the first message of a connection, with the worker's name,
-//!   rank, protocol version and transport/channel offers.
+//!   rank, protocol version and transport/channel offers;
+//! - [`PeerText`]: a peer's text (names, error texts) escaped and bounded
+//!   for logs and error messages.
 //!
 //! Every decoder returns `Ok` or a typed [`WireError`] for any input; none
 //! panics (a proptest suite and a cargo-fuzz target check this).
@@ -37,6 +39,7 @@ mod error;
 mod frame;
 mod handshake;
 pub mod payload;
+mod text;
 
 pub use descriptor::{contiguous_strides, Dims, TensorDescriptor};
 pub use device::Device;
@@ -51,3 +54,4 @@ pub use handshake::{
     MAX_HANDSHAKE_BYTES, PROTOCOL_VERSION,
 };
 pub use payload::{Encoded, IncomingTensor, OutgoingTensor};
+pub use text::{needs_escape, PeerText, MAX_PEER_TEXT_CHARS};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ferry_wire::payload::{self, IncomingTensor, OutgoingTensor};
 use ferry_wire::{
-    DType, Device, Flags, Frame, FrameHeader, Handshake, Limits, MessageKind, TensorDescriptor,
-    HEADER_LEN,
+    needs_escape, DType, Device, Flags, Frame, FrameHeader, Handshake, Limits, MessageKind,
+    PeerText, TensorDescriptor, HEADER_LEN,
 };
 use proptest::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -178,6 +178,64 @@ proptest! {
         prop_assert!(encoded.payload.len() < 64 + value.name.len() + 8 * count + 16 * value.by_key.len() || tensor_bytes == 0);
         let back: Nested = payload::decode(&encoded.payload, receive(&encoded)).unwrap();
         prop_assert_eq!(back, value);
+    }
+
+    /// A sender's check against the receiver's limits agrees with the
+    /// receiver: `check_outgoing` passes exactly when the encoded frame
+    /// decodes under those limits, and fails with the same error.
+    #[test]
+    fn the_senders_limit_check_agrees_with_the_receiver(
+        body in prop::collection::vec(any::<u8>(), 0..64),
+        tensors in prop::collection::vec(tensor(), 0..4),
+        max_payload_bytes in 0u32..64,
+        max_descriptor_bytes in 0u32..400,
+        max_tensors in 0u32..4,
+        max_dims in 0usize..4,
+        max_tensor_bytes in 0u64..200,
+        max_message_tensor_bytes in 0u64..400,
+    ) {
+        let limits = Limits {
+            max_payload_bytes,
+            max_descriptor_bytes,
+            max_tensors,
+            max_dims,
+            max_tensor_bytes,
+            max_message_tensor_bytes,
+        };
+        let descs: Vec<_> = tensors.iter().map(|t| t.desc.clone()).collect();
+        let slices: Vec<&[u8]> = tensors.iter().map(|t| t.bytes.as_slice()).collect();
+        let bytes = Frame::encode(MessageKind::REQUEST, Flags::NONE, 1, &descs, &body, &slices);
+        let sender = limits.check_outgoing(body.len(), &descs);
+        let receiver = Frame::decode(&bytes, &limits).map(|_| ());
+        prop_assert_eq!(sender, receiver);
+    }
+
+    /// A peer's text, escaped: nothing that could forge or hide a log line
+    /// is left, at most the bound's characters of it are shown (then a
+    /// note with the exact bytes left out), text with nothing to escape is
+    /// shown as it is, and escaping twice changes nothing.
+    #[test]
+    fn peer_text_is_escaped_and_bounded(text in any::<String>(), max in 0usize..40) {
+        let shown = PeerText::bounded(&text, max).to_string();
+        let (body, note) = match shown.rsplit_once("…(") {
+            Some((body, note)) if text.chars().count() > max => (body.to_string(), Some(note.to_string())),
+            _ => (shown.clone(), None),
+        };
+        prop_assert!(!body.chars().any(needs_escape), "{:?}", body);
+        let kept: String = text.chars().take(max).collect();
+        prop_assert_eq!(&body, &PeerText::new(&kept).to_string());
+        match note {
+            Some(note) => prop_assert_eq!(note, format!("{} more bytes)", text.len() - kept.len())),
+            None => prop_assert_eq!(kept.len(), text.len()),
+        }
+        if !text.chars().any(needs_escape) && text.chars().count() <= max {
+            prop_assert_eq!(&shown, &text);
+        }
+        let body_len = body.chars().count();
+        prop_assert_eq!(PeerText::bounded(&body, body_len).to_string(), body.clone());
+        let quoted = format!("{:?}", PeerText::bounded(&text, max));
+        prop_assert!(quoted.starts_with('"') && quoted.ends_with('"'));
+        prop_assert!(!quoted.chars().any(needs_escape));
     }
 
     #[test]

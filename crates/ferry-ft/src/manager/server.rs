@@ -55,7 +55,11 @@ pub type KillHook = Arc<dyn Fn(String) + Send + Sync>;
 /// exits the process with status 1.
 pub fn exit_on_kill() -> KillHook {
     Arc::new(|msg: String| {
-        error!("got kill request: {msg}; exiting");
+        // The message is the requester's: escaped and bounded.
+        error!(
+            "got kill request: {}; exiting",
+            ferry_wire::PeerText::new(&msg)
+        );
         std::process::exit(1)
     })
 }
@@ -984,7 +988,11 @@ impl ManagerService for GrpcService {
 
     async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
         let msg = request.into_inner().msg;
-        warn!(replica_id = %self.shared.info.replica_id, "got kill request: {msg}");
+        warn!(
+            replica_id = %self.shared.info.replica_id,
+            "got kill request: {}",
+            ferry_wire::PeerText::new(&msg)
+        );
         self.shared.status.send_modify(|status| status.kills += 1);
         (self.shared.opt.on_kill)(msg);
         Ok(Response::new(KillResponse {}))

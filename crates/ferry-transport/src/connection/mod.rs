@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_wire::{
-    handshake_limits, ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind,
+    handshake_limits, ChannelChoice, ChannelOffer, Flags, Handshake, Limits, MessageKind, PeerText,
     TransportOffer, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -108,6 +108,7 @@ impl Endpoint {
             channels,
             selection,
             properties,
+            limits: self.limits,
         }
     }
 }
@@ -336,7 +337,9 @@ impl PeerConnection {
             incoming,
             transport,
         } = agreement;
-        let name = peer.worker_name.clone();
+        // The name the peer states, as errors and logs show it (escaped
+        // and bounded: the agent has not yet checked it against its group).
+        let name = PeerText::new(&peer.worker_name).to_string();
         // Only the process the kernel vouches for, never a pid a peer states.
         let peer_pid = setup.peer_pid;
         let uses_cma_in = incoming.iter().any(|c| c.channel == channel::CMA);
@@ -385,6 +388,7 @@ impl PeerConnection {
         reader.set_peer(name.clone());
         writer.set_selection(Selection::new(outgoing));
         writer.set_peer(name.clone());
+        writer.set_peer_limits(peer.limits);
         reader.set_channels(
             ReadChannels {
                 cma_pid: if uses_cma_in { peer_pid } else { None },
