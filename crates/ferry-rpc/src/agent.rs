@@ -109,13 +109,12 @@ pub(crate) struct Inner {
     timer_wake: Notify,
     next_id: AtomicU64,
     next_conn: AtomicU64,
-    /// Requests this worker sent (for shutdown's termination detection).
-    pub(crate) sent: AtomicU64,
-    /// Requests this worker finished serving (reply queued).
-    pub(crate) finished: AtomicU64,
+    /// Calls sent, lost and served per peer (shutdown's termination detection).
+    pub(crate) tally: crate::join::Tally,
     /// Calls outstanding here: sent and unanswered, or received and running.
     active: AtomicU64,
-    idle: Notify,
+    /// Woken when `active` drops to zero.
+    pub(crate) idle: Notify,
     state: AtomicU8,
     pub(crate) store: Arc<dyn Store>,
     store_server: Mutex<Option<TcpStoreServer>>,
@@ -144,6 +143,7 @@ impl Agent {
         let rendezvous =
             handle.block_on(crate::rendezvous::rendezvous(&options).instrument(span.clone()))?;
         let me = rendezvous.workers[options.rank as usize].clone();
+        let world = rendezvous.workers.len();
         let by_name = rendezvous
             .workers
             .iter()
@@ -173,8 +173,7 @@ impl Agent {
             timer_wake: Notify::new(),
             next_id: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
-            sent: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
+            tally: crate::join::Tally::new(world),
             active: AtomicU64::new(0),
             idle: Notify::new(),
             state: AtomicU8::new(RUNNING),
@@ -419,6 +418,11 @@ impl Agent {
     /// Graceful shutdown: waits until no worker of the group has calls
     /// outstanding (PyTorch's `join`), then all workers stop together.
     ///
+    /// Fails with [`RpcError::Join`] (and stops all the same) when the
+    /// group makes no progress for `init_timeout`: a worker that does not
+    /// come, calls that stay outstanding, a call that was never served,
+    /// a store that does not answer.
+    ///
     /// Call it from a thread, not from inside an async task on the agent's runtime.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         let inner = &self.inner;
@@ -439,14 +443,24 @@ impl Agent {
                 // The group is idle: layers send what they still owe (the
                 // RRef layer deletes its users), then the group waits until
                 // that traffic has drained too, and layers release the rest.
+                // Each hook is bounded too: shutdown ends within its bounds.
+                let mut hooks = Ok(());
                 for s in &services {
-                    s.after_join().await;
+                    hooks = hooks.and(
+                        inner
+                            .bounded_hook(s.name(), "after_join", s.after_join())
+                            .await,
+                    );
                 }
                 let drained = crate::join::join(inner.clone(), "drain").await;
                 for s in &services {
-                    s.before_stop().await;
+                    hooks = hooks.and(
+                        inner
+                            .bounded_hook(s.name(), "before_stop", s.before_stop())
+                            .await,
+                    );
                 }
-                drained
+                hooks.and(drained)
             }
             .instrument(inner.span.clone()),
         );
@@ -694,7 +708,9 @@ impl Inner {
         let link = self.link(rank);
         let deadline = (!timeout.is_zero()).then(|| (Instant::now() + timeout, timeout));
         self.active.fetch_add(1, Ordering::SeqCst);
-        self.sent.fetch_add(1, Ordering::SeqCst);
+        // Counted while the call is outstanding, so no shutdown round
+        // reads a send half-done; a send that fails is taken back.
+        self.tally.sending(rank);
         {
             let mut calls = self.calls.lock();
             if let Some((at, _)) = deadline {
@@ -724,11 +740,24 @@ impl Inner {
         };
         match link.outbox.send(message) {
             Ok(()) => {}
-            Err(SendError::Closed) => self.fail_call(id, |worker| RpcError::PeerUnreachable {
-                worker,
-                reason: "its connection closed".into(),
-            }),
-            Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
+            Err(SendError::Closed) => {
+                self.tally.not_sent(rank);
+                self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                    worker,
+                    reason: "its connection closed".into(),
+                });
+            }
+            Err(SendError::Write(e)) => {
+                // This request was not written; the others on the
+                // connection may have been (they count as lost).
+                self.tally.not_sent(rank);
+                let reason = e.to_string();
+                self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                    worker,
+                    reason: reason.clone(),
+                });
+                self.fail_connection(link.conn, reason);
+            }
         }
         Ok(slot)
     }
@@ -869,10 +898,16 @@ impl Inner {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            self.fail_call(id, |worker| RpcError::PeerUnreachable {
-                worker,
-                reason: reason.clone(),
-            });
+            if let Some(p) = self.take_pending(id) {
+                // Sent, and maybe served: shutdown counts it as lost.
+                self.tally.lost(p.to);
+                let worker = self.workers[p.to as usize].name.clone();
+                p.slot.complete(Err(RpcError::PeerUnreachable {
+                    worker,
+                    reason: reason.clone(),
+                }));
+                self.call_done();
+            }
         }
     }
 
@@ -897,6 +932,28 @@ impl Inner {
         if self.active.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
         }
+    }
+
+    /// Runs a layer's shutdown hook for at most `init_timeout`.
+    async fn bounded_hook(
+        &self,
+        layer: &str,
+        hook: &str,
+        run: crate::functions::BoxFuture<()>,
+    ) -> Result<(), RpcError> {
+        tokio::time::timeout(self.init_timeout, run)
+            .await
+            .map_err(|_| {
+                RpcError::Join(format!(
+                    "the {layer:?} layer's {hook} did not finish within {:?}",
+                    self.init_timeout
+                ))
+            })
+    }
+
+    /// Calls outstanding here.
+    pub(crate) fn active(&self) -> u64 {
+        self.active.load(Ordering::SeqCst)
     }
 
     /// Waits until this worker has no outstanding calls.
@@ -946,7 +1003,8 @@ impl Inner {
         }
     }
 
-    fn reply(&self, outbox: &Outbox, request_id: u64, result: Result<Encoded, Failure>) {
+    /// Sends the reply to a call from `from` and counts the call served.
+    fn reply(&self, outbox: &Outbox, from: u32, request_id: u64, result: Result<Encoded, Failure>) {
         let (kind, encoded) = match result {
             Ok(e) => (MessageKind::RESPONSE, e),
             Err(f) => (MessageKind::ERROR, payload::encode(&f).unwrap_or_default()),
@@ -961,7 +1019,7 @@ impl Inner {
         if let Err(SendError::Write(e)) = sent {
             warn!(request_id, error = %e, "cannot send a reply");
         }
-        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.tally.served(from);
         self.call_done();
     }
 
@@ -976,14 +1034,14 @@ impl Inner {
         let (header, rest) = match split_header::<CallHeader>(&msg.payload, "call") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(&outbox, from.id, id, Err(failure));
                 return false;
             }
         };
         let function = match self.lookup(&header.function, header.signature) {
             Ok(f) => f,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(&outbox, from.id, id, Err(failure));
                 return false;
             }
         };
@@ -994,6 +1052,7 @@ impl Inner {
             &msg.tensors,
             &header.extensions,
         );
+        let from_rank = from.id;
         let IncomingMessage {
             payload, tensors, ..
         } = msg;
@@ -1016,7 +1075,7 @@ impl Inner {
                     Ok(_) => watch::Delivery::Decoded,
                     Err(_) => watch::Delivery::NotDecoded,
                 });
-                inner.reply(&outbox, id, encoded);
+                inner.reply(&outbox, from_rank, id, encoded);
             },
         )
     }
@@ -1103,6 +1162,7 @@ impl Inner {
         let Some(service) = self.services.get(&kind).cloned() else {
             self.reply(
                 &outbox,
+                from.id,
                 id,
                 Err(Failure::new(FailureKind::UnknownFunction, String::new())),
             );
@@ -1111,7 +1171,7 @@ impl Inner {
         let (header, offset) = match split_header::<ServiceHeader>(&msg.payload, "service") {
             Ok(split) => split,
             Err(failure) => {
-                self.reply(&outbox, id, Err(failure));
+                self.reply(&outbox, from.id, id, Err(failure));
                 return false;
             }
         };
@@ -1124,6 +1184,7 @@ impl Inner {
         );
         let mut msg = msg;
         msg.payload.drain(..offset);
+        let from_rank = from.id;
         let inner = self.clone();
         let agent = Agent {
             inner: self.clone(),
@@ -1138,7 +1199,7 @@ impl Inner {
             Box::pin(
                 async move {
                     let result = handled.await.map_err(Failure::failed);
-                    inner.reply(&outbox, id, result);
+                    inner.reply(&outbox, from_rank, id, result);
                 }
                 .instrument(self.span.clone()),
             ),
