@@ -112,13 +112,12 @@ pub(crate) struct Inner {
     timer_wake: Notify,
     next_id: AtomicU64,
     next_conn: AtomicU64,
-    /// Requests this worker sent (for shutdown's termination detection).
-    pub(crate) sent: AtomicU64,
-    /// Requests this worker finished serving (reply queued).
-    pub(crate) finished: AtomicU64,
+    /// Calls sent, lost and served per peer (shutdown's termination detection).
+    pub(crate) tally: crate::join::Tally,
     /// Calls outstanding here: sent and unanswered, or received and running.
     active: AtomicU64,
-    idle: Notify,
+    /// Woken when `active` drops to zero.
+    pub(crate) idle: Notify,
     state: AtomicU8,
     pub(crate) store: Arc<dyn Store>,
     store_server: Mutex<Option<TcpStoreServer>>,
@@ -167,6 +166,7 @@ impl Agent {
         let rendezvous =
             handle.block_on(crate::rendezvous::rendezvous(&options).instrument(span.clone()))?;
         let me = rendezvous.workers[options.rank as usize].clone();
+        let world = rendezvous.workers.len();
         let by_name = rendezvous
             .workers
             .iter()
@@ -196,8 +196,7 @@ impl Agent {
             timer_wake: Notify::new(),
             next_id: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
-            sent: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
+            tally: crate::join::Tally::new(world),
             active: AtomicU64::new(0),
             idle: Notify::new(),
             state: AtomicU8::new(RUNNING),
@@ -443,6 +442,11 @@ impl Agent {
     /// Graceful shutdown: waits until no worker of the group has calls
     /// outstanding (PyTorch's `join`), then all workers stop together.
     ///
+    /// Fails with [`RpcError::Join`] (and stops all the same) when the
+    /// group makes no progress for `init_timeout`: a worker that does not
+    /// come, calls that stay outstanding, a call that was never served,
+    /// a store that does not answer.
+    ///
     /// Call it from a thread, not from inside an async task on the agent's runtime.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         let inner = &self.inner;
@@ -463,14 +467,24 @@ impl Agent {
                 // The group is idle: layers send what they still owe (the
                 // RRef layer deletes its users), then the group waits until
                 // that traffic has drained too, and layers release the rest.
+                // Each hook is bounded too: shutdown ends within its bounds.
+                let mut hooks = Ok(());
                 for s in &services {
-                    s.after_join().await;
+                    hooks = hooks.and(
+                        inner
+                            .bounded_hook(s.name(), "after_join", s.after_join())
+                            .await,
+                    );
                 }
                 let drained = crate::join::join(inner.clone(), "drain").await;
                 for s in &services {
-                    s.before_stop().await;
+                    hooks = hooks.and(
+                        inner
+                            .bounded_hook(s.name(), "before_stop", s.before_stop())
+                            .await,
+                    );
                 }
-                drained
+                hooks.and(drained)
             }
             .instrument(inner.span.clone()),
         );
@@ -718,7 +732,9 @@ impl Inner {
         let link = self.link(rank);
         let deadline = (!timeout.is_zero()).then(|| (Instant::now() + timeout, timeout));
         self.active.fetch_add(1, Ordering::SeqCst);
-        self.sent.fetch_add(1, Ordering::SeqCst);
+        // Counted while the call is outstanding, so no shutdown round
+        // reads a send half-done; a send that fails is taken back.
+        self.tally.sending(rank);
         {
             let mut calls = self.calls.lock();
             if let Some((at, _)) = deadline {
@@ -748,14 +764,27 @@ impl Inner {
         };
         match link.outbox.send(message) {
             Ok(()) => {}
-            Err(SendError::Closed) => self.fail_call(id, |worker| RpcError::PeerUnreachable {
-                worker,
-                reason: "its connection closed".into(),
-            }),
-            Err(SendError::Write(e)) => self.fail_connection(link.conn, e.to_string()),
+            Err(SendError::Closed) => {
+                self.tally.not_sent(rank);
+                self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                    worker,
+                    reason: "its connection closed".into(),
+                });
+            }
+            Err(SendError::Write(e)) => {
+                // This request was not written; the others on the
+                // connection may have been (they count as lost).
+                self.tally.not_sent(rank);
+                let reason = e.to_string();
+                self.fail_call(id, |worker| RpcError::PeerUnreachable {
+                    worker,
+                    reason: reason.clone(),
+                });
+                self.fail_connection(link.conn, reason);
+            }
             Err(SendError::TooLarge(e)) => {
                 // Never sent: the call is forgotten, not counted as sent.
-                self.sent.fetch_sub(1, Ordering::SeqCst);
+                self.tally.not_sent(rank);
                 if self.take_pending(id).is_some() {
                     self.call_done();
                 }
@@ -780,7 +809,7 @@ impl Inner {
             return Some(self.result_too_large(peer, message.request_id, &e));
         }
         // Never sent (even if the call has timed out meanwhile).
-        self.sent.fetch_sub(1, Ordering::SeqCst);
+        self.tally.not_sent(peer.id);
         if let Some(p) = self.take_pending(message.request_id) {
             let worker = self.workers[p.to as usize].name.clone();
             p.slot
@@ -947,10 +976,16 @@ impl Inner {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            self.fail_call(id, |worker| RpcError::PeerUnreachable {
-                worker,
-                reason: reason.clone(),
-            });
+            if let Some(p) = self.take_pending(id) {
+                // Sent, and maybe served: shutdown counts it as lost.
+                self.tally.lost(p.to);
+                let worker = self.workers[p.to as usize].name.clone();
+                p.slot.complete(Err(RpcError::PeerUnreachable {
+                    worker,
+                    reason: reason.clone(),
+                }));
+                self.call_done();
+            }
         }
     }
 
@@ -994,6 +1029,28 @@ impl Inner {
         if self.active.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
         }
+    }
+
+    /// Runs a layer's shutdown hook for at most `init_timeout`.
+    async fn bounded_hook(
+        &self,
+        layer: &str,
+        hook: &str,
+        run: crate::functions::BoxFuture<()>,
+    ) -> Result<(), RpcError> {
+        tokio::time::timeout(self.init_timeout, run)
+            .await
+            .map_err(|_| {
+                RpcError::Join(format!(
+                    "the {layer:?} layer's {hook} did not finish within {:?}",
+                    self.init_timeout
+                ))
+            })
+    }
+
+    /// Calls outstanding here.
+    pub(crate) fn active(&self) -> u64 {
+        self.active.load(Ordering::SeqCst)
     }
 
     /// Waits until this worker has no outstanding calls.
@@ -1061,6 +1118,7 @@ impl Inner {
         }
     }
 
+    /// Sends the reply to a call from `caller` and counts the call served.
     fn reply(
         &self,
         caller: &WorkerInfo,
@@ -1085,7 +1143,7 @@ impl Inner {
         if let Err(SendError::Write(e)) = sent {
             warn!(request_id, error = %e, "cannot send a reply");
         }
-        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.tally.served(caller.id);
         self.call_done();
     }
 

@@ -49,6 +49,7 @@ mod rendezvous;
 pub mod scope;
 pub mod service;
 pub mod store;
+mod termination;
 mod throttle;
 mod value;
 pub mod watch;
