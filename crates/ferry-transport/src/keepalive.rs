@@ -11,8 +11,10 @@
 //!   `user_timeout` closes the connection (a busy connection, which
 //!   keepalive does not probe). It also bounds the probing above.
 //!
-//! The connection's reader then fails with an I/O error, and the calls
-//! waiting on it fail with `PeerUnreachable`.
+//! [`Endpoint::keepalive`](crate::Endpoint::keepalive) applies to a
+//! connection's TCP socket and its `mpt` lanes, on both sides. The
+//! connection's reader then fails with an I/O error (`Connection timed
+//! out`), and an agent's calls waiting on it fail with `PeerUnreachable`.
 //!
 //! ```
 //! use std::time::Duration;

@@ -336,6 +336,13 @@ impl PeerConnection {
                 (agreement, setup)
             }
         };
+        // The `mpt` lanes are TCP connections too: a partition mid-transfer
+        // ends them within the same bounds.
+        if let Some((incoming_lanes, outgoing_lanes)) = &setup.lanes {
+            for lane in incoming_lanes.iter().chain(outgoing_lanes) {
+                local.keepalive.apply(lane).map_err(&io_err)?;
+            }
+        }
         let Agreement {
             peer,
             outgoing,
