@@ -227,3 +227,17 @@ fn a_partition_fails_calls_and_shutdown_within_bounds() {
     );
     drop(partition);
 }
+
+#[test]
+fn invalid_keepalive_settings_are_refused_before_rendezvous() {
+    let o = RpcOptions::new("w", 0, 1, "127.0.0.1:1".parse().unwrap()).keepalive(Keepalive {
+        interval: Duration::from_millis(500),
+        ..Keepalive::default()
+    });
+    let err = ferry_rpc::Agent::start(o).err().unwrap();
+    assert!(matches!(err, RpcError::Config(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid RPC options: invalid keepalive setting: interval must be a whole number of seconds from 1 to 32767, not 500ms"
+    );
+}
