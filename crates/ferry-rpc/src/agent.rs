@@ -178,6 +178,7 @@ impl Agent {
         endpoint.limits = options.limits;
         endpoint.allocator = options.allocator.clone();
         endpoint.config = options.channel_config.clone();
+        endpoint.keepalive = options.keepalive;
         let inner = Arc::new(Inner {
             me,
             workers: rendezvous.workers,

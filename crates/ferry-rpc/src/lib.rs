@@ -13,7 +13,12 @@
 //! - A failing function, an unknown function or worker, a wrong type, a dead
 //!   peer, a malformed frame and a timeout each give their own [`RpcError`].
 //! - [`shutdown`] is graceful (like PyTorch's: every worker waits until no
-//!   worker has calls outstanding); [`shutdown_now`] is immediate.
+//!   worker has calls outstanding), and fails with [`RpcError::Join`] once
+//!   the group has made no progress for `init_timeout`; [`shutdown_now`]
+//!   is immediate.
+//! - Connections to peers have TCP keepalive and `TCP_USER_TIMEOUT`
+//!   ([`RpcOptions::keepalive`]), so a partition fails calls with
+//!   [`RpcError::PeerUnreachable`] within bounds.
 //! - [`service`] lets the layers above (RRef, autograd) handle their own
 //!   message kinds and see every call.
 //!

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_transport::{channel, Allocator, ChannelConfig, RawAllocator};
+use ferry_transport::{channel, Allocator, ChannelConfig, Keepalive, RawAllocator};
 use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
 
 use crate::service::{Hooks, Interceptor, Service};
@@ -14,7 +14,7 @@ use crate::{Functions, RpcError};
 
 /// Default per-call timeout (PyTorch's default is 60 s too).
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default bound on rendezvous and on each graceful-shutdown round.
+/// Default bound on rendezvous and on graceful shutdown without progress.
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Options of one worker's agent.
@@ -32,8 +32,12 @@ pub struct RpcOptions {
     pub listen_ip: IpAddr,
     /// Default per-call timeout; zero means none.
     pub rpc_timeout: Duration,
-    /// Bound on rendezvous, connecting to peers and each shutdown round.
+    /// Bound on rendezvous, connecting to peers, and on graceful shutdown
+    /// without progress.
     pub init_timeout: Duration,
+    /// TCP keepalive and `TCP_USER_TIMEOUT` on connections to peers, so
+    /// that a partition fails calls with `PeerUnreachable` within bounds.
+    pub keepalive: Keepalive,
     /// Worker threads of the agent's runtime.
     pub io_threads: usize,
     /// The remote functions this worker serves.
@@ -76,6 +80,7 @@ impl RpcOptions {
             listen_ip,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             init_timeout: DEFAULT_INIT_TIMEOUT,
+            keepalive: Keepalive::default(),
             io_threads: 2,
             functions: Functions::new(),
             hooks: Hooks::default(),
@@ -173,6 +178,13 @@ impl RpcOptions {
         self
     }
 
+    /// Sets TCP keepalive and `TCP_USER_TIMEOUT` on connections to peers
+    /// ([`Keepalive::disabled`] turns them off).
+    pub fn keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
+        self
+    }
+
     /// Registers a service for `kind` (must be at or above [`MessageKind::FIRST_SERVICE`]).
     pub fn service(mut self, kind: MessageKind, service: Arc<dyn Service>) -> Self {
         self.hooks.service(kind, service);
@@ -217,6 +229,9 @@ impl RpcOptions {
         if self.io_threads == 0 {
             return Err(RpcError::Config("io_threads must be at least 1".into()));
         }
+        self.keepalive
+            .validate()
+            .map_err(|e| RpcError::Config(e.to_string()))?;
         for (kind, s) in &self.hooks.services {
             if !kind.is_service() {
                 return Err(RpcError::Config(format!(

@@ -50,37 +50,52 @@ impl Counts {
         }
     }
 
-    /// The store record: `sent/lost/served` per peer, `;`-separated.
+    /// The store record: `rank:sent/lost/served` for each peer with a
+    /// count that is not zero, by rank, `;`-separated (a worker that
+    /// talks to few peers writes a short record, whatever the group's size).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut s = String::new();
         for p in 0..self.sent.len() {
-            if p > 0 {
+            if self.sent[p] == 0 && self.lost[p] == 0 && self.served[p] == 0 {
+                continue;
+            }
+            if !s.is_empty() {
                 s.push(';');
             }
-            let _ = write!(s, "{}/{}/{}", self.sent[p], self.lost[p], self.served[p]);
+            let _ = write!(
+                s,
+                "{p}:{}/{}/{}",
+                self.sent[p], self.lost[p], self.served[p]
+            );
         }
         s.into_bytes()
     }
 
-    /// Parses a record of exactly `n` peers.
+    /// Parses a record for a group of `n`: ranks below `n`, increasing,
+    /// three counts each, no more lost than sent.
     pub(crate) fn decode(bytes: &[u8], n: usize) -> Option<Counts> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut counts = Counts::zero(n);
-        let mut peers = 0;
-        for (p, entry) in text.split(';').enumerate() {
-            if p >= n {
+        if text.is_empty() {
+            return Some(counts);
+        }
+        let mut next = 0usize;
+        for entry in text.split(';') {
+            let (rank, fields) = entry.split_once(':')?;
+            let p: usize = rank.parse().ok()?;
+            if p < next || p >= n {
                 return None;
             }
-            let mut fields = entry.split('/');
+            next = p + 1;
+            let mut fields = fields.split('/');
             counts.sent[p] = fields.next()?.parse().ok()?;
             counts.lost[p] = fields.next()?.parse().ok()?;
             counts.served[p] = fields.next()?.parse().ok()?;
             if fields.next().is_some() || counts.lost[p] > counts.sent[p] {
                 return None;
             }
-            peers += 1;
         }
-        (peers == n).then_some(counts)
+        Some(counts)
     }
 }
 

@@ -373,13 +373,17 @@ fn a_busy_worker_fails_after_the_timeout() {
 #[test]
 fn corrupt_and_forged_records_fail_cleanly() {
     for bad in [
-        &b"1/0/1"[..],        // one peer of two
-        b"1/0/1;2/0/2;3/0/3", // three peers of two
-        b"x/0/1;0/0/0",       // not a number
-        b"1/2/0;0/0/0",       // more lost than sent
-        b"1/0/1/4;0/0/0",     // four fields
-        b"\xff\xfe",          // not UTF-8
-        b"18446744073709551615/0/18446744073709551615;0/0/18446744073709551615",
+        &b"2:1/0/1"[..],    // a rank outside the group of two
+        b"1:1/0/1;0:0/0/1", // ranks not increasing
+        b"0:1/0/1;0:1/0/1", // a rank twice
+        b"0:x/0/1",         // not a number
+        b"0:1/2/0",         // more lost than sent
+        b"0:1/0/1/4",       // four fields
+        b"0:1/0",           // two fields
+        b"1/0/1",           // no rank
+        b";",               // empty entries
+        b"\xff\xfe",        // not UTF-8
+        b"0:18446744073709551615/0/18446744073709551615;1:0/0/18446744073709551615",
     ] {
         let mut m = Termination::new("join", 0, vec!["a".into(), "b".into()], TIMEOUT);
         let now = Instant::now();
@@ -390,7 +394,7 @@ fn corrupt_and_forged_records_fail_cleanly() {
         match &out[..] {
             [Action::Fail(e)] => assert_eq!(e, "corrupt shutdown record join/0/1"),
             // Huge but well-formed counts parse; they must not overflow.
-            [Action::WaitIdle { .. }] => assert!(bad.starts_with(b"1844")),
+            [Action::WaitIdle { .. }] => assert!(bad.starts_with(b"0:1844")),
             other => panic!("{other:?}"),
         }
     }
@@ -403,6 +407,13 @@ fn records_round_trip() {
     c.lost = vec![0, 1, 2];
     c.served = vec![7, 0, u64::MAX];
     assert_eq!(Counts::decode(&c.encode(), 3), Some(c.clone()));
+    // Rank 2 is outside a group of two.
     assert_eq!(Counts::decode(&c.encode(), 2), None);
-    assert_eq!(Counts::decode(&c.encode(), 4), None);
+    // Only peers with counts are written.
+    let mut sparse = Counts::zero(1000);
+    sparse.sent[917] = 4;
+    sparse.served[3] = 2;
+    assert_eq!(sparse.encode(), b"3:0/0/2;917:4/0/0");
+    assert_eq!(Counts::decode(&sparse.encode(), 1000), Some(sparse));
+    assert_eq!(Counts::decode(b"", 5), Some(Counts::zero(5)));
 }

@@ -62,6 +62,7 @@ mod connection;
 mod error;
 #[cfg(not(loom))]
 mod framing;
+mod keepalive;
 mod message;
 #[cfg(not(loom))]
 pub mod mpt;
@@ -78,6 +79,7 @@ pub use error::TransportError;
 pub use framing::{
     ChannelConfig, FrameReader, FrameWriter, ReleaseSignal, DEFAULT_SMALL_TENSOR_BYTES,
 };
+pub use keepalive::{Keepalive, KeepaliveError};
 pub use message::{IncomingMessage, OutgoingMessage};
 pub use pool::{BufferPool, PoolStats, DEFAULT_POOL_LIMIT, POOL_MIN};
 pub use tensor::{Element, RawTensor, Storage, STORAGE_ALIGN};

@@ -33,8 +33,8 @@ use crate::selection::{
     disclosed_channels, disclosed_transports, select_channels, select_transport, verify, Selection,
 };
 use crate::{
-    channel, Allocator, ChannelConfig, FrameReader, FrameWriter, OutgoingMessage, RawAllocator,
-    TransportError,
+    channel, Allocator, ChannelConfig, FrameReader, FrameWriter, Keepalive, OutgoingMessage,
+    RawAllocator, TransportError,
 };
 
 /// Handshake property: the abstract Unix socket for shared-memory setup.
@@ -66,6 +66,8 @@ pub struct Endpoint {
     pub allocator: Arc<dyn Allocator>,
     /// Channel settings (small-tensor size, copy threads, lanes, ring sizes).
     pub config: ChannelConfig,
+    /// TCP keepalive and `TCP_USER_TIMEOUT` of the connection's socket.
+    pub keepalive: Keepalive,
 }
 
 impl Endpoint {
@@ -80,6 +82,7 @@ impl Endpoint {
             limits: Limits::default(),
             allocator: Arc::new(RawAllocator),
             config: ChannelConfig::default(),
+            keepalive: Keepalive::default(),
         }
     }
 
@@ -120,6 +123,7 @@ impl std::fmt::Debug for Endpoint {
             .field("rank", &self.rank)
             .field("transports", &self.transports)
             .field("channels", &self.channels)
+            .field("keepalive", &self.keepalive)
             .finish_non_exhaustive()
     }
 }
@@ -260,6 +264,8 @@ impl PeerConnection {
             source,
         };
         stream.set_nodelay(true).map_err(io_err)?;
+        // A partitioned peer is noticed by the kernel within bounds.
+        local.keepalive.apply(&stream).map_err(io_err)?;
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
         let (r, w) = stream.into_split();
         // Until the handshake is in, a frame may hold a handshake and nothing
@@ -331,6 +337,13 @@ impl PeerConnection {
                 (agreement, setup)
             }
         };
+        // The `mpt` lanes are TCP connections too: a partition mid-transfer
+        // ends them within the same bounds.
+        if let Some((incoming_lanes, outgoing_lanes)) = &setup.lanes {
+            for lane in incoming_lanes.iter().chain(outgoing_lanes) {
+                local.keepalive.apply(lane).map_err(&io_err)?;
+            }
+        }
         let Agreement {
             peer,
             outgoing,
