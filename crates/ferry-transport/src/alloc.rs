@@ -12,6 +12,15 @@ use crate::{RawTensor, Storage, TransportError};
 pub trait RecvBuffer: Send {
     /// Exactly `descriptor.byte_len` bytes to be filled by the channel.
     fn as_mut_bytes(&mut self) -> &mut [u8];
+    /// The channel is about to write the bytes up to `upto` (it fills a
+    /// destination front to back, in steps, as the bytes arrive): a buffer
+    /// that can make those pages resident in one pass does it here. Memory
+    /// must not be committed for bytes that have not arrived: a peer may
+    /// announce a large tensor and never send it. The default does nothing
+    /// (pages fault in as they are written).
+    fn prepare(&mut self, upto: usize) {
+        let _ = upto;
+    }
     /// Called once the bytes are in; returns the value that the payload's
     /// tensor type takes from the tensor table (e.g. a [`RawTensor`]).
     fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError>;
@@ -52,8 +61,8 @@ pub fn host_destination_len(
 }
 
 /// The default allocator: aligned host memory from the process-wide
-/// [`BufferPool`](crate::BufferPool) (pre-faulted and reused for large
-/// tensors), finished as [`RawTensor`].
+/// [`BufferPool`](crate::BufferPool) (reused for large tensors, and made
+/// resident step by step as the bytes arrive), finished as [`RawTensor`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RawAllocator;
 
@@ -65,6 +74,9 @@ struct RawBuffer {
 impl RecvBuffer for RawBuffer {
     fn as_mut_bytes(&mut self) -> &mut [u8] {
         self.storage.as_bytes_mut()
+    }
+    fn prepare(&mut self, upto: usize) {
+        self.storage.prepare(upto);
     }
     fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError> {
         let t = RawTensor::from_storage(Arc::new(self.storage), self.descriptor)?;

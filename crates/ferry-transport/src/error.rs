@@ -63,6 +63,24 @@ pub enum TransportError {
         #[source]
         source: WireError,
     },
+    /// A frame stopped arriving: after its first byte, no further byte of
+    /// it came within the limits' `frame_stall_timeout`. The connection is
+    /// closed.
+    #[error(
+        "{peer} stalled mid-frame: {got} of {len} bytes of {waiting_for} arrived, then nothing for {after:?}"
+    )]
+    Stalled {
+        /// The peer.
+        peer: String,
+        /// The piece of the frame that stopped arriving.
+        waiting_for: String,
+        /// Bytes of that piece that did arrive.
+        got: u64,
+        /// Bytes of that piece expected.
+        len: u64,
+        /// The stall timeout that ran out.
+        after: std::time::Duration,
+    },
     /// A destination could not be allocated.
     #[error("cannot allocate tensor destination: {0}")]
     Alloc(String),

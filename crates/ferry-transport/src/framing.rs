@@ -46,6 +46,11 @@ pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
 /// Tensors at least this large are pulled by `cma` off the async runtime's
 /// thread (the copy blocks for milliseconds).
 const BLOCKING_COPY_MIN: usize = 1 << 20;
+/// Tensor bytes arriving on a stream (inline, or the `shm` ring) are read
+/// in steps of this size; each step's memory is made resident
+/// ([`RecvBuffer::prepare`]) just before its bytes are read, so memory is
+/// committed in step with the bytes that arrive.
+const RECV_STEP: usize = 4 << 20;
 
 const MODE_INLINE: u8 = 0;
 const MODE_CHANNEL: u8 = 1;
@@ -237,22 +242,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if at_end {
                 return Ok(None);
             }
+            // From the frame's first byte on, every piece must keep arriving.
             let mut head = [0u8; HEADER_LEN];
-            self.inner
-                .read_exact(&mut head)
-                .await
-                .map_err(|e| self.io(e))?;
+            self.read_stream(&mut head, || "the frame header".into())
+                .await?;
             let header = FrameHeader::decode(&head, &self.limits).map_err(|e| self.malformed(e))?;
             let mut table = vec![0u8; header.descriptors_len as usize];
-            self.inner
-                .read_exact(&mut table)
-                .await
-                .map_err(|e| self.io(e))?;
+            self.read_stream(&mut table, || {
+                format!("the descriptor table of a {} frame", header.kind)
+            })
+            .await?;
             let mut payload = vec![0u8; header.payload_len as usize];
-            self.inner
-                .read_exact(&mut payload)
-                .await
-                .map_err(|e| self.io(e))?;
+            self.read_stream(&mut payload, || {
+                format!(
+                    "the {}-byte payload of a {} frame",
+                    header.payload_len, header.kind
+                )
+            })
+            .await?;
             if header.kind == MessageKind::RELEASE {
                 self.on_release(&header, &payload)?;
                 continue;
@@ -260,7 +267,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let descriptors = decode_descriptors(&table, header.tensor_count, &self.limits)
                 .map_err(|e| self.malformed(e))?;
             let mut tensors = Vec::with_capacity(descriptors.len());
-            for descriptor in descriptors {
+            let count = descriptors.len();
+            for (index, descriptor) in descriptors.into_iter().enumerate() {
                 let name = self.selection.channel_for(descriptor.device, Device::Cpu)?;
                 let name = channel_name(name);
                 let mut dest = self.allocator.allocate(&descriptor)?;
@@ -271,7 +279,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         descriptor.byte_len
                     )));
                 }
-                let dest = self.receive_bytes(name, dest).await?;
+                let what = TensorWhat {
+                    kind: header.kind,
+                    index,
+                    count,
+                    byte_len: descriptor.byte_len,
+                    channel: name,
+                };
+                let dest = self.receive_bytes(name, dest, &what).await?;
                 tensors.push(IncomingTensor {
                     descriptor,
                     storage: dest.finish()?,
@@ -290,26 +305,39 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &mut self,
         name: &'static str,
         mut dest: Box<dyn RecvBuffer>,
+        what: &TensorWhat,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
         let mode = if name == channel::INLINE {
             MODE_INLINE
         } else {
-            self.inner.read_u8().await.map_err(|e| self.io(e))?
+            let mut mode = [0u8; 1];
+            self.read_stream(&mut mode, || format!("the mode byte of {what}"))
+                .await?;
+            mode[0]
         };
         match (mode, name) {
             (MODE_INLINE, _) => {
-                let bytes = dest.as_mut_bytes();
-                self.inner.read_exact(bytes).await.map_err(|e| self.io(e))?;
+                let stall = self.limits.frame_stall_timeout;
+                let peer = &self.peer;
+                let inner = &mut self.inner;
+                receive_in_steps(inner, dest.as_mut(), stall, peer, what, None).await?;
                 Ok(dest)
             }
             (MODE_CHANNEL, channel::CMA) => {
-                let addr = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
-                let token = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
+                let mut record = [0u8; 16];
+                self.read_stream(&mut record, || format!("the cma record of {what}"))
+                    .await?;
+                let addr = u64::from_le_bytes(record[..8].try_into().unwrap_or_default());
+                let token = u64::from_le_bytes(record[8..].try_into().unwrap_or_default());
                 let pid = self
                     .channels
                     .cma_pid
                     .ok_or_else(|| self.bad_record("cma record on a connection without cma"))?;
                 let threads = self.channels.cma_threads;
+                // The bytes are in the sender's memory already: the copy
+                // below fills the whole destination at once.
+                let len = dest.as_mut_bytes().len();
+                dest.prepare(len);
                 let bytes = dest.as_mut_bytes();
                 let len = bytes.len();
                 let result = if len >= BLOCKING_COPY_MIN && multi_thread_runtime() {
@@ -327,21 +355,20 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Ok(dest)
             }
             (MODE_CHANNEL, channel::SHM) => {
-                let peer = self.peer.clone();
+                let stall = self.limits.frame_stall_timeout;
                 let Some(ring) = self.channels.shm.as_mut() else {
                     return Err(self.bad_record("shm record on a connection without shm"));
                 };
-                ring.read_exact(dest.as_mut_bytes()).await.map_err(|e| {
-                    TransportError::Channel {
-                        channel: channel::SHM,
-                        peer,
-                        reason: e.to_string(),
-                    }
-                })?;
+                let peer = &self.peer;
+                receive_in_steps(ring, dest.as_mut(), stall, peer, what, Some(channel::SHM))
+                    .await?;
                 Ok(dest)
             }
             (MODE_CHANNEL, channel::MPT) => {
-                let seq = self.inner.read_u64_le().await.map_err(|e| self.io(e))?;
+                let mut record = [0u8; 8];
+                self.read_stream(&mut record, || format!("the mpt record of {what}"))
+                    .await?;
+                let seq = u64::from_le_bytes(record);
                 if seq != self.next_seq {
                     return Err(self.bad_record(&format!(
                         "mpt transfer {seq} where {} was due",
@@ -386,6 +413,28 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
         }
         Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes of the frame being read from the
+    /// stream; fails with [`TransportError::Stalled`] when no byte comes for
+    /// the limits' `frame_stall_timeout`.
+    async fn read_stream(
+        &mut self,
+        buf: &mut [u8],
+        what: impl FnOnce() -> String,
+    ) -> Result<(), TransportError> {
+        let stall = self.limits.frame_stall_timeout;
+        match read_with_stall(&mut self.inner, buf, stall).await {
+            Ok(()) => Ok(()),
+            Err(ReadFail::Io(e)) => Err(self.io(e)),
+            Err(ReadFail::Stalled { got }) => Err(TransportError::Stalled {
+                peer: self.peer.clone(),
+                waiting_for: what(),
+                got: got as u64,
+                len: buf.len() as u64,
+                after: stall,
+            }),
+        }
     }
 
     fn bad_record(&self, what: &str) -> TransportError {
@@ -748,6 +797,106 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             source: e,
         })
     }
+}
+
+/// What a reader waits for while it receives one tensor, for errors.
+struct TensorWhat {
+    kind: MessageKind,
+    index: usize,
+    count: usize,
+    byte_len: u64,
+    channel: &'static str,
+}
+
+impl std::fmt::Display for TensorWhat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tensor {} of {} ({} bytes, channel {}) of a {} frame",
+            self.index, self.count, self.byte_len, self.channel, self.kind
+        )
+    }
+}
+
+/// Why a read of frame bytes stopped.
+enum ReadFail {
+    Io(std::io::Error),
+    /// No byte came within the stall timeout; `got` bytes of the buffer are in.
+    Stalled {
+        got: usize,
+    },
+}
+
+/// Fills `buf` from `r`, each read bounded by `stall` (progress resets it).
+async fn read_with_stall<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+    buf: &mut [u8],
+    stall: std::time::Duration,
+) -> Result<(), ReadFail> {
+    let mut got = 0;
+    while got < buf.len() {
+        match tokio::time::timeout(stall, r.read(&mut buf[got..])).await {
+            Ok(Ok(0)) => {
+                return Err(ReadFail::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            Ok(Ok(n)) => got += n,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return Err(ReadFail::Io(e)),
+            Err(_) => return Err(ReadFail::Stalled { got }),
+        }
+    }
+    Ok(())
+}
+
+/// Fills a tensor's destination from a stream in [`RECV_STEP`] steps,
+/// making each step's memory resident only as its bytes are about to
+/// arrive. `channel` names the channel in errors of a channel's own stream
+/// (`None`: the connection's stream).
+async fn receive_in_steps<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+    dest: &mut dyn RecvBuffer,
+    stall: std::time::Duration,
+    peer: &str,
+    what: &TensorWhat,
+    channel: Option<&'static str>,
+) -> Result<(), TransportError> {
+    let len = dest.as_mut_bytes().len();
+    let mut at = 0;
+    while at < len {
+        let end = (at + RECV_STEP).min(len);
+        dest.prepare(end);
+        match read_with_stall(r, &mut dest.as_mut_bytes()[at..end], stall).await {
+            Ok(()) => at = end,
+            Err(ReadFail::Stalled { got }) => {
+                return Err(TransportError::Stalled {
+                    peer: peer.to_owned(),
+                    waiting_for: what.to_string(),
+                    got: (at + got) as u64,
+                    len: len as u64,
+                    after: stall,
+                })
+            }
+            Err(ReadFail::Io(e)) => {
+                return Err(match channel {
+                    Some(channel) => TransportError::Channel {
+                        channel,
+                        peer: peer.to_owned(),
+                        reason: e.to_string(),
+                    },
+                    None if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        TransportError::Closed {
+                            peer: peer.to_owned(),
+                        }
+                    }
+                    None => TransportError::Io {
+                        peer: peer.to_owned(),
+                        source: e,
+                    },
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Adds a head range, merged into the previous one when adjacent.

@@ -7,9 +7,12 @@
 //! faults cost several times the copy itself. The pool keeps freed
 //! destinations, sorted into size classes, and hands them out again: a
 //! reused buffer is already resident. New buffers are mapped with
-//! transparent huge pages requested (`MADV_HUGEPAGE`) and populated before
-//! use (`MADV_POPULATE_WRITE`), so even a first use takes 2 MiB faults in one
-//! pass instead of 4 KiB faults during the copy.
+//! transparent huge pages requested (`MADV_HUGEPAGE`) and reserve only
+//! address space: [`Storage::prepare`] populates them (`MADV_POPULATE_WRITE`)
+//! step by step as the receive path is about to write each part, so a first
+//! use takes 2 MiB faults in a few passes instead of 4 KiB faults during the
+//! copy, and a destination whose bytes never arrive costs no memory (a peer
+//! that announces a 2 GiB tensor and goes silent holds address space only).
 //!
 //! The pool keeps at most [`BufferPool::limit`] bytes (freed buffers beyond
 //! it go back to the kernel) and [`BufferPool::trim`] returns everything it
@@ -128,7 +131,7 @@ impl Block {
     }
 
     /// Makes the first `len` bytes resident before they are written.
-    fn populate(&mut self, len: usize) {
+    pub(crate) fn populate(&mut self, len: usize) {
         if len <= self.populated {
             return;
         }
@@ -203,7 +206,9 @@ impl BufferPool {
 
     /// A storage of `len` bytes whose contents are unspecified (stale bytes
     /// of an earlier tensor, or zeros): for destinations that a channel
-    /// fills completely. Dropping it gives the memory back to the pool.
+    /// fills completely. Nothing is made resident yet: call
+    /// [`Storage::prepare`] as the bytes are about to be written. Dropping
+    /// it gives the memory back to the pool.
     pub fn storage(&self, len: usize) -> Result<Storage, TransportError> {
         if len < POOL_MIN {
             return Storage::zeroed(len);
@@ -220,11 +225,10 @@ impl BufferPool {
             }
             block
         };
-        let mut block = match reused {
+        let block = match reused {
             Some(b) => b,
             None => Block::map(class)?,
         };
-        block.populate(len);
         debug_assert_eq!(block.ptr.as_ptr().align_offset(STORAGE_ALIGN), 0);
         Ok(Storage::pooled(block, len, self.clone()))
     }

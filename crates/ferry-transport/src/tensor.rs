@@ -66,6 +66,16 @@ impl Storage {
         }
     }
 
+    /// Makes the first `upto` bytes resident before they are written, for a
+    /// storage from a [`BufferPool`] (one pass of huge-page faults instead
+    /// of faults during the copy); does nothing for heap storage. The
+    /// receive path calls it in step with the bytes that arrive.
+    pub fn prepare(&mut self, upto: usize) {
+        if let Some((block, _)) = self.pooled.as_mut() {
+            block.populate(upto.min(self.len));
+        }
+    }
+
     /// Whether this storage came from a [`BufferPool`] (and returns to it).
     pub fn is_pooled(&self) -> bool {
         self.pooled.is_some()

@@ -18,8 +18,8 @@ use std::time::Duration;
 use ferry_transport::selection::Selection;
 use ferry_transport::shm::{send_fds, ShmLink};
 use ferry_transport::{
-    channel, Endpoint, FrameReader, FrameWriter, OutgoingMessage, PeerConnection, RawAllocator,
-    RawTensor,
+    channel, Allocator, Endpoint, FrameReader, FrameWriter, OutgoingMessage, PeerConnection,
+    RawAllocator, RawTensor, RecvBuffer, TransportError,
 };
 use ferry_wire::{
     encode_descriptors, DType, Device, Flags, FrameHeader, Handshake, Limits, MessageKind,
@@ -111,7 +111,11 @@ fn worker() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("PORT={}", listener.local_addr().unwrap().port());
         println!("PID={}", std::process::id());
-        let endpoint = Endpoint::new("worker", 0);
+        let mut endpoint = Endpoint::new("worker", 0);
+        endpoint.allocator = Arc::new(Announcing);
+        if let Ok(ms) = std::env::var("FERRY_ATTACK_STALL_MS") {
+            endpoint.limits.frame_stall_timeout = Duration::from_millis(ms.parse().unwrap());
+        }
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             let endpoint = endpoint.clone();
@@ -145,6 +149,21 @@ fn worker() {
             });
         }
     });
+}
+
+/// The worker's allocator: the default one, announcing each destination it
+/// hands out (`ALLOCATED=<bytes>`) so that the attacker knows when to look.
+struct Announcing;
+
+impl Allocator for Announcing {
+    fn allocate(
+        &self,
+        descriptor: &TensorDescriptor,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        let dest = RawAllocator.allocate(descriptor)?;
+        println!("ALLOCATED={}", descriptor.byte_len);
+        Ok(dest)
+    }
 }
 
 fn start_worker(envs: &[(&str, String)]) -> (Proc, SocketAddr) {
@@ -463,4 +482,147 @@ async fn the_worker_reveals_nothing_a_stranger_does_not_need() {
     }
     assert_eq!(reply.worker_name, "worker");
     assert_eq!(reply.selection.len(), 1, "{:?}", reply.selection);
+}
+
+/// A process's resident memory (`VmRSS` of `/proc/<pid>/status`), in bytes.
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/<pid>/status");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+/// An attacker's connection: a valid handshake, then the start of a request
+/// whose one inline tensor is announced as `len` bytes, of which only
+/// `sent` follow. The stream is returned open and silent.
+async fn announce_and_fall_silent(addr: SocketAddr, len: u64, sent: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let h = handshake("tcp", "inline", Vec::new());
+    let header = FrameHeader {
+        kind: MessageKind::HANDSHAKE,
+        flags: Flags::NONE,
+        request_id: 0,
+        payload_len: h.payload.len() as u32,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    s.write_all(&[&header.encode()[..], &h.payload].concat())
+        .await
+        .unwrap();
+    let d = TensorDescriptor::contiguous(DType::U8, &[len as i64], Device::Cpu);
+    let mut table = Vec::new();
+    encode_descriptors(&[d], &mut table);
+    let header = FrameHeader {
+        kind: MessageKind::REQUEST,
+        flags: Flags::NONE,
+        request_id: 9,
+        payload_len: 0,
+        descriptors_len: table.len() as u32,
+        tensor_count: 1,
+    };
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(&table);
+    frame.extend(std::iter::repeat_n(0x5a, sent));
+    s.write_all(&frame).await.unwrap();
+    s.flush().await.unwrap();
+    s
+}
+
+/// An honest client's echo of an 8 MiB tensor: the worker still serves.
+async fn honest_echo(addr: SocketAddr) {
+    let mut c = PeerConnection::connect(addr, &Endpoint::new("honest", 1))
+        .await
+        .expect("the worker accepts an honest client");
+    let bytes: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let t = RawTensor::from_bytes(DType::U8, &[bytes.len() as i64], &bytes).unwrap();
+    let request = OutgoingMessage {
+        kind: MessageKind::REQUEST,
+        flags: Flags::NONE,
+        request_id: 1,
+        payload: Vec::new(),
+        tensors: vec![Arc::new(t)],
+    };
+    c.writer.write(&request).await.unwrap();
+    let reply = tokio::time::timeout(STEP, c.reader.read())
+        .await
+        .expect("the worker answers the honest client in time")
+        .unwrap()
+        .expect("a reply");
+    assert!(reply.payload == bytes, "the echo differs");
+}
+
+/// Issue 23, point 3: two small frames announcing 2 GiB tensors each, then
+/// silence, must not make the worker commit the memory they announce. The
+/// worker commits receive memory in step with the bytes that arrive, so its
+/// resident memory grows by a few MiB (one receive step per connection),
+/// not 4 GiB; and it serves an honest client meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_tensors_that_never_arrive_cost_no_memory() {
+    let (mut worker, addr) = start_worker(&[]);
+    honest_echo(addr).await; // warm up: runtime, pool, first connection
+    assert_eq!(worker.value("ALLOCATED"), (8u64 << 20).to_string());
+    let before = rss_of(worker.pid());
+    let _a = announce_and_fall_silent(addr, 2 << 30, 1000).await;
+    assert_eq!(worker.value("ALLOCATED"), (2u64 << 30).to_string());
+    let _b = announce_and_fall_silent(addr, 2 << 30, 1000).await;
+    assert_eq!(worker.value("ALLOCATED"), (2u64 << 30).to_string());
+    let grown = rss_of(worker.pid()).saturating_sub(before);
+    eprintln!("worker RSS grew by {} KiB", grown >> 10);
+    assert!(
+        grown < 64 << 20,
+        "two silent 2 GiB announcements cost the worker {} MiB",
+        grown >> 20
+    );
+    honest_echo(addr).await;
+}
+
+/// Issue 23, point 3: a frame that stops arriving closes its connection
+/// once the stall timeout runs out, with an error naming the peer and the
+/// piece that stalled; the worker serves other peers on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_stops_arriving_closes_its_connection() {
+    let (mut worker, addr) = start_worker(&[("FERRY_ATTACK_STALL_MS", "300".into())]);
+    let mut s = announce_and_fall_silent(addr, 2 << 30, 1000).await;
+    assert_eq!(worker.value("ALLOCATED"), (2u64 << 30).to_string());
+    let err = worker.value("READ_FAILED");
+    assert!(
+        err.contains("attacker")
+            && err.contains("stalled mid-frame")
+            && err.contains(&format!("1000 of {} bytes", 2u64 << 30))
+            && err.contains("tensor 0 of 1")
+            && err.contains("channel inline")
+            && err.contains("request frame"),
+        "{err}"
+    );
+    // The worker closed the connection: what is left to read is its
+    // handshake reply, then the end of the stream.
+    let mut got = Vec::new();
+    tokio::time::timeout(STEP, s.read_to_end(&mut got))
+        .await
+        .expect("the worker closed the stalled connection")
+        .ok();
+    honest_echo(addr).await;
+
+    // A frame that stalls inside its header is cut off the same way.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let h = handshake("tcp", "inline", Vec::new());
+    let header = FrameHeader {
+        kind: MessageKind::HANDSHAKE,
+        flags: Flags::NONE,
+        request_id: 0,
+        payload_len: h.payload.len() as u32,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    s.write_all(&[&header.encode()[..], &h.payload, &b"FRY"[..]].concat())
+        .await
+        .unwrap();
+    let err = worker.value("READ_FAILED");
+    assert!(
+        err.contains("stalled mid-frame") && err.contains("3 of 32 bytes of the frame header"),
+        "{err}"
+    );
 }

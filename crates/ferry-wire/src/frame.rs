@@ -12,6 +12,8 @@
 //! follow the payload in descriptor order; tensors on other channels do not
 //! appear in the frame at all.
 
+use std::time::Duration;
+
 use crate::{TensorDescriptor, WireError};
 
 /// Magic bytes that open every frame.
@@ -91,6 +93,18 @@ impl std::ops::BitOr for Flags {
 /// Each side of a connection states its own in its [`Handshake`](crate::Handshake),
 /// so a sender checks a message against the receiver's limits
 /// ([`Limits::check_outgoing`]) before any of it leaves.
+///
+/// The defaults are sized for a real deployment facing a peer that may lie:
+/// a frame's header and descriptors are checked against them before
+/// anything is allocated, and the receive path commits memory for a
+/// tensor's destination only as its bytes arrive, so the caps bound what one
+/// message can make a worker hold, and a descriptor followed by silence
+/// costs address space, not memory. PyTorch's TensorPipe agent has no
+/// per-tensor cap; Ferry's 4 GiB default fits any single tensor of the
+/// paper's workloads and of common models' layers (a 4 GiB fp16 tensor is 2
+/// billion elements), while one message can never claim more than 4 GiB of
+/// a worker's memory. Raise them (`RpcOptions::limits`, `Endpoint::limits`)
+/// for jobs that ship larger tensors in one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     /// Largest serde payload, in bytes.
@@ -105,17 +119,34 @@ pub struct Limits {
     pub max_tensor_bytes: u64,
     /// Largest sum of all tensors' bytes in one message.
     pub max_message_tensor_bytes: u64,
+    /// Once the first byte of a frame is in, how long the reader waits for
+    /// each further piece of it (header, descriptor table, payload, tensor
+    /// bytes on any channel) before it closes the connection with a
+    /// "stalled" error naming the peer and what it was waiting for. Progress
+    /// resets the wait, so a large tensor on a slow link is not cut off; a
+    /// connection idle between frames is not subject to it.
+    pub frame_stall_timeout: Duration,
 }
+
+/// Default [`Limits::max_payload_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: u32 = 256 << 20;
+/// Default [`Limits::max_tensor_bytes`]: 4 GiB.
+pub const DEFAULT_MAX_TENSOR_BYTES: u64 = 4 << 30;
+/// Default [`Limits::max_message_tensor_bytes`]: 4 GiB.
+pub const DEFAULT_MAX_MESSAGE_TENSOR_BYTES: u64 = 4 << 30;
+/// Default [`Limits::frame_stall_timeout`]: 30 seconds.
+pub const DEFAULT_FRAME_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_payload_bytes: 256 << 20,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_descriptor_bytes: 16 << 20,
             max_tensors: 1 << 16,
             max_dims: 64,
-            max_tensor_bytes: 64 << 30,
-            max_message_tensor_bytes: 64 << 30,
+            max_tensor_bytes: DEFAULT_MAX_TENSOR_BYTES,
+            max_message_tensor_bytes: DEFAULT_MAX_MESSAGE_TENSOR_BYTES,
+            frame_stall_timeout: DEFAULT_FRAME_STALL_TIMEOUT,
         }
     }
 }

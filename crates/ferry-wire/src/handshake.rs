@@ -97,6 +97,7 @@ pub fn handshake_limits() -> Limits {
         max_dims: 0,
         max_tensor_bytes: 0,
         max_message_tensor_bytes: 0,
+        frame_stall_timeout: crate::frame::DEFAULT_FRAME_STALL_TIMEOUT,
     }
 }
 

@@ -47,7 +47,8 @@ pub use dtype::DType;
 pub use error::WireError;
 pub use frame::{
     decode_descriptors, encode_descriptors, Flags, Frame, FrameHeader, Limits, MessageKind,
-    HEADER_LEN, MAGIC, WIRE_VERSION,
+    DEFAULT_FRAME_STALL_TIMEOUT, DEFAULT_MAX_MESSAGE_TENSOR_BYTES, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_TENSOR_BYTES, HEADER_LEN, MAGIC, WIRE_VERSION,
 };
 pub use handshake::{
     handshake_limits, ChannelChoice, ChannelOffer, DeviceOffer, Handshake, TransportOffer,

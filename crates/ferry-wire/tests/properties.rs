@@ -201,6 +201,7 @@ proptest! {
             max_dims,
             max_tensor_bytes,
             max_message_tensor_bytes,
+            ..Limits::default()
         };
         let descs: Vec<_> = tensors.iter().map(|t| t.desc.clone()).collect();
         let slices: Vec<&[u8]> = tensors.iter().map(|t| t.bytes.as_slice()).collect();
