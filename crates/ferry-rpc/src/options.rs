@@ -99,7 +99,9 @@ impl RpcOptions {
     /// by preference; e.g. `FERRY_CHANNELS=shm,inline` keeps `cma` and `mpt`
     /// out), `FERRY_SMALL_TENSOR_BYTES` (tensors below it go inline whatever
     /// the channel; 0 sends every tensor over its channel) and
-    /// `FERRY_MPT_LANES`.
+    /// `FERRY_MPT_LANES`; and the receive limits `FERRY_MAX_TENSOR_BYTES`,
+    /// `FERRY_MAX_MESSAGE_TENSOR_BYTES` and `FERRY_FRAME_STALL_TIMEOUT_MS`
+    /// (see [`Limits`]).
     pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
         let var =
             |k: &str| std::env::var(k).map_err(|_| RpcError::Config(format!("{k} is not set")));
@@ -156,6 +158,20 @@ impl RpcOptions {
                 )));
             }
             o.channel_config.mpt_lanes = n;
+        }
+        if let Some(n) = size("FERRY_MAX_TENSOR_BYTES")? {
+            o.limits.max_tensor_bytes = n as u64;
+        }
+        if let Some(n) = size("FERRY_MAX_MESSAGE_TENSOR_BYTES")? {
+            o.limits.max_message_tensor_bytes = n as u64;
+        }
+        if let Some(ms) = size("FERRY_FRAME_STALL_TIMEOUT_MS")? {
+            if ms == 0 {
+                return Err(RpcError::Config(
+                    "FERRY_FRAME_STALL_TIMEOUT_MS must be at least 1".into(),
+                ));
+            }
+            o.limits.frame_stall_timeout = Duration::from_millis(ms as u64);
         }
         Ok(o)
     }
