@@ -1411,11 +1411,16 @@ async fn timer_loop(inner: Arc<Inner>) {
 }
 
 async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    let mut backoff = ferry_transport::accept::AcceptBackoff::new();
     loop {
         let (stream, addr) = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                backoff.succeeded();
+                s
+            }
             Err(e) => {
-                warn!(error = %e, "accept failed");
+                // Out of descriptors: back off instead of spinning.
+                backoff.pause_after("rpc agent", &e).await;
                 continue;
             }
         };

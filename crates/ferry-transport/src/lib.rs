@@ -52,6 +52,7 @@
 //!
 //! See `examples/echo.rs` for a complete server and client.
 
+pub mod accept;
 mod alloc;
 pub mod channel;
 mod cma;

@@ -49,10 +49,12 @@ use futures::future::BoxFuture;
 
 mod memory;
 mod prefix;
+mod quota;
 mod tcp;
 
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
+pub use quota::{QuotaBound, StoreLimits};
 pub use tcp::{TcpStore, TcpStoreServer, MAX_MESSAGE_BYTES};
 
 /// A reasonable bound on [`Store::get`] when nothing else is known
@@ -116,6 +118,31 @@ pub enum StoreError {
         keys: Vec<String>,
         /// How long was waited.
         after: Duration,
+    },
+    /// A store client operation got no answer within its timeout (a
+    /// server that accepted but stopped answering, or a partition).
+    #[error("store {operation} of {keys:?} got no answer within {after:?}")]
+    NoAnswer {
+        /// The operation: `set`, `get`, `wait`, `add`, `compare_set`,
+        /// `delete` or `check`.
+        operation: &'static str,
+        /// The key or keys it was about.
+        keys: Vec<String>,
+        /// The timeout it was bounded by.
+        after: Duration,
+    },
+    /// The server refused a request that would exceed one of its
+    /// [`StoreLimits`].
+    #[error("store refused {key:?}: the {bound} limit is {limit}, the request needs {requested}")]
+    Quota {
+        /// The bound that would be exceeded.
+        bound: QuotaBound,
+        /// The (first) key of the request.
+        key: String,
+        /// The bound's limit.
+        limit: u64,
+        /// What the request would have brought it to.
+        requested: u64,
     },
     /// Connecting to, reading from or writing to the store failed.
     #[error("store at {addr}: {source}")]

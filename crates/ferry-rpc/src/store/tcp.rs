@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_transport::accept::AcceptBackoff;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use futures::FutureExt;
@@ -28,6 +29,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::quota::{ConnId, Ledger, QuotaBound, Refusal, StoreLimits};
 use super::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
 
 /// The largest message (frame body) either side sends or accepts: 64 MiB.
@@ -37,7 +39,10 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// How much longer than the server-side bound a client waits for the
 /// answer to a blocking request before giving up on its own.
+/// (At most: for a short timeout, as long as the timeout itself, but no
+/// less than `MIN_GRACE`.)
 const CLIENT_GRACE: Duration = Duration::from_secs(5);
+const MIN_GRACE: Duration = Duration::from_millis(100);
 
 /// First and largest pause between attempts to connect.
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
@@ -104,9 +109,23 @@ enum Response {
 /// A [`StoreError`] as the server reports it.
 #[derive(Debug, Serialize, Deserialize)]
 enum Failure {
-    Timeout { keys: Vec<String>, after: Duration },
-    NotACounter { key: String },
-    Overflow { key: String, delta: i64 },
+    Timeout {
+        keys: Vec<String>,
+        after: Duration,
+    },
+    NotACounter {
+        key: String,
+    },
+    Overflow {
+        key: String,
+        delta: i64,
+    },
+    Quota {
+        bound: QuotaBound,
+        key: String,
+        limit: u64,
+        requested: u64,
+    },
     Other(String),
 }
 
@@ -116,6 +135,17 @@ impl From<StoreError> for Failure {
             StoreError::Timeout { keys, after } => Failure::Timeout { keys, after },
             StoreError::NotACounter { key } => Failure::NotACounter { key },
             StoreError::Overflow { key, delta } => Failure::Overflow { key, delta },
+            StoreError::Quota {
+                bound,
+                key,
+                limit,
+                requested,
+            } => Failure::Quota {
+                bound,
+                key,
+                limit,
+                requested,
+            },
             other => Failure::Other(other.to_string()),
         }
     }
@@ -127,6 +157,17 @@ impl From<Failure> for StoreError {
             Failure::Timeout { keys, after } => StoreError::Timeout { keys, after },
             Failure::NotACounter { key } => StoreError::NotACounter { key },
             Failure::Overflow { key, delta } => StoreError::Overflow { key, delta },
+            Failure::Quota {
+                bound,
+                key,
+                limit,
+                requested,
+            } => StoreError::Quota {
+                bound,
+                key,
+                limit,
+                requested,
+            },
             Failure::Other(message) => StoreError::Protocol(format!("store server: {message}")),
         }
     }
@@ -251,19 +292,42 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 /// client connection close, and clients' outstanding requests fail.
 ///
 /// A client sending a malformed or oversized message is disconnected
-/// (with a warning); the others are served on.
+/// (with a warning); the others are served on. A request that would
+/// exceed one of the server's [`StoreLimits`] is refused with
+/// [`StoreError::Quota`] naming the bound; a connection that completes no
+/// request within [`StoreLimits::first_request_timeout`] is closed. Out
+/// of file descriptors, accepting backs off (up to a second between
+/// attempts) with a rate-limited warning.
 #[derive(Debug)]
 pub struct TcpStoreServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
     /// Set to `true` by [`close`](Self::close).
     closing: watch::Sender<bool>,
+    state: Arc<MemoryStore>,
+    accept_failures: watch::Receiver<u64>,
+}
+
+/// What every connection of a server shares.
+#[derive(Debug)]
+struct Served {
+    state: Arc<MemoryStore>,
+    limits: StoreLimits,
+    ledger: Mutex<Ledger>,
 }
 
 impl TcpStoreServer {
     /// Binds `addr` (port 0: any free port) and starts serving in a
     /// spawned task on the current tokio runtime.
     pub async fn bind(addr: SocketAddr) -> Result<TcpStoreServer, StoreError> {
+        Self::bind_with(addr, StoreLimits::default()).await
+    }
+
+    /// [`bind`](Self::bind) with the given bounds.
+    pub async fn bind_with(
+        addr: SocketAddr,
+        limits: StoreLimits,
+    ) -> Result<TcpStoreServer, StoreError> {
         let io_err = |source| StoreError::Io {
             addr: addr.to_string(),
             source,
@@ -272,13 +336,33 @@ impl TcpStoreServer {
         let local_addr = listener.local_addr().map_err(io_err)?;
         let state = Arc::new(MemoryStore::new(DEFAULT_STORE_TIMEOUT));
         let (closing, closed) = watch::channel(false);
-        let task = tokio::spawn(serve(listener, state, closed));
+        let (failures_tx, accept_failures) = watch::channel(0);
+        let served = Arc::new(Served {
+            state: state.clone(),
+            limits,
+            ledger: Mutex::new(Ledger::default()),
+        });
+        let task = tokio::spawn(serve(listener, served, closed, failures_tx));
         debug!(%local_addr, "store server listening");
         Ok(TcpStoreServer {
             local_addr,
             task,
             closing,
+            state,
+            accept_failures,
         })
+    }
+
+    /// The state the server serves, for the hosting process to use
+    /// without a connection (its writes are not charged to any quota).
+    pub fn memory(&self) -> Arc<MemoryStore> {
+        self.state.clone()
+    }
+
+    /// How many accepts have failed so far (out of file descriptors and
+    /// the like), as a watch to monitor or await.
+    pub fn accept_failures(&self) -> watch::Receiver<u64> {
+        self.accept_failures.clone()
     }
 
     /// The address the server listens on.
@@ -316,25 +400,43 @@ async fn closing(closed: &mut watch::Receiver<bool>) {
 /// `JoinSet`, so cancelling this task cancels them all; once `closed`
 /// turns `true` it stops accepting and waits for the connections to
 /// finish their answers.
-async fn serve(listener: TcpListener, state: Arc<MemoryStore>, mut closed: watch::Receiver<bool>) {
+async fn serve(
+    listener: TcpListener,
+    served: Arc<Served>,
+    mut closed: watch::Receiver<bool>,
+    failures: watch::Sender<u64>,
+) {
     let mut connections = JoinSet::new();
     let for_connections = closed.clone();
+    let mut backoff = AcceptBackoff::new();
+    let mut next_conn: ConnId = 0;
     loop {
         tokio::select! {
             () = closing(&mut closed) => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    backoff.succeeded();
+                    next_conn += 1;
                     connections.spawn(serve_connection(
-                        state.clone(),
+                        served.clone(),
+                        next_conn,
                         stream,
                         peer,
                         for_connections.clone(),
                     ));
                 }
                 Err(e) => {
-                    // Out of descriptors and the like: let it pass.
-                    warn!(error = %e, "store server cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors and the like: back off, warn
+                    // now and then, and keep serving the connections.
+                    failures.send_replace(backoff.failures() + 1);
+                    let pause = backoff.pause_after("store server", &e);
+                    tokio::pin!(pause);
+                    loop {
+                        tokio::select! {
+                            () = &mut pause => break,
+                            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                        }
+                    }
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -350,26 +452,90 @@ enum Handled {
     Later(BoxFuture<'static, Response>),
 }
 
-fn handle(state: &Arc<MemoryStore>, request: Request) -> Handled {
+/// The answer to a request the quota refuses.
+fn refused(key: &str, r: Refusal) -> Response {
+    Response::Failed(Failure::Quota {
+        bound: r.bound,
+        key: key.to_owned(),
+        limit: r.limit,
+        requested: r.requested,
+    })
+}
+
+/// The longest decimal text of an `i64` counter.
+const COUNTER_BYTES: usize = 20;
+
+/// Handles `request` from connection `conn`, which has `waiting` blocking
+/// requests under way. Writes are checked against the quota and recorded
+/// in the ledger under its lock, so that concurrent writers cannot
+/// together exceed a bound.
+fn handle(served: &Served, conn: ConnId, waiting: usize, request: Request) -> Handled {
+    let state = &served.state;
+    let limits = &served.limits;
     let answer = |r: Result<Response, StoreError>| r.unwrap_or_else(|e| Response::Failed(e.into()));
     match request {
         Request::Set { key, value } => {
+            let mut ledger = served.ledger.lock();
+            if let Err(r) = ledger.admit(limits, conn, &key, value.len()) {
+                return Handled::Now(refused(&key, r));
+            }
+            ledger.stored(conn, &key, value.len());
             state.insert(&key, value);
             Handled::Now(Response::Done)
         }
         Request::Add { key, delta } => {
-            Handled::Now(answer(state.increment(&key, delta).map(Response::Counter)))
+            let mut ledger = served.ledger.lock();
+            if let Err(r) = ledger.admit(limits, conn, &key, COUNTER_BYTES) {
+                return Handled::Now(refused(&key, r));
+            }
+            let added = state.increment(&key, delta);
+            if let Ok(n) = &added {
+                ledger.stored(conn, &key, n.to_string().len());
+            }
+            Handled::Now(answer(added.map(Response::Counter)))
         }
         Request::CompareSet {
             key,
             expected,
             desired,
-        } => Handled::Now(Response::Value(state.swap_if(
-            &key,
-            expected.as_deref(),
-            desired,
-        ))),
-        Request::Delete { key } => Handled::Now(Response::Bool(state.remove(&key))),
+        } => {
+            let mut ledger = served.ledger.lock();
+            if let Err(r) = ledger.admit(limits, conn, &key, desired.len()) {
+                return Handled::Now(refused(&key, r));
+            }
+            let len = desired.len();
+            let now = state.swap_if(&key, expected.as_deref(), desired);
+            // Stored (or already equal, which costs the same).
+            if now.len() == len && state.contains_all(std::slice::from_ref(&key)) {
+                ledger.stored(conn, &key, len);
+            }
+            Handled::Now(Response::Value(now))
+        }
+        Request::Delete { key } => {
+            let mut ledger = served.ledger.lock();
+            ledger.deleted(&key);
+            Handled::Now(Response::Bool(state.remove(&key)))
+        }
+        Request::Get { ref key, .. } if waiting >= limits.max_waits_per_connection => {
+            Handled::Now(refused(
+                key,
+                Refusal {
+                    bound: QuotaBound::ConnectionWaits,
+                    limit: limits.max_waits_per_connection as u64,
+                    requested: waiting as u64 + 1,
+                },
+            ))
+        }
+        Request::Wait { ref keys, .. } if waiting >= limits.max_waits_per_connection => {
+            Handled::Now(refused(
+                keys.first().map_or("", String::as_str),
+                Refusal {
+                    bound: QuotaBound::ConnectionWaits,
+                    limit: limits.max_waits_per_connection as u64,
+                    requested: waiting as u64 + 1,
+                },
+            ))
+        }
         Request::Check { keys } => Handled::Now(Response::Bool(state.contains_all(&keys))),
         Request::Get { key, timeout } => {
             let state = state.clone();
@@ -399,11 +565,13 @@ fn handle(state: &Arc<MemoryStore>, request: Request) -> Handled {
 /// closes; on the way out, every answer already given is written. Its
 /// pending waits are dropped with it.
 async fn serve_connection(
-    state: Arc<MemoryStore>,
+    served: Arc<Served>,
+    conn: ConnId,
     stream: TcpStream,
     peer: SocketAddr,
     mut closed: watch::Receiver<bool>,
 ) {
+    let first_request_by = Instant::now() + served.limits.first_request_timeout;
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let mut requests = frames::<_, RequestFrame>(BufReader::new(rd));
@@ -423,9 +591,14 @@ async fn serve_connection(
             }
         };
         let mut waits = FuturesUnordered::new();
+        let mut requested_any = false;
         loop {
             tokio::select! {
                 () = closing(&mut closed) => return,
+                () = tokio::time::sleep_until(first_request_by), if !requested_any => {
+                    debug!(%peer, "closing a store connection that completed no request in time");
+                    return;
+                }
                 request = requests.next() => match request {
                     None => {
                         debug!(%peer, "store client disconnected");
@@ -435,10 +608,15 @@ async fn serve_connection(
                         warn!(%peer, error = %e, "closing store connection");
                         return;
                     }
-                    Some(Ok(RequestFrame { id, request })) => match handle(&state, request) {
-                        Handled::Now(response) => respond(id, response),
-                        Handled::Later(wait) => waits.push(wait.map(move |r| (id, r))),
-                    },
+                    Some(Ok(RequestFrame { id, request })) => {
+                        // A whole request arrived: the client is not idle
+                        // (its first request may wait long for a key).
+                        requested_any = true;
+                        match handle(&served, conn, waits.len(), request) {
+                            Handled::Now(response) => respond(id, response),
+                            Handled::Later(wait) => waits.push(wait.map(move |r| (id, r))),
+                        }
+                    }
                 },
                 Some((id, response)) = waits.next(), if !waits.is_empty() => respond(id, response),
             }
@@ -594,6 +772,25 @@ impl TcpStore {
         self.timeout
     }
 
+    /// Sends `request` and waits for its response, for at most the
+    /// client's timeout: a server that accepted but never answers ends in
+    /// [`StoreError::NoAnswer`] naming `operation` and `key`.
+    async fn call_op(
+        &self,
+        operation: &'static str,
+        key: &str,
+        request: Request,
+    ) -> Result<Response, StoreError> {
+        match tokio::time::timeout(self.timeout, self.call(request)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::NoAnswer {
+                operation,
+                keys: vec![key.to_owned()],
+                after: self.timeout,
+            }),
+        }
+    }
+
     /// Sends `request` and waits for its response.
     async fn call(&self, request: Request) -> Result<Response, StoreError> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
@@ -624,13 +821,16 @@ impl TcpStore {
     /// without closing the connection).
     async fn call_within(
         &self,
+        operation: &'static str,
         request: Request,
         timeout: Duration,
         keys: impl FnOnce() -> Vec<String>,
     ) -> Result<Response, StoreError> {
-        match tokio::time::timeout(timeout.saturating_add(CLIENT_GRACE), self.call(request)).await {
+        let grace = CLIENT_GRACE.min(timeout.max(MIN_GRACE));
+        match tokio::time::timeout(timeout.saturating_add(grace), self.call(request)).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout {
+            Err(_) => Err(StoreError::NoAnswer {
+                operation,
                 keys: keys(),
                 after: timeout,
             }),
@@ -736,12 +936,13 @@ fn unexpected(op: &str, response: Response) -> StoreError {
 
 impl Store for TcpStore {
     fn set(&self, key: &str, value: Vec<u8>) -> StoreFuture<'_, ()> {
+        let key_name = key.to_owned();
         let request = Request::Set {
             key: key.to_owned(),
             value,
         };
         async move {
-            match self.call(request).await? {
+            match self.call_op("set", &key_name, request).await? {
                 Response::Done => Ok(()),
                 other => Err(unexpected("set", other)),
             }
@@ -757,7 +958,7 @@ impl Store for TcpStore {
                 timeout: self.timeout,
             };
             match self
-                .call_within(request, self.timeout, || vec![key])
+                .call_within("get", request, self.timeout, || vec![key])
                 .await?
             {
                 Response::Value(v) => Ok(v),
@@ -774,7 +975,7 @@ impl Store for TcpStore {
                 keys: keys.clone(),
                 timeout,
             };
-            match self.call_within(request, timeout, || keys).await? {
+            match self.call_within("wait", request, timeout, || keys).await? {
                 Response::Done => Ok(()),
                 other => Err(unexpected("wait", other)),
             }
@@ -783,12 +984,13 @@ impl Store for TcpStore {
     }
 
     fn add(&self, key: &str, delta: i64) -> StoreFuture<'_, i64> {
+        let key_name = key.to_owned();
         let request = Request::Add {
             key: key.to_owned(),
             delta,
         };
         async move {
-            match self.call(request).await? {
+            match self.call_op("add", &key_name, request).await? {
                 Response::Counter(n) => Ok(n),
                 other => Err(unexpected("add", other)),
             }
@@ -802,13 +1004,14 @@ impl Store for TcpStore {
         expected: Option<Vec<u8>>,
         desired: Vec<u8>,
     ) -> StoreFuture<'_, Vec<u8>> {
+        let key_name = key.to_owned();
         let request = Request::CompareSet {
             key: key.to_owned(),
             expected,
             desired,
         };
         async move {
-            match self.call(request).await? {
+            match self.call_op("compare_set", &key_name, request).await? {
                 Response::Value(v) => Ok(v),
                 other => Err(unexpected("compare_set", other)),
             }
@@ -817,11 +1020,12 @@ impl Store for TcpStore {
     }
 
     fn delete(&self, key: &str) -> StoreFuture<'_, bool> {
+        let key_name = key.to_owned();
         let request = Request::Delete {
             key: key.to_owned(),
         };
         async move {
-            match self.call(request).await? {
+            match self.call_op("delete", &key_name, request).await? {
                 Response::Bool(b) => Ok(b),
                 other => Err(unexpected("delete", other)),
             }
@@ -830,11 +1034,12 @@ impl Store for TcpStore {
     }
 
     fn check(&self, keys: &[String]) -> StoreFuture<'_, bool> {
+        let key_name = keys.first().cloned().unwrap_or_default();
         let request = Request::Check {
             keys: keys.to_vec(),
         };
         async move {
-            match self.call(request).await? {
+            match self.call_op("check", &key_name, request).await? {
                 Response::Bool(b) => Ok(b),
                 other => Err(unexpected("check", other)),
             }
