@@ -380,3 +380,33 @@ fn tick_created_and_status() {
     // Nobody joined since: not ready again.
     assert!(state.tick(t0, &opt).is_none());
 }
+
+/// Dead heartbeat ids are forgotten once their heartbeat timeout has
+/// passed (at a tick), live ones stay, and no decision changes: an expired
+/// heartbeat was already unhealthy.
+#[test]
+fn expired_heartbeats_are_forgotten_at_a_tick() {
+    let opt = opt(2, HOUR);
+    let mut state = LighthouseState::new();
+    let t0 = Instant::now();
+    for i in 0..40 {
+        state.heartbeat(t0, format!("dead_{i}"));
+    }
+    state.heartbeat(t0 + Duration::from_secs(4), "live");
+    // Just before the timeout: all kept.
+    assert!(state.tick(t0 + Duration::from_millis(4999), &opt).is_none());
+    assert_eq!(state.heartbeats().len(), 41);
+    let before = state.status(t0 + Duration::from_secs(5), &opt);
+    assert!(state.tick(t0 + Duration::from_secs(5), &opt).is_none());
+    assert_eq!(
+        state.heartbeats().keys().collect::<Vec<_>>(),
+        ["live"],
+        "only the live heartbeat is left"
+    );
+    assert_eq!(state.status(t0 + Duration::from_secs(5), &opt), before);
+    // A replica that comes back is heard again.
+    state.heartbeat(t0 + Duration::from_secs(6), "dead_3");
+    assert_eq!(state.heartbeats().len(), 2);
+    assert!(state.tick(t0 + Duration::from_secs(60), &opt).is_none());
+    assert!(state.heartbeats().is_empty());
+}

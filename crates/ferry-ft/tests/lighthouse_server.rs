@@ -32,7 +32,8 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
 
 use common::{
-    bounded, http, lighthouse_options, start_lighthouse, stop_lighthouse, wait_lighthouse,
+    bounded, http, http_with, lighthouse_options, start_lighthouse, stop_lighthouse,
+    wait_lighthouse,
 };
 
 /// The gRPC deadline quorum requests carry.
@@ -112,6 +113,16 @@ fn participant_ids(status: &LighthouseStatus) -> Vec<&str> {
         .iter()
         .map(|p| p.replica_id.as_str())
         .collect()
+}
+
+/// The dashboard's kill token, read from its page as a browser would.
+async fn kill_token(addr: SocketAddr) -> String {
+    let (code, _, page) = http(addr, "GET", "/").await;
+    assert_eq!(code, 200, "{page}");
+    let (_, rest) = page
+        .split_once(r#"<meta name="ferry-kill-token" content=""#)
+        .expect("a token in the page");
+    rest.split('"').next().expect("token").to_owned()
 }
 
 async fn status_json(addr: SocketAddr) -> Value {
@@ -530,8 +541,30 @@ async fn dashboard_kill_reaches_the_manager() {
     answer("a", a).await.expect("a");
     answer("b", b).await.expect("b");
     let addr = lighthouse.local_addr();
+    let token = kill_token(addr).await;
 
-    let (code, _, body) = http(addr, "POST", "/replica/replica_a/kill").await;
+    // Without the token, with a wrong one, or from another origin (a
+    // cross-site form post): refused, nothing sent to the manager.
+    let with_token = format!("/replica/replica_a/kill?token={token}");
+    for (path, headers) in [
+        ("/replica/replica_a/kill", ""),
+        ("/replica/replica_a/kill?token=0123", ""),
+        (with_token.as_str(), "Origin: http://evil.example\r\n"),
+        (with_token.as_str(), "Sec-Fetch-Site: cross-site\r\n"),
+        (
+            "/replica/replica_a/kill",
+            &format!("Origin: http://{addr}\r\n"),
+        ),
+    ] {
+        let (code, _, body) = http_with(addr, "POST", path, headers).await;
+        assert_eq!(code, 403, "{path} {headers:?}: {body}");
+        let outcome: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(outcome["ok"], json!(false));
+    }
+    assert!(manager_a.kills.try_recv().is_err(), "no Kill yet");
+
+    let same_origin = format!("Origin: http://{addr}\r\n");
+    let (code, _, body) = http_with(addr, "POST", &with_token, &same_origin).await;
     assert_eq!(code, 200, "{body}");
     let outcome: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(outcome["ok"], json!(true), "{outcome}");
@@ -546,7 +579,7 @@ async fn dashboard_kill_reaches_the_manager() {
     assert_eq!(status["last_kill"]["ok"], json!(true));
 
     // An unknown replica: 404 with the reason, nothing sent.
-    let (code, _, body) = http(addr, "POST", "/replica/nobody/kill").await;
+    let (code, _, body) = http(addr, "POST", &format!("/replica/nobody/kill?token={token}")).await;
     assert_eq!(code, 404, "{body}");
     let outcome: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(outcome["ok"], json!(false));
@@ -561,7 +594,12 @@ async fn dashboard_kill_reaches_the_manager() {
     // A manager that is gone: 502 with the reason, shown on the page.
     let b_url = manager_b.url.clone();
     manager_b.stop().await;
-    let (code, _, body) = http(addr, "POST", "/replica/replica_b/kill").await;
+    let (code, _, body) = http(
+        addr,
+        "POST",
+        &format!("/replica/replica_b/kill?token={token}"),
+    )
+    .await;
     assert_eq!(code, 502, "{body}");
     let outcome: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(outcome["ok"], json!(false));
@@ -623,7 +661,7 @@ async fn dashboard_page_shows_the_quorum() {
             "kill for {id}"
         );
         assert!(
-            page.contains(&format!(r#"action="/replica/{id}/kill""#)),
+            page.contains(&format!(r#"action="/replica/{id}/kill?token="#)),
             "form for {id}"
         );
         assert!(
@@ -661,11 +699,16 @@ async fn dashboard_page_shows_the_quorum() {
         "only the page's own script"
     );
     let path = "/replica/%3Cscript%3Ealert%28%22x%26y%22%29%3C%2Fscript%3E/kill";
-    assert!(page.contains(&format!(r#"action="{path}""#)), "{page}");
+    assert!(
+        page.contains(&format!(r#"action="{path}?token="#)),
+        "{page}"
+    );
 
     // The percent-encoded path reaches the right replica (its address does
     // not resolve: the kill fails, reported, never a panic).
-    let (code, _, body) = http(lighthouse.local_addr(), "POST", path).await;
+    let token = kill_token(lighthouse.local_addr()).await;
+    let path = format!("{path}?token={token}");
+    let (code, _, body) = http(lighthouse.local_addr(), "POST", &path).await;
     assert_eq!(code, 502, "{body}");
     let outcome: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(outcome["replica_id"], json!(evil));
@@ -1021,4 +1064,63 @@ fn cdp_click_kill(
     )?;
     let _ = cdp.call(None, "Browser.close", json!({}));
     Ok((outcome, text.as_str().unwrap_or_default().to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_ids_are_bounded() {
+    let lighthouse = start_lighthouse(lighthouse_options(2).with_join_timeout(HOUR)).await;
+    let client = client(lighthouse.url()).await;
+    let long = "x".repeat(ferry_ft::lighthouse::MAX_REPLICA_ID_BYTES + 1);
+    let mut c = client.clone();
+    let error = bounded(
+        "heartbeat",
+        c.heartbeat(LighthouseHeartbeatRequest {
+            replica_id: long.clone(),
+        }),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+    assert!(error
+        .message()
+        .contains("exceeds the lighthouse's limit of 1024 bytes"));
+    let error = answer("long", spawn_ask(&client, member(&long, 1)))
+        .await
+        .expect_err("refused");
+    assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+    assert!(lighthouse.status().heartbeats.is_empty());
+    stop_lighthouse(lighthouse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_pages_its_lists() {
+    let lighthouse = start_lighthouse(lighthouse_options(2).with_join_timeout(HOUR)).await;
+    let client = client(lighthouse.url()).await;
+    let size = ferry_ft::lighthouse::DASHBOARD_PAGE_SIZE;
+    let n = 2 * size + 7;
+    for i in 0..n {
+        heartbeat(&client, &format!("r{i:04}")).await;
+    }
+    let addr = lighthouse.local_addr();
+    let count = |page: &str| page.matches("<li class=\"heartbeat").count();
+    let (_, _, first) = http(addr, "GET", "/").await;
+    assert_eq!(count(&first), size);
+    assert!(
+        first.contains(r#"<span id="pages-count">3</span>"#),
+        "{first}"
+    );
+    assert!(first.contains(r#"href="/?page=1">next"#));
+    assert!(first.contains("r0000") && !first.contains(&format!("r{size:04}")));
+    let (_, _, second) = http(addr, "GET", "/?page=1").await;
+    assert_eq!(count(&second), size);
+    assert!(second.contains(&format!("r{size:04}")) && !second.contains("r0000"));
+    assert!(second.contains(r#"href="/?page=0">previous"#));
+    let (_, _, last) = http(addr, "GET", "/?page=2").await;
+    assert_eq!(count(&last), 7);
+    assert!(!last.contains(">next<"));
+    // Past the end: the last page.
+    let (_, _, beyond) = http(addr, "GET", "/?page=99").await;
+    assert_eq!(count(&beyond), 7);
+    assert!(beyond.contains(r#"<span id="page">3</span>"#));
+    stop_lighthouse(lighthouse).await;
 }

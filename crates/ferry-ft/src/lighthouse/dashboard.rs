@@ -7,24 +7,57 @@
 //! outcome it shows in `#kill-result`. Without JavaScript, a `<noscript>`
 //! meta refresh reloads the page and the kill buttons post their forms.
 //! Every string that comes from a replica is escaped.
+//!
+//! The lists (previous quorum, joined replicas, heartbeats) are paged:
+//! `GET /?page=N` (from 0) shows [`PAGE_SIZE`] entries of each. The kill
+//! forms and the script carry the server's kill token (also in a
+//! `<meta name="ferry-kill-token">`), which a page of another origin
+//! cannot read; the server refuses a kill without it.
 
 use std::net::SocketAddr;
 
 use super::status::{KillOutcome, LighthouseStatus, MemberStatus};
 
-/// The dashboard page for `status`, served by the lighthouse at `addr`.
-pub(crate) fn render_page(status: &LighthouseStatus, addr: SocketAddr) -> String {
+/// Entries of each list on one dashboard page.
+pub const PAGE_SIZE: usize = 50;
+
+/// The dashboard page `page` (from 0) for `status`, served by the
+/// lighthouse at `addr`, whose kills need `token`.
+pub(crate) fn render_page(
+    status: &LighthouseStatus,
+    addr: SocketAddr,
+    token: &str,
+    page: usize,
+) -> String {
     let mut html = String::with_capacity(16 * 1024);
-    html.push_str(HEAD);
+    html.push_str(&HEAD.replace(
+        "<title>",
+        &format!(
+            "<meta name=\"ferry-kill-token\" content=\"{}\">\n<title>",
+            escape(token)
+        ),
+    ));
     html.push_str(&format!(
         "<header><h1>Lighthouse Dashboard &mdash; Ferry</h1><span class=\"addr\">{}</span></header>\n",
         escape(&addr.to_string())
     ));
     html.push_str("<main id=\"dashboard\">\n");
     render_summary(&mut html, status);
-    render_prev_quorum(&mut html, status);
-    render_participants(&mut html, status);
-    render_heartbeats(&mut html, status);
+    let longest = [
+        status.prev_quorum.as_ref().map_or(0, |q| q.members.len()),
+        status.participants.len(),
+        status.heartbeats.len(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let pages = longest.div_ceil(PAGE_SIZE).max(1);
+    let page = page.min(pages - 1);
+    let view = View { token, page };
+    render_pages(&mut html, page, pages);
+    render_prev_quorum(&mut html, status, &view);
+    render_participants(&mut html, status, &view);
+    render_heartbeats(&mut html, status, &view);
     render_last_kill(&mut html, status.last_kill.as_ref());
     html.push_str("</main>\n");
     html.push_str("<section><p id=\"kill-result\" role=\"status\"></p></section>\n");
@@ -69,7 +102,41 @@ fn render_summary(html: &mut String, status: &LighthouseStatus) {
     ));
 }
 
-fn render_prev_quorum(html: &mut String, status: &LighthouseStatus) {
+/// What every list needs: the kill token and the page shown.
+struct View<'a> {
+    token: &'a str,
+    page: usize,
+}
+
+impl View<'_> {
+    /// The entries of `list` on this page.
+    fn page_of<'l, T>(&self, list: &'l [T]) -> &'l [T] {
+        let start = (self.page * PAGE_SIZE).min(list.len());
+        &list[start..(start + PAGE_SIZE).min(list.len())]
+    }
+}
+
+fn render_pages(html: &mut String, page: usize, pages: usize) {
+    html.push_str(&format!(
+        "<section id=\"pages\"><p>Page <span id=\"page\">{}</span> of <span id=\"pages-count\">{pages}</span>",
+        page + 1
+    ));
+    if page > 0 {
+        html.push_str(&format!(
+            " &middot; <a id=\"prev-page\" href=\"/?page={}\">previous</a>",
+            page - 1
+        ));
+    }
+    if page + 1 < pages {
+        html.push_str(&format!(
+            " &middot; <a id=\"next-page\" href=\"/?page={}\">next</a>",
+            page + 1
+        ));
+    }
+    html.push_str("</p></section>\n");
+}
+
+fn render_prev_quorum(html: &mut String, status: &LighthouseStatus, view: &View<'_>) {
     html.push_str("<section id=\"prev-quorum\">\n");
     match &status.prev_quorum {
         None => html.push_str("<h2>Previous quorum</h2>\n<p class=\"empty\">No quorum yet.</p>\n"),
@@ -85,23 +152,23 @@ fn render_prev_quorum(html: &mut String, status: &LighthouseStatus) {
                 quorum.max_step,
                 formed
             ));
-            render_members(html, &quorum.members, false);
+            render_members(html, view.page_of(&quorum.members), false, view.token);
         }
     }
     html.push_str("</section>\n");
 }
 
-fn render_participants(html: &mut String, status: &LighthouseStatus) {
+fn render_participants(html: &mut String, status: &LighthouseStatus, view: &View<'_>) {
     html.push_str("<section id=\"participants\">\n<h2>Joined the next round</h2>\n");
     if status.participants.is_empty() {
         html.push_str("<p class=\"empty\">No replica is waiting for the next quorum.</p>\n");
     } else {
-        render_members(html, &status.participants, true);
+        render_members(html, view.page_of(&status.participants), true, view.token);
     }
     html.push_str("</section>\n");
 }
 
-fn render_members(html: &mut String, members: &[MemberStatus], joined: bool) {
+fn render_members(html: &mut String, members: &[MemberStatus], joined: bool, token: &str) {
     html.push_str(
         "<table class=\"members\">\n<thead><tr><th>Replica</th><th>Step</th><th>Manager address</th>\
          <th>Store address</th><th>World size</th><th>State</th><th>Heartbeat</th>",
@@ -152,22 +219,23 @@ fn render_members(html: &mut String, members: &[MemberStatus], joined: bool) {
             html.push_str(&format!("<td>{joined}</td>"));
         }
         html.push_str(&format!(
-            "<td><form method=\"post\" action=\"/replica/{path}/kill\">\
+            "<td><form method=\"post\" action=\"/replica/{path}/kill?token={token}\">\
              <button type=\"submit\" class=\"kill\" data-kill=\"{id}\" title=\"Ask the manager of {id} to exit\">Kill</button>\
              </form></td></tr>\n",
             path = escape(&percent_encode(&member.replica_id)),
+            token = escape(&percent_encode(token)),
         ));
     }
     html.push_str("</tbody>\n</table>\n");
 }
 
-fn render_heartbeats(html: &mut String, status: &LighthouseStatus) {
+fn render_heartbeats(html: &mut String, status: &LighthouseStatus, view: &View<'_>) {
     html.push_str("<section id=\"heartbeats\">\n<h2>Heartbeats</h2>\n");
     if status.heartbeats.is_empty() {
         html.push_str("<p class=\"empty\">No heartbeat yet.</p>\n");
     } else {
         html.push_str("<ul class=\"heartbeats\">\n");
-        for heartbeat in &status.heartbeats {
+        for heartbeat in view.page_of(&status.heartbeats) {
             html.push_str(&format!(
                 "<li class=\"heartbeat{}\" data-replica=\"{id}\"><span class=\"replica-id\">{id}</span>: {} ago{}</li>\n",
                 if heartbeat.healthy { "" } else { " old" },
@@ -302,7 +370,9 @@ const SCRIPT: &str = r#"<script>
     var out = document.getElementById('kill-result');
     out.className = '';
     out.textContent = 'Killing ' + id + '\u2026';
-    var done = fetch('/replica/' + encodeURIComponent(id) + '/kill', { method: 'POST' })
+    var token = document.querySelector('meta[name="ferry-kill-token"]').getAttribute('content');
+    var url = '/replica/' + encodeURIComponent(id) + '/kill?token=' + encodeURIComponent(token);
+    var done = fetch(url, { method: 'POST' })
       .then(function (response) { return response.json(); })
       .then(function (outcome) {
         out.className = outcome.ok ? 'ok' : 'failed';
@@ -326,7 +396,7 @@ const SCRIPT: &str = r#"<script>
     kill(button.getAttribute('data-kill'));
   });
   function refresh() {
-    fetch('/', { cache: 'no-store' })
+    fetch(window.location.pathname + window.location.search, { cache: 'no-store' })
       .then(function (response) { return response.text(); })
       .then(function (text) {
         var fresh = new DOMParser().parseFromString(text, 'text/html').getElementById('dashboard');

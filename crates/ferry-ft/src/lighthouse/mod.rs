@@ -16,12 +16,15 @@
 mod dashboard;
 mod options;
 mod quorum;
+mod replica_id;
 mod server;
 mod state;
 mod status;
 
+pub use dashboard::PAGE_SIZE as DASHBOARD_PAGE_SIZE;
 pub use options::LighthouseOptions;
 pub use quorum::{quorum_changed, quorum_compute};
+pub use replica_id::{check_replica_id, ReplicaIdTooLong, MAX_REPLICA_ID_BYTES};
 pub use server::{Lighthouse, LighthouseError};
 pub use state::{LighthouseState, MemberDetails};
 pub use status::{

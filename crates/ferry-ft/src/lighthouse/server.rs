@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::Path;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{Html, IntoResponse};
 use axum::routing::{get, post};
 use prost::bytes::BufMut;
@@ -42,7 +42,7 @@ use tracing::{debug, debug_span, info, info_span, warn, Instrument};
 use super::dashboard::render_page;
 use super::state::TickLog;
 use super::status::{KillOutcome, LighthouseStatus};
-use super::{LighthouseOptions, LighthouseState};
+use super::{check_replica_id, LighthouseOptions, LighthouseState};
 use crate::grpc::{endpoint, error_chain, finish_serving, request_timeout};
 use crate::proto::lighthouse_service_server::SERVICE_NAME;
 use crate::proto::manager_service_client::ManagerServiceClient;
@@ -145,6 +145,7 @@ impl Lighthouse {
             changes,
             shutdown: shutdown_rx.clone(),
             last_kill: Mutex::new(None),
+            kill_token: random_token(),
         });
 
         let span = info_span!("lighthouse", addr = %local_addr);
@@ -269,6 +270,8 @@ struct Shared {
     changes: watch::Sender<u64>,
     shutdown: watch::Receiver<bool>,
     last_kill: Mutex<Option<KillOutcome>>,
+    /// The token the dashboard's kill must carry (see [`kill_allowed`]).
+    kill_token: String,
 }
 
 impl Shared {
@@ -552,6 +555,8 @@ impl UnaryService<LighthouseQuorumRequest> for QuorumMethod {
                 .into_inner()
                 .requester
                 .ok_or_else(|| Status::invalid_argument("missing requester"))?;
+            check_replica_id(&requester.replica_id)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
             let span = debug_span!(
                 "quorum",
                 lighthouse = %shared.local_addr,
@@ -581,6 +586,9 @@ impl UnaryService<LighthouseHeartbeatRequest> for HeartbeatMethod {
 
     fn call(&mut self, request: Request<LighthouseHeartbeatRequest>) -> Self::Future {
         let replica_id = request.into_inner().replica_id;
+        if let Err(e) = check_replica_id(&replica_id) {
+            return std::future::ready(Err(Status::invalid_argument(e.to_string())));
+        }
         tracing::trace!(lighthouse = %self.0.local_addr, %replica_id, "heartbeat");
         self.0.lock().heartbeat(Instant::now(), replica_id);
         self.0.touch();
@@ -699,12 +707,20 @@ fn dashboard_router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
         .route(
             "/",
-            get(move || {
+            get(move |uri: Uri| {
                 let shared = Arc::clone(&page);
                 async move {
+                    let page = query_param(&uri, "page")
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or(0);
                     (
                         [(header::CACHE_CONTROL, "no-store")],
-                        Html(render_page(&shared.status(), shared.local_addr)),
+                        Html(render_page(
+                            &shared.status(),
+                            shared.local_addr,
+                            &shared.kill_token,
+                            page,
+                        )),
                     )
                 }
             }),
@@ -718,20 +734,96 @@ fn dashboard_router(shared: Arc<Shared>) -> axum::Router {
         )
         .route(
             "/replica/{replica_id}/kill",
-            post(move |Path(replica_id): Path<String>| {
-                let shared = Arc::clone(&kill);
-                let span = info_span!(
-                    "kill",
-                    lighthouse = %shared.local_addr,
-                    replica_id = %replica_id,
-                );
-                async move {
-                    let (code, outcome) = shared.kill(replica_id).await;
-                    json_response(code, &outcome)
-                }
-                .instrument(span)
-            }),
+            post(
+                move |Path(replica_id): Path<String>, headers: HeaderMap, uri: Uri| {
+                    let shared = Arc::clone(&kill);
+                    let span = info_span!(
+                        "kill",
+                        lighthouse = %shared.local_addr,
+                        replica_id = %replica_id,
+                    );
+                    async move {
+                        if let Err(why) = kill_allowed(&headers, &uri, &shared.kill_token) {
+                            warn!("Refused a kill from the dashboard: {why}");
+                            let outcome = KillOutcome {
+                                replica_id,
+                                address: None,
+                                ok: false,
+                                error: Some(why),
+                                at_unix_ms: unix_ms_now(),
+                            };
+                            return json_response(StatusCode::FORBIDDEN, &outcome);
+                        }
+                        let (code, outcome) = shared.kill(replica_id).await;
+                        json_response(code, &outcome)
+                    }
+                    .instrument(span)
+                },
+            ),
         )
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A fresh random token for the dashboard's kill: 128 bits from two
+/// `RandomState`s (SipHash keyed from the operating system's randomness).
+fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let half = |salt: u64| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(salt);
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
+}
+
+/// The value of `name` in `uri`'s query (no percent-decoding: the values
+/// the dashboard uses are plain).
+fn query_param<'u>(uri: &'u Uri, name: &str) -> Option<&'u str> {
+    uri.query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// Whether a kill request comes from the dashboard itself: it carries the
+/// server's token (`?token=`, embedded in the page, which another origin
+/// cannot read), and a browser's `Origin` (when sent) names the host the
+/// request was sent to and `Sec-Fetch-Site` (when sent) is not
+/// `cross-site`. The reason for a refusal otherwise.
+fn kill_allowed(headers: &HeaderMap, uri: &Uri, token: &str) -> Result<(), String> {
+    let header = |name: header::HeaderName| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("(not text)"))
+    };
+    if header(header::HeaderName::from_static("sec-fetch-site")) == Some("cross-site") {
+        return Err("a cross-site request may not kill".to_owned());
+    }
+    if let Some(origin) = header(header::ORIGIN) {
+        let host = header(header::HOST).unwrap_or("");
+        let same = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| !host.is_empty() && o == host);
+        if !same {
+            return Err(format!(
+                "a request from origin {:?} may not kill (the dashboard is at host {:?})",
+                origin.chars().take(200).collect::<String>(),
+                host.chars().take(200).collect::<String>()
+            ));
+        }
+    }
+    if query_param(uri, "token") != Some(token) {
+        return Err("the kill needs the dashboard's token: reload the dashboard".to_owned());
+    }
+    Ok(())
 }
 
 /// `value` as a JSON response with `code`.

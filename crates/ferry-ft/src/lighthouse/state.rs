@@ -58,6 +58,15 @@ impl LighthouseState {
         );
     }
 
+    /// Forgets the heartbeats older than `heartbeat_timeout` at `now`
+    /// (torchft keeps them forever; they count as unhealthy there, exactly
+    /// as a replica never heard from does, so no decision changes). Every
+    /// tick calls it, so a dead replica id costs nothing after its timeout.
+    pub fn expire_heartbeats(&mut self, now: Instant, heartbeat_timeout: std::time::Duration) {
+        self.heartbeats
+            .retain(|_, last| now.saturating_duration_since(*last) < heartbeat_timeout);
+    }
+
     /// Records a heartbeat from `replica_id` at `now`.
     pub fn heartbeat(&mut self, now: Instant, replica_id: impl Into<String>) {
         self.heartbeats.insert(replica_id.into(), now);
@@ -112,6 +121,7 @@ impl LighthouseState {
         created: Option<SystemTime>,
         opt: &LighthouseOptions,
     ) -> Tick {
+        self.expire_heartbeats(now, opt.heartbeat_timeout);
         let decision = Decision::new(now, self, opt);
         let kind = decision.kind;
         let participants = decision.members();

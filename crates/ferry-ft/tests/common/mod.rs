@@ -109,10 +109,20 @@ pub(crate) async fn connect(manager: &Manager) -> ManagerClient {
 /// A plain HTTP/1.1 request over a fresh TCP connection:
 /// (status code, head, body).
 pub(crate) async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
+    http_with(addr, method, path, "").await
+}
+
+/// [`http`] with extra header lines (each ending in `\r\n`).
+pub(crate) async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, String, String) {
     bounded("http", async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\nContent-Length: 0\r\n\r\n"
         );
         stream.write_all(request.as_bytes()).await.expect("send");
         let mut raw = Vec::new();
