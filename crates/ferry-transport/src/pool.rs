@@ -352,6 +352,38 @@ mod tests {
         assert_eq!(pool.stats().mapped, 3);
     }
 
+    /// Pages of `bytes` resident now (`mincore`), counted in 4 KiB pages.
+    fn resident_pages(bytes: &[u8]) -> usize {
+        let pages = bytes.len().div_ceil(4096);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range is our own mapping (page-aligned start, see
+        // Block::map); `vec` has one byte per page.
+        let rc = unsafe {
+            libc::mincore(
+                bytes.as_ptr() as *mut c_void,
+                bytes.len(),
+                vec.as_mut_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore failed");
+        vec.iter().filter(|&&v| v & 1 == 1).count()
+    }
+
+    #[test]
+    fn a_new_buffer_commits_memory_only_as_it_is_prepared() {
+        let pool = BufferPool::new(0);
+        let mut s = pool.storage(256 << 20).expect("map");
+        assert_eq!(
+            resident_pages(s.as_bytes()),
+            0,
+            "nothing is resident before the bytes arrive"
+        );
+        s.prepare(8 << 20);
+        let resident = resident_pages(s.as_bytes()) * 4096;
+        // MADV_POPULATE_WRITE may be missing (Linux < 5.14): then nothing is.
+        assert!(resident <= 8 << 20, "{resident} bytes resident after 8 MiB");
+    }
+
     #[test]
     fn set_limit_releases_what_no_longer_fits() {
         let pool = BufferPool::new(64 << 20);
