@@ -124,7 +124,8 @@ pub struct Limits {
     /// bytes on any channel) before it closes the connection with a
     /// "stalled" error naming the peer and what it was waiting for. Progress
     /// resets the wait, so a large tensor on a slow link is not cut off; a
-    /// connection idle between frames is not subject to it.
+    /// connection idle between frames is not subject to it. Keep it above
+    /// zero: zero cuts off any frame that is not already buffered whole.
     pub frame_stall_timeout: Duration,
 }
 
