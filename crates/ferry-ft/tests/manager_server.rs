@@ -812,7 +812,14 @@ async fn kill_reaches_the_hook() {
 
     // From the dashboard: the lighthouse knows the manager from the quorum.
     group_quorum(&client, 1, 1, false).await;
-    let (code, _, body) = http(lighthouse.local_addr(), "POST", "/replica/replica_a/kill").await;
+    // The dashboard's kill carries the token of its page.
+    let (_, _, page) = http(lighthouse.local_addr(), "GET", "/").await;
+    let token = page
+        .split_once(r#"<meta name="ferry-kill-token" content=""#)
+        .and_then(|(_, rest)| rest.split('"').next())
+        .expect("a kill token in the page");
+    let path = format!("/replica/replica_a/kill?token={token}");
+    let (code, _, body) = http(lighthouse.local_addr(), "POST", &path).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         bounded("the hook", killed.recv()).await.as_deref(),
