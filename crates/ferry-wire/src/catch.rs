@@ -34,6 +34,15 @@ struct Catch;
 
 type R = Result<(), Caught>;
 
+/// Serializer methods for values that hold nothing to walk.
+macro_rules! ignore_primitives {
+    ($($method:ident($ty:ty),)*) => {$(
+        fn $method(self, _: $ty) -> R {
+            Ok(())
+        }
+    )*};
+}
+
 impl ser::Serializer for Catch {
     type Ok = ();
     type Error = Caught;
@@ -45,53 +54,23 @@ impl ser::Serializer for Catch {
     type SerializeStruct = Catch;
     type SerializeStructVariant = Catch;
 
-    fn serialize_bool(self, _: bool) -> R {
-        Ok(())
-    }
-    fn serialize_i8(self, _: i8) -> R {
-        Ok(())
-    }
-    fn serialize_i16(self, _: i16) -> R {
-        Ok(())
-    }
-    fn serialize_i32(self, _: i32) -> R {
-        Ok(())
-    }
-    fn serialize_i64(self, _: i64) -> R {
-        Ok(())
-    }
-    fn serialize_i128(self, _: i128) -> R {
-        Ok(())
-    }
-    fn serialize_u8(self, _: u8) -> R {
-        Ok(())
-    }
-    fn serialize_u16(self, _: u16) -> R {
-        Ok(())
-    }
-    fn serialize_u32(self, _: u32) -> R {
-        Ok(())
-    }
-    fn serialize_u64(self, _: u64) -> R {
-        Ok(())
-    }
-    fn serialize_u128(self, _: u128) -> R {
-        Ok(())
-    }
-    fn serialize_f32(self, _: f32) -> R {
-        Ok(())
-    }
-    fn serialize_f64(self, _: f64) -> R {
-        Ok(())
-    }
-    fn serialize_char(self, _: char) -> R {
-        Ok(())
-    }
-    fn serialize_str(self, _: &str) -> R {
-        Ok(())
-    }
-    fn serialize_bytes(self, _: &[u8]) -> R {
-        Ok(())
+    ignore_primitives! {
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128),
+        serialize_f32(f32),
+        serialize_f64(f64),
+        serialize_char(char),
+        serialize_str(&str),
+        serialize_bytes(&[u8]),
     }
     fn serialize_none(self) -> R {
         Ok(())
@@ -155,48 +134,29 @@ impl ser::Serializer for Catch {
     }
 }
 
-impl ser::SerializeSeq for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
+/// The compound serializers: each element or field is walked in turn.
+macro_rules! walk_compound {
+    ($($compound:ident::$method:ident($($name:ty),*);)*) => {$(
+        impl ser::$compound for Catch {
+            type Ok = ();
+            type Error = Caught;
+            fn $method<T: Serialize + ?Sized>(&mut self, $(_: $name,)* value: &T) -> R {
+                value.serialize(Catch)
+            }
+            fn end(self) -> R {
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
+walk_compound! {
+    SerializeSeq::serialize_element();
+    SerializeTuple::serialize_element();
+    SerializeTupleStruct::serialize_field();
+    SerializeTupleVariant::serialize_field();
+    SerializeStruct::serialize_field(&'static str);
+    SerializeStructVariant::serialize_field(&'static str);
 }
 
 impl ser::SerializeMap for Catch {
@@ -206,28 +166,6 @@ impl ser::SerializeMap for Catch {
         key.serialize(Catch)
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStruct for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> R {
-        value.serialize(Catch)
-    }
-    fn end(self) -> R {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStructVariant for Catch {
-    type Ok = ();
-    type Error = Caught;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> R {
         value.serialize(Catch)
     }
     fn end(self) -> R {
