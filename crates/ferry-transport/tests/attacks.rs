@@ -216,22 +216,29 @@ fn handshake(
     }
 }
 
-/// A request whose one `len`-byte tensor travels as a `cma` record naming
-/// `addr`: the receiver is asked to pull the bytes from there.
-fn cma_request(addr: u64, len: u64) -> Vec<u8> {
+/// The start of a request frame with no payload and one `len`-byte tensor:
+/// its header and descriptor table, up to the tensor's mode byte.
+fn one_tensor_request(request_id: u64, len: u64) -> Vec<u8> {
     let d = TensorDescriptor::contiguous(DType::U8, &[len as i64], Device::Cpu);
     let mut table = Vec::new();
     encode_descriptors(&[d], &mut table);
     let header = FrameHeader {
         kind: MessageKind::REQUEST,
         flags: Flags::NONE,
-        request_id: 7,
+        request_id,
         payload_len: 0,
         descriptors_len: table.len() as u32,
         tensor_count: 1,
     };
     let mut frame = header.encode().to_vec();
     frame.extend_from_slice(&table);
+    frame
+}
+
+/// A request whose one `len`-byte tensor travels as a `cma` record naming
+/// `addr`: the receiver is asked to pull the bytes from there.
+fn cma_request(addr: u64, len: u64) -> Vec<u8> {
+    let mut frame = one_tensor_request(7, len);
     frame.push(1); // mode: the channel's record follows
     frame.extend_from_slice(&addr.to_le_bytes());
     frame.extend_from_slice(&0u64.to_le_bytes()); // release token
@@ -512,19 +519,7 @@ async fn announce_and_fall_silent(addr: SocketAddr, len: u64, sent: usize) -> Tc
     s.write_all(&[&header.encode()[..], &h.payload].concat())
         .await
         .unwrap();
-    let d = TensorDescriptor::contiguous(DType::U8, &[len as i64], Device::Cpu);
-    let mut table = Vec::new();
-    encode_descriptors(&[d], &mut table);
-    let header = FrameHeader {
-        kind: MessageKind::REQUEST,
-        flags: Flags::NONE,
-        request_id: 9,
-        payload_len: 0,
-        descriptors_len: table.len() as u32,
-        tensor_count: 1,
-    };
-    let mut frame = header.encode().to_vec();
-    frame.extend_from_slice(&table);
+    let mut frame = one_tensor_request(9, len);
     frame.extend(std::iter::repeat_n(0x5a, sent));
     s.write_all(&frame).await.unwrap();
     s.flush().await.unwrap();
