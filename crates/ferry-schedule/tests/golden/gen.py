@@ -1,0 +1,95 @@
+"""Regenerates the golden compute-only schedules from PyTorch.
+
+Run from the repository root:
+
+    .venv/bin/python crates/ferry-schedule/tests/golden/gen.py
+
+For every schedule PyTorch ships and every shape of ranks {2, 4} x stages
+per rank {1, 2} x microbatches {2, 4, 8} that PyTorch accepts, it builds the
+schedule with stand-in stage objects (only the attributes the constructors
+read: no process group, no model) and writes rank by rank the compute-only
+action list with PyTorch's own `_dump_csv` to `<schedule>_r<ranks>_s<stages
+per rank>_m<microbatches>.csv`. Shapes PyTorch rejects are listed with its
+error text in `rejected.txt`.
+"""
+
+import csv
+import os
+import types
+
+import torch
+from torch.distributed.pipelining import schedules as S
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SINGLE = {"gpipe": S.ScheduleGPipe, "1f1b": S.Schedule1F1B}
+MULTI = {
+    "interleaved1f1b": S.ScheduleInterleaved1F1B,
+    "loopedbfs": S.ScheduleLoopedBFS,
+    "interleavedzb": S.ScheduleInterleavedZeroBubble,
+    "zbv": S.ScheduleZBVZeroBubble,
+    "dualpipev": S.ScheduleDualPipeV,
+}
+
+
+def stage(index, num_stages, rank, ranks):
+    return types.SimpleNamespace(
+        stage_index=index,
+        num_stages=num_stages,
+        group_rank=rank,
+        group_size=ranks,
+        is_first=index == 0,
+        is_last=index == num_stages - 1,
+        submod=torch.nn.Identity(),
+        stage_index_to_group_rank={},
+    )
+
+
+def build(name, ranks, per_rank, micro):
+    num_stages = ranks * per_rank
+    loss = lambda *a: None  # noqa: E731 - a loss makes the schedules train
+    if name in SINGLE:
+        if per_rank != 1:
+            raise ValueError("single-stage schedules have one stage per rank")
+        return SINGLE[name](stage(0, num_stages, 0, ranks), micro, loss_fn=loss)
+    v = name in ("zbv", "dualpipev")
+    stages = []
+    for local in range(per_rank):
+        if v:
+            index = ranks * local + (0 if local % 2 == 0 else ranks - 1)
+        else:
+            index = ranks * local
+        stages.append(stage(index, num_stages, 0, ranks))
+    return MULTI[name](stages, micro, loss_fn=loss)
+
+
+def main():
+    rejected = []
+    for name in list(SINGLE) + list(MULTI):
+        for ranks in (2, 4):
+            for per_rank in (1, 2):
+                for micro in (2, 4, 8):
+                    shape = f"{name}_r{ranks}_s{per_rank}_m{micro}"
+                    try:
+                        schedule = build(name, ranks, per_rank, micro)
+                    except Exception as exc:  # PyTorch's own rejection
+                        rejected.append(f"{shape}: {type(exc).__name__}: {exc}")
+                        continue
+                    path = os.path.join(HERE, shape + ".csv")
+                    if isinstance(schedule, S._PipelineScheduleRuntime):
+                        schedule._dump_csv(path, format="compute_only")
+                    else:
+                        # Single-stage schedules have no _dump_csv; write
+                        # their table the way PipelineScheduleMulti's does.
+                        with open(path, "w", newline="") as f:
+                            writer = csv.writer(f)
+                            for rank in schedule.pipeline_order:
+                                writer.writerow(schedule.pipeline_order[rank])
+    with open(os.path.join(HERE, "rejected.txt"), "w") as out:
+        out.write(f"# torch {torch.__version__}\n")
+        for line in rejected:
+            out.write(line.replace("\n", " ") + "\n")
+
+
+if __name__ == "__main__":
+    main()
