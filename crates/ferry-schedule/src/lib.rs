@@ -18,6 +18,8 @@
 //! - [`placement`]: which rank owns which stage ([`Placement::Loop`],
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
+//! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
+//!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
 //! ## Example
 //!
@@ -41,8 +43,10 @@
 
 pub mod action;
 pub mod csv;
+pub mod generate;
 pub mod placement;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
+pub use generate::{GenerateError, ScheduleKind};
 pub use placement::{Placement, PlacementError};
