@@ -6,6 +6,9 @@ use std::fmt;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
+use crate::placement::Placement;
+
+mod v_shape;
 
 /// The published schedules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,16 +23,23 @@ pub enum ScheduleKind {
     LoopedBfs,
     /// Interleaved zero bubble (ZB-H1 with the I/W split).
     InterleavedZeroBubble,
+    /// ZBV zero bubble: two stages per rank in the V placement.
+    ZbvZeroBubble,
+    /// DualPipeV: two stages per rank in the V placement, with
+    /// OVERLAP_F_B actions.
+    DualPipeV,
 }
 
 impl ScheduleKind {
     /// Every generator that is implemented.
-    pub const ALL: [ScheduleKind; 5] = [
+    pub const ALL: [ScheduleKind; 7] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved1F1B,
         ScheduleKind::LoopedBfs,
         ScheduleKind::InterleavedZeroBubble,
+        ScheduleKind::ZbvZeroBubble,
+        ScheduleKind::DualPipeV,
     ];
 
     /// PyTorch's class name for this schedule.
@@ -40,6 +50,16 @@ impl ScheduleKind {
             ScheduleKind::Interleaved1F1B => "ScheduleInterleaved1F1B",
             ScheduleKind::LoopedBfs => "ScheduleLoopedBFS",
             ScheduleKind::InterleavedZeroBubble => "ScheduleInterleavedZeroBubble",
+            ScheduleKind::ZbvZeroBubble => "ScheduleZBVZeroBubble",
+            ScheduleKind::DualPipeV => "ScheduleDualPipeV",
+        }
+    }
+
+    /// The placement the schedule's stages follow.
+    pub fn placement(self) -> Placement {
+        match self {
+            ScheduleKind::ZbvZeroBubble | ScheduleKind::DualPipeV => Placement::V,
+            _ => Placement::Loop,
         }
     }
 
@@ -82,6 +102,29 @@ impl ScheduleKind {
             ScheduleKind::LoopedBfs => Ok(looped_bfs(shape)),
             ScheduleKind::Interleaved1F1B => interleaved(self, shape, false),
             ScheduleKind::InterleavedZeroBubble => interleaved(self, shape, true),
+            ScheduleKind::ZbvZeroBubble | ScheduleKind::DualPipeV if stages_per_rank != 2 => {
+                Err(GenerateError::NotTwoStagesPerRank {
+                    schedule: self,
+                    stages_per_rank,
+                })
+            }
+            ScheduleKind::ZbvZeroBubble => Ok(Schedule::new(
+                (0..ranks)
+                    .map(|rank| v_shape::zbv_rank(ranks, microbatches, rank))
+                    .collect(),
+            )),
+            ScheduleKind::DualPipeV if microbatches < 2 * ranks => {
+                Err(GenerateError::TooFewMicrobatches {
+                    schedule: self,
+                    microbatches,
+                    stages: 2 * ranks,
+                })
+            }
+            ScheduleKind::DualPipeV => Ok(Schedule::new(
+                (0..ranks)
+                    .map(|rank| v_shape::dualpipev_rank(ranks, microbatches, rank))
+                    .collect(),
+            )),
         }
     }
 }
@@ -122,6 +165,16 @@ pub enum GenerateError {
         microbatches: usize,
         /// Stages in the pipeline.
         stages: usize,
+    },
+    /// ZBV and DualPipeV run exactly two stages per rank, in a V.
+    #[error(
+        "{schedule} requires exactly 2 stages per rank (V placement), but got {stages_per_rank}"
+    )]
+    NotTwoStagesPerRank {
+        /// The schedule.
+        schedule: ScheduleKind,
+        /// Stages per rank asked for.
+        stages_per_rank: usize,
     },
     /// Interleaved schedules split microbatches into whole rounds.
     #[error("{schedule} requires the number of microbatches to be a multiple of the number of rounds ({rounds}), but got {microbatches}")]
