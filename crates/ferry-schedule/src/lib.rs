@@ -18,6 +18,7 @@
 //! - [`placement`]: which rank owns which stage ([`Placement::Loop`],
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
+//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion.
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
@@ -44,9 +45,11 @@
 pub mod action;
 pub mod csv;
 pub mod generate;
+pub mod lower;
 pub mod placement;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
 pub use generate::{GenerateError, ScheduleKind};
+pub use lower::{add_send_recv, LowerError};
 pub use placement::{Placement, PlacementError};

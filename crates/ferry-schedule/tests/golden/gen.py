@@ -10,7 +10,8 @@ schedule with stand-in stage objects (only the attributes the constructors
 read: no process group, no model) and writes rank by rank the compute-only
 action list with PyTorch's own `_dump_csv` to `<schedule>_r<ranks>_s<stages
 per rank>_m<microbatches>.csv`. Shapes PyTorch rejects are listed with its
-error text in `rejected.txt`.
+error text in `rejected.txt`. The same tables lowered by PyTorch's
+`_add_send_recv` (SEND/RECV inserted) go to `comms/<shape>.csv`.
 """
 
 import csv
@@ -63,8 +64,33 @@ def build(name, ranks, per_rank, micro):
     return MULTI[name](stages, micro, loss_fn=loss)
 
 
+def dump_comms(schedule, shape):
+    """The compute-only table lowered by PyTorch's `_add_send_recv` alone
+    (into `comms/<shape>.csv`)."""
+    mapping = getattr(schedule, "stage_index_to_group_rank", None)
+    order = {r: list(a) for r, a in schedule.pipeline_order.items()}
+    if mapping is None:  # single-stage: stage s on rank s
+        mapping = {s: s for s in order}
+    os.makedirs(os.path.join(HERE, "comms"), exist_ok=True)
+    try:
+        lowered = S._add_send_recv(
+            order, stage_to_rank=lambda s: mapping[s], num_stages=len(mapping)
+        )
+    except AssertionError as exc:  # PyTorch's 1F1B table, see the issue
+        with open(os.path.join(HERE, "comms", "failed.txt"), "a") as out:
+            out.write(f"{shape}: {exc}\n")
+        return
+    with open(os.path.join(HERE, "comms", shape + ".csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        for rank in sorted(lowered):
+            writer.writerow(lowered[rank])
+
+
 def main():
     rejected = []
+    failed = os.path.join(HERE, "comms", "failed.txt")
+    if os.path.exists(failed):
+        os.remove(failed)
     for name in list(SINGLE) + list(MULTI):
         for ranks in (2, 4):
             for per_rank in (1, 2):
@@ -85,6 +111,7 @@ def main():
                             writer = csv.writer(f)
                             for rank in schedule.pipeline_order:
                                 writer.writerow(schedule.pipeline_order[rank])
+                    dump_comms(schedule, shape)
     with open(os.path.join(HERE, "rejected.txt"), "w") as out:
         out.write(f"# torch {torch.__version__}\n")
         for line in rejected:
