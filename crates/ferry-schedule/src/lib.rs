@@ -19,6 +19,9 @@
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
 //! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion.
+//! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
+//!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
+//!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
@@ -47,9 +50,11 @@ pub mod csv;
 pub mod generate;
 pub mod lower;
 pub mod placement;
+pub mod simulate;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_send_recv, LowerError};
 pub use placement::{Placement, PlacementError};
+pub use simulate::{simulate_unit_steps, steps, Deadlock};

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use ferry_schedule::{add_send_recv, LowerError, Schedule, ScheduleKind};
+use ferry_schedule::{
+    add_send_recv, simulate_unit_steps, steps, LowerError, Schedule, ScheduleKind,
+};
 
 fn golden(dir: &str) -> Vec<(String, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
@@ -84,5 +86,63 @@ fn unknown_stage_is_a_typed_error() {
     assert!(
         matches!(err, LowerError::UnknownStage { stage: 3, .. }),
         "{err:?}"
+    );
+}
+
+#[test]
+fn simulated_steps_match_pytorch() {
+    let steps_txt = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/comms/steps.txt"),
+    )
+    .expect("steps.txt");
+    let mut checked = 0;
+    for line in steps_txt.lines() {
+        let (shape, expected) = line.split_once(' ').expect("shape steps");
+        let expected: usize = expected.parse().expect("number");
+        let (kind, ranks, per_rank, micro) = kind_and_shape(shape);
+        let placement = kind
+            .placement()
+            .stage_to_rank(ranks * per_rank, ranks)
+            .expect("placement");
+        let compute = kind.generate(ranks, per_rank, micro).expect("generates");
+        let lowered = add_send_recv(&compute, &placement).expect("lowers");
+        let timeline =
+            simulate_unit_steps(&lowered, &placement).unwrap_or_else(|e| panic!("{shape}: {e}"));
+        assert_eq!(steps(&timeline), expected, "{shape}");
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked}");
+    // PyTorch's test value: InterleavedZeroBubble, 2 ranks x 2 stages x 8.
+    assert!(steps_txt.contains("interleavedzb_r2_s2_m8 113"));
+}
+
+#[test]
+fn simulator_runs_what_pytorch_refuses() {
+    // GPipe carries REDUCE_GRAD, DualPipeV carries OVERLAP_F_B.
+    for (kind, per_rank) in [(ScheduleKind::GPipe, 1), (ScheduleKind::DualPipeV, 2)] {
+        let placement = kind
+            .placement()
+            .stage_to_rank(2 * per_rank, 2)
+            .expect("placement");
+        let compute = kind.generate(2, per_rank, 4).expect("generates");
+        let lowered = add_send_recv(&compute, &placement).expect("lowers");
+        let timeline = simulate_unit_steps(&lowered, &placement).expect("finishes");
+        let run: usize = timeline.ranks.iter().flatten().flatten().count();
+        let given: usize = lowered.ranks.iter().flatten().flatten().count();
+        assert_eq!(run, given, "{kind}: every action runs once");
+    }
+}
+
+#[test]
+fn deadlock_names_the_waiting_actions() {
+    // Both ranks receive before they send: neither can move.
+    let lowered = Schedule::from_csv("0RECV_B0,0F0,0SEND_F0\r\n1RECV_F0,1F0,1B0,1SEND_B0\r\n")
+        .expect("parses");
+    let err = simulate_unit_steps(&lowered, &[0, 1]).expect_err("deadlock");
+    assert_eq!(err.step, 0);
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 0 waits at 0RECV_B0") && text.contains("rank 1 waits at 1RECV_F0"),
+        "{text}"
     );
 }

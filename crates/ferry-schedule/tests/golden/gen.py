@@ -11,7 +11,9 @@ read: no process group, no model) and writes rank by rank the compute-only
 action list with PyTorch's own `_dump_csv` to `<schedule>_r<ranks>_s<stages
 per rank>_m<microbatches>.csv`. Shapes PyTorch rejects are listed with its
 error text in `rejected.txt`. The same tables lowered by PyTorch's
-`_add_send_recv` (SEND/RECV inserted) go to `comms/<shape>.csv`.
+`_add_send_recv` (SEND/RECV inserted) go to `comms/<shape>.csv`, and the
+step count PyTorch's `_simulate_comms_compute` gives each to
+`comms/steps.txt`.
 """
 
 import csv
@@ -80,6 +82,17 @@ def dump_comms(schedule, shape):
         with open(os.path.join(HERE, "comms", "failed.txt"), "a") as out:
             out.write(f"{shape}: {exc}\n")
         return
+    try:
+        simulated = S._simulate_comms_compute(
+            {r: list(a) for r, a in lowered.items()},
+            stage_to_rank=lambda s: mapping[s],
+            num_stages=len(mapping),
+        )
+        steps = max(len(row) for row in simulated.values())
+        with open(os.path.join(HERE, "comms", "steps.txt"), "a") as out:
+            out.write(f"{shape} {steps}\n")
+    except (ValueError, KeyError):  # REDUCE_GRAD, OVERLAP_F_B: refused
+        pass
     with open(os.path.join(HERE, "comms", shape + ".csv"), "w", newline="") as f:
         writer = csv.writer(f)
         for rank in sorted(lowered):
@@ -88,9 +101,9 @@ def dump_comms(schedule, shape):
 
 def main():
     rejected = []
-    failed = os.path.join(HERE, "comms", "failed.txt")
-    if os.path.exists(failed):
-        os.remove(failed)
+    for stale in ("failed.txt", "steps.txt"):
+        if os.path.exists(os.path.join(HERE, "comms", stale)):
+            os.remove(os.path.join(HERE, "comms", stale))
     for name in list(SINGLE) + list(MULTI):
         for ranks in (2, 4):
             for per_rank in (1, 2):
