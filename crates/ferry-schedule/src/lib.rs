@@ -22,6 +22,8 @@
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
+//! - [`validate`]: [`validate`], the rules every schedule must keep,
+//!   with errors that show the grid and mark the offending slot.
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
@@ -51,6 +53,7 @@ pub mod generate;
 pub mod lower;
 pub mod placement;
 pub mod simulate;
+pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
@@ -58,3 +61,4 @@ pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_send_recv, LowerError};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
+pub use validate::{validate, ValidationError};
