@@ -24,6 +24,8 @@
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
 //! - [`validate`]: [`validate`], the rules every schedule must keep,
 //!   with errors that show the grid and mark the offending slot.
+//! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
+//!   [`validate::grid`] for a compact terminal rendering.
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
@@ -53,6 +55,7 @@ pub mod generate;
 pub mod lower;
 pub mod placement;
 pub mod simulate;
+pub mod trace;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
@@ -61,4 +64,5 @@ pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_send_recv, LowerError};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
-pub use validate::{validate, ValidationError};
+pub use trace::chrome_trace;
+pub use validate::{grid, validate, ValidationError};
