@@ -6,6 +6,7 @@ use std::fmt;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
+use crate::lower::add_reduce_grad_row as add_reduce_grad;
 use crate::placement::Placement;
 
 mod v_shape;
@@ -201,37 +202,6 @@ fn act(stage: usize, kind: ActionKind, mb: usize) -> Option<Action> {
 
 fn idle(row: &mut Vec<Option<Action>>, n: usize) {
     row.extend(std::iter::repeat_n(None, n));
-}
-
-/// PyTorch's `_add_reduce_grad`: drops idle steps and puts a stage's
-/// REDUCE_GRAD right after its last B or W.
-fn add_reduce_grad(row: Vec<Option<Action>>, micro: usize) -> Vec<Option<Action>> {
-    let mut done: HashMap<usize, usize> = HashMap::new();
-    let mut out = Vec::with_capacity(row.len() + 2);
-    for action in row.into_iter().flatten() {
-        let leaves: Vec<Action> = if action.sub_actions().is_empty() {
-            vec![action.clone()]
-        } else {
-            action.sub_actions().to_vec()
-        };
-        out.push(Some(action));
-        for leaf in leaves {
-            if matches!(
-                leaf.kind(),
-                ActionKind::FullBackward | ActionKind::BackwardWeight
-            ) {
-                let count = done.entry(leaf.stage()).or_default();
-                *count += 1;
-                if *count == micro {
-                    out.push(Some(Action::per_stage(
-                        leaf.stage(),
-                        ActionKind::ReduceGrad,
-                    )));
-                }
-            }
-        }
-    }
-    out
 }
 
 fn gpipe(s: Shape) -> Schedule {

@@ -61,7 +61,7 @@ pub mod validate;
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
 pub use generate::{GenerateError, ScheduleKind};
-pub use lower::{add_send_recv, LowerError};
+pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use trace::chrome_trace;

@@ -1,6 +1,6 @@
 //! Lowering: from a compute-only schedule to one with its communication.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
@@ -157,4 +157,78 @@ impl Boundaries<'_> {
             _ => true,
         }
     }
+}
+
+/// Puts a stage's REDUCE_GRAD right after its last backward (B or W) on
+/// every rank, as PyTorch's `_add_reduce_grad`; idle steps are dropped.
+pub fn add_reduce_grad(schedule: &Schedule, microbatches: usize) -> Schedule {
+    Schedule::new(
+        schedule
+            .ranks
+            .iter()
+            .map(|row| add_reduce_grad_row(row.clone(), microbatches))
+            .collect(),
+    )
+}
+
+/// Merges an I directly followed by the W of the same stage and
+/// microbatch into one full backward B.
+pub fn merge_input_weight(schedule: &Schedule) -> Schedule {
+    let rows = schedule
+        .ranks
+        .iter()
+        .map(|row| {
+            let mut out: Vec<Option<Action>> = Vec::with_capacity(row.len());
+            for slot in row {
+                if let (Some(Some(prev)), Some(w)) = (out.last(), slot) {
+                    if prev.kind() == ActionKind::BackwardInput
+                        && w.kind() == ActionKind::BackwardWeight
+                        && prev.stage() == w.stage()
+                        && prev.microbatch() == w.microbatch()
+                    {
+                        let merged =
+                            Action::new(w.stage(), ActionKind::FullBackward, w.microbatch());
+                        if let Some(last) = out.last_mut() {
+                            *last = Some(merged);
+                        }
+                        continue;
+                    }
+                }
+                out.push(slot.clone());
+            }
+            out
+        })
+        .collect();
+    Schedule::new(rows)
+}
+
+/// PyTorch's `_add_reduce_grad`: drops idle steps and puts a stage's
+/// REDUCE_GRAD right after its last B or W.
+pub(crate) fn add_reduce_grad_row(row: Vec<Option<Action>>, micro: usize) -> Vec<Option<Action>> {
+    let mut done: HashMap<usize, usize> = HashMap::new();
+    let mut out = Vec::with_capacity(row.len() + 2);
+    for action in row.into_iter().flatten() {
+        let leaves: Vec<Action> = if action.sub_actions().is_empty() {
+            vec![action.clone()]
+        } else {
+            action.sub_actions().to_vec()
+        };
+        out.push(Some(action));
+        for leaf in leaves {
+            if matches!(
+                leaf.kind(),
+                ActionKind::FullBackward | ActionKind::BackwardWeight
+            ) {
+                let count = done.entry(leaf.stage()).or_default();
+                *count += 1;
+                if *count == micro {
+                    out.push(Some(Action::per_stage(
+                        leaf.stage(),
+                        ActionKind::ReduceGrad,
+                    )));
+                }
+            }
+        }
+    }
+    out
 }

@@ -146,3 +146,15 @@ fn deadlock_names_the_waiting_actions() {
         "{text}"
     );
 }
+
+#[test]
+fn merge_and_reduce_grad_passes() {
+    let s = Schedule::from_csv("0F0,0I0,0W0,,0I1,1W1\r\n").expect("parses");
+    let merged = ferry_schedule::merge_input_weight(&s);
+    assert_eq!(merged.to_csv(), "0F0,0B0,,0I1,1W1\r\n");
+    let with_reduce = ferry_schedule::add_reduce_grad(
+        &Schedule::from_csv("0F0,0F1,,0B0,0I1,0W1\r\n").expect("parses"),
+        2,
+    );
+    assert_eq!(with_reduce.to_csv(), "0F0,0F1,0B0,0I1,0W1,0REDUCE_GRAD\r\n");
+}
