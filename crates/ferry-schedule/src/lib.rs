@@ -1,0 +1,68 @@
+//! # ferry-schedule
+//!
+//! Pipeline schedules as data, sans-IO (no tokio, no libtorch, no sockets).
+//! A pipeline schedule is one list of [`Action`]s per rank: which stage runs
+//! which kind of work (forward, backward, sends, receives, ...) on which
+//! microbatch, step by step, with `None` for an idle step.
+//!
+//! The text form of an action is exactly PyTorch's
+//! (`torch.distributed.pipelining`): `0F1`, `2I0`, `1SEND_F0`, `3RECV_B2`,
+//! `1UNSHARD`, `0REDUCE_GRAD`, `(0F3;3B1)OVERLAP_F_B`; and a [`Schedule`]
+//! reads and writes PyTorch's CSV form (`_dump_csv` / `_load_csv`) byte for
+//! byte, so a schedule drawn with PyTorch's tools runs in Ferry, and the
+//! reverse.
+//!
+//! ## Layout
+//!
+//! - [`action`]: [`ActionKind`], [`Action`], parsing and printing.
+//! - [`placement`]: which rank owns which stage ([`Placement::Loop`],
+//!   [`Placement::V`]).
+//! - [`csv`]: [`Schedule`] and its CSV import and export.
+//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion.
+//! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
+//!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
+//!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
+//! - [`validate`]: [`validate`], the rules every schedule must keep,
+//!   with errors that show the grid and mark the offending slot.
+//! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
+//!   [`validate::grid`] for a compact terminal rendering.
+//! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
+//!   to PyTorch 2.13's compute-only tables slot for slot.
+//!
+//! ## Example
+//!
+//! ```
+//! use ferry_schedule::{Action, ActionKind, Placement, Schedule};
+//!
+//! let a: Action = "1SEND_F0".parse()?;
+//! assert_eq!(a, Action::new(1, ActionKind::SendF, Some(0)));
+//! assert_eq!(a.to_string(), "1SEND_F0");
+//!
+//! let overlap: Action = "(0F3;3B1)OVERLAP_F_B".parse()?;
+//! assert_eq!(overlap.sub_actions().len(), 2);
+//!
+//! // 4 stages on 2 ranks in a V: stage 3 comes back to rank 0.
+//! assert_eq!(Placement::V.stage_to_rank(4, 2)?, vec![0, 1, 1, 0]);
+//!
+//! let schedule = Schedule::from_csv("0F0,,0B0\r\n,1F0,1B0\r\n")?;
+//! assert_eq!(schedule.to_csv(), "0F0,,0B0\r\n,1F0,1B0\r\n");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod action;
+pub mod csv;
+pub mod generate;
+pub mod lower;
+pub mod placement;
+pub mod simulate;
+pub mod trace;
+pub mod validate;
+
+pub use action::{Action, ActionKind, ParseActionError};
+pub use csv::{CsvError, Schedule};
+pub use generate::{GenerateError, ScheduleKind};
+pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
+pub use placement::{Placement, PlacementError};
+pub use simulate::{simulate_unit_steps, steps, Deadlock};
+pub use trace::chrome_trace;
+pub use validate::{grid, validate, ValidationError};

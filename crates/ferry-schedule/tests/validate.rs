@@ -1,0 +1,81 @@
+//! The validator's rules, each with its error text, and every generated
+//! schedule (compute-only and lowered) accepted.
+
+use ferry_schedule::{add_send_recv, validate, Schedule, ScheduleKind};
+
+fn reject(csv: &str, micro: usize) -> String {
+    let schedule = Schedule::from_csv(csv).expect("parses");
+    validate(&schedule, micro).expect_err(csv).to_string()
+}
+
+#[test]
+fn every_generated_schedule_is_valid() {
+    for kind in ScheduleKind::ALL {
+        for (ranks, per_rank, micro) in [(2, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 8)] {
+            let Ok(compute) = kind.generate(ranks, per_rank, micro) else {
+                continue;
+            };
+            if kind == ScheduleKind::OneFOneB {
+                continue; // PyTorch's table skips F0 on the last rank
+            }
+            validate(&compute, micro).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let placement = kind
+                .placement()
+                .stage_to_rank(ranks * per_rank, ranks)
+                .expect("placement");
+            let lowered = add_send_recv(&compute, &placement).expect("lowers");
+            validate(&lowered, micro).unwrap_or_else(|e| panic!("{kind} lowered: {e}"));
+        }
+    }
+}
+
+#[test]
+fn pytorch_1f1b_table_fails_as_pytorch_says() {
+    let compute = ScheduleKind::OneFOneB.generate(2, 1, 4).expect("generates");
+    let err = validate(&compute, 4).expect_err("last rank starts at F1");
+    assert_eq!(err.rank, 1, "{err}");
+    assert!(
+        err.to_string()
+            .contains("B of microbatch 0 comes before its F"),
+        "{err}"
+    );
+}
+
+#[test]
+fn each_rule_has_its_error() {
+    let text = reject("0F0,0F0\r\n", 1);
+    assert!(
+        text.contains("rank 0, step 1, action 0F0: stage 0 already ran F for microbatch 0"),
+        "{text}"
+    );
+    assert!(text.contains(">0F0<"), "{text}");
+    let text = reject("0B0,0F0\r\n", 1);
+    assert!(
+        text.contains("B of microbatch 0 comes before its F"),
+        "{text}"
+    );
+    let text = reject("0F0,0W0,0I0\r\n", 1);
+    assert!(
+        text.contains("W of microbatch 0 comes before its I"),
+        "{text}"
+    );
+    let text = reject("0F0\r\n0F1\r\n", 2);
+    assert!(
+        text.contains("rank 1, step 0, action 0F1: stage 0 already runs on rank 0"),
+        "{text}"
+    );
+    let text = reject("0F0\r\n", 2);
+    assert!(
+        text.contains("stage 0 never runs F for microbatch 1"),
+        "{text}"
+    );
+    let text = reject("0F0,0SEND_F0\r\n1F0\r\n", 1);
+    assert!(text.contains("no receive pairs with this send"), "{text}");
+    let text = reject("0F0\r\n1RECV_F0,1F0\r\n", 1);
+    assert!(
+        text.contains("rank 1, step 0, action 1RECV_F0: no send pairs with this receive"),
+        "{text}"
+    );
+    let text = reject("0F5\r\n", 1);
+    assert!(text.contains("microbatch 5 is out of range"), "{text}");
+}
