@@ -1,5 +1,6 @@
 //! Generators: the compute-only schedules PyTorch 2.13 ships, action for
-//! action and idle step for idle step.
+//! action and idle step for idle step; GPipe and 1F1B in the order
+//! PyTorch's runtime executes them.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -204,13 +205,15 @@ fn idle(row: &mut Vec<Option<Action>>, n: usize) {
     row.extend(std::iter::repeat_n(None, n));
 }
 
+/// GPipe as PyTorch's runtime (`ScheduleGPipe._step_microbatches`) runs
+/// it on every rank: all forwards, then all backwards, then REDUCE_GRAD.
+/// The order only: the simulator decides when each action can start.
 fn gpipe(s: Shape) -> Schedule {
     let rows = (0..s.ranks)
         .map(|rank| {
-            let mut row = Vec::new();
-            idle(&mut row, rank);
-            row.extend((0..s.micro).map(|mb| act(rank, ActionKind::Forward, mb)));
-            idle(&mut row, 3 * (s.ranks - 1 - rank));
+            let mut row: Vec<Option<Action>> = (0..s.micro)
+                .map(|mb| act(rank, ActionKind::Forward, mb))
+                .collect();
             row.extend((0..s.micro).map(|mb| act(rank, ActionKind::FullBackward, mb)));
             add_reduce_grad(row, s.micro)
         })
@@ -218,32 +221,26 @@ fn gpipe(s: Shape) -> Schedule {
     Schedule::new(rows)
 }
 
-/// PyTorch's `Schedule1F1B._get_pipeline_order`, reproduced as it is
-/// (including its table for the last rank).
+/// 1F1B as PyTorch's runtime (`Schedule1F1B._step_microbatches`) runs it,
+/// not as its `_get_pipeline_order` table draws it (that table starts the
+/// last rank at F1 and cannot be lowered): rank r runs min(M, p - r)
+/// warm-up forwards, then alternates one backward and one forward until
+/// the forwards run out, then the remaining backwards, then REDUCE_GRAD.
 fn one_f_one_b(s: Shape) -> Schedule {
     let p = s.ranks;
     let rows = (0..p)
         .map(|rank| {
-            let mut row = Vec::new();
-            idle(&mut row, rank);
-            let warmup = p - 1 - rank;
-            let mut forward_mb = 0;
-            for i in 0..warmup {
-                row.push(act(rank, ActionKind::Forward, i));
-                forward_mb = i;
-            }
-            idle(&mut row, 2 * (p - 1 - rank));
-            let mut backward_mb = 0;
-            for _ in 0..s.micro - warmup {
-                forward_mb += 1;
-                row.push(act(rank, ActionKind::Forward, forward_mb));
+            let warmup = s.micro.min(p - rank);
+            let mut row: Vec<Option<Action>> = (0..warmup)
+                .map(|mb| act(rank, ActionKind::Forward, mb))
+                .collect();
+            let mut forward_mb = warmup;
+            for backward_mb in 0..s.micro {
                 row.push(act(rank, ActionKind::FullBackward, backward_mb));
-                backward_mb += 1;
-            }
-            while backward_mb < s.micro {
-                row.push(None);
-                row.push(act(rank, ActionKind::FullBackward, backward_mb));
-                backward_mb += 1;
+                if forward_mb < s.micro {
+                    row.push(act(rank, ActionKind::Forward, forward_mb));
+                    forward_mb += 1;
+                }
             }
             add_reduce_grad(row, s.micro)
         })
@@ -311,7 +308,9 @@ fn interleaved_rank(s: Shape, rank: usize, per_round: usize, zb: bool) -> Vec<Op
     let post_warmup = if zb {
         p - rank - 1
     } else {
-        (local * p + 2 * (p - 1 - rank)) - (warmup + rank)
+        // Negative in PyTorch when warm-up is capped by the microbatches:
+        // `[None] * n` then adds nothing.
+        (local * p + 2 * (p - 1 - rank)).saturating_sub(warmup + rank)
     };
     let backward_kind = if zb {
         ActionKind::BackwardInput

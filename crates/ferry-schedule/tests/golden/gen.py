@@ -10,7 +10,15 @@ schedule with stand-in stage objects (only the attributes the constructors
 read: no process group, no model) and writes rank by rank the compute-only
 action list with PyTorch's own `_dump_csv` to `<schedule>_r<ranks>_s<stages
 per rank>_m<microbatches>.csv`. Shapes PyTorch rejects are listed with its
-error text in `rejected.txt`. The same tables lowered by PyTorch's
+error text in `rejected.txt`.
+
+GPipe and 1F1B are the exception: their golden files hold the order
+PyTorch's runtime executes, not their `_get_pipeline_order` table (1F1B's
+table starts the last rank at F1 and fails PyTorch's own lowering). The
+order is recorded by running PyTorch's own `_step_microbatches` for each
+rank on a stand-in stage that logs every `forward_one_chunk`,
+`backward_one_chunk` and `perform_reduce_grad` call (no tensors, no
+communication). Their tables are kept in `pytorch_table/<shape>.csv`. The same tables lowered by PyTorch's
 `_add_send_recv` (SEND/RECV inserted) go to `comms/<shape>.csv`, and the
 step count PyTorch's `_simulate_comms_compute` gives each to
 `comms/steps.txt`.
@@ -66,11 +74,59 @@ def build(name, ranks, per_rank, micro):
     return MULTI[name](stages, micro, loss_fn=loss)
 
 
-def dump_comms(schedule, shape):
-    """The compute-only table lowered by PyTorch's `_add_send_recv` alone
-    (into `comms/<shape>.csv`)."""
+class _Recorder:
+    """A stand-in stage for one rank that records, in order, what the
+    schedule's runtime asks of it (no tensors, no communication: every
+    send/recv op list is empty, so `_batch_p2p` has nothing to post)."""
+
+    def __init__(self, index, num_stages, ranks):
+        self.__dict__.update(vars(stage(index, num_stages, index, ranks)))
+        self.actions = []
+
+    def get_fwd_recv_ops(self, mb):
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def forward_one_chunk(self, mb, *args, **kwargs):
+        self.actions.append(S._Action(self.stage_index, S._ComputationType.FORWARD, mb))
+
+    def backward_one_chunk(self, mb, **kwargs):
+        self.actions.append(
+            S._Action(self.stage_index, S._ComputationType.FULL_BACKWARD, mb)
+        )
+
+    def perform_reduce_grad(self, scale):
+        self.actions.append(
+            S._Action(self.stage_index, S._ComputationType.REDUCE_GRAD, None)
+        )
+
+
+def runtime_order(name, ranks, micro):
+    """The order PyTorch's runtime executes GPipe or 1F1B, rank by rank:
+    PyTorch's own `_step_microbatches` run on a `_Recorder` stage per rank,
+    with the schedule's input, loss and initialisation helpers stubbed out
+    (they touch tensors only, never the order)."""
+    order = {}
+    for rank in range(ranks):
+        recorder = _Recorder(rank, ranks, ranks)
+        schedule = SINGLE[name](recorder, micro, loss_fn=lambda *a: None)
+        schedule._check_inputs = lambda *a: ([None] * micro, [None] * micro)
+        schedule._initialize_stage = lambda *a: None
+        schedule._maybe_compute_loss = lambda *a: None
+        schedule._maybe_get_loss = lambda *a: None
+        schedule._update_losses = lambda *a: None
+        schedule._step_microbatches()
+        order[rank] = recorder.actions
+    return order
+
+
+def dump_comms(schedule, shape, order=None):
+    """The compute-only table (or, for GPipe and 1F1B, the runtime `order`)
+    lowered by PyTorch's `_add_send_recv` alone (into `comms/<shape>.csv`)."""
     mapping = getattr(schedule, "stage_index_to_group_rank", None)
-    order = {r: list(a) for r, a in schedule.pipeline_order.items()}
+    if order is None:
+        order = {r: list(a) for r, a in schedule.pipeline_order.items()}
     if mapping is None:  # single-stage: stage s on rank s
         mapping = {s: s for s in order}
     os.makedirs(os.path.join(HERE, "comms"), exist_ok=True)
@@ -78,7 +134,7 @@ def dump_comms(schedule, shape):
         lowered = S._add_send_recv(
             order, stage_to_rank=lambda s: mapping[s], num_stages=len(mapping)
         )
-    except AssertionError as exc:  # PyTorch's 1F1B table, see the issue
+    except AssertionError as exc:  # never expected: the runtime orders lower
         with open(os.path.join(HERE, "comms", "failed.txt"), "a") as out:
             out.write(f"{shape}: {exc}\n")
         return
@@ -99,6 +155,15 @@ def dump_comms(schedule, shape):
             writer.writerow(lowered[rank])
 
 
+def write_rows(path, order):
+    """One CSV row per rank, the way PipelineScheduleMulti's _dump_csv does."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        for rank in sorted(order):
+            writer.writerow(order[rank])
+
+
 def main():
     rejected = []
     for stale in ("failed.txt", "steps.txt"):
@@ -117,14 +182,20 @@ def main():
                     path = os.path.join(HERE, shape + ".csv")
                     if isinstance(schedule, S._PipelineScheduleRuntime):
                         schedule._dump_csv(path, format="compute_only")
-                    else:
-                        # Single-stage schedules have no _dump_csv; write
-                        # their table the way PipelineScheduleMulti's does.
-                        with open(path, "w", newline="") as f:
-                            writer = csv.writer(f)
-                            for rank in schedule.pipeline_order:
-                                writer.writerow(schedule.pipeline_order[rank])
-                    dump_comms(schedule, shape)
+                        dump_comms(schedule, shape)
+                        continue
+                    # Single-stage schedules (GPipe, 1F1B) have no _dump_csv.
+                    # Their `_get_pipeline_order` table is not what runs (1F1B's
+                    # last rank starts at F1 and cannot be lowered): keep it in
+                    # pytorch_table/ for the record, and take as the golden
+                    # order the one `_step_microbatches` executes.
+                    write_rows(
+                        os.path.join(HERE, "pytorch_table", shape + ".csv"),
+                        schedule.pipeline_order,
+                    )
+                    order = runtime_order(name, ranks, micro)
+                    write_rows(path, order)
+                    dump_comms(schedule, shape, order)
     with open(os.path.join(HERE, "rejected.txt"), "w") as out:
         out.write(f"# torch {torch.__version__}\n")
         for line in rejected:
