@@ -26,6 +26,8 @@
 //!   with errors that show the grid and mark the offending slot.
 //! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
 //!   [`validate::grid`] for a compact terminal rendering.
+//! - [`svg`]: [`svg()`], an SVG timeline (ranks down, steps across,
+//!   bubbles visible).
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot.
 //!
@@ -55,6 +57,7 @@ pub mod generate;
 pub mod lower;
 pub mod placement;
 pub mod simulate;
+pub mod svg;
 pub mod trace;
 pub mod validate;
 
@@ -64,5 +67,6 @@ pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
+pub use svg::svg;
 pub use trace::chrome_trace;
 pub use validate::{grid, validate, ValidationError};
