@@ -1,0 +1,195 @@
+//! `ferry-schedule`: show a generated pipeline schedule, or check one
+//! written as a PyTorch CSV.
+//!
+//! ```text
+//! ferry-schedule show --schedule zbv --ranks 4 --stages-per-rank 2 --microbatches 8 \
+//!     --svg zbv.svg --trace zbv.json
+//! ferry-schedule check my.csv
+//! ```
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use ferry_schedule::{
+    add_send_recv, chrome_trace, grid, simulate_unit_steps, steps, svg, validate, Schedule,
+    ScheduleKind,
+};
+
+/// Pipeline schedules: generate, check, simulate and draw them.
+#[derive(Parser)]
+#[command(name = "ferry-schedule", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a schedule, lower and simulate it, print its timeline.
+    Show {
+        /// Which schedule.
+        #[arg(long)]
+        schedule: Kind,
+        /// Pipeline ranks.
+        #[arg(long)]
+        ranks: usize,
+        /// Stages per rank (default: 2 for zbv and dualpipev, else 1).
+        #[arg(long)]
+        stages_per_rank: Option<usize>,
+        /// Microbatches.
+        #[arg(long)]
+        microbatches: usize,
+        /// Also write the SVG timeline here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Also write the Chrome-trace JSON here.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+    },
+    /// Load a PyTorch CSV (compute-only or with comms), validate it, lower
+    /// it if it is compute-only, simulate it and print its step count.
+    Check {
+        /// The CSV file (one row per rank).
+        csv: PathBuf,
+        /// Microbatches (default: the highest microbatch in the file + 1).
+        #[arg(long)]
+        microbatches: Option<usize>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Gpipe,
+    #[value(name = "1f1b")]
+    OneFOneB,
+    #[value(name = "interleaved1f1b")]
+    Interleaved1F1B,
+    Loopedbfs,
+    #[value(name = "interleavedzb")]
+    InterleavedZb,
+    Zbv,
+    Dualpipev,
+}
+
+impl From<Kind> for ScheduleKind {
+    fn from(kind: Kind) -> ScheduleKind {
+        match kind {
+            Kind::Gpipe => ScheduleKind::GPipe,
+            Kind::OneFOneB => ScheduleKind::OneFOneB,
+            Kind::Interleaved1F1B => ScheduleKind::Interleaved1F1B,
+            Kind::Loopedbfs => ScheduleKind::LoopedBfs,
+            Kind::InterleavedZb => ScheduleKind::InterleavedZeroBubble,
+            Kind::Zbv => ScheduleKind::ZbvZeroBubble,
+            Kind::Dualpipev => ScheduleKind::DualPipeV,
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Show {
+            schedule,
+            ranks,
+            stages_per_rank,
+            microbatches,
+            svg: svg_path,
+            trace,
+        } => {
+            let kind = ScheduleKind::from(schedule);
+            let per_rank = stages_per_rank.unwrap_or(match kind {
+                ScheduleKind::ZbvZeroBubble | ScheduleKind::DualPipeV => 2,
+                _ => 1,
+            });
+            let compute = kind.generate(ranks, per_rank, microbatches)?;
+            let placement = kind.placement().stage_to_rank(ranks * per_rank, ranks)?;
+            let lowered = add_send_recv(&compute, &placement)?;
+            let timeline = simulate_unit_steps(&lowered, &placement)?;
+            println!("{kind}: {ranks} ranks x {per_rank} stages, {microbatches} microbatches");
+            print!("{}", grid(&compute, usize::MAX, 0));
+            println!("{} unit steps with comms", steps(&timeline));
+            write_pictures(&timeline, svg_path, trace)
+        }
+        Command::Check { csv, microbatches } => {
+            let text = std::fs::read_to_string(&csv)
+                .with_context(|| format!("reading {}", csv.display()))?;
+            let schedule =
+                Schedule::from_csv(&text).with_context(|| format!("parsing {}", csv.display()))?;
+            let (placement, highest) = infer(&schedule)?;
+            let microbatches = microbatches.unwrap_or(highest + 1);
+            validate(&schedule, microbatches)?;
+            let has_comms = schedule
+                .ranks
+                .iter()
+                .flatten()
+                .flatten()
+                .any(|a| a.kind().is_comm());
+            let lowered = if has_comms {
+                schedule
+            } else {
+                add_send_recv(&schedule, &placement)?
+            };
+            let timeline = simulate_unit_steps(&lowered, &placement)?;
+            println!(
+                "valid: {} ranks, {} stages, {microbatches} microbatches{}",
+                placement.iter().max().map_or(0, |r| r + 1),
+                placement.len(),
+                if has_comms { "" } else { " (lowered)" }
+            );
+            println!("{} unit steps", steps(&timeline));
+            Ok(())
+        }
+    }
+}
+
+/// The stage-to-rank placement a schedule implies (the rank each stage's
+/// actions are on) and its highest microbatch.
+fn infer(schedule: &Schedule) -> Result<(Vec<usize>, usize)> {
+    let mut owner: HashMap<usize, usize> = HashMap::new();
+    let mut highest = None;
+    for (rank, row) in schedule.ranks.iter().enumerate() {
+        for action in row.iter().flatten() {
+            let leaves = if action.is_compound() {
+                action.sub_actions().to_vec()
+            } else {
+                vec![action.clone()]
+            };
+            for leaf in leaves {
+                owner.entry(leaf.stage()).or_insert(rank);
+                highest = highest.max(leaf.microbatch());
+            }
+        }
+    }
+    let stages = owner.keys().max().map_or(0, |s| s + 1);
+    let placement = (0..stages)
+        .map(|stage| {
+            owner
+                .get(&stage)
+                .copied()
+                .ok_or_else(|| anyhow!("stage {stage} has no action on any rank"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let Some(highest) = highest else {
+        bail!("the schedule has no microbatch action");
+    };
+    Ok((placement, highest))
+}
+
+fn write_pictures(
+    timeline: &Schedule,
+    svg_path: Option<PathBuf>,
+    trace: Option<PathBuf>,
+) -> Result<()> {
+    if let Some(path) = svg_path {
+        std::fs::write(&path, svg(timeline))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = trace {
+        std::fs::write(&path, chrome_trace(timeline, 1000))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

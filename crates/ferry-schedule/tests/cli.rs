@@ -1,0 +1,137 @@
+//! The `ferry-schedule` binary, run as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry-schedule"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn golden(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(path)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-schedule-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn show_prints_the_grid_and_writes_svg_and_trace() {
+    let svg = scratch("zbv.svg");
+    let trace = scratch("zbv.json");
+    let out = run(&[
+        "show",
+        "--schedule",
+        "zbv",
+        "--ranks",
+        "4",
+        "--stages-per-rank",
+        "2",
+        "--microbatches",
+        "8",
+        "--svg",
+        svg.to_str().expect("utf-8"),
+        "--trace",
+        trace.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("ScheduleZBVZeroBubble"), "{text}");
+    for rank in 0..4 {
+        assert!(text.contains(&format!("rank {rank}:")), "{text}");
+    }
+    assert!(
+        text.contains("7F0") && text.contains("unit steps"),
+        "{text}"
+    );
+    let drawn = std::fs::read_to_string(&svg).expect("svg written");
+    assert_eq!(drawn.matches("<g class=\"rank\"").count(), 4);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
+            .expect("trace is JSON");
+    assert!(json["traceEvents"].as_array().expect("events").len() > 4 * 48);
+}
+
+#[test]
+fn show_reports_a_shape_the_schedule_refuses() {
+    let out = run(&[
+        "show",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("must be greater than or equal to the number of stages"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn check_accepts_compute_only_and_lowered_csv() {
+    // The runtime 1F1B order, lowered by the binary.
+    let out = run(&["check", &golden("1f1b_r4_s1_m8.csv")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("valid: 4 ranks, 4 stages, 8 microbatches (lowered)"),
+        "{text}"
+    );
+    // A table with comms from PyTorch's `_add_send_recv`: the step count
+    // PyTorch's simulator gives it (comms/steps.txt).
+    let out = run(&["check", &golden("comms/interleaved1f1b_r2_s1_m4.csv")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("21 unit steps"), "{}", stdout(&out));
+}
+
+#[test]
+fn check_rejects_pytorchs_1f1b_table_with_the_validator_error() {
+    let out = run(&["check", &golden("pytorch_table/1f1b_r2_s1_m4.csv")]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("B of microbatch 0 comes before its F"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn check_reports_malformed_and_missing_files() {
+    let bad = scratch("bad.csv");
+    std::fs::write(&bad, "0F0,0X1\r\n").expect("write");
+    let out = run(&["check", bad.to_str().expect("utf-8")]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("parsing") && stderr(&out).contains("0X1"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["check", "/nonexistent/ferry.csv"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("reading /nonexistent/ferry.csv"),
+        "{}",
+        stderr(&out)
+    );
+}
