@@ -29,7 +29,11 @@
 //! - [`svg`]: [`svg()`], an SVG timeline (ranks down, steps across,
 //!   bubbles visible).
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
-//!   to PyTorch 2.13's compute-only tables slot for slot.
+//!   to PyTorch 2.13's compute-only tables slot for slot; GPipe and 1F1B
+//!   in the order PyTorch's runtime executes them.
+//!
+//! The `ferry-schedule` binary wraps these: `show` (grid, `--svg`,
+//! `--trace`) and `check` (validate and simulate a PyTorch CSV).
 //!
 //! ## Example
 //!
