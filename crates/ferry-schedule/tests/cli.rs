@@ -67,6 +67,8 @@ fn show_prints_the_grid_and_writes_svg_and_trace() {
         serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
             .expect("trace is JSON");
     assert!(json["traceEvents"].as_array().expect("events").len() > 4 * 48);
+    std::fs::remove_file(svg).expect("remove svg");
+    std::fs::remove_file(trace).expect("remove trace");
 }
 
 #[test]
@@ -121,6 +123,7 @@ fn check_reports_malformed_and_missing_files() {
     let bad = scratch("bad.csv");
     std::fs::write(&bad, "0F0,0X1\r\n").expect("write");
     let out = run(&["check", bad.to_str().expect("utf-8")]);
+    std::fs::remove_file(&bad).expect("remove bad.csv");
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("parsing") && stderr(&out).contains("0X1"),

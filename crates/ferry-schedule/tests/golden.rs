@@ -1,5 +1,7 @@
 //! PyTorch 2.13's own schedules (written by `tests/golden/gen.py` with the
-//! real `torch.distributed.pipelining`) read and write back byte for byte.
+//! real `torch.distributed.pipelining`) read and write back byte for byte,
+//! and the generators equal them: the tables for the multi-stage
+//! schedules, the order PyTorch's runtime executes for GPipe and 1F1B.
 
 use std::path::Path;
 
