@@ -18,7 +18,8 @@
 //! - Receiving: an [`Allocator`] (the receive hook) provides each tensor's
 //!   destination from its descriptor, and the channel writes the bytes
 //!   straight into it. The default one takes destinations from a
-//!   [`BufferPool`] of pre-faulted, reused memory.
+//!   [`BufferPool`] of reused memory, made resident step by step as the
+//!   bytes arrive.
 //! - Sending: writes are vectored, so tensor bytes go out from their own
 //!   memory; an out-of-band tensor stays alive until the peer released it.
 //! - [`RawTensor`]: a host tensor type with views (shape, strides, offset)
