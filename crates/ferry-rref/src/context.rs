@@ -391,7 +391,7 @@ impl RRefContext {
         agent: &Agent,
         owner: WorkerId,
         function: &str,
-        signature: u64,
+        signature: ferry_rpc::SignatureId,
         (args, watches): (Encoded, Watches),
         timeout: Duration,
     ) -> (RRefId, Holder) {
