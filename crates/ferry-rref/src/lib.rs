@@ -142,7 +142,7 @@ where
 {
     let ctx = RRefContext::of(agent)?;
     let owner = agent.get_worker_info(to)?.id;
-    let signature = signature.id();
+
     // RRefs in the arguments are forked into this message: undone if the
     // owner never decodes it.
     let (args, watches) = ferry_rpc::watch::encoding_message(|| payload::encode(&args));
@@ -155,7 +155,8 @@ where
             )));
         }
     };
-    let (rref_id, holder) = ctx.remote(agent, owner, function, signature, (args, watches), timeout);
+    let (rref_id, holder) =
+        ctx.remote(agent, owner, function, &signature, (args, watches), timeout);
     Ok(RRef::from_parts(ctx, rref_id, holder, owner))
 }
 

@@ -20,6 +20,8 @@ pub(crate) enum RRefMessage {
         fork_id: Option<ForkId>,
         function: String,
         signature: ferry_rpc::SignatureId,
+        /// The creator's signature as text, for the error of a refused call.
+        caller: String,
     },
     /// Reply with the value of `rref_id` once it exists.
     ToHere {
