@@ -23,8 +23,10 @@
 //! `from`, `into`, `try_from`) need `#[schema(as = Type)]` naming the type
 //! serde writes instead; those that ferry's payload format (postcard)
 //! cannot decode (`flatten`, `tag`, `untagged`, `skip_serializing_if`)
-//! are refused with a compile error. `#[schema(crate = path)]` names the
-//! `ferry_rpc` crate when it is reached by another path (e.g. `ferry::rpc`).
+//! are refused with a compile error. The generated code names `ferry_rpc`
+//! as the crate being compiled depends on it (directly, renamed, or through
+//! the `ferry` facade as `ferry::rpc`); `#[schema(crate = path)]` names it
+//! when it is reached another way.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
@@ -158,7 +160,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let attrs = parse_attrs(&input.attrs)?;
     let krate: Tokens = match &attrs.krate {
         Some(path) => path.to_token_stream(),
-        None => quote!(::ferry_rpc),
+        None => default_crate(),
     };
     let s = quote!(#krate::schema);
     let name = attrs.rename.clone().unwrap_or_else(|| unraw(&input.ident));
@@ -320,6 +322,28 @@ fn transparent(fields: &Fields, s: &Tokens) -> syn::Result<Tokens> {
             fields.span(),
             "#[serde(transparent)] needs exactly one field that is not skipped",
         )),
+    }
+}
+
+/// The path of `ferry_rpc` from the crate being compiled: its own name in
+/// the crate's dependencies, or the facade's `ferry::rpc`.
+fn default_crate() -> Tokens {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    match crate_name("ferry-rpc") {
+        // ferry-rpc itself (which names itself `ferry_rpc`), its tests and examples.
+        Ok(FoundCrate::Itself) => quote!(::ferry_rpc),
+        Ok(FoundCrate::Name(name)) => {
+            let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
+            quote!(::#name)
+        }
+        Err(_) => match crate_name("ferry") {
+            Ok(FoundCrate::Itself) => quote!(crate::rpc),
+            Ok(FoundCrate::Name(name)) => {
+                let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
+                quote!(::#name::rpc)
+            }
+            Err(_) => quote!(::ferry_rpc),
+        },
     }
 }
 
