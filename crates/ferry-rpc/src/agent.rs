@@ -252,14 +252,14 @@ impl Agent {
     /// Runs the registered function `function` on this worker, as a call
     /// from another worker would run it (blocking pool or task, panics
     /// caught), and returns its result as a [`Value`]. `signature` is the
-    /// caller's [`Signature::hash`]; `args` its encoded arguments.
+    /// caller's [`Signature::id`]; `args` its encoded arguments.
     ///
     /// This is how a layer keeps a result on this worker instead of
     /// replying with it (an RRef's owner runs `remote` calls this way).
     pub fn run_function(
         &self,
         function: &str,
-        signature: u64,
+        signature: crate::SignatureId,
         args: Vec<u8>,
         tensors: Vec<IncomingTensor>,
     ) -> crate::functions::BoxFuture<Result<Value, RpcError>> {
@@ -387,10 +387,21 @@ impl Agent {
         args: A,
         timeout: Duration,
     ) -> RpcFuture<R> {
-        let signature = Signature::of::<A, R>();
+        self.call_signed(to.into(), function, Signature::of::<A, R>(), args, timeout)
+    }
+
+    /// Starts a call whose caller's signature is `signature`.
+    pub(crate) fn call_signed<R, A: Serialize>(
+        &self,
+        to: WorkerRef,
+        function: &str,
+        signature: Signature,
+        args: A,
+        timeout: Duration,
+    ) -> RpcFuture<R> {
         match self
             .inner
-            .start_call(to.into(), function, signature, &args, timeout)
+            .start_call(to, function, signature, &args, timeout)
         {
             Ok((slot, worker)) => RpcFuture::new(slot, worker, function.to_string(), signature)
                 .with_agent(self.downgrade()),
@@ -614,6 +625,10 @@ impl Inner {
                 rank: *r,
                 world_size: self.workers.len() as u32,
             }),
+            WorkerRef::OutOfRange(r) => Err(RpcError::RankOutOfRange {
+                rank: *r,
+                world_size: self.workers.len() as u32,
+            }),
         }
     }
 
@@ -629,7 +644,7 @@ impl Inner {
         let rank = self.resolve(&to)?;
         let mut header = CallHeader {
             function: function.to_string(),
-            signature: signature.hash(),
+            signature: signature.id(),
             extensions: Vec::new(),
         };
         let codec = |e: ferry_wire::WireError| RpcError::Codec {
@@ -1263,12 +1278,12 @@ impl Inner {
         }
     }
 
-    /// The registered function `name`, if its signature hash matches.
-    fn lookup(&self, name: &str, signature: u64) -> Result<Function, Failure> {
+    /// The registered function `name`, if it accepts the caller's signature.
+    fn lookup(&self, name: &str, signature: crate::SignatureId) -> Result<Function, Failure> {
         let Some(function) = self.functions.get(name) else {
             return Err(Failure::new(FailureKind::UnknownFunction, String::new()));
         };
-        if function.signature.hash() != signature {
+        if !function.signature.accepts(&signature) {
             return Err(Failure {
                 kind: FailureKind::WrongType,
                 message: String::new(),

@@ -43,6 +43,14 @@ pub enum RpcError {
         /// The world size.
         world_size: u32,
     },
+    /// A rank given as a number no rank can be (negative, or over `u32`).
+    #[error("invalid rank {rank}: world size is {world_size}")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: i128,
+        /// The world size.
+        world_size: u32,
+    },
     /// No worker has this name.
     #[error("unknown worker {0:?}")]
     UnknownWorker(String),
@@ -186,7 +194,7 @@ impl RpcError {
 ///     "error on worker worker2: the engine failed (relayed by worker0 -> worker3)"
 /// );
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, crate::Schema)]
 pub struct RemoteError {
     origin: String,
     message: String,

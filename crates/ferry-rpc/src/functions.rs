@@ -4,41 +4,104 @@
 use std::any::type_name;
 use std::collections::HashMap;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 
 use ferry_wire::payload::{self, IncomingTensor};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::protocol::{Failure, FailureKind};
+use crate::schema::{Schema, Shape};
 use crate::watch;
 use crate::Value;
 
 /// The type signature of a remote function: its argument and result types.
 ///
-/// Calls carry a hash of the caller's signature; the callee refuses a call
-/// whose signature differs from its registration with a wrong-type error
-/// naming both, instead of misreading the bytes.
+/// Calls carry their caller's signature as a [`SignatureId`]; the callee
+/// refuses a call whose signature differs from its registration with a
+/// wrong-type error naming both, instead of misreading the bytes.
+///
+/// A typed registration or call ([`Function`](crate::Function)) has
+/// [`schema`](Self::schema): the declared shapes of its types, compared by
+/// their hash alone, so builds made with different compilers agree. A
+/// string-named one has only `std::any::type_name`s, compared by their
+/// hash, as between builds of one compiler; a typed caller and a
+/// string-named registration (or the reverse) meet on those.
+///
+/// ```
+/// use ferry_rpc::Signature;
+///
+/// let dynamic = Signature::of::<(i64, i64), i64>();
+/// let typed = Signature::typed::<(i64, i64), i64>();
+/// assert_eq!(typed.to_string(), "fn((i64, i64)) -> i64");
+/// assert!(typed.accepts(&typed.id()) && typed.accepts(&dynamic.id()));
+/// assert!(dynamic.accepts(&typed.id()));
+/// assert!(!typed.accepts(&Signature::typed::<(i64, u8), i64>().id()));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Signature {
     /// `std::any::type_name` of the argument type.
     pub args: &'static str,
     /// `std::any::type_name` of the result type.
     pub result: &'static str,
+    /// The declared shapes, for typed registrations and calls.
+    pub schema: Option<SignatureSchema>,
+}
+
+/// The declared shapes of a typed function's argument and result types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignatureSchema {
+    /// The argument type's shape.
+    pub args: &'static Shape,
+    /// The result type's shape.
+    pub result: &'static Shape,
+    /// Their stable hash (computed by the compiler).
+    pub hash: u64,
+}
+
+/// What a call carries for its callee's type check: the hashes of its
+/// caller's [`Signature`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SignatureId {
+    /// [`Signature::hash`]: the hash of the type names.
+    pub types: u64,
+    /// The schema hash of a typed caller.
+    pub schema: Option<u64>,
+}
+
+/// The schema hash of functions from `A` to `R`, as a constant.
+struct SchemaHash<A: ?Sized, R: ?Sized>(PhantomData<fn(&A) -> &R>);
+
+impl<A: Schema + ?Sized, R: Schema + ?Sized> SchemaHash<A, R> {
+    const HASH: u64 = crate::schema::hash_signature(A::SHAPE, R::SHAPE);
 }
 
 impl Signature {
-    /// The signature of functions from `A` to `R`.
+    /// The signature of string-named functions from `A` to `R` (type names only).
     pub fn of<A, R>() -> Self {
         Self {
             args: type_name::<A>(),
             result: type_name::<R>(),
+            schema: None,
         }
     }
 
-    /// A stable 64-bit hash (FNV-1a) of the signature text.
+    /// The signature of typed functions from `A` to `R`: with their schema.
+    pub fn typed<A: Schema, R: Schema>() -> Self {
+        Self {
+            schema: Some(SignatureSchema {
+                args: A::SHAPE,
+                result: R::SHAPE,
+                hash: SchemaHash::<A, R>::HASH,
+            }),
+            ..Self::of::<A, R>()
+        }
+    }
+
+    /// A stable 64-bit hash (FNV-1a) of the type names.
     pub fn hash(&self) -> u64 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in self
@@ -52,11 +115,32 @@ impl Signature {
         }
         h
     }
+
+    /// What a call with this signature carries.
+    pub fn id(&self) -> SignatureId {
+        SignatureId {
+            types: self.hash(),
+            schema: self.schema.map(|s| s.hash),
+        }
+    }
+
+    /// Whether a registration with this signature takes a call that
+    /// carries `caller`: by schema when both are typed, by type names
+    /// otherwise.
+    pub fn accepts(&self, caller: &SignatureId) -> bool {
+        match (self.schema, caller.schema) {
+            (Some(mine), Some(theirs)) => mine.hash == theirs,
+            _ => self.hash() == caller.types,
+        }
+    }
 }
 
 impl std::fmt::Display for Signature {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "fn({}) -> {}", self.args, self.result)
+        match &self.schema {
+            Some(s) => write!(f, "fn({}) -> {}", s.args, s.result),
+            None => write!(f, "fn({}) -> {}", self.args, self.result),
+        }
     }
 }
 
@@ -135,6 +219,22 @@ impl Functions {
         E: std::fmt::Display,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
+        self.insert_fallible(name, Signature::of::<A, R>(), f)
+    }
+
+    /// Registers a blocking body under `name` with `signature`.
+    pub(crate) fn insert_fallible<A, R, E, F>(
+        &mut self,
+        name: &str,
+        signature: Signature,
+        f: F,
+    ) -> &mut Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + Sync + 'static,
+        E: std::fmt::Display,
+        F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
+    {
         let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
             let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
             let args = args?;
@@ -150,7 +250,7 @@ impl Functions {
         self.insert(
             name,
             Function {
-                signature: Signature::of::<A, R>(),
+                signature,
                 body: Body::Blocking(Arc::new(body)),
             },
         )
@@ -159,6 +259,23 @@ impl Functions {
     /// Registers an async function: it runs as a task on the agent's runtime,
     /// must not block, and makes nested calls with `rpc_async(..).await`.
     pub fn register_async<A, R, E, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + Sync + 'static,
+        E: std::fmt::Display + Send + 'static,
+        F: Fn(A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        self.insert_async(name, Signature::of::<A, R>(), f)
+    }
+
+    /// Registers an async body under `name` with `signature`.
+    pub(crate) fn insert_async<A, R, E, F, Fut>(
+        &mut self,
+        name: &str,
+        signature: Signature,
+        f: F,
+    ) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
         R: Serialize + Send + Sync + 'static,
@@ -184,7 +301,7 @@ impl Functions {
         self.insert(
             name,
             Function {
-                signature: Signature::of::<A, R>(),
+                signature,
                 body: Body::Async(Arc::new(body)),
             },
         )

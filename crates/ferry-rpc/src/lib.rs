@@ -39,10 +39,14 @@
 //! # Ok(()) }
 //! ```
 
+// The derive's generated code names this crate `::ferry_rpc`, here too.
+extern crate self as ferry_rpc;
+
 mod agent;
 mod call;
 mod current;
 mod error;
+mod fallible;
 mod functions;
 mod inline;
 mod join;
@@ -51,11 +55,14 @@ mod options;
 mod outbox;
 mod protocol;
 mod rendezvous;
+pub mod schema;
+mod schema_impls;
 pub mod scope;
 pub mod service;
 pub mod store;
 mod termination;
 mod throttle;
+mod typed;
 mod value;
 pub mod watch;
 
@@ -68,12 +75,15 @@ use serde::Serialize;
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use call::{RpcFuture, MAX_ERROR_TEXT_CHARS};
 pub use error::{RemoteError, RpcError};
-pub use functions::{panic_message, BoxFuture, Functions, Signature};
+pub use fallible::{error_text, BoxError};
+pub use functions::{panic_message, BoxFuture, Functions, Signature, SignatureId, SignatureSchema};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
 pub use protocol::Extension;
+pub use schema::Schema;
 pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
+pub use typed::Function;
 pub use value::Value;
 
 /// The process's agent, set by [`init_rpc`] and cleared by shutdown.

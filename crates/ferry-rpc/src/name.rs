@@ -31,7 +31,7 @@ pub fn validate_name(name: &str) -> Result<(), RpcError> {
 }
 
 /// A worker of the group: its unique name and its rank (its id).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, crate::Schema)]
 pub struct WorkerInfo {
     /// The worker's name.
     pub name: String,
@@ -46,13 +46,43 @@ impl std::fmt::Display for WorkerInfo {
 }
 
 /// How a call names its destination: by name, by rank, or by [`WorkerInfo`].
+///
+/// Ranks convert from any integer type, so literals need no suffix; names
+/// from `&str` and `String`.
+///
+/// ```
+/// use ferry_rpc::WorkerRef;
+///
+/// assert_eq!(WorkerRef::from(1), WorkerRef::Rank(1));
+/// assert_eq!(WorkerRef::from(2usize), WorkerRef::Rank(2));
+/// assert_eq!(WorkerRef::from("worker1"), WorkerRef::Name("worker1".into()));
+/// // A rank no worker can have is kept as it is, for the call's error.
+/// assert_eq!(WorkerRef::from(-1), WorkerRef::OutOfRange(-1));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerRef {
     /// By worker name.
     Name(String),
     /// By rank.
     Rank(u32),
+    /// A rank outside `u32` (negative, or too large): a call to it fails
+    /// with [`RpcError::RankOutOfRange`].
+    OutOfRange(i128),
 }
+
+macro_rules! rank_from {
+    ($($t:ty),*) => {
+        $(impl From<$t> for WorkerRef {
+            fn from(r: $t) -> Self {
+                match u32::try_from(r) {
+                    Ok(r) => WorkerRef::Rank(r),
+                    Err(_) => WorkerRef::OutOfRange(r as i128),
+                }
+            }
+        })*
+    };
+}
+rank_from!(i8, i16, i32, i64, isize, u8, u16, u64, usize);
 
 impl From<&str> for WorkerRef {
     fn from(s: &str) -> Self {

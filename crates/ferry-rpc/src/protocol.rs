@@ -18,8 +18,8 @@ pub struct Extension {
 pub(crate) struct CallHeader {
     /// Registered function name.
     pub(crate) function: String,
-    /// [`Signature::hash`](crate::Signature::hash) of the caller's types.
-    pub(crate) signature: u64,
+    /// The caller's [`Signature::id`](crate::Signature::id).
+    pub(crate) signature: crate::SignatureId,
     /// Interceptor data.
     pub(crate) extensions: Vec<Extension>,
 }

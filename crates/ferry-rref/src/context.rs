@@ -391,7 +391,7 @@ impl RRefContext {
         agent: &Agent,
         owner: WorkerId,
         function: &str,
-        signature: u64,
+        signature: &ferry_rpc::Signature,
         (args, watches): (Encoded, Watches),
         timeout: Duration,
     ) -> (RRefId, Holder) {
@@ -412,7 +412,8 @@ impl RRefContext {
             rref_id,
             fork_id,
             function: function.to_string(),
-            signature,
+            signature: signature.id(),
+            caller: signature.to_string(),
         };
         let message = match payload::encode(&header) {
             Ok(mut m) => {
@@ -504,6 +505,7 @@ impl RRefContext {
                 fork_id,
                 function,
                 signature,
+                caller,
             } => {
                 let agent = self.agent().ok_or("the worker is shutting down")?;
                 let slot = {
@@ -532,7 +534,22 @@ impl RRefContext {
                 let args = payload[rest..].to_vec();
                 let outcome = agent
                     .run_function(&function, signature, args, tensors)
-                    .await;
+                    .await
+                    .map_err(|e| match e {
+                        // Name the creator's signature, which only it knows.
+                        RpcError::WrongType {
+                            worker,
+                            function,
+                            expected,
+                            ..
+                        } => RpcError::WrongType {
+                            worker,
+                            function,
+                            expected,
+                            got: ferry_wire::PeerText::new(&caller).to_string(),
+                        },
+                        other => other,
+                    });
                 let reply = match &outcome {
                     Err(RpcError::UnknownFunction { .. } | RpcError::WrongType { .. }) => {
                         RemoteReply::Refused

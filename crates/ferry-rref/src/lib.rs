@@ -43,6 +43,7 @@ pub mod protocol;
 mod proxy;
 mod rref;
 mod slot;
+mod typed;
 mod wait;
 
 use std::sync::Arc;
@@ -61,6 +62,7 @@ pub use proxy::{
     kind, method_name, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy,
 };
 pub use rref::RRef;
+pub use typed::RemoteExt;
 
 /// Installs the RRef layer into `options` (its service and its context);
 /// call it on every worker before starting the agent. `ferry::init_rpc`
@@ -115,9 +117,32 @@ where
     R: Serialize + DeserializeOwned + Send + Sync + 'static,
     A: Serialize,
 {
+    remote_signed(
+        agent,
+        to.into(),
+        function,
+        Signature::of::<A, R>(),
+        args,
+        timeout,
+    )
+}
+
+/// Starts a `remote` call whose caller's signature is `signature`.
+pub(crate) fn remote_signed<R, A>(
+    agent: &Agent,
+    to: WorkerRef,
+    function: &str,
+    signature: Signature,
+    args: A,
+    timeout: Duration,
+) -> Result<RRef<R>, RRefError>
+where
+    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    A: Serialize,
+{
     let ctx = RRefContext::of(agent)?;
     let owner = agent.get_worker_info(to)?.id;
-    let signature = Signature::of::<A, R>().hash();
+
     // RRefs in the arguments are forked into this message: undone if the
     // owner never decodes it.
     let (args, watches) = ferry_rpc::watch::encoding_message(|| payload::encode(&args));
@@ -130,7 +155,8 @@ where
             )));
         }
     };
-    let (rref_id, holder) = ctx.remote(agent, owner, function, signature, (args, watches), timeout);
+    let (rref_id, holder) =
+        ctx.remote(agent, owner, function, &signature, (args, watches), timeout);
     Ok(RRef::from_parts(ctx, rref_id, holder, owner))
 }
 

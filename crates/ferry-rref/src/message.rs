@@ -19,7 +19,9 @@ pub(crate) enum RRefMessage {
         /// The creator's user; `None` when the creator is the owner.
         fork_id: Option<ForkId>,
         function: String,
-        signature: u64,
+        signature: ferry_rpc::SignatureId,
+        /// The creator's signature as text, for the error of a refused call.
+        caller: String,
     },
     /// Reply with the value of `rref_id` once it exists.
     ToHere {

@@ -49,6 +49,10 @@ pub use ferry_rpc::{
     rpc_async, rpc_sync, shutdown, Agent, Functions, RpcError, RpcFuture, RpcOptions, WorkerInfo,
 };
 pub use ferry_rref::{remote, RRef, RRefError};
+// Typed remote functions: `Function` declarations, the `Schema` of their
+// types (trait and derive), `remote` on a declaration, any error with `?`.
+pub use ferry_rpc::{BoxError, Function, Schema};
+pub use ferry_rref::RemoteExt;
 
 /// libtorch tensors on the wire (`ferry-tch`; feature `torch`).
 #[cfg(feature = "torch")]

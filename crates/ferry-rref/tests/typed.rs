@@ -1,0 +1,110 @@
+//! Typed `remote` and typed functions taking RRefs, across 3 worker
+//! processes on 127.0.0.1: values made through a `Function` declaration,
+//! a wrong-typed declaration refused with both signatures named, and RRef
+//! and RPC errors converted with `?` inside function bodies. At the end
+//! every worker's RRef tables are empty and nothing leaked.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions};
+use ferry_rref::{DebugInfo, RRef, RRefContext, RRefError, RemoteExt};
+use ferry_testkit::world_ok;
+
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const FETCH: Function<RRef<i64>, i64> = Function::new("fetch");
+/// Passes the RRef on `hops` more times, then fetches it.
+const FORWARD: Function<(RRef<i64>, i64), i64> = Function::new("forward");
+const WAIT_EMPTY: Function<(), String> = Function::new("wait_empty");
+
+fn functions() -> Functions {
+    let mut f = Functions::new();
+    f.add(ADD, |(a, b)| a + b);
+    // `?` on an RRefError, no `.map_err(|e| e.to_string())`.
+    f.add_fallible(FETCH, |r: RRef<i64>| -> Result<i64, BoxError> {
+        Ok(r.to_here()?)
+    });
+    // `?` on RPC and RRef errors in one body.
+    f.add_fallible(
+        FORWARD,
+        |(r, hops): (RRef<i64>, i64)| -> Result<i64, BoxError> {
+            if hops == 0 {
+                return Ok(r.to_here()?);
+            }
+            let me = ferry_rpc::get_worker_info(None)?;
+            Ok(FORWARD.rpc_sync((me.id + 1) % 3, (r, hops - 1))?)
+        },
+    );
+    f.add(WAIT_EMPTY, |()| {
+        match RRefContext::current()
+            .unwrap()
+            .wait_until_empty(Duration::from_secs(30))
+        {
+            Ok(()) => String::new(),
+            Err(left) => format!("{left:?}"),
+        }
+    });
+    f
+}
+
+#[test]
+fn typed_remote_and_rref_arguments() {
+    let Some(outputs) = world_ok("typed_remote_and_rref_arguments", 3, |rank| {
+        let mut options = RpcOptions::from_env(format!("worker{rank}"))
+            .unwrap()
+            .functions(functions())
+            .init_timeout(Duration::from_secs(60));
+        let ctx = ferry_rref::install(&mut options);
+        ferry_rpc::init_rpc(options).unwrap();
+        if rank == 0 {
+            let sum: RRef<i64> = ADD.remote(1, (2, 3)).unwrap();
+            assert_eq!(sum.to_here().unwrap(), 5);
+            let own = ADD
+                .remote_timeout("worker0", (4, 5), Duration::from_secs(30))
+                .unwrap();
+            assert_eq!(own.to_here().unwrap(), 9);
+            // Typed calls taking the RRef: fetched on worker2, forwarded
+            // round the group.
+            assert_eq!(FETCH.rpc_sync(2, sum.clone()).unwrap(), 5);
+            assert_eq!(FORWARD.rpc_sync(1, (own.clone(), 4)).unwrap(), 9);
+
+            // A declaration with other types is refused by the owner; the
+            // RRef's value is that error, naming both signatures.
+            const ADD_BYTES: Function<(u8, u8), i64> = Function::new("add");
+            let wrong = ADD_BYTES.remote(1, (2, 3)).unwrap();
+            let e = wrong.to_here().unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("fn((i64, i64)) -> i64") && text.contains("fn((u8, u8)) -> i64"),
+                "{text}"
+            );
+            // The error converts with `?` into a BoxError, and so does an RpcError.
+            let via_box = || -> Result<i64, BoxError> {
+                let v = wrong.to_here()?;
+                Ok(v + ADD.rpc_sync(1, (0, 0))?)
+            };
+            let e = via_box().unwrap_err();
+            assert!(e.downcast_ref::<RRefError>().is_some(), "{e}");
+            let e = ADD.remote(-2, (1, 1)).unwrap_err();
+            assert!(
+                matches!(e, RRefError::Rpc(RpcError::RankOutOfRange { rank: -2, .. })),
+                "{e}"
+            );
+            drop((sum, own, wrong));
+            for r in 0..3 {
+                assert_eq!(
+                    WAIT_EMPTY.rpc_sync(r, ()).unwrap(),
+                    "",
+                    "worker{r} has RRef state"
+                );
+            }
+            println!("CHECKED=yes");
+        }
+        ferry_rpc::shutdown().unwrap();
+        assert!(ctx.leaked().is_empty(), "leaked: {:?}", ctx.leaked());
+        assert_eq!(ctx.debug_info(), DebugInfo::default());
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
+}
