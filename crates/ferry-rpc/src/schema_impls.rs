@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, LinkedList, VecDeque};
 use std::marker::PhantomData;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use crate::schema::{Field, Schema, Shape, Variant, VariantData};
@@ -26,6 +26,17 @@ primitive! {
     String => String, str => String, () => Unit,
 }
 
+// serde writes an atomic as the integer (or bool) it holds.
+primitive! {
+    std::sync::atomic::AtomicBool => Bool,
+    std::sync::atomic::AtomicI8 => I8, std::sync::atomic::AtomicI16 => I16,
+    std::sync::atomic::AtomicI32 => I32, std::sync::atomic::AtomicI64 => I64,
+    std::sync::atomic::AtomicIsize => I64,
+    std::sync::atomic::AtomicU8 => U8, std::sync::atomic::AtomicU16 => U16,
+    std::sync::atomic::AtomicU32 => U32, std::sync::atomic::AtomicU64 => U64,
+    std::sync::atomic::AtomicUsize => U64,
+}
+
 /// Types serde writes exactly as the type they hold.
 macro_rules! transparent {
     ($($t:ident),*) => {
@@ -35,6 +46,9 @@ macro_rules! transparent {
     };
 }
 transparent!(Box, Rc, Arc);
+// serde writes a lock as the value inside (locking it), so state behind an
+// RRef (`Mutex<Vec<f32>>`, `RwLock<Model>`) has the shape of its value.
+transparent!(Mutex, RwLock);
 
 impl<T: Schema + ?Sized> Schema for &T {
     const SHAPE: &'static Shape = T::SHAPE;

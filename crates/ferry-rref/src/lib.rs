@@ -14,31 +14,38 @@
 //! under reordered, duplicated and dropped messages).
 //!
 //! ```no_run
-//! use ferry_rpc::{Functions, RpcOptions};
-//! use ferry_rref::RRef;
+//! use ferry_rpc::{BoxError, Function, Functions, RpcOptions};
+//! use ferry_rref::{RRef, RemoteExt};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! const ADD: Function<(i64, i64), i64> = Function::new("add");
+//! const GET: Function<RRef<i64>, i64> = Function::new("get");
+//!
+//! # fn main() -> Result<(), BoxError> {
 //! let mut functions = Functions::new();
-//! functions.register("add", |(a, b): (i64, i64)| a + b);
-//! functions.register("get", |r: RRef<i64>| r.to_here().unwrap_or(-1));
+//! functions.add(ADD, |(a, b)| a + b);
+//! functions.add_fallible(GET, |r: RRef<i64>| r.to_here());
 //! let rank: u32 = std::env::var("RANK")?.parse()?;
 //! let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
 //! ferry_rref::install(&mut options);
 //! ferry_rpc::init_rpc(options)?;
 //! if rank == 0 {
-//!     let sum: RRef<i64> = ferry_rref::remote("worker1", "add", (2i64, 3i64))?;
+//!     let sum: RRef<i64> = ADD.remote(1, (2, 3))?;
 //!     assert_eq!(sum.to_here()?, 5);
 //!     // Pass it on: worker2 fetches it from worker1 directly.
-//!     let again: i64 = ferry_rpc::rpc_sync("worker2", "get", sum.clone())?;
-//!     assert_eq!(again, 5);
+//!     assert_eq!(GET.rpc_sync(2, sum.clone())?, 5);
 //! }
 //! ferry_rpc::shutdown()?;
 //! # Ok(()) }
 //! ```
+//!
+//! Methods of the value run where it lives, declared as typed [`Method`]s
+//! (see there); [`remote`] and [`register_method`] are the string-named
+//! forms for dynamic use.
 
 mod context;
 mod error;
 mod message;
+mod method;
 pub mod protocol;
 mod proxy;
 mod rref;
@@ -62,6 +69,7 @@ pub use proxy::{
     kind, method_name, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy,
 };
 pub use rref::RRef;
+pub use method::{Method, MethodsExt};
 pub use typed::RemoteExt;
 
 /// Installs the RRef layer into `options` (its service and its context);

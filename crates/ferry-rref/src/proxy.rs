@@ -9,11 +9,13 @@ use std::any::type_name;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcFuture};
+use ferry_rpc::{Functions, RpcFuture, Schema};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::RRefError;
+use crate::method::Method;
+use crate::typed::RemoteExt;
 use crate::RRef;
 
 /// The registered name of method `method` of type `T`.
@@ -103,26 +105,68 @@ impl<'a, T, K> Proxy<'a, T, K> {
 }
 
 impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
-    /// Calls `method` with `args` and waits for its result.
-    pub fn call<R: DeserializeOwned, A: Serialize>(
+    /// Calls the typed `method` with `args` on the value's owner and waits
+    /// for its result.
+    pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> Result<R, RRefError>
+    where
+        T: Schema,
+        A: Serialize + Schema,
+        R: DeserializeOwned + Schema,
+    {
+        self.as_async().call(method, args).wait().map_err(RRefError::Rpc)
+    }
+
+    /// Calls the method registered by name with [`register_method`] and
+    /// waits for its result (dynamic use; the types are checked at run time).
+    pub fn call_by_name<R: DeserializeOwned, A: Serialize>(
         &self,
         method: &str,
         args: A,
     ) -> Result<R, RRefError> {
-        Proxy::<T, kind::Async> {
+        self.as_async()
+            .call_by_name(method, args)
+            .wait()
+            .map_err(RRefError::Rpc)
+    }
+
+    fn as_async(&self) -> Proxy<'_, T, kind::Async> {
+        Proxy {
             rref: self.rref,
             timeout: self.timeout,
             _kind: PhantomData,
         }
-        .call(method, args)
-        .wait()
-        .map_err(RRefError::Rpc)
     }
 }
 
 impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
-    /// Calls `method` with `args`; the future gives its result.
-    pub fn call<R: DeserializeOwned, A: Serialize>(&self, method: &str, args: A) -> RpcFuture<R> {
+    /// Calls the typed `method` with `args` on the value's owner; the future
+    /// gives its result.
+    pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> RpcFuture<R>
+    where
+        T: Schema,
+        A: Serialize + Schema,
+        R: DeserializeOwned + Schema,
+    {
+        let function = method.function();
+        let args = (self.rref.clone(), args);
+        let owner = self.rref.owner();
+        match crate::agent_of(self.rref) {
+            Ok(agent) => {
+                let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+                function.rpc_async_with(&agent, owner, args, timeout)
+            }
+            // Shut down: the process-level call fails with the right error.
+            Err(_) => function.rpc_async(owner, args),
+        }
+    }
+
+    /// Calls the method registered by name with [`register_method`]; the
+    /// future gives its result (dynamic use).
+    pub fn call_by_name<R: DeserializeOwned, A: Serialize>(
+        &self,
+        method: &str,
+        args: A,
+    ) -> RpcFuture<R> {
         let name = method_name::<T>(method);
         let owner = self.rref.owner();
         let args = (self.rref.clone(), args);
@@ -136,8 +180,27 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
 }
 
 impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
-    /// Calls `method` with `args` on the owner; returns the result's RRef at once.
-    pub fn call<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
+    /// Calls the typed `method` with `args` on the value's owner; returns
+    /// at once an RRef to its result, which stays there.
+    pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> Result<RRef<R>, RRefError>
+    where
+        T: Schema,
+        A: Serialize + Schema,
+        R: Serialize + DeserializeOwned + Schema + Send + Sync + 'static,
+    {
+        let agent = crate::agent_of(self.rref)?;
+        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+        method.function().remote_with(
+            &agent,
+            self.rref.owner(),
+            (self.rref.clone(), args),
+            timeout,
+        )
+    }
+
+    /// Calls the method registered by name with [`register_method`] on the
+    /// owner; returns the result's RRef at once (dynamic use).
+    pub fn call_by_name<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
     where
         R: Serialize + DeserializeOwned + Send + Sync + 'static,
         A: Serialize,

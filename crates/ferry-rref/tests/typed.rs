@@ -5,10 +5,11 @@
 //! every worker's RRef tables are empty and nothing leaked.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions};
-use ferry_rref::{DebugInfo, RRef, RRefContext, RRefError, RemoteExt};
+use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions, Schema};
+use ferry_rref::{DebugInfo, Method, MethodsExt, RRef, RRefContext, RRefError, RemoteExt};
 use ferry_testkit::world_ok;
 
 const ADD: Function<(i64, i64), i64> = Function::new("add");
@@ -16,6 +17,24 @@ const FETCH: Function<RRef<i64>, i64> = Function::new("fetch");
 /// Passes the RRef on `hops` more times, then fetches it.
 const FORWARD: Function<(RRef<i64>, i64), i64> = Function::new("forward");
 const WAIT_EMPTY: Function<(), String> = Function::new("wait_empty");
+
+/// State kept on its owner behind an RRef, changed by typed methods.
+#[derive(Default, serde::Serialize, serde::Deserialize, Schema)]
+struct Log {
+    lines: Mutex<Vec<String>>,
+}
+
+impl Log {
+    const NEW: Function<String, Log> = Function::new("Log.new");
+    const PUSH: Method<Log, String, usize> = Method::new("Log.push");
+    const LINES: Method<Log, (), Vec<String>> = Method::new("Log.lines");
+    /// Fails on an empty line, with the method's own error type.
+    const CHECKED_PUSH: Method<Log, String, usize> = Method::new("Log.checked_push");
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("empty line refused by the log")]
+struct EmptyLine;
 
 fn functions() -> Functions {
     let mut f = Functions::new();
@@ -35,6 +54,23 @@ fn functions() -> Functions {
             Ok(FORWARD.rpc_sync((me.id + 1) % 3, (r, hops - 1))?)
         },
     );
+    f.add(Log::NEW, |first| Log {
+        lines: Mutex::new(vec![first]),
+    });
+    f.add_method(Log::PUSH, |log: &Log, line| {
+        let mut lines = log.lines.lock().unwrap();
+        lines.push(line);
+        lines.len()
+    });
+    f.add_method(Log::LINES, |log: &Log, ()| log.lines.lock().unwrap().clone());
+    f.add_method_fallible(Log::CHECKED_PUSH, |log: &Log, line: String| {
+        if line.is_empty() {
+            return Err(EmptyLine);
+        }
+        let mut lines = log.lines.lock().unwrap();
+        lines.push(line);
+        Ok(lines.len())
+    });
     f.add(WAIT_EMPTY, |()| {
         match RRefContext::current()
             .unwrap()
@@ -90,7 +126,40 @@ fn typed_remote_and_rref_arguments() {
                 matches!(e, RRefError::Rpc(RpcError::RankOutOfRange { rank: -2, .. })),
                 "{e}"
             );
-            drop((sum, own, wrong));
+            // Typed methods on a value owned by worker2, through each proxy.
+            let log: RRef<Log> = Log::NEW.remote(2, "a".to_string()).unwrap();
+            assert_eq!(log.rpc_sync().call(Log::PUSH, "b".into()).unwrap(), 2);
+            let pending = log.rpc_async().call(Log::PUSH, "c".into());
+            assert_eq!(pending.wait().unwrap(), 3);
+            let count: RRef<usize> = log.remote().call(Log::PUSH, "d".into()).unwrap();
+            assert_eq!(count.to_here().unwrap(), 4);
+            assert_eq!(
+                log.rpc_sync()
+                    .timeout(Duration::from_secs(30))
+                    .call(Log::LINES, ())
+                    .unwrap(),
+                ["a", "b", "c", "d"]
+            );
+            // The method's own error reaches the caller with its text.
+            let e = log
+                .rpc_sync()
+                .call(Log::CHECKED_PUSH, String::new())
+                .unwrap_err();
+            assert!(e.to_string().contains("empty line refused by the log"), "{e}");
+            assert_eq!(log.rpc_sync().call(Log::CHECKED_PUSH, "e".into()).unwrap(), 5);
+            // A method declared with other types is refused, naming both.
+            const PUSH_NUMBER: Method<Log, u64, usize> = Method::new("Log.push");
+            let e = log.rpc_sync().call(PUSH_NUMBER, 7).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("the call sent fn((RRef<Log { lines: [String] }>, u64)) -> u64")
+                    && text.contains("it takes fn((RRef<Log { lines: [String] }>, String)) -> u64"),
+                "{text}"
+            );
+            // A value owned here runs its methods locally through the same proxies.
+            let local = RRef::new(Log::default()).unwrap();
+            assert_eq!(local.rpc_sync().call(Log::PUSH, "x".into()).unwrap(), 1);
+            drop((sum, own, wrong, log, count, local));
             for r in 0..3 {
                 assert_eq!(
                     WAIT_EMPTY.rpc_sync(r, ()).unwrap(),
