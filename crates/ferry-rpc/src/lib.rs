@@ -62,6 +62,7 @@ pub mod service;
 pub mod store;
 mod termination;
 mod throttle;
+mod topology;
 mod typed;
 mod value;
 pub mod watch;
@@ -83,6 +84,7 @@ pub use protocol::Extension;
 pub use schema::Schema;
 pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
+pub use topology::LocalTopology;
 pub use typed::Function;
 pub use value::Value;
 

@@ -10,6 +10,7 @@ use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
 
 use crate::service::{Hooks, Interceptor, Service};
 use crate::store::Store;
+use crate::topology::LocalTopology;
 use crate::{Functions, RpcError};
 
 /// Default per-call timeout (PyTorch's default is 60 s too).
@@ -26,6 +27,10 @@ pub struct RpcOptions {
     pub rank: u32,
     /// Number of workers.
     pub world_size: u32,
+    /// Where this worker sits on its host, as torchrun says it
+    /// (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`); by default the
+    /// whole group on one host.
+    pub local: LocalTopology,
     /// Address of the rendezvous store, hosted by rank 0.
     pub master_addr: SocketAddr,
     /// IP this worker listens on for RPC (port chosen by the OS).
@@ -76,6 +81,11 @@ impl RpcOptions {
             name: name.into(),
             rank,
             world_size,
+            local: LocalTopology {
+                local_rank: rank,
+                local_world_size: world_size,
+                group_rank: 0,
+            },
             master_addr,
             listen_ip,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
@@ -102,16 +112,51 @@ impl RpcOptions {
     /// `FERRY_MPT_LANES`; and the receive limits `FERRY_MAX_TENSOR_BYTES`,
     /// `FERRY_MAX_MESSAGE_TENSOR_BYTES` and `FERRY_FRAME_STALL_TIMEOUT_MS`
     /// (see [`Limits`]).
+    ///
+    /// The names torchrun sets are read too: `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE` and `GROUP_RANK` (the node's rank) fill
+    /// [`local`](Self::local), checked against each other and against
+    /// `RANK` and `WORLD_SIZE`. Without them, the whole group is taken to
+    /// share one host.
     pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
-        let var =
-            |k: &str| std::env::var(k).map_err(|_| RpcError::Config(format!("{k} is not set")));
+        Self::from_vars(name, |k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) reading variables through `lookup`
+    /// instead of the process environment.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use ferry_rpc::RpcOptions;
+    ///
+    /// let env: HashMap<&str, &str> = [
+    ///     ("MASTER_PORT", "29500"), ("RANK", "3"), ("WORLD_SIZE", "4"),
+    ///     ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"), ("GROUP_RANK", "1"),
+    /// ].into();
+    /// let o = RpcOptions::from_vars("worker3", |k| env.get(k).map(|v| v.to_string()))?;
+    /// assert_eq!((o.rank, o.local.local_rank, o.local.group_rank), (3, 1, 1));
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn from_vars(
+        name: impl Into<String>,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, RpcError> {
+        let var = |k: &str| lookup(k).ok_or_else(|| RpcError::Config(format!("{k} is not set")));
         let num = |k: &str| -> Result<u32, RpcError> {
-            var(k)?
+            let v = var(k)?;
+            v.trim()
                 .parse()
-                .map_err(|_| RpcError::Config(format!("{k} is not a number")))
+                .map_err(|_| RpcError::Config(format!("{k} is not a number: {v:?}")))
         };
-        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let opt_num = |k: &str| -> Result<Option<u32>, RpcError> {
+            match lookup(k) {
+                Some(_) => num(k).map(Some),
+                None => Ok(None),
+            }
+        };
+        let host = lookup("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
         let port: u16 = var("MASTER_PORT")?
+            .trim()
             .parse()
             .map_err(|_| RpcError::Config("MASTER_PORT is not a port number".into()))?;
         let master = (host.as_str(), port)
@@ -119,32 +164,45 @@ impl RpcOptions {
             .map_err(|e| RpcError::Config(format!("cannot resolve MASTER_ADDR {host:?}: {e}")))?
             .next()
             .ok_or_else(|| RpcError::Config(format!("MASTER_ADDR {host:?} resolves to nothing")))?;
-        let mut o = Self::new(name, num("RANK")?, num("WORLD_SIZE")?, master);
-        if let Ok(ms) = std::env::var("FERRY_RPC_TIMEOUT_MS") {
+        let (rank, world_size) = (num("RANK")?, num("WORLD_SIZE")?);
+        if rank >= world_size {
+            return Err(RpcError::Config(format!(
+                "RANK {rank} is not below WORLD_SIZE {world_size}"
+            )));
+        }
+        let mut o = Self::new(name, rank, world_size, master);
+        o.local = LocalTopology::from_parts(
+            rank,
+            world_size,
+            opt_num("LOCAL_RANK")?,
+            opt_num("LOCAL_WORLD_SIZE")?,
+            opt_num("GROUP_RANK")?,
+        )?;
+        if let Some(ms) = lookup("FERRY_RPC_TIMEOUT_MS") {
             let ms: u64 = ms
                 .parse()
                 .map_err(|_| RpcError::Config("FERRY_RPC_TIMEOUT_MS is not a number".into()))?;
             o.rpc_timeout = Duration::from_millis(ms);
         }
-        if let Ok(n) = std::env::var("FERRY_IO_THREADS") {
+        if let Some(n) = lookup("FERRY_IO_THREADS") {
             o.io_threads = n
                 .parse()
                 .map_err(|_| RpcError::Config("FERRY_IO_THREADS is not a number".into()))?;
         }
-        if let Ok(list) = std::env::var("FERRY_CHANNELS") {
+        if let Some(list) = lookup("FERRY_CHANNELS") {
             o.channels = channel::parse_channels(&list)?;
         }
-        if let Ok(list) = std::env::var("FERRY_TRANSPORTS") {
+        if let Some(list) = lookup("FERRY_TRANSPORTS") {
             o.transports = channel::parse_transports(&list)?;
         }
         let size = |key: &str| -> Result<Option<usize>, RpcError> {
-            match std::env::var(key) {
-                Ok(v) => v
+            match lookup(key) {
+                Some(v) => v
                     .trim()
                     .parse()
                     .map(Some)
                     .map_err(|_| RpcError::Config(format!("{key} is not a number: {v:?}"))),
-                Err(_) => Ok(None),
+                None => Ok(None),
             }
         };
         if let Some(n) = size("FERRY_SMALL_TENSOR_BYTES")? {
@@ -271,5 +329,72 @@ impl std::fmt::Debug for RpcOptions {
             .field("rpc_timeout", &self.rpc_timeout)
             .field("functions", &self.functions)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<RpcOptions, RpcError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RpcOptions::from_vars("w", |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn torchrun_names_fill_the_local_topology() {
+        let o = from(&[
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "1"),
+        ])
+        .unwrap();
+        assert_eq!((o.rank, o.world_size), (3, 4));
+        assert_eq!(
+            o.local,
+            LocalTopology {
+                local_rank: 1,
+                local_world_size: 2,
+                group_rank: 1
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let base = [("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")];
+        for (extra, text) in [
+            (("LOCAL_RANK", "x"), "LOCAL_RANK is not a number: \"x\""),
+            (
+                ("LOCAL_RANK", "1"),
+                "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not",
+            ),
+            (("GROUP_RANK", "-1"), "GROUP_RANK is not a number"),
+        ] {
+            let mut vars = base.to_vec();
+            vars.push(extra);
+            let e = from(&vars).err().expect("refused");
+            assert!(e.to_string().contains(text), "{e} lacks {text}");
+        }
+        let e = from(&[("MASTER_PORT", "29500"), ("RANK", "2"), ("WORLD_SIZE", "2")])
+            .err()
+            .expect("refused");
+        assert!(
+            e.to_string().contains("RANK 2 is not below WORLD_SIZE 2"),
+            "{e}"
+        );
+        let e = from(&[("RANK", "0"), ("WORLD_SIZE", "2")])
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("MASTER_PORT is not set"), "{e}");
     }
 }

@@ -64,12 +64,12 @@ use serde::Serialize;
 pub use context::{DebugInfo, RRefContext};
 pub use error::RRefError;
 pub use message::RREF_SERVICE;
+pub use method::{Method, MethodsExt};
 pub use protocol::{ForkId, RRefId};
 pub use proxy::{
     kind, method_name, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy,
 };
 pub use rref::RRef;
-pub use method::{Method, MethodsExt};
 pub use typed::RemoteExt;
 
 /// Installs the RRef layer into `options` (its service and its context);

@@ -113,7 +113,10 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
         A: Serialize + Schema,
         R: DeserializeOwned + Schema,
     {
-        self.as_async().call(method, args).wait().map_err(RRefError::Rpc)
+        self.as_async()
+            .call(method, args)
+            .wait()
+            .map_err(RRefError::Rpc)
     }
 
     /// Calls the method registered by name with [`register_method`] and

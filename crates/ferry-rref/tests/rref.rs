@@ -309,7 +309,10 @@ fn methods_run_on_the_owner() {
         let ctx = init(rank);
         if rank == 0 {
             let c: RRef<Counter> = ferry_rref::remote("worker1", "counter", 10i64).unwrap();
-            assert_eq!(c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(), 15);
+            assert_eq!(
+                c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(),
+                15
+            );
             let f = c.rpc_async().call_by_name::<i64, _>("add", 1i64);
             assert_eq!(f.wait().unwrap(), 16);
             let total: RRef<i64> = c.remote().call_by_name("get", ()).unwrap();
@@ -560,7 +563,10 @@ fn a_proxy_call_to_a_missing_method_releases_its_rrefs() {
                     .unwrap_err();
                 assert!(e.to_string().contains("no_such_method"), "{e}");
                 // And the methods that exist still work.
-                assert_eq!(c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(), 15);
+                assert_eq!(
+                    c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(),
+                    15
+                );
                 drop((c, made, local));
             }
             finish(rank, &ctx);

@@ -62,7 +62,9 @@ fn functions() -> Functions {
         lines.push(line);
         lines.len()
     });
-    f.add_method(Log::LINES, |log: &Log, ()| log.lines.lock().unwrap().clone());
+    f.add_method(Log::LINES, |log: &Log, ()| {
+        log.lines.lock().unwrap().clone()
+    });
     f.add_method_fallible(Log::CHECKED_PUSH, |log: &Log, line: String| {
         if line.is_empty() {
             return Err(EmptyLine);
@@ -145,8 +147,14 @@ fn typed_remote_and_rref_arguments() {
                 .rpc_sync()
                 .call(Log::CHECKED_PUSH, String::new())
                 .unwrap_err();
-            assert!(e.to_string().contains("empty line refused by the log"), "{e}");
-            assert_eq!(log.rpc_sync().call(Log::CHECKED_PUSH, "e".into()).unwrap(), 5);
+            assert!(
+                e.to_string().contains("empty line refused by the log"),
+                "{e}"
+            );
+            assert_eq!(
+                log.rpc_sync().call(Log::CHECKED_PUSH, "e".into()).unwrap(),
+                5
+            );
             // A method declared with other types is refused, naming both.
             const PUSH_NUMBER: Method<Log, u64, usize> = Method::new("Log.push");
             let e = log.rpc_sync().call(PUSH_NUMBER, 7).unwrap_err();

@@ -29,6 +29,10 @@
 //! # Ok(()) }
 //! ```
 
+/// The `tch` crate this one is built on, for code that reaches libtorch
+/// through `ferry::tensor` only.
+pub use tch;
+
 mod alloc;
 mod dtype;
 pub mod grad;
@@ -73,4 +77,19 @@ pub enum TchError {
 /// still decode as [`Tensor`] (with one copy), not as `RawTensor`.
 pub fn install(options: &mut RpcOptions) {
     options.allocator = Arc::new(TchAllocator);
+}
+
+/// A libtorch tensor in a payload: its entry in the message's tensor table
+/// plus its autograd metadata, so its shape differs from a `RawTensor`'s.
+///
+/// ```
+/// use ferry_rpc::Schema;
+///
+/// assert_eq!(<ferry_tch::Tensor as Schema>::SHAPE.to_string(), "Tensor");
+/// ```
+impl ferry_rpc::Schema for Tensor {
+    const SHAPE: &'static ferry_rpc::schema::Shape = &ferry_rpc::schema::Shape::Opaque {
+        name: "Tensor",
+        params: &[],
+    };
 }

@@ -2,7 +2,8 @@
 //!
 //! A program calls [`local`] at the top of `main`. Started by hand, it
 //! becomes the launcher: it picks a free port, starts `world_size` copies
-//! of itself with `MASTER_ADDR`, `MASTER_PORT`, `RANK` and `WORLD_SIZE` set,
+//! of itself with `MASTER_ADDR`, `MASTER_PORT`, `RANK` and `WORLD_SIZE` set
+//! (and torchrun's `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`),
 //! waits for all of them and reports any that failed. Started by the
 //! launcher, it returns the process's rank and the program goes on as that
 //! worker.
@@ -110,6 +111,10 @@ pub fn local(world_size: u32) -> Result<Role, LaunchError> {
             .env("MASTER_PORT", port.to_string())
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world_size.to_string())
+            // torchrun's names, for code written against it: one host.
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", world_size.to_string())
+            .env("GROUP_RANK", "0")
             .spawn();
         match child {
             Ok(c) => children.push((rank, c)),

@@ -17,26 +17,35 @@
 //!
 //! ```no_run
 //! use ferry::launch::{self, Role};
-//! use ferry::rpc::{self, Functions, RpcOptions};
-//! use ferry::transport::RawTensor;
+//! use ferry::{BoxError, Function, Functions, RRef, RawTensor, RemoteExt, RpcOptions};
 //!
-//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Declared once, in code every worker shares.
+//! const SUM: Function<RawTensor, f32> = Function::new("sum");
+//!
+//! fn main() -> Result<(), BoxError> {
 //!     let Role::Worker { rank, .. } = launch::local(2)? else { return Ok(()) };
 //!     let mut functions = Functions::new();
-//!     functions.register("sum", |t: RawTensor| t.as_slice::<f32>().unwrap().iter().sum::<f32>());
+//!     functions.add_fallible(SUM, |t: RawTensor| {
+//!         t.as_slice::<f32>().map(|v| v.iter().sum()).ok_or("not contiguous f32")
+//!     });
 //!     ferry::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
 //!     if rank == 0 {
 //!         let t = RawTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
-//!         let s: f32 = rpc::rpc_sync("worker1", "sum", t.clone())?;
-//!         assert_eq!(s, 6.0);
+//!         assert_eq!(SUM.rpc_sync("worker1", t.clone())?, 6.0);
 //!         // The result stays on worker1; fetch it when needed.
-//!         let r: ferry::RRef<f32> = ferry::remote("worker1", "sum", t)?;
+//!         let r: RRef<f32> = SUM.remote(1, t)?;
 //!         assert_eq!(r.to_here()?, 6.0);
 //!     }
-//!     rpc::shutdown()?;
+//!     ferry::shutdown()?;
 //!     Ok(())
 //! }
 //! ```
+//!
+//! Everything a user calls is re-exported here: typed declarations
+//! ([`Function`], [`Method`], [`Schema`]), the free functions of [`rpc`]
+//! and [`rref`] (string-named calls for dynamic use), [`launch`], and with
+//! `torch` the `tensor` and `autograd` layers (`ferry::autograd::context`,
+//! `DistributedOptimizer`, ...).
 
 pub mod launch;
 
@@ -45,14 +54,20 @@ pub use ferry_rref as rref;
 pub use ferry_transport as transport;
 pub use ferry_wire as wire;
 
+// The RPC layer: options, the agent, errors, and the free functions.
 pub use ferry_rpc::{
-    rpc_async, rpc_sync, shutdown, Agent, Functions, RpcError, RpcFuture, RpcOptions, WorkerInfo,
+    get_worker_info, rpc_async, rpc_async_timeout, rpc_sync, rpc_sync_timeout, shutdown,
+    shutdown_now, Agent, Functions, LocalTopology, RpcError, RpcFuture, RpcOptions, WorkerInfo,
+    WorkerRef,
 };
-pub use ferry_rref::{remote, RRef, RRefError};
 // Typed remote functions: `Function` declarations, the `Schema` of their
-// types (trait and derive), `remote` on a declaration, any error with `?`.
+// types (trait and derive), any error with `?`.
 pub use ferry_rpc::{BoxError, Function, Schema};
-pub use ferry_rref::RemoteExt;
+// RRefs: `remote` on a declaration (`RemoteExt`), typed methods, and the
+// string-named free functions.
+pub use ferry_rref::{
+    debug_info, remote, remote_timeout, Method, MethodsExt, RRef, RRefError, RemoteExt,
+};
 
 /// libtorch tensors on the wire (`ferry-tch`; feature `torch`).
 #[cfg(feature = "torch")]
@@ -81,3 +96,14 @@ pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
 }
 pub use ferry_transport::RawTensor;
 pub use ferry_wire::{DType, Device};
+
+/// The README's code, compiled (not run) as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
+/// The user guide's code, compiled as doctests. Some of it uses libtorch,
+/// so it is checked with the `torch` feature (`cargo xtask test` does).
+#[cfg(all(doctest, feature = "torch"))]
+#[doc = include_str!("../../../docs/user-guide.md")]
+pub struct UserGuideDoctests;
