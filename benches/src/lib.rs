@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use ferry::launch::{self, Role};
-use ferry::rpc::{self, Functions, RpcOptions};
-use ferry::RawTensor;
+use ferry::{Function, Functions, RawTensor, RpcOptions};
 use serde_json::{json, Value};
 
 /// Parses a size argument: bytes, with an optional case-insensitive `B`,
@@ -111,6 +110,13 @@ pub fn stats_ms(secs: &[f64], std: Std) -> Value {
     })
 }
 
+/// Returns its tensor; answered on the callee's runtime.
+pub const IDENTITY: Function<RawTensor, RawTensor> = Function::new("identity");
+/// Resets the callee's peak-RSS counter and returns the current RSS.
+pub const RSS_RESET: Function<(), u64> = Function::new("rss_reset");
+/// The callee's peak RSS since the last reset.
+pub const RSS_PEAK: Function<(), u64> = Function::new("rss_peak");
+
 /// Runs a benchmark between two processes on this host: `worker0` (rank 0,
 /// the caller) and `worker1` (rank 1, the callee), launched by
 /// [`launch::local`].
@@ -133,11 +139,12 @@ pub fn two_workers(
         Role::Launcher => return Ok(None),
     };
     let mut functions = Functions::new();
-    functions.register_async("identity", |t: RawTensor| async move {
-        Ok::<_, std::convert::Infallible>(t)
-    });
-    functions.register("rss_reset", |(): ()| memory::reset_peak());
-    functions.register("rss_peak", |(): ()| memory::peak());
+    functions.add_async(
+        IDENTITY,
+        |t| async move { Ok::<_, std::convert::Infallible>(t) },
+    );
+    functions.add(RSS_RESET, |()| memory::reset_peak());
+    functions.add(RSS_PEAK, |()| memory::peak());
     register(&mut functions);
     ferry::init_rpc(
         RpcOptions::from_env(format!("worker{rank}"))?
@@ -145,7 +152,7 @@ pub fn two_workers(
             .rpc_timeout(timeout),
     )?;
     let result = if rank == 0 { Some(caller()) } else { None };
-    rpc::shutdown()?;
+    ferry::shutdown()?;
     result.transpose()
 }
 

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ferry::rpc;
 use ferry::{DType, RawTensor};
 use ferry_benches::{
     memory, pct, size_arg, size_label, stats_ms, test_tensor, two_workers, write_result, Std,
+    IDENTITY, RSS_PEAK, RSS_RESET,
 };
 use serde_json::{json, Value};
 
@@ -82,7 +82,7 @@ fn measure_sync(t: &RawTensor, c: &Config) -> Result<Vec<f64>> {
     let mut n = 0;
     while n < c.warmup || start.elapsed() < Duration::from_millis(300) {
         let s = Instant::now();
-        let _: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+        IDENTITY.rpc_sync(CALLEE, t.clone())?;
         n += 1;
         if s.elapsed() > Duration::from_millis(500) && n >= 2 {
             break;
@@ -94,7 +94,7 @@ fn measure_sync(t: &RawTensor, c: &Config) -> Result<Vec<f64>> {
         && (lats.len() < c.min_reps || start.elapsed().as_secs_f64() < c.cell_seconds)
     {
         let s = Instant::now();
-        let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+        let r = IDENTITY.rpc_sync(CALLEE, t.clone())?;
         lats.push(s.elapsed().as_secs_f64());
         drop(r);
     }
@@ -106,7 +106,7 @@ fn measure_async10(t: &RawTensor, c: &Config, est_single: f64) -> Result<Vec<f64
     let reps = ((c.cell_seconds / est.max(1e-9)) as usize).clamp(3, c.async_max_reps);
     let ten = || -> Result<()> {
         let futures: Vec<_> = (0..10)
-            .map(|_| rpc::rpc_async::<RawTensor, _>(CALLEE, "identity", t.clone()))
+            .map(|_| IDENTITY.rpc_async(CALLEE, t.clone()))
             .collect();
         for f in futures {
             f.wait()?;
@@ -127,7 +127,7 @@ fn measure_async10(t: &RawTensor, c: &Config, est_single: f64) -> Result<Vec<f64
 
 fn measure_tput(c: &Config) -> Result<Value> {
     let empty = RawTensor::zeros(DType::F32, &[0])?;
-    let call = || rpc::rpc_async::<RawTensor, _>(CALLEE, "identity", empty.clone());
+    let call = || IDENTITY.rpc_async(CALLEE, empty.clone());
     let warm: Vec<_> = (0..c.inflight).map(|_| call()).collect();
     for f in warm {
         f.wait()?;
@@ -215,12 +215,12 @@ fn caller(c: &Config) -> Result<Value> {
 fn measure_peak_rss(bytes: u64) -> Result<Value> {
     eprintln!("[ferry] peak RSS, {} ...", size_label(bytes));
     let t = test_tensor((bytes / 4) as usize)?;
-    let _: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
-    let callee_before: u64 = rpc::rpc_sync(CALLEE, "rss_reset", ())?;
+    IDENTITY.rpc_sync(CALLEE, t.clone())?;
+    let callee_before = RSS_RESET.rpc_sync(CALLEE, ())?;
     let caller_before = memory::reset_peak();
-    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+    let r = IDENTITY.rpc_sync(CALLEE, t.clone())?;
     let caller_peak = memory::peak();
-    let callee_peak: u64 = rpc::rpc_sync(CALLEE, "rss_peak", ())?;
+    let callee_peak = RSS_PEAK.rpc_sync(CALLEE, ())?;
     drop(r);
     let rise = |peak: u64, before: u64| peak.saturating_sub(before) as f64;
     Ok(json!({

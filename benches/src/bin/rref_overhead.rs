@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use clap::Parser;
-use ferry::rpc::{self, Functions};
-use ferry::{RRef, RawTensor};
-use ferry_benches::{size_arg, size_label, stats_ms, test_tensor, two_workers, write_result, Std};
+use ferry::{Function, Functions, RRef, RawTensor};
+use ferry_benches::{
+    size_arg, size_label, stats_ms, test_tensor, two_workers, write_result, Std, IDENTITY,
+};
 use serde_json::{json, Value};
 
 /// Timeout of every call and of `to_here` (a 400MB round trip is slow on a
@@ -99,7 +100,7 @@ fn config() -> Config {
 
 fn call_tensor(t: &RawTensor) -> Result<f64> {
     let s = Instant::now();
-    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity", t.clone())?;
+    let r = IDENTITY.rpc_sync(CALLEE, t.clone())?;
     let e = s.elapsed().as_secs_f64();
     ensure!(
         r.numel() == t.numel(),
@@ -115,7 +116,7 @@ fn call_rref(t: &RawTensor) -> Result<f64> {
     let rref = RRef::new(t.clone())?;
     let s = Instant::now();
     // By value (an `Arc` clone): the callee's signature names `RRef<RawTensor>`.
-    let r: RawTensor = rpc::rpc_sync(CALLEE, "identity_rref", rref.clone())?;
+    let r = IDENTITY_RREF.rpc_sync(CALLEE, rref.clone())?;
     let e = s.elapsed().as_secs_f64();
     ensure!(
         r.numel() == t.numel(),
@@ -178,13 +179,16 @@ fn caller(c: &Config) -> Result<Value> {
     Ok(json!({ "rows": rows }))
 }
 
+/// Fetches the RRef's tensor from its owner and returns it.
+const IDENTITY_RREF: Function<RRef<RawTensor>, RawTensor> = Function::new("identity_rref");
+
 fn main() -> Result<()> {
     let c = config();
     let t0 = Instant::now();
     // `identity_rref` answers on the callee's runtime like `identity`, and
     // awaits the fetch from the owner instead of blocking a thread on it.
     let register = |functions: &mut Functions| {
-        functions.register_async("identity_rref", |rref: RRef<RawTensor>| async move {
+        functions.add_async(IDENTITY_RREF, |rref: RRef<RawTensor>| async move {
             rref.to_here_async(TIMEOUT).await
         });
     };

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ferry_autograd::optim::LocalOptimizer;
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
-use ferry_rpc::{Functions, RpcOptions};
-use ferry_rref::RRef;
+use ferry_rpc::{BoxError, Function, Functions, RpcOptions, Schema};
+use ferry_rref::{Method, MethodsExt, RRef, RemoteExt};
 use ferry_tch::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -31,13 +31,20 @@ const OUTPUTS: i64 = 8;
 const BATCH: i64 = 64;
 
 /// Listing 1's `Layer`: `Sequential(Linear(i, o), ReLU())`, kept on its owner.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Schema)]
 struct Layer {
     weight: Tensor,
     bias: Tensor,
 }
 
 impl Layer {
+    /// Builds a layer on the worker it is called on: (inputs, outputs, seed).
+    const NEW: Function<(i64, i64, i64), Layer> = Function::new("Layer.new");
+    /// Listing 1's `Layer.forward(self, x_rref)`: fetch the input, run the layer.
+    const FORWARD: Method<Layer, RRef<Tensor>, Tensor> = Method::new("Layer.forward");
+    /// RRefs of the layer's parameters, for the DistributedOptimizer.
+    const PARAMS: Method<Layer, (), Vec<RRef<Tensor>>> = Method::new("Layer.params");
+
     /// PyTorch's `nn.Linear` initialisation (uniform ±1/sqrt(inputs)), seeded.
     fn new(inputs: i64, outputs: i64, seed: i64) -> Layer {
         tch::manual_seed(seed);
@@ -64,24 +71,15 @@ impl Layer {
 /// The functions the layer owners serve.
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("layer_new", |(i, o, seed): (i64, i64, i64)| {
-        Layer::new(i, o, seed)
+    f.add(Layer::NEW, |(i, o, seed)| Layer::new(i, o, seed));
+    f.add_method_fallible(Layer::FORWARD, |layer: &Layer, x: RRef<Tensor>| {
+        let x = x.to_here()?;
+        Ok::<_, BoxError>(Tensor::from(layer.forward(&x)))
     });
-    // Listing 1's `Layer.forward(self, x_rref)`: fetch the input, run the layer.
-    f.register_fallible(
-        "layer_forward",
-        |(layer, x): (RRef<Layer>, RRef<Tensor>)| {
-            let layer = layer.local_value().map_err(|e| e.to_string())?;
-            let x = x.to_here().map_err(|e| e.to_string())?;
-            Ok::<_, String>(Tensor::from(layer.forward(&x)))
-        },
-    );
-    // RRefs of the layer's parameters, for the DistributedOptimizer.
-    f.register_fallible("layer_params", |layer: RRef<Layer>| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
-        let w = RRef::new(layer.weight.clone()).map_err(|e| e.to_string())?;
-        let b = RRef::new(layer.bias.clone()).map_err(|e| e.to_string())?;
-        Ok::<_, String>(vec![w, b])
+    f.add_method_fallible(Layer::PARAMS, |layer: &Layer, ()| {
+        let w = RRef::new(layer.weight.clone())?;
+        let b = RRef::new(layer.bias.clone())?;
+        Ok::<_, BoxError>(vec![w, b])
     });
     f
 }
@@ -153,14 +151,10 @@ fn coordinate(steps: usize) -> Result<(Vec<f64>, Duration), Box<dyn std::error::
         Layer::new(HIDDEN, OUTPUTS, 102),
     );
     // Listing 1's Model: two layers placed on workers 1 and 2.
-    let l1: RRef<Layer> = ferry_rref::remote("worker1", "layer_new", (INPUTS, HIDDEN, 1i64))?;
-    let l2: RRef<Layer> = ferry_rref::remote("worker2", "layer_new", (HIDDEN, OUTPUTS, 2i64))?;
-    let mut params: Vec<RRef<Tensor>> = ferry_rpc::rpc_sync("worker1", "layer_params", l1.clone())?;
-    params.extend(ferry_rpc::rpc_sync::<Vec<RRef<Tensor>>, _>(
-        "worker2",
-        "layer_params",
-        l2.clone(),
-    )?);
+    let l1 = Layer::NEW.remote("worker1", (INPUTS, HIDDEN, 1))?;
+    let l2 = Layer::NEW.remote("worker2", (HIDDEN, OUTPUTS, 2))?;
+    let mut params = l1.rpc_sync().call(Layer::PARAMS, ())?;
+    params.extend(l2.rpc_sync().call(Layer::PARAMS, ())?);
     let opt = DistributedOptimizer::new(optimizer(), params)?;
     let mut losses = Vec::with_capacity(steps);
     let started = Instant::now();
@@ -170,8 +164,8 @@ fn coordinate(steps: usize) -> Result<(Vec<f64>, Duration), Box<dyn std::error::
         let ctx = ferry_autograd::context()?;
         // Model.forward(x_rref): r11 on worker 1, r12 on worker 2.
         let ri = RRef::new(Tensor::from(x))?;
-        let rx: RRef<Tensor> = ferry_rref::remote("worker1", "layer_forward", (l1.clone(), ri))?;
-        let ry: RRef<Tensor> = ferry_rref::remote("worker2", "layer_forward", (l2.clone(), rx))?;
+        let rx = l1.remote().call(Layer::FORWARD, ri)?;
+        let ry = l2.remote().call(Layer::FORWARD, rx)?;
         let y = ry.to_here()?;
         let loss = mse(&y, &target);
         ctx.backward(&[loss.shallow_clone()], false)?;

@@ -72,9 +72,14 @@ fn parse_attrs(attrs: &[syn::Attribute]) -> syn::Result<Attrs> {
                     .map(|i| i.to_string())
                     .unwrap_or_default();
                 match key.as_str() {
-                    "rename" => out.rename = Some(serialize_name(&meta)?),
-                    "rename_all" => out.rename_all = Some(serialize_name(&meta)?),
-                    "rename_all_fields" => out.rename_all_fields = Some(serialize_name(&meta)?),
+                    "rename" => out.rename = serialize_name(&meta)?.or(out.rename.take()),
+                    "rename_all" => {
+                        out.rename_all = serialize_name(&meta)?.or(out.rename_all.take())
+                    }
+                    "rename_all_fields" => {
+                        out.rename_all_fields =
+                            serialize_name(&meta)?.or(out.rename_all_fields.take())
+                    }
                     "skip" | "skip_serializing" | "skip_deserializing" => out.skip = true,
                     "transparent" => out.transparent = true,
                     "flatten" | "tag" | "untagged" | "skip_serializing_if" | "remote" => {
@@ -126,22 +131,24 @@ fn parse_attrs(attrs: &[syn::Attribute]) -> syn::Result<Attrs> {
     Ok(out)
 }
 
-/// The serialize-side name of `rename = ".."` or `rename(serialize = "..")`.
-fn serialize_name(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<String> {
+/// The serialize-side name of `rename = ".."` or `rename(serialize = "..")`
+/// (what the sender writes); `None` for `rename(deserialize = "..")` alone,
+/// which leaves the written name as it was.
+fn serialize_name(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Option<String>> {
     if meta.input.peek(syn::Token![=]) {
-        return Ok(meta.value()?.parse::<LitStr>()?.value());
+        return Ok(Some(meta.value()?.parse::<LitStr>()?.value()));
     }
     let mut name = None;
     meta.parse_nested_meta(|inner| {
         let value = inner.value()?.parse::<LitStr>()?.value();
         if inner.path.is_ident("serialize") {
             name = Some(value);
-        } else if name.is_none() {
-            name = Some(value);
+        } else if !inner.path.is_ident("deserialize") {
+            return Err(inner.error("expected `serialize` or `deserialize`"));
         }
         Ok(())
     })?;
-    name.ok_or_else(|| meta.error("expected a name"))
+    Ok(name)
 }
 
 /// Consumes an attribute's value (`= expr` or `(..)`) without reading it.

@@ -338,6 +338,13 @@ mod env_tests {
 
     use super::*;
 
+    fn refused(vars: &[(&str, &str)]) -> RpcError {
+        match from(vars) {
+            Ok(_) => panic!("{vars:?} accepted"),
+            Err(e) => e,
+        }
+    }
+
     fn from(vars: &[(&str, &str)]) -> Result<RpcOptions, RpcError> {
         let map: HashMap<String, String> = vars
             .iter()
@@ -382,19 +389,15 @@ mod env_tests {
         ] {
             let mut vars = base.to_vec();
             vars.push(extra);
-            let e = from(&vars).err().expect("refused");
+            let e = refused(&vars);
             assert!(e.to_string().contains(text), "{e} lacks {text}");
         }
-        let e = from(&[("MASTER_PORT", "29500"), ("RANK", "2"), ("WORLD_SIZE", "2")])
-            .err()
-            .expect("refused");
+        let e = refused(&[("MASTER_PORT", "29500"), ("RANK", "2"), ("WORLD_SIZE", "2")]);
         assert!(
             e.to_string().contains("RANK 2 is not below WORLD_SIZE 2"),
             "{e}"
         );
-        let e = from(&[("RANK", "0"), ("WORLD_SIZE", "2")])
-            .err()
-            .expect("refused");
+        let e = refused(&[("RANK", "0"), ("WORLD_SIZE", "2")]);
         assert!(e.to_string().contains("MASTER_PORT is not set"), "{e}");
     }
 }

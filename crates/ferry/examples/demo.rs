@@ -1,5 +1,6 @@
 //! A tour of Ferry's RPC: 4 local worker processes rendezvous, exchange
-//! tensors with `rpc_sync` and `rpc_async`, and print what they measured.
+//! tensors through typed remote functions (`rpc_sync` and `rpc_async`),
+//! and print what they measured.
 //! (`cargo xtask demo` runs a different program: `ferry-autograd`'s `train`
 //! example, Listing 1 trained across 3 processes.)
 //!
@@ -12,19 +13,25 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use ferry::launch::{self, Role};
-use ferry::rpc::{self, Functions, RpcOptions};
-use ferry::RawTensor;
+use ferry::{Function, Functions, RawTensor, RpcFuture, RpcOptions};
 
 const WORLD_SIZE: u32 = 4;
 static SERVED: AtomicU64 = AtomicU64::new(0);
 
+/// An empty call, answered on the agent's runtime.
+const PING: Function<(), ()> = Function::new("ping");
+/// Multiplies a contiguous f32 tensor by a factor.
+const SCALE: Function<(RawTensor, f32), RawTensor> = Function::new("scale");
+/// Sends the tensor back.
+const ECHO: Function<RawTensor, RawTensor> = Function::new("echo");
+
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register_async("ping", |(): ()| async {
+    f.add_async(PING, |()| async {
         SERVED.fetch_add(1, Ordering::Relaxed);
         Ok::<_, std::convert::Infallible>(())
     });
-    f.register_fallible("scale", |(t, k): (RawTensor, f32)| {
+    f.add_fallible(SCALE, |(t, k): (RawTensor, f32)| {
         SERVED.fetch_add(1, Ordering::Relaxed);
         let v = t
             .as_slice::<f32>()
@@ -32,7 +39,7 @@ fn functions() -> Functions {
         let out: Vec<f32> = v.iter().map(|x| x * k).collect();
         Ok::<_, anyhow::Error>(RawTensor::from_slice(&out, t.shape())?)
     });
-    f.register_async("echo", |t: RawTensor| async move {
+    f.add_async(ECHO, |t: RawTensor| async move {
         SERVED.fetch_add(1, Ordering::Relaxed);
         Ok::<_, std::convert::Infallible>(t)
     });
@@ -64,9 +71,7 @@ fn main() -> Result<()> {
     let mine: Vec<f32> = (0..1024).map(|i| (rank * 10_000 + i) as f32).collect();
     let tensor = RawTensor::from_slice(&mine, &[32, 32])?;
     let replies: Vec<_> = (0..world_size)
-        .map(|peer| {
-            rpc::rpc_async::<RawTensor, _>(peer, "scale", (tensor.clone(), peer as f32 + 1.0))
-        })
+        .map(|peer| SCALE.rpc_async(peer, (tensor.clone(), peer as f32 + 1.0)))
         .collect();
     for (peer, reply) in replies.into_iter().enumerate() {
         let back = reply.wait()?;
@@ -102,7 +107,7 @@ fn main() -> Result<()> {
         }
         println!();
     }
-    rpc::shutdown()?;
+    ferry::shutdown()?;
     println!(
         "{}: served {} calls, shut down",
         name(rank),
@@ -117,7 +122,7 @@ fn measure(peer: u32) -> Result<(Duration, f64, f64)> {
     let mut lat = Vec::with_capacity(2000);
     for _ in 0..2000 {
         let t = Instant::now();
-        rpc::rpc_sync::<(), _>(peer, "ping", ())?;
+        PING.rpc_sync(peer, ())?;
         lat.push(t.elapsed());
     }
     lat.sort();
@@ -128,10 +133,10 @@ fn measure(peer: u32) -> Result<(Duration, f64, f64)> {
     let mut inflight = std::collections::VecDeque::with_capacity(64);
     for _ in 0..calls {
         if inflight.len() == 64 {
-            let f: rpc::RpcFuture<()> = inflight.pop_front().context("queue")?;
+            let f: RpcFuture<()> = inflight.pop_front().context("queue")?;
             f.wait()?;
         }
-        inflight.push_back(rpc::rpc_async::<(), _>(peer, "ping", ()));
+        inflight.push_back(PING.rpc_async(peer, ()));
     }
     for f in inflight {
         f.wait()?;
@@ -142,7 +147,7 @@ fn measure(peer: u32) -> Result<(Duration, f64, f64)> {
     let reps = 20;
     let t = Instant::now();
     for _ in 0..reps {
-        let back: RawTensor = rpc::rpc_sync(peer, "echo", big.clone())?;
+        let back = ECHO.rpc_sync(peer, big.clone())?;
         ensure!(back.numel() == big.numel(), "echo lost elements");
     }
     let per = t.elapsed().as_secs_f64() / reps as f64;
