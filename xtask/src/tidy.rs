@@ -7,7 +7,10 @@ use anyhow::{ensure, Context, Result};
 
 use crate::steps::root;
 
-fn read(rel: &str) -> Result<String> {
+#[cfg(test)]
+mod layers;
+
+pub(crate) fn read(rel: &str) -> Result<String> {
     let path = root().join(rel);
     std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
 }
@@ -88,7 +91,7 @@ fn no_bincode_in_lockfile() -> Result<()> {
 
 /// Package directories checked for manifest hygiene: every crate under
 /// `crates/`, plus the other workspace members.
-fn package_dirs() -> Result<Vec<PathBuf>> {
+pub(crate) fn package_dirs() -> Result<Vec<PathBuf>> {
     let mut dirs = Vec::new();
     for entry in std::fs::read_dir(root().join("crates")).context("reading crates/")? {
         let dir = entry?.path();
@@ -108,7 +111,7 @@ fn package_dirs() -> Result<Vec<PathBuf>> {
 }
 
 /// The `key = value` lines of one `[table]` of a Cargo.toml (no nested tables).
-fn table_lines<'a>(manifest: &'a str, table: &str) -> Vec<&'a str> {
+pub(crate) fn table_lines<'a>(manifest: &'a str, table: &str) -> Vec<&'a str> {
     let header = format!("[{table}]");
     let mut inside = false;
     let mut out = Vec::new();
@@ -126,7 +129,7 @@ fn key_is(line: &str, key: &str) -> bool {
     line.split_once('=').is_some_and(|(k, _)| k.trim() == key)
 }
 
-fn rel(path: &Path) -> String {
+pub(crate) fn rel(path: &Path) -> String {
     path.strip_prefix(root())
         .unwrap_or(path)
         .display()

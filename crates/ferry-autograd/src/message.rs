@@ -15,7 +15,7 @@ use crate::container::DistAutogradContainer;
 use crate::engine;
 
 /// The service kind of distributed autograd messages.
-pub const AUTOGRAD_SERVICE: MessageKind = MessageKind(0x102);
+pub const AUTOGRAD_SERVICE: MessageKind = ferry_wire::kinds::AUTOGRAD;
 
 /// The service's name (errors, logs, and the interceptor's check).
 pub(crate) const SERVICE_NAME: &str = "autograd";

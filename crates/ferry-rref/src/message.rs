@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::{Envelope, ForkData, ForkId, RRefId};
 
 /// The message kind of the RRef service.
-pub const RREF_SERVICE: ferry_wire::MessageKind = ferry_wire::MessageKind(0x101);
+pub const RREF_SERVICE: ferry_wire::MessageKind = ferry_wire::kinds::RREF;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum RRefMessage {

@@ -24,8 +24,9 @@ pub const WIRE_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 32;
 
 /// What a frame carries. Kinds below [`MessageKind::FIRST_SERVICE`] are
-/// Ferry's own; the layers above (RRef, autograd, ...) register service kinds
-/// at or above it.
+/// the agent's own; the layers above (RRef, autograd, ...) have service
+/// kinds at or above it. Every kind Ferry uses is defined in
+/// [`kinds`](crate::kinds), its one registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MessageKind(pub u16);
 
@@ -54,13 +55,9 @@ impl MessageKind {
 
 impl std::fmt::Display for MessageKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            Self::HANDSHAKE => f.write_str("handshake"),
-            Self::REQUEST => f.write_str("request"),
-            Self::RESPONSE => f.write_str("response"),
-            Self::ERROR => f.write_str("error"),
-            Self::RELEASE => f.write_str("release"),
-            MessageKind(k) => write!(f, "kind {k:#06x}"),
+        match crate::kinds::lookup(*self) {
+            Some(info) => f.write_str(info.name),
+            None => write!(f, "kind {:#06x}", self.0),
         }
     }
 }

@@ -38,6 +38,7 @@ mod dtype;
 mod error;
 mod frame;
 mod handshake;
+pub mod kinds;
 pub mod payload;
 mod text;
 

@@ -28,11 +28,11 @@ use crate::net::accept_loop;
 use crate::recovery::link::{self, ReadError};
 
 /// First message on a peer connection, connecting side to accepting side.
-const KIND_HELLO: MessageKind = MessageKind(0x0f20);
+const KIND_HELLO: MessageKind = ferry_wire::kinds::FT_COLLECTIVE_HELLO;
 /// The accepting side's answer to a hello.
-const KIND_HELLO_REPLY: MessageKind = MessageKind(0x0f21);
+const KIND_HELLO_REPLY: MessageKind = ferry_wire::kinds::FT_COLLECTIVE_HELLO_REPLY;
 /// One segment of an allreduce.
-const KIND_DATA: MessageKind = MessageKind(0x0f22);
+const KIND_DATA: MessageKind = ferry_wire::kinds::FT_COLLECTIVE_DATA;
 
 /// A process group's knobs.
 ///

@@ -27,11 +27,11 @@ use ferry_wire::{DType, MessageKind};
 use serde::{Deserialize, Serialize};
 
 /// Requests, client to server.
-pub(crate) const KIND_REQUEST: MessageKind = MessageKind(0x0f00);
+pub(crate) const KIND_REQUEST: MessageKind = ferry_wire::kinds::FT_RECOVERY_REQUEST;
 /// Replies (manifest, refusal, end of stream), server to client.
-pub(crate) const KIND_REPLY: MessageKind = MessageKind(0x0f01);
+pub(crate) const KIND_REPLY: MessageKind = ferry_wire::kinds::FT_RECOVERY_REPLY;
 /// One chunk of a tensor, server to client.
-pub(crate) const KIND_CHUNK: MessageKind = MessageKind(0x0f02);
+pub(crate) const KIND_CHUNK: MessageKind = ferry_wire::kinds::FT_RECOVERY_CHUNK;
 
 /// Chunk sizes must be a multiple of this (the largest element size), so
 /// every chunk boundary falls between elements.
