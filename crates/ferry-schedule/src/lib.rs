@@ -18,7 +18,8 @@
 //! - [`placement`]: which rank owns which stage ([`Placement::Loop`],
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
-//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion.
+//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion;
+//!   [`add_unshard_reshard`], FSDP's UNSHARD/RESHARD with a prefetch window.
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
@@ -69,6 +70,7 @@ pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
+pub use lower::{add_unshard_reshard, DEFAULT_MAX_ACTIVE_STAGES};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;
