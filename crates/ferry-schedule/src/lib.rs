@@ -23,6 +23,9 @@
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
+//! - [`deadlock`]: [`check_deadlock`], rejects a lowered schedule that
+//!   cannot finish before it runs, naming the actions that wait on each
+//!   other (buffered or rendezvous sends, [`CommModel`]).
 //! - [`validate`]: [`validate`], the rules every schedule must keep,
 //!   with errors that show the grid and mark the offending slot.
 //! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
@@ -58,6 +61,7 @@
 
 pub mod action;
 pub mod csv;
+pub mod deadlock;
 pub mod generate;
 pub mod lower;
 pub mod placement;
@@ -68,6 +72,7 @@ pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
+pub use deadlock::{check_deadlock, check_deadlock_with, partner, CommModel, DeadlockError, Wait};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
 pub use lower::{add_unshard_reshard, DEFAULT_MAX_ACTIVE_STAGES};
