@@ -19,7 +19,8 @@
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
 //! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion;
-//!   [`add_unshard_reshard`], FSDP's UNSHARD/RESHARD with a prefetch window.
+//!   [`add_unshard_reshard`], FSDP's UNSHARD/RESHARD with a prefetch window;
+//!   [`defer_recvs`], receives moved late with a deadlock-free rule.
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
@@ -75,7 +76,7 @@ pub use csv::{CsvError, Schedule};
 pub use deadlock::{check_deadlock, check_deadlock_with, partner, CommModel, DeadlockError, Wait};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
-pub use lower::{add_unshard_reshard, DEFAULT_MAX_ACTIVE_STAGES};
+pub use lower::{add_unshard_reshard, defer_recvs, DeferOptions, DEFAULT_MAX_ACTIVE_STAGES};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;

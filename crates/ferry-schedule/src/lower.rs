@@ -4,6 +4,8 @@
 //!   ranks (PyTorch's `_add_send_recv`).
 //! - [`add_unshard_reshard`]: FSDP's UNSHARD/RESHARD with a prefetch
 //!   window (PyTorch's `_add_unshard_reshard`).
+//! - [`defer_recvs`]: each RECV moved as late as it can without a
+//!   deadlock (the rule is in [`defer`]'s docs).
 //! - [`add_reduce_grad`], [`merge_input_weight`]: REDUCE_GRAD after a
 //!   stage's last backward; an adjacent I and W merged into B.
 
@@ -12,8 +14,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 
+pub mod defer;
 mod unshard;
 
+pub use defer::{defer_recvs, DeferOptions};
 pub use unshard::{add_unshard_reshard, DEFAULT_MAX_ACTIVE_STAGES};
 
 /// A schedule that cannot be lowered.
