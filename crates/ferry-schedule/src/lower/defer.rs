@@ -86,6 +86,18 @@ pub fn defer_recvs(
 ) -> Result<Schedule, DeadlockError> {
     check_deadlock_with(lowered, stage_to_rank, options.model)?;
     let mut graph = Graph::new(lowered, stage_to_rank);
+    if options.model == CommModel::Rendezvous && !graph.number() {
+        // The pairs as matched here (in order, per kind) cannot all meet:
+        // only possible with duplicated sends or receives, which the
+        // deadlock check tolerates. Moving nothing is safe.
+        return Ok(Schedule::new(
+            lowered
+                .ranks
+                .iter()
+                .map(|row| row.iter().flatten().cloned().map(Some).collect())
+                .collect(),
+        ));
+    }
     for rank in 0..graph.order.len() {
         let recvs: Vec<usize> = graph.order[rank]
             .iter()
@@ -119,6 +131,13 @@ fn consumes(action: &Action, recv: &Action) -> bool {
 }
 
 /// The schedule as a graph whose rank lists change as receives move.
+///
+/// Under a rendezvous it keeps a topological numbering of the pair graph
+/// (`label`, equal for the two ends of a pair), updated on every move as in
+/// Pearce and Kelly's dynamic topological order: the searches that find
+/// whether a move closes a cycle stay within the labels between the two
+/// actions, so a move costs about the work the ranks do meanwhile, not
+/// the whole schedule.
 struct Graph {
     actions: Vec<Action>,
     rank_of: Vec<usize>,
@@ -128,6 +147,8 @@ struct Graph {
     pos: Vec<usize>,
     /// The other end of each cross-rank send/receive pair.
     partner: Vec<Option<usize>>,
+    /// A topological number per action (rendezvous only).
+    label: Vec<u64>,
     /// Walk marks: `seen[n] == epoch` when visited in the current walk.
     seen: Vec<u32>,
     epoch: u32,
@@ -182,14 +203,57 @@ impl Graph {
             order,
             pos,
             partner: partner_of,
+            label: vec![0; n],
             seen: vec![0; n],
             epoch: 0,
         }
     }
 
+    /// Numbers the pair graph in an order the ranks can run it (each rank
+    /// in order, the two ends of a pair together); `false` if it has a
+    /// cycle (only for malformed pairings the deadlock check lets by,
+    /// such as duplicated sends).
+    fn number(&mut self) -> bool {
+        let mut at = vec![0; self.order.len()];
+        let mut next_label = 0;
+        let total = self.actions.len();
+        let mut numbered = 0;
+        while numbered < total {
+            let mut progress = false;
+            for rank in 0..self.order.len() {
+                while let Some(&id) = self.order[rank].get(at[rank]) {
+                    if let Some(other) = self.partner[id] {
+                        let peer = self.rank_of[other];
+                        if self.order[peer].get(at[peer]) != Some(&other) {
+                            break;
+                        }
+                        self.label[other] = next_label;
+                        at[peer] += 1;
+                        numbered += 1;
+                    }
+                    self.label[id] = next_label;
+                    next_label += 1;
+                    at[rank] += 1;
+                    numbered += 1;
+                    progress = true;
+                }
+            }
+            if !progress {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The action after `id` on its rank.
     fn next(&self, id: usize) -> Option<usize> {
         self.order[self.rank_of[id]].get(self.pos[id] + 1).copied()
+    }
+
+    /// The action before `id` on its rank.
+    fn prev(&self, id: usize) -> Option<usize> {
+        let at = self.pos[id].checked_sub(1)?;
+        self.order[self.rank_of[id]].get(at).copied()
     }
 
     fn defer(&mut self, recv: usize, options: DeferOptions) {
@@ -205,10 +269,7 @@ impl Graph {
         let mut at = start;
         while consumer - at - 1 > options.lead {
             let next = self.order[rank][at + 1];
-            if options.model == CommModel::Rendezvous
-                && self.partner[next].is_some()
-                && self.reaches_past_partner(recv, next)
-            {
+            if options.model == CommModel::Rendezvous && !self.relabel_for_swap(recv, next) {
                 break;
             }
             self.order[rank].swap(at, at + 1);
@@ -218,34 +279,83 @@ impl Graph {
         }
     }
 
-    /// Whether, in the rendezvous graph, `recv` reaches `target` (or its
-    /// partner) other than by its own rank's next edge: walking from the
-    /// action after `recv`'s send on the sending rank.
-    fn reaches_past_partner(&mut self, recv: usize, target: usize) -> bool {
-        let Some(send) = self.partner[recv] else {
-            return false;
-        };
-        let goal = (target, self.partner[target]);
+    /// Whether `recv` may pass `next` (the action after it on its rank)
+    /// without closing a cycle in the rendezvous pair graph; if so,
+    /// renumbers the graph for the swapped order.
+    ///
+    /// The swap turns the edge `recv -> next` into `next -> recv`. It
+    /// closes a cycle exactly when `recv` reaches `next` another way, and
+    /// the only other way out of `recv` is through the action after its
+    /// partner send on the peer's rank.
+    fn relabel_for_swap(&mut self, recv: usize, next: usize) -> bool {
+        let (low, high) = (self.label[recv], self.label[next]);
+        // Forward from `recv` (not by its edge to `next`): what it reaches
+        // numbered below `next`. Reaching `next` means a cycle.
         self.epoch += 1;
-        let epoch = self.epoch;
-        let mut stack: Vec<usize> = self.next(send).into_iter().collect();
+        let mut forward = vec![recv];
+        self.mark(recv);
+        let mut stack: Vec<usize> = self.partner[recv]
+            .and_then(|s| self.next(s))
+            .into_iter()
+            .collect();
         while let Some(node) = stack.pop() {
-            if self.seen[node] == epoch {
+            if self.label[node] == high {
+                return false;
+            }
+            if self.label[node] > high || self.is_marked(node) {
                 continue;
             }
-            if node == goal.0 || Some(node) == goal.1 {
-                return true;
-            }
-            self.seen[node] = epoch;
+            self.mark(node);
+            forward.push(node);
             stack.extend(self.next(node));
+            stack.extend(self.partner[node].and_then(|p| self.next(p)));
+        }
+        // Backward from `next` (not by its edge from `recv`): what reaches
+        // it numbered above `recv`.
+        let mut backward = vec![next];
+        self.mark(next);
+        let mut stack: Vec<usize> = self.partner[next]
+            .and_then(|p| self.prev(p))
+            .into_iter()
+            .collect();
+        while let Some(node) = stack.pop() {
+            if self.label[node] < low || self.is_marked(node) {
+                continue;
+            }
+            self.mark(node);
+            backward.push(node);
+            stack.extend(self.prev(node));
+            stack.extend(self.partner[node].and_then(|p| self.prev(p)));
+        }
+        // The same numbers, those reaching `next` first.
+        let by_label = |g: &Graph, nodes: &mut Vec<usize>| nodes.sort_by_key(|&n| g.label[n]);
+        by_label(self, &mut backward);
+        by_label(self, &mut forward);
+        let mut labels: Vec<u64> = backward
+            .iter()
+            .chain(&forward)
+            .map(|&n| self.label[n])
+            .collect();
+        labels.sort_unstable();
+        for (&node, label) in backward.iter().chain(&forward).zip(labels) {
+            self.label[node] = label;
             if let Some(other) = self.partner[node] {
-                if self.seen[other] != epoch {
-                    self.seen[other] = epoch;
-                    stack.extend(self.next(other));
-                }
+                self.label[other] = label;
             }
         }
-        false
+        true
+    }
+
+    /// Marks a node (both ends of a pair) as seen in this walk.
+    fn mark(&mut self, node: usize) {
+        self.seen[node] = self.epoch;
+        if let Some(other) = self.partner[node] {
+            self.seen[other] = self.epoch;
+        }
+    }
+
+    fn is_marked(&self, node: usize) -> bool {
+        self.seen[node] == self.epoch
     }
 
     fn into_schedule(self) -> Schedule {
