@@ -6,6 +6,7 @@ use ferry_schedule::{
     add_send_recv, check_deadlock, check_deadlock_with, defer_recvs, simulate_unit_steps, validate,
     Action, ActionKind, CommModel, DeadlockError, DeferOptions, Schedule, ScheduleKind,
 };
+use proptest::prelude::*;
 
 fn csv(rows: &[&str]) -> Schedule {
     let text: String = rows.iter().map(|r| format!("{r}\r\n")).collect();
@@ -295,4 +296,50 @@ fn deadlocking_input_and_unconsumed_receives() {
         defer_recvs(&unconsumed, &[0, 1], DeferOptions::default()),
         Ok(unconsumed.clone())
     );
+}
+
+/// A small lowered schedule with a few neighbouring actions of its ranks'
+/// lists swapped, and a communication model.
+fn perturbed() -> impl Strategy<Value = (Schedule, Vec<usize>, CommModel)> {
+    (
+        prop::sample::select(vec![
+            (ScheduleKind::OneFOneB, 3, 1, 4),
+            (ScheduleKind::Interleaved1F1B, 2, 2, 4),
+            (ScheduleKind::InterleavedZeroBubble, 3, 2, 3),
+            (ScheduleKind::ZbvZeroBubble, 2, 2, 4),
+            (ScheduleKind::DualPipeV, 2, 2, 4),
+        ]),
+        prop::collection::vec((0usize..4, 0usize..128), 0..3),
+        prop::sample::select(vec![CommModel::Buffered, CommModel::Rendezvous]),
+    )
+        .prop_map(|((kind, ranks, per_rank, micro), swaps, model)| {
+            let placement = kind
+                .placement()
+                .stage_to_rank(ranks * per_rank, ranks)
+                .expect("placement");
+            let compute = kind.generate(ranks, per_rank, micro).expect("generates");
+            let mut lowered = add_send_recv(&compute, &placement).expect("lowers");
+            for (rank, at) in swaps {
+                let row = &mut lowered.ranks[rank % ranks];
+                let at = at % (row.len() - 1);
+                row.swap(at, at + 1);
+            }
+            (lowered, placement, model)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_global_rejects: 8192, ..ProptestConfig::default() })]
+
+    /// Whatever runnable order the ranks start from, deferral keeps it
+    /// runnable under the same model, with the other actions in place.
+    #[test]
+    fn deferral_keeps_any_runnable_schedule_runnable((lowered, placement, model) in perturbed()) {
+        prop_assume!(check_deadlock_with(&lowered, &placement, model).is_ok());
+        let deferred = defer_recvs(&lowered, &placement, DeferOptions { model, lead: 0 })
+            .expect("a runnable schedule defers");
+        prop_assert_eq!(check_deadlock_with(&deferred, &placement, model), Ok(()));
+        prop_assert_eq!(without_recvs(&deferred), without_recvs(&lowered));
+        prop_assert_eq!(recvs_sorted(&deferred), recvs_sorted(&lowered));
+    }
 }
