@@ -156,6 +156,24 @@ pub enum DeadlockError {
 /// [`crate::simulate_unit_steps`] finishes.
 ///
 /// `stage_to_rank[s]` is the rank of stage `s`.
+///
+/// ```
+/// use ferry_schedule::{check_deadlock, Schedule};
+///
+/// // Each rank receives before it sends what the other waits for.
+/// let lowered = Schedule::from_csv(
+///     "0F0,0SEND_F0,0RECV_B0,0F1,0SEND_F1,0B0\r\n\
+///      1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1\r\n",
+/// )?;
+/// let err = check_deadlock(&lowered, &[0, 1]).unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "deadlock: rank 0 waits at 0RECV_B0 for 1SEND_B0 on rank 1 (behind 1RECV_F1); \
+///      rank 1 waits at 1RECV_F1 for 0SEND_F1 on rank 0 (behind 0RECV_B0); \
+///      none of them can move"
+/// );
+/// # Ok::<(), ferry_schedule::CsvError>(())
+/// ```
 pub fn check_deadlock(lowered: &Schedule, stage_to_rank: &[usize]) -> Result<(), DeadlockError> {
     check_deadlock_with(lowered, stage_to_rank, CommModel::Buffered)
 }

@@ -79,6 +79,20 @@ impl Default for DeferOptions {
 /// Every other action keeps its place and order; a receive no compute on
 /// its rank consumes stays where it is. Idle steps are dropped. The input
 /// must itself finish under `options.model`, else its [`DeadlockError`].
+///
+/// ```
+/// use ferry_schedule::{add_send_recv, defer_recvs, DeferOptions, ScheduleKind};
+///
+/// let kind = ScheduleKind::OneFOneB;
+/// let placement = kind.placement().stage_to_rank(2, 2)?;
+/// let lowered = add_send_recv(&kind.generate(2, 1, 2)?, &placement)?;
+/// assert!(lowered.to_csv().ends_with("1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD\r\n"));
+/// // 1RECV_F1 passes 1B0 but not 1SEND_B0: rank 0 receives B0 only after
+/// // it has sent F1, and a rendezvous send waits for its receive.
+/// let deferred = defer_recvs(&lowered, &placement, DeferOptions::default())?;
+/// assert!(deferred.to_csv().ends_with("1RECV_F0,1F0,1B0,1RECV_F1,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD\r\n"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn defer_recvs(
     lowered: &Schedule,
     stage_to_rank: &[usize],

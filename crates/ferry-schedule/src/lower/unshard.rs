@@ -30,6 +30,23 @@ pub const DEFAULT_MAX_ACTIVE_STAGES: NonZeroUsize = NonZeroUsize::MIN.saturating
 /// iteration order of a Python `set` of stage indices, which is increasing
 /// order for stage indices below 8 (where the two are checked equal,
 /// `tests/unshard.rs`).
+///
+/// ```
+/// use ferry_schedule::{add_unshard_reshard, Schedule, DEFAULT_MAX_ACTIVE_STAGES};
+/// use std::num::NonZeroUsize;
+///
+/// let rank = Schedule::from_csv("0F0,2F0,0B0,2B0\r\n")?;
+/// let one = NonZeroUsize::MIN;
+/// assert_eq!(
+///     add_unshard_reshard(&rank, one).to_csv(),
+///     "0UNSHARD,0F0,0RESHARD,2UNSHARD,2F0,2RESHARD,0UNSHARD,0B0,0RESHARD,2UNSHARD,2B0,2RESHARD\r\n"
+/// );
+/// assert_eq!(
+///     add_unshard_reshard(&rank, DEFAULT_MAX_ACTIVE_STAGES).to_csv(),
+///     "0UNSHARD,2UNSHARD,0F0,2F0,0B0,0RESHARD,2B0,2RESHARD\r\n"
+/// );
+/// # Ok::<(), ferry_schedule::CsvError>(())
+/// ```
 pub fn add_unshard_reshard(schedule: &Schedule, max_active_stages: NonZeroUsize) -> Schedule {
     Schedule::new(
         schedule
