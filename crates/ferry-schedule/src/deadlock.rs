@@ -225,7 +225,7 @@ pub(crate) fn input(leaf: &Action, stage_to_rank: &[usize]) -> Input {
         },
         None => Input::NoPeer { from },
     };
-    let signed = stage as i64;
+    let signed = i64::try_from(stage).unwrap_or(i64::MAX);
     match leaf.kind() {
         ActionKind::Forward if stage > 0 => Input::Local(vec![
             at(stage, ActionKind::RecvF),
@@ -243,8 +243,8 @@ pub(crate) fn input(leaf: &Action, stage_to_rank: &[usize]) -> Input {
             at(stage, ActionKind::BackwardInput),
             at(stage, ActionKind::FullBackward),
         ]),
-        ActionKind::RecvF => from_peer(signed - 1, ActionKind::SendF),
-        ActionKind::RecvB => from_peer(signed + 1, ActionKind::SendB),
+        ActionKind::RecvF => from_peer(signed.saturating_sub(1), ActionKind::SendF),
+        ActionKind::RecvB => from_peer(signed.saturating_add(1), ActionKind::SendB),
         _ => Input::Nothing,
     }
 }
@@ -339,7 +339,7 @@ impl<'a> Run<'a> {
     }
 
     fn has_run(&self, rank: usize, action: &Action) -> bool {
-        self.done[rank].contains(action)
+        self.done.get(rank).is_some_and(|d| d.contains(action))
     }
 
     fn local_ready(&self, rank: usize, leaf: &Action) -> bool {
@@ -396,6 +396,11 @@ impl<'a> Run<'a> {
                 if self.has_run(peer, &send) {
                     // Its send already met another receive.
                     return None;
+                }
+                if matching_recv(&send, self.stage_to_rank).map(|(to, _)| to) != Some(rank) {
+                    // The placement puts this receive's stage elsewhere:
+                    // the send will look for it there.
+                    return Some(false);
                 }
                 (peer, send, action.clone())
             }

@@ -2,8 +2,8 @@
 //! their error texts, and agreement with the unit-step simulator.
 
 use ferry_schedule::{
-    add_send_recv, check_deadlock, check_deadlock_with, simulate_unit_steps, CommModel,
-    DeadlockError, Schedule, ScheduleKind,
+    add_send_recv, check_deadlock, check_deadlock_with, defer_recvs, simulate_unit_steps, Action,
+    ActionKind, CommModel, DeadlockError, DeferOptions, Schedule, ScheduleKind,
 };
 use proptest::prelude::*;
 
@@ -120,6 +120,22 @@ fn local_misorder_and_bad_stages_are_named() {
         "rank 0, step 0: 0RECV_F0 receives from stage -1, which does not exist \
          (the placement has 1 stages)"
     );
+    // A placement naming a rank the schedule has no list for.
+    let err = check_deadlock(&csv(&["1RECV_F0,1F0"]), &[5, 0]).expect_err("rank 5");
+    assert_eq!(
+        err.to_string(),
+        "rank 0, step 0: 1RECV_F0 waits for 0SEND_F0 on rank 5, which rank 5 never runs"
+    );
+    let rendezvous = check_deadlock_with(
+        &csv(&["0F0,0SEND_F0", "1RECV_F0,1F0"]),
+        &[0, 7],
+        CommModel::Rendezvous,
+    )
+    .expect_err("rank 7");
+    assert!(
+        matches!(rendezvous, DeadlockError::NoRecv { peer: 7, .. }),
+        "{rendezvous}"
+    );
     let err = check_deadlock(&csv(&["0F0,5F0"]), &[0]).expect_err("stage 5");
     assert!(
         matches!(
@@ -230,6 +246,65 @@ proptest! {
         // A rendezvous finishes only where buffered sends do.
         if check_deadlock_with(&lowered, &placement, CommModel::Rendezvous).is_ok() {
             prop_assert!(checked.is_ok());
+        }
+    }
+}
+
+/// Any list of actions on up to three ranks, over stages that a placement
+/// of up to four stages names (and sometimes one it does not).
+fn arbitrary_lowered() -> impl Strategy<Value = (Schedule, Vec<usize>)> {
+    let kinds: Vec<ActionKind> = ActionKind::ALL
+        .into_iter()
+        .filter(|k| !k.is_compound())
+        .collect();
+    let simple =
+        (0usize..5, prop::sample::select(kinds), 0usize..3).prop_map(|(stage, kind, mb)| {
+            Action::new(stage, kind, kind.has_microbatch().then_some(mb))
+        });
+    let action = prop_oneof![
+        6 => simple.clone(),
+        1 => prop::collection::vec(simple, 0..3)
+            .prop_map(|subs| Action::compound(ActionKind::OverlapFB, subs)),
+    ];
+    (
+        prop::collection::vec(
+            prop::collection::vec(prop::option::weighted(0.9, action), 0..10),
+            1..4,
+        ),
+        prop::collection::vec(0usize..4, 0..5),
+    )
+        .prop_map(|(rows, placement)| (Schedule::new(rows), placement))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// On any input the check answers without panicking, agrees with the
+    /// simulator where every stage is placed, and what it passes defers.
+    #[test]
+    fn any_schedule_checks_defers_and_agrees((lowered, placement) in arbitrary_lowered()) {
+        let all_placed = lowered
+            .ranks
+            .iter()
+            .flatten()
+            .flatten()
+            .flat_map(|a| std::iter::once(a).chain(a.sub_actions()))
+            .all(|a| a.stage() < placement.len());
+        let checked = check_deadlock(&lowered, &placement);
+        let simulated = simulate_unit_steps(&lowered, &placement);
+        if all_placed {
+            prop_assert_eq!(checked.is_ok(), simulated.is_ok(), "{:?}", checked);
+        } else {
+            let unknown = matches!(checked, Err(DeadlockError::UnknownStage { .. }));
+            prop_assert!(unknown, "{:?}", checked);
+        }
+        for model in [CommModel::Buffered, CommModel::Rendezvous] {
+            let runs = check_deadlock_with(&lowered, &placement, model).is_ok();
+            let deferred = defer_recvs(&lowered, &placement, DeferOptions { model, lead: 0 });
+            prop_assert_eq!(deferred.is_ok(), runs);
+            if let Ok(deferred) = deferred {
+                prop_assert_eq!(check_deadlock_with(&deferred, &placement, model), Ok(()));
+            }
         }
     }
 }
