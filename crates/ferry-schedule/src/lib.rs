@@ -18,10 +18,15 @@
 //! - [`placement`]: which rank owns which stage ([`Placement::Loop`],
 //!   [`Placement::V`]).
 //! - [`csv`]: [`Schedule`] and its CSV import and export.
-//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion.
+//! - [`lower`]: [`add_send_recv`], PyTorch's SEND/RECV insertion;
+//!   [`add_unshard_reshard`], FSDP's UNSHARD/RESHARD with a prefetch window;
+//!   [`defer_recvs`], receives moved late with a deadlock-free rule.
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
+//! - [`deadlock`]: [`check_deadlock`], rejects a lowered schedule that
+//!   cannot finish before it runs, naming the actions that wait on each
+//!   other (buffered or rendezvous sends, [`CommModel`]).
 //! - [`validate`]: [`validate`], the rules every schedule must keep,
 //!   with errors that show the grid and mark the offending slot.
 //! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
@@ -57,6 +62,7 @@
 
 pub mod action;
 pub mod csv;
+pub mod deadlock;
 pub mod generate;
 pub mod lower;
 pub mod placement;
@@ -67,8 +73,10 @@ pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use csv::{CsvError, Schedule};
+pub use deadlock::{check_deadlock, check_deadlock_with, partner, CommModel, DeadlockError, Wait};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
+pub use lower::{add_unshard_reshard, defer_recvs, DeferOptions, DEFAULT_MAX_ACTIVE_STAGES};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;

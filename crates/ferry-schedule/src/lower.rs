@@ -1,9 +1,24 @@
 //! Lowering: from a compute-only schedule to one with its communication.
+//!
+//! - [`add_send_recv`]: SEND/RECV for every stage boundary that crosses
+//!   ranks (PyTorch's `_add_send_recv`).
+//! - [`add_unshard_reshard`]: FSDP's UNSHARD/RESHARD with a prefetch
+//!   window (PyTorch's `_add_unshard_reshard`).
+//! - [`defer_recvs`]: each RECV moved as late as it can without a
+//!   deadlock (the rule is in [`defer`]'s docs).
+//! - [`add_reduce_grad`], [`merge_input_weight`]: REDUCE_GRAD after a
+//!   stage's last backward; an adjacent I and W merged into B.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
+
+pub mod defer;
+mod unshard;
+
+pub use defer::{defer_recvs, DeferOptions};
+pub use unshard::{add_unshard_reshard, DEFAULT_MAX_ACTIVE_STAGES};
 
 /// A schedule that cannot be lowered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

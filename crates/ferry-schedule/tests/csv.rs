@@ -1,7 +1,13 @@
 //! CSV import and export against bytes written by Python's `csv` module
 //! (what PyTorch's `_dump_csv` uses).
 
-use ferry_schedule::{Action, ActionKind, CsvError, Schedule};
+use std::num::NonZeroUsize;
+
+use ferry_schedule::{
+    add_send_recv, add_unshard_reshard, defer_recvs, Action, ActionKind, CsvError, DeferOptions,
+    Schedule, ScheduleKind,
+};
+use proptest::prelude::*;
 
 #[test]
 fn compute_only_matches_python_bytes() {
@@ -73,4 +79,58 @@ fn bad_cells_name_rank_and_step() {
         Schedule::from_csv("\"0F0\"x"),
         Err(CsvError::AfterQuote { rank: 0, step: 0 })
     );
+}
+
+/// Any schedule a generator makes, in the `compute_only` form, lowered to
+/// the `compute_comms` form, and with FSDP and deferred receives on top.
+fn valid_schedules() -> impl Strategy<Value = Vec<Schedule>> {
+    (
+        prop::sample::select(ScheduleKind::ALL.to_vec()),
+        1usize..6,
+        1usize..4,
+        1usize..10,
+        1usize..4,
+    )
+        .prop_filter_map(
+            "shape the schedule refuses",
+            |(kind, ranks, per_rank, micro, window)| {
+                let compute = kind.generate(ranks, per_rank, micro).ok()?;
+                let placement = kind
+                    .placement()
+                    .stage_to_rank(ranks * per_rank, ranks)
+                    .ok()?;
+                let lowered = add_send_recv(&compute, &placement).ok()?;
+                let window = NonZeroUsize::new(window)?;
+                let fsdp =
+                    add_send_recv(&add_unshard_reshard(&compute, window), &placement).ok()?;
+                let deferred = defer_recvs(&lowered, &placement, DeferOptions::default()).ok()?;
+                Some(vec![compute, lowered, fsdp, deferred])
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn valid_schedules_round_trip(schedules in valid_schedules()) {
+        for schedule in schedules {
+            let csv = schedule.to_csv();
+            let read = Schedule::from_csv(&csv);
+            prop_assert_eq!(read.as_ref(), Ok(&schedule));
+            // Byte for byte: writing what was read gives the same text.
+            prop_assert_eq!(read.map(|s| s.to_csv()), Ok(csv));
+        }
+    }
+
+    /// Text in CSV shape (cells that are actions, near-misses, quotes,
+    /// blanks, every kind of line end) parses or not; what parses writes
+    /// back to text that reads as the same schedule.
+    #[test]
+    fn parsed_csv_round_trips(
+        text in "((\"?[0-9]{0,2}(F|B|I|W|SEND_F|RECV_B|UNSHARD|REDUCE_GRAD|OVERLAP_F_B)?[0-9]{0,2}\"?| |\\(0F1;1B0\\)OVERLAP_F_B|\"\")(,|\r\n|\n|\r)){0,12}"
+    ) {
+        if let Ok(schedule) = Schedule::from_csv(&text) {
+            let csv = schedule.to_csv();
+            prop_assert_eq!(Schedule::from_csv(&csv), Ok(schedule));
+        }
+    }
 }

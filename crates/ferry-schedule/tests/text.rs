@@ -119,8 +119,19 @@ proptest! {
 
     #[test]
     fn parse_never_panics(text in "\\PC{0,40}") {
-        let _ = text.parse::<Action>();
-        let _ = Schedule::from_csv(&text);
+        // Whatever parses prints back to text that parses the same.
+        if let Ok(action) = text.parse::<Action>() {
+            prop_assert_eq!(action.to_string().parse::<Action>(), Ok(action));
+        }
+        if let Ok(schedule) = Schedule::from_csv(&text) {
+            prop_assert_eq!(Schedule::from_csv(&schedule.to_csv()), Ok(schedule));
+        }
+    }
+
+    #[test]
+    fn slots_round_trip(slot in proptest::option::of(action()), pad in "[ \t]{0,2}") {
+        let text = slot.as_ref().map_or_else(String::new, Action::to_string);
+        prop_assert_eq!(Action::parse_slot(&format!("{pad}{text}{pad}")), Ok(slot));
     }
 
     #[test]

@@ -22,6 +22,14 @@ communication). Their tables are kept in `pytorch_table/<shape>.csv`. The same t
 `_add_send_recv` (SEND/RECV inserted) go to `comms/<shape>.csv`, and the
 step count PyTorch's `_simulate_comms_compute` gives each to
 `comms/steps.txt`.
+
+FSDP lowering: for a few shapes listed in `UNSHARD_SHAPES` (several stages
+per rank, V placements, OVERLAP_F_B), PyTorch's compute-only table (for
+GPipe and 1F1B, the runtime order) goes to `unshard/<shape>.csv`, and that
+table run through PyTorch's `_add_unshard_reshard(actions,
+max_active_stages=k)` rank by rank to `unshard/<shape>_a<k>.csv` for k in
+{1, 2, 3}. Every stage index stays below 8, so PyTorch's iteration over its
+set of active stages is in increasing stage order (Ferry's order).
 """
 
 import csv
@@ -155,6 +163,44 @@ def dump_comms(schedule, shape, order=None):
             writer.writerow(lowered[rank])
 
 
+# (schedule, ranks, stages per rank, microbatches) for the UNSHARD/RESHARD
+# fixtures; stage counts at most 8 (see the module doc).
+UNSHARD_SHAPES = [
+    ("gpipe", 2, 1, 4),
+    ("1f1b", 4, 1, 8),
+    ("interleaved1f1b", 2, 2, 4),
+    ("interleaved1f1b", 2, 4, 4),
+    ("loopedbfs", 2, 4, 4),
+    ("interleavedzb", 2, 4, 8),
+    ("interleavedzb", 4, 2, 8),
+    ("zbv", 2, 2, 4),
+    ("zbv", 4, 2, 8),
+    ("dualpipev", 2, 2, 4),
+    ("dualpipev", 4, 2, 8),
+]
+
+
+def dump_unshard(name, ranks, per_rank, micro):
+    """PyTorch's compute-only order for one shape, and the same order with
+    PyTorch's `_add_unshard_reshard` applied for max_active_stages 1..3."""
+    shape = f"{name}_r{ranks}_s{per_rank}_m{micro}"
+    if name in SINGLE:
+        order = runtime_order(name, ranks, micro)
+    else:
+        schedule = build(name, ranks, per_rank, micro)
+        order = {r: list(a) for r, a in schedule.pipeline_order.items()}
+    if max(a.stage_index for row in order.values() for a in row if a) >= 8:
+        raise ValueError(f"{shape}: stage indices must stay below 8")
+    directory = os.path.join(HERE, "unshard")
+    write_rows(os.path.join(directory, shape + ".csv"), order)
+    for k in (1, 2, 3):
+        lowered = {
+            r: S._add_unshard_reshard(list(a), max_active_stages=k)
+            for r, a in order.items()
+        }
+        write_rows(os.path.join(directory, f"{shape}_a{k}.csv"), lowered)
+
+
 def write_rows(path, order):
     """One CSV row per rank, the way PipelineScheduleMulti's _dump_csv does."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -196,6 +242,8 @@ def main():
                     order = runtime_order(name, ranks, micro)
                     write_rows(path, order)
                     dump_comms(schedule, shape, order)
+    for name, ranks, per_rank, micro in UNSHARD_SHAPES:
+        dump_unshard(name, ranks, per_rank, micro)
     with open(os.path.join(HERE, "rejected.txt"), "w") as out:
         out.write(f"# torch {torch.__version__}\n")
         for line in rejected:
