@@ -56,21 +56,25 @@
 //! ```
 
 pub mod action;
+pub mod cost;
 pub mod csv;
 pub mod generate;
 pub mod lower;
 pub mod placement;
 pub mod simulate;
 pub mod svg;
+pub mod timed;
 pub mod trace;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
+pub use cost::{CostError, Costs, Link, StageCosts};
 pub use csv::{CsvError, Schedule};
 pub use generate::{GenerateError, ScheduleKind};
 pub use lower::{add_reduce_grad, add_send_recv, merge_input_weight, LowerError};
 pub use placement::{Placement, PlacementError};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;
+pub use timed::{simulate_timed, RankStats, Span, TimedError, TimedRun, Waiting};
 pub use trace::chrome_trace;
 pub use validate::{grid, validate, ValidationError};
