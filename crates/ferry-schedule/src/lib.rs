@@ -65,6 +65,7 @@ pub mod planner;
 pub mod simulate;
 pub mod svg;
 pub mod timed;
+pub mod timed_pictures;
 pub mod trace;
 pub mod validate;
 
@@ -78,5 +79,6 @@ pub use planner::{plan, plan_table, PlanRequest, PlanRow, PlanStats};
 pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;
 pub use timed::{simulate_timed, RankStats, Span, TimedError, TimedRun, Waiting};
+pub use timed_pictures::{chrome_trace_timed, svg_timed};
 pub use trace::chrome_trace;
 pub use validate::{grid, validate, ValidationError};

@@ -14,8 +14,9 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ferry_schedule::{
-    add_send_recv, chrome_trace, grid, plan, plan_table, simulate_timed, simulate_unit_steps,
-    steps, svg, validate, CostError, Costs, PlanRequest, Schedule, ScheduleKind,
+    add_send_recv, chrome_trace, chrome_trace_timed, grid, plan, plan_table, simulate_timed,
+    simulate_unit_steps, steps, svg, svg_timed, validate, CostError, Costs, PlanRequest, Schedule,
+    ScheduleKind,
 };
 
 /// Pipeline schedules: generate, check, simulate and draw them.
@@ -49,7 +50,9 @@ enum Command {
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Also simulate with these costs (e.g. F=1,B=2,I=1,W=1,latency=0.1)
-        /// and print the makespan, bubble and peak activations.
+        /// and print the makespan, bubble and peak activations; --svg and
+        /// --trace then draw the timed run (time across) instead of the
+        /// unit steps.
         #[arg(long, value_parser = parse_costs)]
         costs: Option<Costs>,
     },
@@ -161,6 +164,10 @@ fn main() -> Result<()> {
                         stats.peak_activations
                     );
                 }
+                return write_files(
+                    svg_path.map(|p| (p, svg_timed(&run))),
+                    trace.map(|p| (p, chrome_trace_timed(&run, 1000.0))),
+                );
             }
             write_pictures(&timeline, svg_path, trace)
         }
@@ -260,14 +267,18 @@ fn write_pictures(
     svg_path: Option<PathBuf>,
     trace: Option<PathBuf>,
 ) -> Result<()> {
-    if let Some(path) = svg_path {
-        std::fs::write(&path, svg(timeline))
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = trace {
-        std::fs::write(&path, chrome_trace(timeline, 1000))
-            .with_context(|| format!("writing {}", path.display()))?;
+    write_files(
+        svg_path.map(|p| (p, svg(timeline))),
+        trace.map(|p| (p, chrome_trace(timeline, 1000))),
+    )
+}
+
+fn write_files(
+    svg_file: Option<(PathBuf, String)>,
+    trace: Option<(PathBuf, String)>,
+) -> Result<()> {
+    for (path, text) in [svg_file, trace].into_iter().flatten() {
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())

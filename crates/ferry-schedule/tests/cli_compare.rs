@@ -153,3 +153,41 @@ fn show_with_costs_prints_makespan_bubble_and_peak() {
         "{text}"
     );
 }
+
+#[test]
+fn show_with_costs_draws_the_timed_run() {
+    let dir =
+        std::env::temp_dir().join(format!("ferry-schedule-cli-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let (svg, trace) = (dir.join("timed.svg"), dir.join("timed.json"));
+    let out = run(&[
+        "show",
+        "--schedule",
+        "gpipe",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--costs",
+        "F=1,B=2",
+        "--svg",
+        svg.to_str().expect("utf-8 path"),
+        "--trace",
+        trace.to_str().expect("utf-8 path"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc = std::fs::read_to_string(&svg).expect("svg written");
+    let json = std::fs::read_to_string(&trace).expect("trace written");
+    std::fs::remove_dir_all(&dir).expect("scratch removed");
+    // Time across: 1F1 starts at 1 and ends at 2; 1B1 on rank 1 lasts 2.
+    assert!(doc.contains("<title>0F1 [1, 2]</title>"), "{doc}");
+    assert!(doc.contains("<title>1B1 [5, 7]</title>"), "{doc}");
+    let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let b = value["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["name"] == "1B1")
+        .expect("1B1");
+    assert_eq!(b["dur"].as_f64(), Some(2000.0));
+}
