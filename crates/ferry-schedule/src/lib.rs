@@ -31,9 +31,20 @@
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot; GPipe and 1F1B
 //!   in the order PyTorch's runtime executes them.
+//! - [`cost`]: [`Costs`], the duration model (F, B, I, W per stage,
+//!   latency and bandwidth per stage boundary, UNSHARD/RESHARD/
+//!   REDUCE_GRAD) and its text form `F=1,B=2,I=1,W=1,latency=0.1`.
+//! - [`timed`]: [`simulate_timed`], the duration-aware simulator
+//!   (event-driven, O(actions)): per-action start and end, each rank's
+//!   busy time, bubble and peak live activations, the makespan.
+//! - [`timed_pictures`]: [`svg_timed`] and [`chrome_trace_timed`], the
+//!   timed run with time across.
+//! - [`planner`]: [`plan`], every schedule at every stages-per-rank ranked
+//!   by simulated makespan within a memory limit ([`plan_table`]).
 //!
 //! The `ferry-schedule` binary wraps these: `show` (grid, `--svg`,
-//! `--trace`) and `check` (validate and simulate a PyTorch CSV).
+//! `--trace`, `--costs` for the timed run), `check` (validate and simulate
+//! a PyTorch CSV) and `compare` (the planner's table).
 //!
 //! ## Example
 //!
@@ -52,6 +63,16 @@
 //!
 //! let schedule = Schedule::from_csv("0F0,,0B0\r\n,1F0,1B0\r\n")?;
 //! assert_eq!(schedule.to_csv(), "0F0,,0B0\r\n,1F0,1B0\r\n");
+//!
+//! // 1F1B on 4 ranks, 8 microbatches, F = 1 and B = 2: the bubble is
+//! // (p - 1) / (m + p - 1) and at most p activations are live per rank.
+//! use ferry_schedule::{simulate_timed, Costs, ScheduleKind};
+//! let compute = ScheduleKind::OneFOneB.generate(4, 1, 8)?;
+//! let placement = Placement::Loop.stage_to_rank(4, 4)?;
+//! let run = simulate_timed(&compute, &placement, &"F=1,B=2".parse::<Costs>()?)?;
+//! assert_eq!(run.makespan, 33.0);
+//! assert!((run.bubble() - 3.0 / 11.0).abs() < 1e-12);
+//! assert_eq!(run.peak_activations(), 4);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
