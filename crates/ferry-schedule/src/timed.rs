@@ -6,9 +6,14 @@
 //! ## Semantics
 //!
 //! The input is a lowered schedule (with SEND/RECV actions, as
-//! [`crate::add_send_recv`] makes them), or a compute-only one, which is
-//! lowered first with [`crate::add_send_recv`] so that the same costs
-//! apply. Each rank runs its list in order, one action at a time, as
+//! [`crate::add_send_recv`] makes them), or a compute-only one. A
+//! compute-only schedule is simulated as its [`crate::add_send_recv`]
+//! lowering would be, without building it: that lowering keeps each
+//! rank's compute order, puts every send right after the compute that
+//! makes its data and every receive before the compute that needs it, so
+//! a boundary between ranks is a transfer from the producer's end
+//! (`tests/timed.rs` checks the two give the same times for every
+//! generator). Each rank runs its list in order, one action at a time, as
 //! PyTorch's pipeline runtime does (`_PipelineScheduleRuntime`):
 //!
 //! - **F**, **B**, **I**, **W** start when the rank is free and their
@@ -53,9 +58,8 @@
 use std::fmt;
 
 use crate::action::{Action, ActionKind};
-use crate::cost::{CostError, Costs};
+use crate::cost::{CostError, Costs, StageCosts};
 use crate::csv::Schedule;
-use crate::lower::{add_send_recv, LowerError};
 
 /// When one action of a rank ran.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,8 +89,8 @@ pub struct RankStats {
 /// The result of [`simulate_timed`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct TimedRun {
-    /// The lowered schedule that was simulated (the input, or its
-    /// lowering when the input was compute-only).
+    /// The schedule that was simulated (the input, idle slots kept), which
+    /// [`Span::step`] indexes.
     pub schedule: Schedule,
     /// Per rank, when each of its actions ran, in list order.
     pub spans: Vec<Vec<Span>>,
@@ -158,9 +162,6 @@ pub enum TimedError {
     /// The costs are not usable.
     #[error(transparent)]
     Costs(#[from] CostError),
-    /// A compute-only schedule could not be lowered.
-    #[error(transparent)]
-    Lower(#[from] LowerError),
     /// An action names a stage outside the placement.
     #[error(
         "rank {rank}: action {action} names stage {stage}, but the placement has {stages} stages"
@@ -204,8 +205,8 @@ pub enum TimedError {
     },
 }
 
-/// Simulates `schedule` (lowered, or compute-only: then it is lowered
-/// with [`add_send_recv`] first) with durations; `stage_to_rank[s]` is
+/// Simulates `schedule` (lowered, or compute-only: then as its
+/// [`crate::add_send_recv`] lowering) with durations; `stage_to_rank[s]` is
 /// the rank of stage `s`. See the [module docs](self) for the rules.
 ///
 /// ```
@@ -233,12 +234,8 @@ pub fn simulate_timed(
         .flatten()
         .flatten()
         .any(|a| a.kind().is_comm());
-    let lowered = if has_comms {
-        schedule.clone()
-    } else {
-        add_send_recv(schedule, stage_to_rank)?
-    };
-    Sim::new(&lowered, stage_to_rank, costs)?.run(lowered)
+    let schedule = schedule.clone();
+    Sim::new(&schedule, stage_to_rank, costs, !has_comms)?.run(schedule)
 }
 
 /// What a time is known for, per (stage, microbatch).
@@ -283,6 +280,11 @@ struct Sim<'a> {
     next_waiter: Vec<u32>,
     /// Per-stage transfer times, by boundary.
     transfer: Vec<f64>,
+    /// Compute costs, by stage.
+    stage_costs: Vec<StageCosts>,
+    /// Compute-only input: a boundary between ranks is a transfer from
+    /// the producer's end (no SEND/RECV actions to wait for).
+    implicit_comms: bool,
 }
 
 impl<'a> Sim<'a> {
@@ -290,6 +292,7 @@ impl<'a> Sim<'a> {
         lowered: &Schedule,
         stage_to_rank: &'a [usize],
         costs: &'a Costs,
+        implicit_comms: bool,
     ) -> Result<Sim<'a>, TimedError> {
         let stages = stage_to_rank.len();
         let micro = check_placement(lowered, stage_to_rank)?;
@@ -305,6 +308,8 @@ impl<'a> Sim<'a> {
             transfer: (0..stages.saturating_sub(1))
                 .map(|b| costs.transfer(b))
                 .collect(),
+            implicit_comms,
+            stage_costs: (0..stages).map(|s| costs.stage(s)).collect(),
         })
     }
 
@@ -341,6 +346,8 @@ impl<'a> Sim<'a> {
             ActionKind::Forward if stage > 0 => {
                 if self.stage_to_rank[stage - 1] == here {
                     out.push(dep(Slot::ForwardEnd, stage - 1, 0.0));
+                } else if self.implicit_comms {
+                    out.push(dep(Slot::ForwardEnd, stage - 1, self.transfer[stage - 1]));
                 } else {
                     out.push(dep(Slot::RecvF, stage, 0.0));
                     out.push(dep(Slot::SendF, stage - 1, self.transfer[stage - 1]));
@@ -351,6 +358,8 @@ impl<'a> Sim<'a> {
                 if stage + 1 < self.stages {
                     if self.stage_to_rank[stage + 1] == here {
                         out.push(dep(Slot::GradEnd, stage + 1, 0.0));
+                    } else if self.implicit_comms {
+                        out.push(dep(Slot::GradEnd, stage + 1, self.transfer[stage]));
                     } else {
                         out.push(dep(Slot::RecvB, stage, 0.0));
                         out.push(dep(Slot::SendB, stage + 1, self.transfer[stage]));
@@ -366,7 +375,7 @@ impl<'a> Sim<'a> {
 
     /// The cost of a leaf action on the rank.
     fn cost(&self, leaf: &Action) -> f64 {
-        let c = || self.costs.stage(leaf.stage());
+        let c = || self.stage_costs[leaf.stage()];
         match leaf.kind() {
             ActionKind::Forward => c().forward,
             ActionKind::FullBackward => c().backward,

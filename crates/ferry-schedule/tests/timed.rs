@@ -457,3 +457,43 @@ fn v_placement_turn_around_is_local() {
         .count();
     assert_eq!(recvs, 0, "stage 1 -> 2 is on one rank");
 }
+
+/// A compute-only schedule is simulated as its `add_send_recv` lowering:
+/// every compute action gets the same start and end, for every generator,
+/// with latency, bandwidth and unequal costs.
+#[test]
+fn compute_only_runs_as_its_lowering() {
+    let mut costs: Costs = "F=1,B=2.5,I=1.25,W=0.75,latency=0.3,latency@1=0.7,REDUCE_GRAD=0.5"
+        .parse()
+        .expect("costs");
+    costs.activation_bytes = 10.0;
+    costs.link.bandwidth = 40.0;
+    for kind in ScheduleKind::ALL {
+        for per_rank in [1, 2] {
+            for (p, m) in [(2, 4), (4, 4), (4, 8), (3, 6)] {
+                let Ok(compute) = kind.generate(p, per_rank, m) else {
+                    continue;
+                };
+                let placement = kind
+                    .placement()
+                    .stage_to_rank(p * per_rank, p)
+                    .expect("placement");
+                let lowered = add_send_recv(&compute, &placement).expect("lowers");
+                let direct = simulate_timed(&compute, &placement, &costs).expect("direct");
+                let via = simulate_timed(&lowered, &placement, &costs).expect("lowered");
+                let name = format!("{kind} p={p} x{per_rank} m={m}");
+                assert_eq!(direct.makespan, via.makespan, "{name}");
+                let times = |run: &TimedRun| -> Vec<(usize, String, f64, f64)> {
+                    run.actions()
+                        .filter(|(_, a, _, _)| !a.kind().is_comm())
+                        .map(|(r, a, s, e)| (r, a.to_string(), s, e))
+                        .collect()
+                };
+                assert_eq!(times(&direct), times(&via), "{name}");
+                for (a, b) in direct.ranks.iter().zip(&via.ranks) {
+                    assert_eq!(a, b, "{name}");
+                }
+            }
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! every timed action drawn at its time) and the Chrome trace.
 
 use ferry_schedule::{
-    chrome_trace_timed, simulate_timed, svg_timed, Costs, ScheduleKind, TimedRun,
+    add_send_recv, chrome_trace_timed, simulate_timed, svg_timed, Costs, ScheduleKind, TimedRun,
 };
 
 fn zbv_run() -> TimedRun {
@@ -10,7 +10,9 @@ fn zbv_run() -> TimedRun {
     let compute = kind.generate(4, 2, 8).expect("generates");
     let placement = kind.placement().stage_to_rank(8, 4).expect("placement");
     let costs: Costs = "F=1,B=2,I=1,W=1,latency=0.2".parse().expect("costs");
-    simulate_timed(&compute, &placement, &costs).expect("runs")
+    // Lowered, so that the run has sends and receives to leave out.
+    let lowered = add_send_recv(&compute, &placement).expect("lowers");
+    simulate_timed(&lowered, &placement, &costs).expect("runs")
 }
 
 /// Tags close in order and attribute quotes balance.
@@ -97,6 +99,10 @@ fn timed_trace_has_a_track_per_rank_and_every_action() {
     let events = value["traceEvents"].as_array().expect("events");
     let tracks = events.iter().filter(|e| e["ph"] == "M").count();
     assert_eq!(tracks, 4);
+    assert!(
+        events.iter().any(|e| e["ph"] == "i"),
+        "sends and receives are instants"
+    );
     let actions: Vec<_> = run.actions().collect();
     assert_eq!(events.len(), 4 + actions.len());
     for (rank, action, start, end) in actions {
