@@ -328,6 +328,15 @@ impl FromStr for Costs {
                 .map_err(|_| CostError::NotANumber {
                     item: item.to_owned(),
                 })?;
+            if key == "bandwidth" {
+                if value.is_nan() || value <= 0.0 {
+                    return Err(CostError::NotPositive {
+                        item: item.to_owned(),
+                    });
+                }
+            } else {
+                check_value(item, value)?;
+            }
             match key {
                 "F" | "B" | "I" | "W" => {
                     let kind = key.chars().next().unwrap_or('F');
