@@ -288,135 +288,156 @@ impl FromStr for Costs {
     type Err = CostError;
 
     fn from_str(text: &str) -> Result<Costs, CostError> {
-        let mut costs = Costs::default();
-        let mut seen: Vec<String> = Vec::new();
-        let mut stage_items: Vec<(Option<usize>, char, f64)> = Vec::new();
+        let mut items: Vec<Item> = Vec::new();
         for raw in text.split(',') {
             let item = raw.trim();
             if item.is_empty() {
                 continue;
             }
-            let Some((key_text, value_text)) = item.split_once('=') else {
-                return Err(CostError::MissingEquals {
-                    item: item.to_owned(),
-                });
-            };
-            let key_text = key_text.trim();
-            if seen.iter().any(|k| k == key_text) {
+            let parsed = Item::parse(item)?;
+            if items
+                .iter()
+                .any(|i| i.key == parsed.key && i.at == parsed.at)
+            {
+                let key = match parsed.at {
+                    Some(n) => format!("{}@{n}", parsed.key),
+                    None => parsed.key.to_owned(),
+                };
                 return Err(CostError::Twice {
                     item: item.to_owned(),
-                    key: key_text.to_owned(),
+                    key,
                 });
             }
-            seen.push(key_text.to_owned());
-            let (key, at) = match key_text.split_once('@') {
-                Some((key, at)) => {
-                    let n = at
-                        .trim()
-                        .parse::<usize>()
-                        .map_err(|_| CostError::BadOverride {
-                            item: item.to_owned(),
-                            reason: format!("{at:?} after @ is not a stage or boundary number"),
-                        })?;
-                    (key.trim(), Some(n))
-                }
-                None => (key_text, None),
-            };
-            let value = value_text
-                .trim()
-                .parse::<f64>()
-                .map_err(|_| CostError::NotANumber {
-                    item: item.to_owned(),
-                })?;
-            if key == "bandwidth" {
-                if value.is_nan() || value <= 0.0 {
-                    return Err(CostError::NotPositive {
-                        item: item.to_owned(),
-                    });
-                }
-            } else {
-                check_value(item, value)?;
-            }
-            match key {
-                "F" | "B" | "I" | "W" => {
-                    let kind = key.chars().next().unwrap_or('F');
-                    stage_items.push((at, kind, value));
-                    continue;
-                }
-                "latency" | "bandwidth" => {
-                    let link = match at {
-                        Some(n) => costs.link_overrides.entry(n).or_insert(costs.link),
-                        None => &mut costs.link,
-                    };
-                    if key == "latency" {
-                        link.latency = value;
-                    } else {
-                        link.bandwidth = value;
-                    }
-                    continue;
-                }
+            items.push(parsed);
+        }
+        let mut costs = Costs::default();
+        // Defaults first; overrides start from the defaults, whatever the
+        // order of the items.
+        apply_stage_items(&mut costs.stage, items.iter().filter(|i| i.at.is_none()));
+        for item in items.iter().filter(|i| i.at.is_none()) {
+            match item.key {
+                "latency" => costs.link.latency = item.value,
+                "bandwidth" => costs.link.bandwidth = item.value,
+                "UNSHARD" => costs.unshard = item.value,
+                "RESHARD" => costs.reshard = item.value,
+                "REDUCE_GRAD" => costs.reduce_grad = item.value,
+                "bytes" => costs.activation_bytes = item.value,
                 _ => {}
             }
-            if at.is_some() {
-                let known = ["UNSHARD", "RESHARD", "REDUCE_GRAD", "bytes"].contains(&key);
-                if known {
-                    return Err(CostError::BadOverride {
-                        item: item.to_owned(),
-                        reason: format!("{key} takes no @N override"),
-                    });
-                }
-            }
-            match key {
-                "UNSHARD" => costs.unshard = value,
-                "RESHARD" => costs.reshard = value,
-                "REDUCE_GRAD" => costs.reduce_grad = value,
-                "bytes" => costs.activation_bytes = value,
-                _ => {
-                    return Err(CostError::UnknownKey {
-                        item: item.to_owned(),
-                        key: key.to_owned(),
-                    })
-                }
-            }
         }
-        // Defaults first, then overrides built from the defaults.
-        apply_stage_items(
-            &mut costs.stage,
-            stage_items.iter().filter(|i| i.0.is_none()),
-        );
-        let overridden: std::collections::BTreeSet<usize> =
-            stage_items.iter().filter_map(|i| i.0).collect();
-        for stage in overridden {
-            let mut c = costs.stage;
-            apply_stage_items(&mut c, stage_items.iter().filter(|i| i.0 == Some(stage)));
-            costs.stage_overrides.insert(stage, c);
+        for item in items.iter().filter(|i| i.at.is_some()) {
+            let n = item.at.unwrap_or_default();
+            match item.key {
+                "latency" => {
+                    let link = costs.link_overrides.entry(n).or_insert(costs.link);
+                    link.latency = item.value;
+                }
+                "bandwidth" => {
+                    let link = costs.link_overrides.entry(n).or_insert(costs.link);
+                    link.bandwidth = item.value;
+                }
+                _ => {
+                    if !costs.stage_overrides.contains_key(&n) {
+                        let mut c = costs.stage;
+                        apply_stage_items(&mut c, items.iter().filter(|i| i.at == Some(n)));
+                        costs.stage_overrides.insert(n, c);
+                    }
+                }
+            }
         }
         costs.check()?;
         Ok(costs)
     }
 }
 
-fn apply_stage_items<'a>(
-    costs: &mut StageCosts,
-    items: impl Iterator<Item = &'a (Option<usize>, char, f64)>,
-) {
+/// One `KEY[@N]=VALUE` item, checked.
+struct Item {
+    key: &'static str,
+    at: Option<usize>,
+    value: f64,
+}
+
+const KEYS: [&str; 10] = [
+    "F",
+    "B",
+    "I",
+    "W",
+    "UNSHARD",
+    "RESHARD",
+    "REDUCE_GRAD",
+    "latency",
+    "bandwidth",
+    "bytes",
+];
+
+impl Item {
+    fn parse(item: &str) -> Result<Item, CostError> {
+        let Some((key_text, value_text)) = item.split_once('=') else {
+            return Err(CostError::MissingEquals {
+                item: item.to_owned(),
+            });
+        };
+        let (key_text, at_text) = match key_text.split_once('@') {
+            Some((key, at)) => (key.trim(), Some(at.trim())),
+            None => (key_text.trim(), None),
+        };
+        let Some(key) = KEYS.into_iter().find(|k| *k == key_text) else {
+            return Err(CostError::UnknownKey {
+                item: item.to_owned(),
+                key: key_text.to_owned(),
+            });
+        };
+        let at = match at_text {
+            None => None,
+            Some(_) if !["F", "B", "I", "W", "latency", "bandwidth"].contains(&key) => {
+                return Err(CostError::BadOverride {
+                    item: item.to_owned(),
+                    reason: format!("{key} takes no @N override"),
+                })
+            }
+            Some(at) => Some(at.parse::<usize>().map_err(|_| CostError::BadOverride {
+                item: item.to_owned(),
+                reason: format!("{at:?} after @ is not a stage or boundary number"),
+            })?),
+        };
+        let value = value_text
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| CostError::NotANumber {
+                item: item.to_owned(),
+            })?;
+        if key == "bandwidth" {
+            if value.is_nan() || value <= 0.0 {
+                return Err(CostError::NotPositive {
+                    item: item.to_owned(),
+                });
+            }
+        } else {
+            check_value(item, value)?;
+        }
+        Ok(Item { key, at, value })
+    }
+}
+
+fn apply_stage_items<'a>(costs: &mut StageCosts, items: impl Iterator<Item = &'a Item>) {
     let mut b_given = false;
     let mut split_given = false;
-    for &(_, kind, value) in items {
-        match kind {
-            'F' => costs.forward = value,
-            'B' => {
-                costs.backward = value;
+    for item in items {
+        match item.key {
+            "F" => costs.forward = item.value,
+            "B" => {
+                costs.backward = item.value;
                 b_given = true;
             }
-            'I' => {
-                costs.backward_input = value;
+            "I" => {
+                costs.backward_input = item.value;
                 split_given = true;
             }
-            _ => {
-                costs.backward_weight = value;
+            "W" => {
+                costs.backward_weight = item.value;
                 split_given = true;
             }
+            _ => {}
         }
     }
     if split_given && !b_given {
@@ -425,8 +446,10 @@ fn apply_stage_items<'a>(
 }
 
 impl fmt::Display for Costs {
-    /// The text form of the default stage costs and link, e.g.
-    /// `F=1,B=2,I=1,W=1,latency=0`.
+    /// The text form, which parses back to equal costs: the default stage
+    /// costs and latency always, then whatever differs from a free link
+    /// and free per-stage actions, then every override, e.g.
+    /// `F=1,B=2,I=1,W=1,latency=0,F@3=1.5,B@3=2,I@3=1,W@3=1`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.stage;
         write!(
@@ -434,11 +457,32 @@ impl fmt::Display for Costs {
             "F={},B={},I={},W={},latency={}",
             s.forward, s.backward, s.backward_input, s.backward_weight, self.link.latency
         )?;
-        if self.link.bandwidth.is_finite() {
+        if self.link.bandwidth != f64::INFINITY {
             write!(f, ",bandwidth={}", self.link.bandwidth)?;
         }
-        if self.activation_bytes != 0.0 {
-            write!(f, ",bytes={}", self.activation_bytes)?;
+        for (key, value) in [
+            ("bytes", self.activation_bytes),
+            ("UNSHARD", self.unshard),
+            ("RESHARD", self.reshard),
+            ("REDUCE_GRAD", self.reduce_grad),
+        ] {
+            if value != 0.0 {
+                write!(f, ",{key}={value}")?;
+            }
+        }
+        for (n, c) in &self.stage_overrides {
+            write!(
+                f,
+                ",F@{n}={},B@{n}={},I@{n}={},W@{n}={}",
+                c.forward, c.backward, c.backward_input, c.backward_weight
+            )?;
+        }
+        for (n, link) in &self.link_overrides {
+            write!(
+                f,
+                ",latency@{n}={},bandwidth@{n}={}",
+                link.latency, link.bandwidth
+            )?;
         }
         Ok(())
     }
