@@ -22,11 +22,11 @@
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
 //!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
-//! - [`validate`]: [`validate`], the rules every schedule must keep,
+//! - [`validate`](mod@validate): [`validate()`], the rules every schedule must keep,
 //!   with errors that show the grid and mark the offending slot.
 //! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
 //!   [`validate::grid`] for a compact terminal rendering.
-//! - [`svg`]: [`svg()`], an SVG timeline (ranks down, steps across,
+//! - [`svg`](mod@svg): [`svg()`], an SVG timeline (ranks down, steps across,
 //!   bubbles visible).
 //! - [`generate`]: the schedules PyTorch ships ([`ScheduleKind`]), equal
 //!   to PyTorch 2.13's compute-only tables slot for slot; GPipe and 1F1B
