@@ -55,6 +55,7 @@
 //! times, computed once those are known; a rank whose next action waits
 //! on an unknown input parks on that input and is woken when it is set.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::action::{Action, ActionKind};
@@ -267,11 +268,80 @@ struct Dep {
     delay: f64,
 }
 
+/// How (stage, microbatch) pairs map to key numbers: a dense table for
+/// schedules whose microbatch numbers are compact (every generated one),
+/// or a map of the pairs that occur (and their neighbours) when a
+/// hand-written schedule names huge microbatch numbers, so memory stays
+/// proportional to the schedule.
+enum Pairs {
+    /// `stage * micro + mb`.
+    Dense { micro: usize },
+    /// Pair numbers, and each number's pair.
+    Sparse {
+        index: HashMap<(usize, usize), usize>,
+        pairs: Vec<(usize, usize)>,
+    },
+}
+
+impl Pairs {
+    fn build(schedule: &Schedule, stages: usize, micro: usize) -> Pairs {
+        let actions: usize = schedule.ranks.iter().map(Vec::len).sum();
+        let budget = actions.saturating_mul(16).saturating_add(1 << 16);
+        let dense = stages
+            .checked_mul(micro)
+            .filter(|&n| n.saturating_mul(SLOTS) <= budget);
+        if dense.is_some() {
+            return Pairs::Dense { micro };
+        }
+        let mut index = HashMap::new();
+        let mut pairs = Vec::new();
+        for action in schedule.ranks.iter().flatten().flatten() {
+            for leaf in leaves(action) {
+                let (stage, Some(mb)) = (leaf.stage(), leaf.microbatch()) else {
+                    continue;
+                };
+                let neighbours = [stage.checked_sub(1), Some(stage), Some(stage + 1)];
+                for s in neighbours.into_iter().flatten().filter(|&s| s < stages) {
+                    index.entry((s, mb)).or_insert_with(|| {
+                        pairs.push((s, mb));
+                        pairs.len() - 1
+                    });
+                }
+            }
+        }
+        Pairs::Sparse { index, pairs }
+    }
+
+    fn len(&self, stages: usize) -> usize {
+        match self {
+            Pairs::Dense { micro } => stages * micro,
+            Pairs::Sparse { pairs, .. } => pairs.len(),
+        }
+    }
+
+    fn number(&self, stage: usize, mb: usize) -> usize {
+        match self {
+            Pairs::Dense { micro } => stage * micro + mb,
+            // Every pair a dependency names was inserted by `build`.
+            Pairs::Sparse { index, .. } => index.get(&(stage, mb)).copied().unwrap_or(0),
+        }
+    }
+
+    fn pair(&self, number: usize) -> (usize, usize) {
+        match self {
+            Pairs::Dense { micro } => (number / micro, number % micro),
+            Pairs::Sparse { pairs, .. } => pairs[number],
+        }
+    }
+}
+
 struct Sim<'a> {
     stage_to_rank: &'a [usize],
     costs: &'a Costs,
     stages: usize,
-    micro: usize,
+    pairs: Pairs,
+    /// Number of (stage, microbatch) pairs: keys are `slot * count + pair`.
+    count: usize,
     /// Known times by key (NaN: not yet).
     times: Vec<f64>,
     /// First rank waiting on each key.
@@ -296,12 +366,15 @@ impl<'a> Sim<'a> {
     ) -> Result<Sim<'a>, TimedError> {
         let stages = stage_to_rank.len();
         let micro = check_placement(lowered, stage_to_rank)?;
-        let keys = SLOTS * stages * micro;
+        let pairs = Pairs::build(lowered, stages, micro);
+        let count = pairs.len(stages);
+        let keys = SLOTS * count;
         Ok(Sim {
             stage_to_rank,
             costs,
             stages,
-            micro,
+            pairs,
+            count,
             times: vec![f64::NAN; keys],
             waiters: vec![NONE; keys],
             next_waiter: vec![NONE; lowered.ranks.len()],
@@ -314,13 +387,12 @@ impl<'a> Sim<'a> {
     }
 
     fn key(&self, slot: Slot, stage: usize, mb: usize) -> usize {
-        (slot as usize * self.stages + stage) * self.micro + mb
+        slot as usize * self.count + self.pairs.number(stage, mb)
     }
 
     fn describe(&self, key: usize) -> String {
-        let mb = key % self.micro;
-        let stage = (key / self.micro) % self.stages;
-        let slot = key / (self.micro * self.stages);
+        let (stage, mb) = self.pairs.pair(key % self.count);
+        let slot = key / self.count;
         let what = match slot {
             0 => format!("{stage}F{mb} to end"),
             1 => format!("{stage}B{mb} or {stage}I{mb} to end"),
@@ -551,7 +623,7 @@ fn check_placement(schedule: &Schedule, stage_to_rank: &[usize]) -> Result<usize
                     });
                 }
                 if let Some(mb) = leaf.microbatch() {
-                    micro = micro.max(mb + 1);
+                    micro = micro.max(mb.saturating_add(1));
                 }
             }
         }

@@ -497,3 +497,29 @@ fn compute_only_runs_as_its_lowering() {
         }
     }
 }
+
+/// Huge microbatch numbers in a hand-written schedule cost memory in
+/// proportion to the schedule, not to the numbers, and give the same
+/// times as small ones.
+#[test]
+fn huge_microbatch_numbers_stay_cheap() {
+    let big = u64::MAX as usize;
+    let huge = format!("0F{big},0F7,0B{big},0B7\r\n1F{big},1F7,1B{big},1B7\r\n");
+    let small = "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n";
+    let costs = Costs::uniform(1.0, 2.0, 1.0, 1.0).with_latency(0.5);
+    let huge =
+        simulate_timed(&Schedule::from_csv(&huge).expect("csv"), &[0, 1], &costs).expect("runs");
+    let small =
+        simulate_timed(&Schedule::from_csv(small).expect("csv"), &[0, 1], &costs).expect("runs");
+    assert_eq!(huge.makespan, small.makespan);
+    assert_eq!(huge.spans, small.spans);
+    // A stuck one still names what it waits for.
+    let stuck = format!("0F{big},0B{big}\r\n1F{}\r\n", big - 1);
+    let err = simulate_timed(&Schedule::from_csv(&stuck).expect("csv"), &[0, 1], &costs)
+        .expect_err("stuck");
+    assert!(
+        err.to_string()
+            .contains(&format!("1B{big} or 1I{big} to end on rank 1")),
+        "{err}"
+    );
+}
