@@ -5,6 +5,7 @@
 //! ferry-schedule show --schedule zbv --ranks 4 --stages-per-rank 2 --microbatches 8 \
 //!     --svg zbv.svg --trace zbv.json
 //! ferry-schedule check my.csv
+//! ferry-schedule compare --ranks 4 --microbatches 8 --costs F=1,B=2,I=1,W=1 --memory 6
 //! ```
 
 use std::collections::HashMap;
@@ -13,7 +14,8 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ferry_schedule::{
-    add_send_recv, chrome_trace, grid, simulate_unit_steps, steps, svg, validate, Schedule,
+    add_send_recv, chrome_trace, chrome_trace_timed, grid, plan, plan_table, simulate_timed,
+    simulate_unit_steps, steps, svg, svg_timed, validate, CostError, Costs, PlanRequest, Schedule,
     ScheduleKind,
 };
 
@@ -47,6 +49,12 @@ enum Command {
         /// Also write the Chrome-trace JSON here.
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Also simulate with these costs (e.g. F=1,B=2,I=1,W=1,latency=0.1)
+        /// and print the makespan, bubble and peak activations; --svg and
+        /// --trace then draw the timed run (time across) instead of the
+        /// unit steps.
+        #[arg(long, value_parser = parse_costs)]
+        costs: Option<Costs>,
     },
     /// Load a PyTorch CSV (compute-only or with comms), validate it, lower
     /// it if it is compute-only, simulate it and print its step count.
@@ -57,6 +65,36 @@ enum Command {
         #[arg(long)]
         microbatches: Option<usize>,
     },
+    /// Plan: simulate every schedule at every stages-per-rank with the
+    /// given costs and print them ranked by makespan within the memory
+    /// limit.
+    Compare {
+        /// Pipeline ranks.
+        #[arg(long)]
+        ranks: usize,
+        /// Microbatches.
+        #[arg(long)]
+        microbatches: usize,
+        /// Costs of one rank's share of the model, e.g. F=1,B=2,I=1,W=1
+        /// (also UNSHARD=, RESHARD=, REDUCE_GRAD=, latency=, bandwidth=,
+        /// bytes=, and KEY@N= for stage or boundary N).
+        #[arg(long, value_parser = parse_costs, default_value = "F=1,B=2,I=1,W=1")]
+        costs: Costs,
+        /// Memory limit: peak live activations per rank (in microbatches of
+        /// one rank's share of the model).
+        #[arg(long)]
+        memory: f64,
+        /// Latency of every stage boundary (overrides latency= in --costs).
+        #[arg(long)]
+        latency: Option<f64>,
+        /// Stages per rank to try, comma-separated (default: 1,2).
+        #[arg(long, value_delimiter = ',')]
+        stages_per_rank: Option<Vec<usize>>,
+    },
+}
+
+fn parse_costs(text: &str) -> Result<Costs, CostError> {
+    text.parse()
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -96,6 +134,7 @@ fn main() -> Result<()> {
             microbatches,
             svg: svg_path,
             trace,
+            costs,
         } => {
             let kind = ScheduleKind::from(schedule);
             let per_rank = stages_per_rank.unwrap_or(match kind {
@@ -109,6 +148,27 @@ fn main() -> Result<()> {
             println!("{kind}: {ranks} ranks x {per_rank} stages, {microbatches} microbatches");
             print!("{}", grid(&compute, usize::MAX, 0));
             println!("{} unit steps with comms", steps(&timeline));
+            if let Some(costs) = costs {
+                let run = simulate_timed(&lowered, &placement, &costs)?;
+                println!(
+                    "with costs {costs}: makespan {:.3}, bubble {:.1}%, peak activations {}",
+                    run.makespan,
+                    run.bubble() * 100.0,
+                    run.peak_activations()
+                );
+                for (rank, stats) in run.ranks.iter().enumerate() {
+                    println!(
+                        "  rank {rank}: busy {:.3}, bubble {:.1}%, peak activations {}",
+                        stats.busy,
+                        stats.bubble * 100.0,
+                        stats.peak_activations
+                    );
+                }
+                return write_files(
+                    svg_path.map(|p| (p, svg_timed(&run))),
+                    trace.map(|p| (p, chrome_trace_timed(&run, 1000.0))),
+                );
+            }
             write_pictures(&timeline, svg_path, trace)
         }
         Command::Check { csv, microbatches } => {
@@ -138,6 +198,32 @@ fn main() -> Result<()> {
                 if has_comms { "" } else { " (lowered)" }
             );
             println!("{} unit steps", steps(&timeline));
+            Ok(())
+        }
+        Command::Compare {
+            ranks,
+            microbatches,
+            costs,
+            memory,
+            latency,
+            stages_per_rank,
+        } => {
+            if !(memory.is_finite() && memory >= 0.0) {
+                bail!("--memory {memory}: must be a finite number >= 0");
+            }
+            let costs = match latency {
+                Some(latency) => costs.with_latency(latency),
+                None => costs,
+            };
+            costs.check()?;
+            let mut request = PlanRequest::new(ranks, microbatches, memory, costs.clone());
+            if let Some(list) = stages_per_rank {
+                request.stages_per_rank = list;
+            }
+            println!(
+                "{ranks} ranks, {microbatches} microbatches, memory {memory} activations, costs {costs}"
+            );
+            print!("{}", plan_table(&plan(&request)));
             Ok(())
         }
     }
@@ -181,14 +267,18 @@ fn write_pictures(
     svg_path: Option<PathBuf>,
     trace: Option<PathBuf>,
 ) -> Result<()> {
-    if let Some(path) = svg_path {
-        std::fs::write(&path, svg(timeline))
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = trace {
-        std::fs::write(&path, chrome_trace(timeline, 1000))
-            .with_context(|| format!("writing {}", path.display()))?;
+    write_files(
+        svg_path.map(|p| (p, svg(timeline))),
+        trace.map(|p| (p, chrome_trace(timeline, 1000))),
+    )
+}
+
+fn write_files(
+    svg_file: Option<(PathBuf, String)>,
+    trace: Option<(PathBuf, String)>,
+) -> Result<()> {
+    for (path, text) in [svg_file, trace].into_iter().flatten() {
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())

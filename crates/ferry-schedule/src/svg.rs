@@ -13,7 +13,7 @@ const MARGIN: usize = 10;
 const LEGEND_H: usize = 30;
 
 /// The fill colour of an action kind.
-fn fill(kind: ActionKind) -> &'static str {
+pub(crate) fn fill(kind: ActionKind) -> &'static str {
     match kind {
         ActionKind::Forward => "#4c9be8",
         ActionKind::FullBackward => "#e8744c",
@@ -29,7 +29,7 @@ fn fill(kind: ActionKind) -> &'static str {
 /// The short text drawn in an action's box: the microbatch number, with
 /// `s`/`r` before it for sends and receives, `RG`/`U`/`R` for per-stage
 /// actions, and `Fm/Bn` for OVERLAP_F_B.
-fn label(action: &Action) -> String {
+pub(crate) fn label(action: &Action) -> String {
     let mb = |a: &Action| a.microbatch().map(|m| m.to_string()).unwrap_or_default();
     match action.kind() {
         ActionKind::SendF | ActionKind::SendB => format!("s{}", mb(action)),
@@ -48,7 +48,7 @@ fn label(action: &Action) -> String {
 }
 
 /// Escapes text for XML character data and attribute values.
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -131,7 +131,7 @@ pub fn svg(timeline: &Schedule) -> String {
     out
 }
 
-fn legend(out: &mut String, y: usize) {
+pub(crate) fn legend(out: &mut String, y: usize) {
     let entries = [
         ("F", fill(ActionKind::Forward)),
         ("B", fill(ActionKind::FullBackward)),

@@ -6,7 +6,7 @@ use crate::action::ActionKind;
 use crate::csv::Schedule;
 
 /// The trace colour name of an action kind.
-fn colour(kind: ActionKind) -> &'static str {
+pub(crate) fn colour(kind: ActionKind) -> &'static str {
     match kind {
         ActionKind::Forward => "good",
         ActionKind::FullBackward => "bad",
