@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_rpc::store::{
+use ferry_store::{
     MemoryStore, PrefixStore, Store, StoreError, TcpStore, TcpStoreServer, MAX_MESSAGE_BYTES,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

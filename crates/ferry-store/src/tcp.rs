@@ -29,8 +29,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::quota::{ConnId, Ledger, QuotaBound, Refusal, StoreLimits};
-use super::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
+use crate::quota::{ConnId, Ledger, QuotaBound, Refusal, StoreLimits};
+use crate::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
 
 /// The largest message (frame body) either side sends or accepts: 64 MiB.
 /// A larger length prefix closes the connection before anything is

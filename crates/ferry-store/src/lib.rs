@@ -1,4 +1,10 @@
-//! The rendezvous key-value store, like PyTorch's c10d `TCPStore`.
+//! # ferry-store
+//!
+//! Ferry's rendezvous key-value store, like PyTorch's c10d `TCPStore`: the
+//! place where the workers of a group find each other before they have
+//! any other connection. `ferry-rpc` rendezvous through it (and
+//! re-exports it as `ferry_rpc::store`); `ferry-ft`'s replica groups use it
+//! without the RPC agent. It needs no RPC, no libtorch.
 //!
 //! Rank 0 hosts a [`TcpStoreServer`]; every worker (rank 0 included)
 //! talks to it through a [`TcpStore`] client. Workers publish what the
@@ -16,16 +22,16 @@
 //!   length-prefixed (u32 LE) postcard messages no larger than
 //!   [`MAX_MESSAGE_BYTES`]. Requests carry ids and blocking ones (`get`,
 //!   `wait`) are served server-side, so they never hold up the other
-//!   requests of the same client.
+//!   requests of the same client. The server enforces [`StoreLimits`].
 //! - [`PrefixStore`]: a namespace (`"{prefix}/{key}"`) over another store.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use ferry_rpc::store::{PrefixStore, Store, TcpStore, TcpStoreServer};
+//! use ferry_store::{PrefixStore, Store, TcpStore, TcpStoreServer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), ferry_rpc::store::StoreError> {
+//! # async fn main() -> Result<(), ferry_store::StoreError> {
 //! // Rank 0 hosts the store (port 0: any free port).
 //! let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()).await?;
 //! let timeout = Duration::from_secs(10);
