@@ -19,8 +19,9 @@
 //!   one; it is also a [`Store`] on its own for single-process use and
 //!   tests.
 //! - [`TcpStoreServer`] / [`TcpStore`]: the server and client over TCP,
-//!   length-prefixed (u32 LE) postcard messages no larger than
-//!   [`MAX_MESSAGE_BYTES`]. Requests carry ids and blocking ones (`get`,
+//!   length-prefixed (u32 LE) messages no larger than
+//!   [`MAX_MESSAGE_BYTES`], encoded and decoded by the pure functions of
+//!   [`format`] (which documents the bytes). Requests carry ids and blocking ones (`get`,
 //!   `wait`) are served server-side, so they never hold up the other
 //!   requests of the same client. The server enforces [`StoreLimits`].
 //! - [`PrefixStore`]: a namespace (`"{prefix}/{key}"`) over another store.
@@ -53,15 +54,17 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub mod format;
 mod memory;
 mod prefix;
 mod quota;
 mod tcp;
 
+pub use format::{FormatError, MAX_MESSAGE_BYTES};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use quota::{QuotaBound, StoreLimits};
-pub use tcp::{TcpStore, TcpStoreServer, MAX_MESSAGE_BYTES};
+pub use tcp::{TcpStore, TcpStoreServer};
 
 /// A reasonable bound on [`Store::get`] when nothing else is known
 /// (c10d's default store timeout is 300 s too).
@@ -158,7 +161,17 @@ pub enum StoreError {
         /// What went wrong.
         source: std::io::Error,
     },
-    /// A malformed or oversized message.
+    /// A message that cannot be encoded (too large) or bytes from the
+    /// store that are not a message.
+    #[error("store at {addr}: {source}")]
+    Format {
+        /// The store's address.
+        addr: String,
+        /// What is wrong with the message.
+        source: FormatError,
+    },
+    /// The server answered with something else than the request asks
+    /// for, or reported an error of its own (as text).
     #[error("store protocol error: {0}")]
     Protocol(String),
     /// The connection to the store is closed (the server went away or

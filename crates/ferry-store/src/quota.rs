@@ -54,7 +54,7 @@ impl Default for StoreLimits {
 }
 
 /// Which bound of [`StoreLimits`] a request would exceed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuotaBound {
     /// [`StoreLimits::max_key_bytes`].
     KeyBytes,
