@@ -21,9 +21,10 @@
 //! - [`TcpStoreServer`] / [`TcpStore`]: the server and client over TCP,
 //!   length-prefixed (u32 LE) messages no larger than
 //!   [`MAX_MESSAGE_BYTES`], encoded and decoded by the pure functions of
-//!   [`format`] (which documents the bytes). Requests carry ids and blocking ones (`get`,
-//!   `wait`) are served server-side, so they never hold up the other
-//!   requests of the same client. The server enforces [`StoreLimits`].
+//!   [`format`](mod@format) (which documents the bytes). Requests carry
+//!   ids and blocking ones (`get`, `wait`) are served server-side, so they
+//!   never hold up the other requests of the same client. The server
+//!   enforces [`StoreLimits`].
 //! - [`PrefixStore`]: a namespace (`"{prefix}/{key}"`) over another store.
 //!
 //! ```
