@@ -12,7 +12,8 @@
 //!   out-of-band tensor table, wherever they sit in the value;
 //! - [`channel_record`]: what stands in a frame for a tensor's bytes when a
 //!   channel other than `inline` carries it (mode byte, `cma` and `mpt`
-//!   records), and `cma` release lists;
+//!   records), and `cma` release lists; [`mpt_lane`]: the lane hello and
+//!   chunk header of the multi-lane channel;
 //! - [`Handshake`]: the first message of a connection, with the worker's name,
 //!   rank, protocol version and transport/channel offers;
 //! - [`PeerText`]: a peer's text (names, error texts) escaped and bounded
@@ -42,6 +43,7 @@ mod dtype;
 mod error;
 mod frame;
 mod handshake;
+pub mod mpt_lane;
 pub mod payload;
 mod text;
 

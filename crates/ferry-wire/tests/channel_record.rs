@@ -1,12 +1,14 @@
-//! Tensor-channel records and release lists (`ferry_wire::channel_record`):
-//! round trips, streams cut anywhere, and malformed input refused with the
-//! error that names it, never a panic.
+//! Tensor-channel bytes: records and release lists
+//! (`ferry_wire::channel_record`) and `mpt` lane headers
+//! (`ferry_wire::mpt_lane`): round trips, streams cut anywhere, and
+//! malformed input refused with the error that names it, never a panic.
 #![allow(clippy::unwrap_used)]
 
 use ferry_wire::channel_record::{
     encode_release, release_len, ChannelRecord, CmaRecord, Mode, MptRecord, Prelude, RecordError,
     RecordFormat, ReleaseList, RELEASE_TOKEN_LEN,
 };
+use ferry_wire::mpt_lane::{ChunkHeader, LaneError, LaneHello, LANE_MAGIC};
 use ferry_wire::WireError;
 use proptest::prelude::*;
 
@@ -77,6 +79,27 @@ proptest! {
         }
     }
 
+    #[test]
+    fn lane_headers_round_trip(nonce: u64, index: u32, count: u32, seq: u64, offset: u64, len: u64) {
+        let hello = LaneHello { nonce, index, count };
+        prop_assert_eq!(LaneHello::decode(&hello.encode()), Ok(hello));
+        let chunk = ChunkHeader { seq, offset, len };
+        prop_assert_eq!(ChunkHeader::decode(&chunk.encode()), chunk);
+    }
+
+    /// Any hello not starting with the magic is refused, naming what came.
+    #[test]
+    fn lane_hellos_need_the_magic(bytes in prop::array::uniform24(any::<u8>())) {
+        let decoded = LaneHello::decode(&bytes);
+        if bytes[..8] == LANE_MAGIC {
+            prop_assert!(decoded.is_ok());
+        } else {
+            let mut found = [0u8; 8];
+            found.copy_from_slice(&bytes[..8]);
+            prop_assert_eq!(decoded, Err(LaneError::BadMagic { found }));
+        }
+    }
+
     /// Arbitrary bytes give `Ok` or a `RecordError`, never a panic.
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..40)) {
@@ -88,6 +111,36 @@ proptest! {
             prop_assert_eq!(list.tokens().count(), bytes.len() / RELEASE_TOKEN_LEN);
         }
     }
+}
+
+#[test]
+fn lane_headers_are_little_endian_and_fixed() {
+    let hello = LaneHello {
+        nonce: 0x0102_0304_0506_0708,
+        index: 3,
+        count: 4,
+    };
+    let mut expected = b"FERRYLN1".to_vec();
+    expected.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1, 3, 0, 0, 0, 4, 0, 0, 0]);
+    assert_eq!(hello.encode().to_vec(), expected);
+    let mut bad = hello.encode();
+    bad[7] = b'2'; // another version
+    assert_eq!(
+        LaneHello::decode(&bad),
+        Err(LaneError::BadMagic {
+            found: *b"FERRYLN2"
+        })
+    );
+    let chunk = ChunkHeader {
+        seq: 1,
+        offset: 2,
+        len: 3,
+    };
+    let mut expected = [0u8; 24];
+    expected[0] = 1;
+    expected[8] = 2;
+    expected[16] = 3;
+    assert_eq!(chunk.encode(), expected);
 }
 
 #[test]
