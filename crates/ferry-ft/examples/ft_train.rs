@@ -41,7 +41,7 @@ use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions};
 use ferry_ft::recovery::{
     fetch_checkpoint, CheckpointServer, CheckpointServerOptions, CheckpointState, FetchOptions,
 };
-use ferry_rpc::store::TcpStoreServer;
+use ferry_store::TcpStoreServer;
 use ferry_transport::RawTensor;
 use tracing::{info, info_span, warn, Instrument};
 

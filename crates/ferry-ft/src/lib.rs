@@ -35,7 +35,7 @@
 //! - [`collective`]: the replica groups' allreduce over `ferry-transport`
 //!   ([`collective::ProcessGroup`]), rebuilt on every quorum change, with a
 //!   deterministic reduction order (every replica gets the same bits); its
-//!   members find each other through the quorum primary's `ferry_rpc`
+//!   members find each other through the quorum primary's `ferry-store`
 //!   store (the quorum's `store_address`).
 //! - The `ft_train` example: fault-tolerant data parallelism end to end
 //!   (3 replica groups, one killed and restarted, the newcomer healing from a

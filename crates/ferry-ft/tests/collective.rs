@@ -1,6 +1,6 @@
 //! The replica-group process group over real sockets (127.0.0.1, port 0):
-//! rendezvous through `ferry_rpc`'s store (tested on its own in
-//! `crates/ferry-rpc/tests/store.rs`), bit-identical allreduce results
+//! rendezvous through `ferry-store` (tested on its own in
+//! `crates/ferry-store/tests/store.rs`), bit-identical allreduce results
 //! computed in replica-rank order, a group rebuilt for a new quorum, and
 //! failures (a peer dropped mid-allreduce, a stalled peer, a member that
 //! never comes, a store nobody listens at) reported as errors, never hangs.
@@ -13,7 +13,7 @@ use std::time::Duration;
 use ferry_ft::collective::{
     reduce_in_rank_order, segment, CollectiveError, ProcessGroup, ProcessGroupOptions, ReduceOp,
 };
-use ferry_rpc::store::TcpStoreServer;
+use ferry_store::TcpStoreServer;
 
 /// Upper bound on any single wait in these tests.
 const BOUND: Duration = Duration::from_secs(30);

@@ -59,13 +59,17 @@ pub mod schema;
 mod schema_impls;
 pub mod scope;
 pub mod service;
-pub mod store;
 mod termination;
 mod throttle;
 mod topology;
 mod typed;
 mod value;
 pub mod watch;
+
+/// The rendezvous store the agent meets its group through: the
+/// [`ferry_store`] crate, re-exported so that `ferry_rpc::store::…` paths
+/// (and [`RpcOptions::store`]'s argument type) need no extra dependency.
+pub use ferry_store as store;
 
 use std::time::Duration;
 

@@ -5,15 +5,12 @@
 //! # Tensor bytes on the wire
 //!
 //! After a frame's payload come its tensors, in table order, each as its
-//! selected channel carries it:
-//! - `inline`: the tensor's bytes;
-//! - any other channel: one mode byte. Mode 0: the bytes follow inline (a
-//!   tensor below the connection's small-tensor size costs less on the
-//!   stream than a channel's round of bookkeeping). Mode 1: the channel's
-//!   record: `cma` sends the bytes' address and a release token (16 bytes,
-//!   little-endian); `shm` nothing (the bytes go through the shared-memory
-//!   ring, in order); `mpt` the transfer's sequence number (8 bytes; the
-//!   bytes go over the lanes).
+//! selected channel carries it: `inline` as the tensor's bytes, any other
+//! channel as a mode byte, then the tensor's bytes (mode 0, a small
+//! tensor) or the channel's record (mode 1). The bytes of mode bytes,
+//! records and release lists are [`ferry_wire::channel_record`]'s: this
+//! module reads and writes them around the tensor data, and keeps the
+//! per-connection state (pending `cma` tokens, `mpt` sequence numbers).
 //!
 //! A `cma` sender keeps the tensor alive until the receiver's
 //! [`MessageKind::RELEASE`] frame names its token; the reader handles those
@@ -23,6 +20,10 @@ use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 
+use ferry_wire::channel_record::{
+    encode_release, release_len, ChannelRecord, CmaRecord, Mode, MptRecord, Prelude, RecordFormat,
+    ReleaseList,
+};
 use ferry_wire::payload::{IncomingTensor, OutgoingTensor};
 use ferry_wire::{
     decode_descriptors, encode_descriptors, Device, Flags, FrameHeader, Limits, MessageKind,
@@ -52,8 +53,8 @@ const BLOCKING_COPY_MIN: usize = 1 << 20;
 /// committed in step with the bytes that arrive.
 const RECV_STEP: usize = 4 << 20;
 
-const MODE_INLINE: u8 = 0;
-const MODE_CHANNEL: u8 = 1;
+/// Room for the longest channel record.
+const MAX_RECORD_LEN: usize = CmaRecord::LEN;
 
 /// State the reader and the writer of one connection share: `cma` tensors
 /// waiting for the peer's release, and releases to send.
@@ -308,27 +309,33 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         what: &TensorWhat,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
         let mode = if name == channel::INLINE {
-            MODE_INLINE
+            Mode::Inline
         } else {
             let mut mode = [0u8; 1];
             self.read_stream(&mut mode, || format!("the mode byte of {what}"))
                 .await?;
-            mode[0]
+            Mode::decode(mode[0]).map_err(|e| self.malformed(e.into()))?
         };
-        match (mode, name) {
-            (MODE_INLINE, _) => {
-                let stall = self.limits.frame_stall_timeout;
-                let peer = &self.peer;
-                let inner = &mut self.inner;
-                receive_in_steps(inner, dest.as_mut(), stall, peer, what, None).await?;
-                Ok(dest)
-            }
-            (MODE_CHANNEL, channel::CMA) => {
-                let mut record = [0u8; 16];
-                self.read_stream(&mut record, || format!("the cma record of {what}"))
-                    .await?;
-                let addr = u64::from_le_bytes(record[..8].try_into().unwrap_or_default());
-                let token = u64::from_le_bytes(record[8..].try_into().unwrap_or_default());
+        if mode == Mode::Inline {
+            let stall = self.limits.frame_stall_timeout;
+            let peer = &self.peer;
+            let inner = &mut self.inner;
+            receive_in_steps(inner, dest.as_mut(), stall, peer, what, None).await?;
+            return Ok(dest);
+        }
+        let Some(format) = record_format(name) else {
+            return Err(self.bad_record(&format!(
+                "channel {name:?} has no record format in this build"
+            )));
+        };
+        let mut record = [0u8; MAX_RECORD_LEN];
+        let record = &mut record[..format.len()];
+        self.read_stream(record, || {
+            format!("the {} record of {what}", format.channel())
+        })
+        .await?;
+        match ChannelRecord::decode(format, record).map_err(|e| self.malformed(e.into()))? {
+            ChannelRecord::Cma(CmaRecord { addr, token }) => {
                 let pid = self
                     .channels
                     .cma_pid
@@ -354,7 +361,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.shared.release_ready.notify_one();
                 Ok(dest)
             }
-            (MODE_CHANNEL, channel::SHM) => {
+            ChannelRecord::Shm => {
                 let stall = self.limits.frame_stall_timeout;
                 let Some(ring) = self.channels.shm.as_mut() else {
                     return Err(self.bad_record("shm record on a connection without shm"));
@@ -364,11 +371,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .await?;
                 Ok(dest)
             }
-            (MODE_CHANNEL, channel::MPT) => {
-                let mut record = [0u8; 8];
-                self.read_stream(&mut record, || format!("the mpt record of {what}"))
-                    .await?;
-                let seq = u64::from_le_bytes(record);
+            ChannelRecord::Mpt(MptRecord { seq }) => {
                 if seq != self.next_seq {
                     return Err(self.bad_record(&format!(
                         "mpt transfer {seq} where {} was due",
@@ -383,26 +386,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
                 lanes.receive(seq, dest).await
             }
-            (MODE_CHANNEL, other) => Err(self.bad_record(&format!(
-                "channel {other:?} has no record format in this build"
-            ))),
-            (mode, _) => Err(self.bad_record(&format!("unknown mode {mode}"))),
         }
     }
 
     /// The peer has copied `cma` tensors: let them go.
     fn on_release(&mut self, header: &FrameHeader, payload: &[u8]) -> Result<(), TransportError> {
-        if header.tensor_count != 0 || payload.len() % 8 != 0 {
-            return Err(self.bad_record("a release frame must hold whole tokens and no tensors"));
+        if header.tensor_count != 0 {
+            return Err(self.bad_record("a release frame must carry no tensors"));
         }
+        let list = ReleaseList::decode(payload).map_err(|e| self.malformed(e.into()))?;
         let released: Vec<_> = {
             let mut pending = self.shared.lock_pending();
-            payload
-                .chunks_exact(8)
-                .map(|c| {
-                    let token = u64::from_le_bytes(c.try_into().unwrap_or_default());
-                    (token, pending.remove(&token))
-                })
+            list.tokens()
+                .map(|token| (token, pending.remove(&token)))
                 .collect()
         };
         for (token, tensor) in released {
@@ -635,17 +631,16 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         let mut pieces = Vec::with_capacity(batch.len() * 2 + 1);
         let releases = std::mem::take(&mut *self.shared.lock_releases());
         if !releases.is_empty() {
-            let payload: Vec<u8> = releases.iter().flat_map(|t| t.to_le_bytes()).collect();
             let header = FrameHeader {
                 kind: MessageKind::RELEASE,
                 flags: Flags::NONE,
                 request_id: 0,
-                payload_len: len_u32("release payload", payload.len())?,
+                payload_len: len_u32("release payload", release_len(releases.len()))?,
                 descriptors_len: 0,
                 tensor_count: 0,
             };
             self.head.extend_from_slice(&header.encode());
-            self.head.extend_from_slice(&payload);
+            encode_release(&releases, &mut self.head);
             pieces.push(Piece::Head(0, self.head.len()));
         }
         for (m, (message, descriptors)) in batch.iter().zip(descriptors).enumerate() {
@@ -672,24 +667,23 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             for (t, (tensor, route)) in message.tensors.iter().zip(&routes).enumerate() {
                 match route {
                     Route::Inline => {}
-                    Route::SmallInline => self.head.push(MODE_INLINE),
+                    Route::SmallInline => Prelude::Inline.encode_into(&mut self.head),
                     Route::Cma => {
                         let token = self.next_token;
                         self.next_token += 1;
-                        self.head.push(MODE_CHANNEL);
                         let addr = tensor.bytes().as_ptr() as u64;
-                        self.head.extend_from_slice(&addr.to_le_bytes());
-                        self.head.extend_from_slice(&token.to_le_bytes());
+                        Prelude::Channel(ChannelRecord::Cma(CmaRecord { addr, token }))
+                            .encode_into(&mut self.head);
                         // Registered before the record leaves, so the
                         // release cannot overtake it.
                         self.shared.lock_pending().insert(token, tensor.clone());
                     }
-                    Route::Shm => self.head.push(MODE_CHANNEL),
+                    Route::Shm => Prelude::Channel(ChannelRecord::Shm).encode_into(&mut self.head),
                     Route::Mpt => {
                         let seq = self.next_seq;
                         self.next_seq += 1;
-                        self.head.push(MODE_CHANNEL);
-                        self.head.extend_from_slice(&seq.to_le_bytes());
+                        Prelude::Channel(ChannelRecord::Mpt(MptRecord { seq }))
+                            .encode_into(&mut self.head);
                         if let Some(lanes) = &self.channels.mpt {
                             lanes.send(seq, tensor.clone())?;
                         }
@@ -920,6 +914,17 @@ fn channel_name(name: &str) -> &'static str {
         channel::SHM => channel::SHM,
         channel::MPT => channel::MPT,
         _ => "unknown",
+    }
+}
+
+/// The record layout of channel `name` (`None`: `inline`, or a channel
+/// with no record format in this build).
+fn record_format(name: &str) -> Option<RecordFormat> {
+    match name {
+        channel::CMA => Some(RecordFormat::Cma),
+        channel::SHM => Some(RecordFormat::Shm),
+        channel::MPT => Some(RecordFormat::Mpt),
+        _ => None,
     }
 }
 

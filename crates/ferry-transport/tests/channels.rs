@@ -251,6 +251,38 @@ async fn malformed_channel_records_are_typed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_list_of_partial_tokens_is_refused() {
+    let (mut server, mut client) = pair(
+        endpoint("s", 0, "cma", "shm", 0),
+        endpoint("c", 1, "cma", "shm", 0),
+    )
+    .await;
+    let header = ferry_wire::FrameHeader {
+        kind: ferry_wire::MessageKind::RELEASE,
+        flags: ferry_wire::Flags::NONE,
+        request_id: 0,
+        payload_len: 9,
+        descriptors_len: 0,
+        tensor_count: 0,
+    };
+    let frame = [&header.encode()[..], &[0u8; 9]].concat();
+    client.writer.write_raw_for_tests(&frame).await;
+    let err = server.reader.read().await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ferry_transport::TransportError::Malformed {
+                source: ferry_wire::WireError::Record(
+                    ferry_wire::channel_record::RecordError::ReleaseLength { len: 9 }
+                ),
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_an_unknown_token_is_refused() {
     let (mut server, mut client) = pair(
         endpoint("s", 0, "cma", "shm", 0),

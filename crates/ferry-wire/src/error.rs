@@ -62,8 +62,14 @@ pub enum WireError {
     /// The serde payload could not be encoded or decoded.
     #[error("payload: {0}")]
     Payload(String),
+    /// A tensor's channel record or a release list is not well formed
+    /// (see [`channel_record`](crate::channel_record)).
+    #[error("channel record: {0}")]
+    Record(#[from] crate::channel_record::RecordError),
     /// A tensor's channel record (what replaces its bytes in the frame when
-    /// a channel other than `inline` carries it) is invalid.
+    /// a channel other than `inline` carries it) does not fit the
+    /// connection's state (a channel not set up, an out-of-order transfer,
+    /// a token that names nothing).
     #[error("channel record: {0}")]
     Channel(String),
     /// The handshake could not be decoded or was inconsistent.

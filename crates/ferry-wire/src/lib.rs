@@ -10,13 +10,17 @@
 //!   any allocation;
 //! - [`payload`]: serde values whose tensors are pulled out into an
 //!   out-of-band tensor table, wherever they sit in the value;
+//! - [`channel_record`]: what stands in a frame for a tensor's bytes when a
+//!   channel other than `inline` carries it (mode byte, `cma` and `mpt`
+//!   records), and `cma` release lists; [`mpt_lane`]: the lane hello and
+//!   chunk header of the multi-lane channel;
 //! - [`Handshake`]: the first message of a connection, with the worker's name,
 //!   rank, protocol version and transport/channel offers;
 //! - [`PeerText`]: a peer's text (names, error texts) escaped and bounded
 //!   for logs and error messages.
 //!
 //! Every decoder returns `Ok` or a typed [`WireError`] for any input; none
-//! panics (a proptest suite and a cargo-fuzz target check this).
+//! panics (proptest suites and cargo-fuzz targets check this).
 //!
 //! ```
 //! use ferry_wire::{DType, Device, Flags, Frame, Limits, MessageKind, TensorDescriptor};
@@ -32,6 +36,7 @@
 //! ```
 
 mod catch;
+pub mod channel_record;
 mod descriptor;
 mod device;
 mod dtype;
@@ -39,6 +44,7 @@ mod error;
 mod frame;
 mod handshake;
 pub mod kinds;
+pub mod mpt_lane;
 pub mod payload;
 mod text;
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferry_rpc::store::StoreError;
+use ferry_store::StoreError;
 
 /// Why a collective operation, or setting one up, failed. Any of them
 /// means the step must not be committed.

@@ -6,8 +6,8 @@
 //!   with every quorum result, rebuilt when the quorum changes; its
 //!   [`allreduce`](ProcessGroup::allreduce) gives every member bit-identical
 //!   results, and fails (never hangs) when a peer dies or stalls.
-//! - The rendezvous store is `ferry_rpc`'s
-//!   ([`TcpStoreServer`](ferry_rpc::store::TcpStoreServer), like c10d's
+//! - The rendezvous store is `ferry-store`'s
+//!   ([`TcpStoreServer`](ferry_store::TcpStoreServer), like c10d's
 //!   `TCPStore`): every replica group runs one and gives its address
 //!   (`host:port`) to its manager as the group's `store_address`.
 //! - [`segment`] and [`reduce_in_rank_order`]: the allreduce's arithmetic,

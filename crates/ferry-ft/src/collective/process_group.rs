@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferry_rpc::store::{Store, StoreError, TcpStore};
+use ferry_store::{Store, StoreError, TcpStore};
 use ferry_transport::{
     Endpoint, FrameReader, FrameWriter, IncomingMessage, OutgoingMessage, PeerConnection,
     RawTensor, TransportError,
@@ -169,8 +169,8 @@ struct Group {
 /// [`configure`](Self::configure) it with the quorum result. A quorum with
 /// another id (or other members) than the configured one rebuilds the
 /// group: every member publishes its address in the store of the quorum's
-/// primary (`store_address`, where a `ferry_rpc`
-/// [`TcpStoreServer`](ferry_rpc::store::TcpStoreServer) listens) under the
+/// primary (`store_address`, where a `ferry-store`
+/// [`TcpStoreServer`](ferry_store::TcpStoreServer) listens) under the
 /// quorum id, connects to the members of lower rank and is connected
 /// to by those of higher rank, each connection introduced and acknowledged
 /// with the quorum id, the membership and both replica ids. The same

@@ -85,7 +85,7 @@ impl LaneListener {
                             continue;
                         };
                         match LaneHello::decode(&bytes) {
-                            Some(h)
+                            Ok(h)
                                 if h.nonce == nonce
                                     && h.count as usize == lanes
                                     && (h.index as usize) < lanes

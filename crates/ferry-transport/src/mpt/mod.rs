@@ -18,27 +18,13 @@
 //! lane count, a duplicate index, or no hello before the deadline are
 //! dropped. Both calls take a timeout.
 //!
-//! # Wire format (all integers little-endian)
+//! # Wire format
 //!
-//! Lane hello, once per lane, connector to acceptor ([`HELLO_LEN`] = 24 bytes):
-//!
-//! | bytes  | field                          |
-//! |--------|--------------------------------|
-//! | 0..8   | magic [`LANE_MAGIC`] `FERRYLN1` |
-//! | 8..16  | nonce (u64)                    |
-//! | 16..20 | lane index (u32)               |
-//! | 20..24 | lane count (u32)               |
-//!
-//! Chunk, sender to receiver ([`CHUNK_HEADER_LEN`] = 24 bytes, then `len`
-//! bytes of the tensor starting at `offset`):
-//!
-//! | bytes  | field        |
-//! |--------|--------------|
-//! | 0..8   | seq (u64)    |
-//! | 8..16  | offset (u64) |
-//! | 16..24 | len (u64)    |
-//!
-//! Nothing travels from receiver to sender on a lane.
+//! Every lane opens with a [`LaneHello`] (magic, nonce, lane index and
+//! count), then carries chunks, each a [`ChunkHeader`] (`seq`, offset,
+//! length) and that many bytes of the tensor. Their bytes are
+//! [`ferry_wire::mpt_lane`]'s (re-exported here); nothing travels from
+//! receiver to sender on a lane.
 //!
 //! # Chunk plan
 //!
@@ -83,100 +69,19 @@ use ferry_wire::WireError;
 
 use crate::TransportError;
 
+pub use ferry_wire::mpt_lane::{
+    ChunkHeader, LaneError, LaneHello, CHUNK_HEADER_LEN, HELLO_LEN, LANE_MAGIC,
+};
 pub use lanes::{connect_lanes, LaneListener};
 pub use recv::MptReceiver;
 pub use send::MptSender;
 
-/// The first bytes of every lane hello (the last one is the format version).
-pub const LANE_MAGIC: [u8; 8] = *b"FERRYLN1";
-/// Length of the lane hello.
-pub const HELLO_LEN: usize = 24;
-/// Length of a chunk header.
-pub const CHUNK_HEADER_LEN: usize = 24;
 /// Most lanes one channel may use.
 pub const MAX_LANES: usize = 64;
 /// Tensors get one chunk per this many bytes (at most one per lane).
 pub const MIN_CHUNK: u64 = 256 << 10;
 /// Every chunk boundary is a multiple of this.
 pub const CHUNK_ALIGN: u64 = 4096;
-
-/// The first message on every lane: which channel and which lane it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneHello {
-    /// Shared secret of this channel, agreed over the main connection.
-    pub nonce: u64,
-    /// Index of this lane, `0..count`.
-    pub index: u32,
-    /// Number of lanes of the channel.
-    pub count: u32,
-}
-
-impl LaneHello {
-    /// The hello's bytes.
-    pub fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[0..8].copy_from_slice(&LANE_MAGIC);
-        b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
-        b[16..20].copy_from_slice(&self.index.to_le_bytes());
-        b[20..24].copy_from_slice(&self.count.to_le_bytes());
-        b
-    }
-
-    /// Decodes a hello; `None` when the magic is wrong.
-    pub fn decode(b: &[u8; HELLO_LEN]) -> Option<Self> {
-        if b[0..8] != LANE_MAGIC {
-            return None;
-        }
-        Some(Self {
-            nonce: u64::from_le_bytes(le8(&b[8..16])),
-            index: u32::from_le_bytes(le4(&b[16..20])),
-            count: u32::from_le_bytes(le4(&b[20..24])),
-        })
-    }
-}
-
-/// The header in front of every chunk on a lane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkHeader {
-    /// The tensor's sequence number.
-    pub seq: u64,
-    /// Where the chunk starts in the tensor's bytes.
-    pub offset: u64,
-    /// Length of the chunk (the bytes that follow the header).
-    pub len: u64,
-}
-
-impl ChunkHeader {
-    /// The header's bytes.
-    pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
-        let mut b = [0u8; CHUNK_HEADER_LEN];
-        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
-        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
-        b[16..24].copy_from_slice(&self.len.to_le_bytes());
-        b
-    }
-
-    /// Decodes a header (any bytes decode; the receiver checks the values).
-    pub fn decode(b: &[u8; CHUNK_HEADER_LEN]) -> Self {
-        Self {
-            seq: u64::from_le_bytes(le8(&b[0..8])),
-            offset: u64::from_le_bytes(le8(&b[8..16])),
-            len: u64::from_le_bytes(le8(&b[16..24])),
-        }
-    }
-}
-
-fn le8(b: &[u8]) -> [u8; 8] {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(b);
-    a
-}
-
-fn le4(b: &[u8]) -> [u8; 4] {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(b);
-    a
-}
 
 /// One chunk of a tensor's bytes and the lane that carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,24 +222,5 @@ mod tests {
             .map(|s| split(s, 100, 4).next().map(|c| c.lane))
             .collect();
         assert_eq!(lanes, vec![Some(0), Some(1), Some(2), Some(3)]);
-    }
-
-    #[test]
-    fn headers_round_trip() {
-        let h = LaneHello {
-            nonce: 0x0102_0304_0506_0708,
-            index: 3,
-            count: 4,
-        };
-        assert_eq!(LaneHello::decode(&h.encode()), Some(h));
-        let mut bad = h.encode();
-        bad[0] ^= 1;
-        assert_eq!(LaneHello::decode(&bad), None);
-        let c = ChunkHeader {
-            seq: 9,
-            offset: 4096,
-            len: 77,
-        };
-        assert_eq!(ChunkHeader::decode(&c.encode()), c);
     }
 }

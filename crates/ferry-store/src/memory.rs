@@ -8,9 +8,9 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::{Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
+use crate::{Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
 
-/// An in-process store: the state a [`TcpStoreServer`](super::TcpStoreServer)
+/// An in-process store: the state a [`TcpStoreServer`](crate::TcpStoreServer)
 /// serves, and a [`Store`] on its own for a single process.
 ///
 /// A waiter parks on the first key it still misses; storing that key
@@ -48,7 +48,7 @@ fn wake(waiters: Option<Arc<Notify>>) {
 
 impl Default for MemoryStore {
     /// An empty store whose [`Store::get`] waits at most
-    /// [`DEFAULT_STORE_TIMEOUT`](super::DEFAULT_STORE_TIMEOUT).
+    /// [`DEFAULT_STORE_TIMEOUT`](crate::DEFAULT_STORE_TIMEOUT).
     fn default() -> Self {
         Self::new(DEFAULT_STORE_TIMEOUT)
     }
@@ -79,14 +79,14 @@ impl MemoryStore {
     }
 
     /// Stores `value` under `key` and wakes its waiters.
-    pub(super) fn insert(&self, key: &str, value: Vec<u8>) {
+    pub(crate) fn insert(&self, key: &str, value: Vec<u8>) {
         let waiters = self.state.lock().store(key, value);
         wake(waiters);
     }
 
     /// Adds `delta` to the decimal counter `key` (absent: 0), returns the
     /// new value and wakes the waiters of `key`.
-    pub(super) fn increment(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+    pub(crate) fn increment(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         let (value, waiters) = {
             let mut state = self.state.lock();
             let current = match state.map.get(key) {
@@ -109,7 +109,7 @@ impl MemoryStore {
 
     /// Compare-and-set with the semantics of [`Store::compare_set`]; wakes
     /// the waiters of `key` when it stores.
-    pub(super) fn swap_if(&self, key: &str, expected: Option<&[u8]>, desired: Vec<u8>) -> Vec<u8> {
+    pub(crate) fn swap_if(&self, key: &str, expected: Option<&[u8]>, desired: Vec<u8>) -> Vec<u8> {
         let waiters = {
             let mut state = self.state.lock();
             match (state.map.get(key), expected) {
@@ -125,18 +125,18 @@ impl MemoryStore {
     }
 
     /// Removes `key`; `true` if it existed.
-    pub(super) fn remove(&self, key: &str) -> bool {
+    pub(crate) fn remove(&self, key: &str) -> bool {
         self.state.lock().map.remove(key).is_some()
     }
 
     /// Whether every key of `keys` is present.
-    pub(super) fn contains_all(&self, keys: &[String]) -> bool {
+    pub(crate) fn contains_all(&self, keys: &[String]) -> bool {
         let state = self.state.lock();
         keys.iter().all(|k| state.map.contains_key(k))
     }
 
     /// Waits until every key of `keys` is present, at most `timeout`.
-    pub(super) async fn wait_for(
+    pub(crate) async fn wait_for(
         &self,
         keys: &[String],
         timeout: Duration,
@@ -159,7 +159,7 @@ impl MemoryStore {
     }
 
     /// The value of `key`, waiting until it is present, at most `timeout`.
-    pub(super) async fn get_within(
+    pub(crate) async fn get_within(
         &self,
         key: &str,
         timeout: Duration,

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_rpc::store::{
-    MemoryStore, PrefixStore, Store, StoreError, TcpStore, TcpStoreServer, MAX_MESSAGE_BYTES,
+use ferry_store::{
+    FormatError, MemoryStore, PrefixStore, Store, StoreError, TcpStore, TcpStoreServer,
+    MAX_MESSAGE_BYTES,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -398,7 +399,16 @@ async fn an_oversized_value_is_refused_by_the_client() {
             .set("huge", vec![0; MAX_MESSAGE_BYTES + 1])
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Protocol(_)), "{err:?}");
+        assert!(
+            matches!(
+                &err,
+                StoreError::Format {
+                    source: FormatError::TooLarge { limit, .. },
+                    ..
+                } if *limit == MAX_MESSAGE_BYTES
+            ),
+            "{err:?}"
+        );
         // Nothing was sent: the connection is fine.
         c.set("small", vec![1]).await.unwrap();
         assert_eq!(c.get("small").await.unwrap(), [1]);

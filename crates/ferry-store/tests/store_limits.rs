@@ -6,7 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ferry_rpc::store::{QuotaBound, Store, StoreError, StoreLimits, TcpStore, TcpStoreServer};
+use ferry_store::{QuotaBound, Store, StoreError, StoreLimits, TcpStore, TcpStoreServer};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 

@@ -1,4 +1,10 @@
-//! The rendezvous key-value store, like PyTorch's c10d `TCPStore`.
+//! # ferry-store
+//!
+//! Ferry's rendezvous key-value store, like PyTorch's c10d `TCPStore`: the
+//! place where the workers of a group find each other before they have
+//! any other connection. `ferry-rpc` rendezvous through it (and
+//! re-exports it as `ferry_rpc::store`); `ferry-ft`'s replica groups use it
+//! without the RPC agent. It needs no RPC, no libtorch.
 //!
 //! Rank 0 hosts a [`TcpStoreServer`]; every worker (rank 0 included)
 //! talks to it through a [`TcpStore`] client. Workers publish what the
@@ -13,19 +19,21 @@
 //!   one; it is also a [`Store`] on its own for single-process use and
 //!   tests.
 //! - [`TcpStoreServer`] / [`TcpStore`]: the server and client over TCP,
-//!   length-prefixed (u32 LE) postcard messages no larger than
-//!   [`MAX_MESSAGE_BYTES`]. Requests carry ids and blocking ones (`get`,
-//!   `wait`) are served server-side, so they never hold up the other
-//!   requests of the same client.
+//!   length-prefixed (u32 LE) messages no larger than
+//!   [`MAX_MESSAGE_BYTES`], encoded and decoded by the pure functions of
+//!   [`format`](mod@format) (which documents the bytes). Requests carry
+//!   ids and blocking ones (`get`, `wait`) are served server-side, so they
+//!   never hold up the other requests of the same client. The server
+//!   enforces [`StoreLimits`].
 //! - [`PrefixStore`]: a namespace (`"{prefix}/{key}"`) over another store.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use ferry_rpc::store::{PrefixStore, Store, TcpStore, TcpStoreServer};
+//! use ferry_store::{PrefixStore, Store, TcpStore, TcpStoreServer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), ferry_rpc::store::StoreError> {
+//! # async fn main() -> Result<(), ferry_store::StoreError> {
 //! // Rank 0 hosts the store (port 0: any free port).
 //! let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()).await?;
 //! let timeout = Duration::from_secs(10);
@@ -47,15 +55,17 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub mod format;
 mod memory;
 mod prefix;
 mod quota;
 mod tcp;
 
+pub use format::{FormatError, MAX_MESSAGE_BYTES};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use quota::{QuotaBound, StoreLimits};
-pub use tcp::{TcpStore, TcpStoreServer, MAX_MESSAGE_BYTES};
+pub use tcp::{TcpStore, TcpStoreServer};
 
 /// A reasonable bound on [`Store::get`] when nothing else is known
 /// (c10d's default store timeout is 300 s too).
@@ -152,7 +162,17 @@ pub enum StoreError {
         /// What went wrong.
         source: std::io::Error,
     },
-    /// A malformed or oversized message.
+    /// A message that cannot be encoded (too large) or bytes from the
+    /// store that are not a message.
+    #[error("store at {addr}: {source}")]
+    Format {
+        /// The store's address.
+        addr: String,
+        /// What is wrong with the message.
+        source: FormatError,
+    },
+    /// The server answered with something else than the request asks
+    /// for, or reported an error of its own (as text).
     #[error("store protocol error: {0}")]
     Protocol(String),
     /// The connection to the store is closed (the server went away or

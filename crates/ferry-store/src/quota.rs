@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The bounds a [`TcpStoreServer`](super::TcpStoreServer) enforces; see
+/// The bounds a [`TcpStoreServer`](crate::TcpStoreServer) enforces; see
 /// [`StoreLimits::default`] for the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreLimits {
@@ -54,7 +54,7 @@ impl Default for StoreLimits {
 }
 
 /// Which bound of [`StoreLimits`] a request would exceed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuotaBound {
     /// [`StoreLimits::max_key_bytes`].
     KeyBytes,
@@ -91,14 +91,14 @@ impl std::fmt::Display for QuotaBound {
 /// A request refused by the quota: the bound, its limit and what the
 /// request would have brought it to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Refusal {
+pub(crate) struct Refusal {
     pub bound: QuotaBound,
     pub limit: u64,
     pub requested: u64,
 }
 
 /// Identifies a client connection of the server.
-pub(super) type ConnId = u64;
+pub(crate) type ConnId = u64;
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Usage {
@@ -108,7 +108,7 @@ struct Usage {
 
 /// Who holds each key and how much every account holds.
 #[derive(Debug, Default)]
-pub(super) struct Ledger {
+pub(crate) struct Ledger {
     keys: HashMap<String, (ConnId, u64)>,
     connections: HashMap<ConnId, Usage>,
     total: Usage,
@@ -128,7 +128,7 @@ fn check(bound: QuotaBound, limit: u64, requested: u64) -> Result<(), Refusal> {
 
 impl Ledger {
     /// Whether `conn` may store `value_len` bytes under `key`.
-    pub(super) fn admit(
+    pub(crate) fn admit(
         &self,
         limits: &StoreLimits,
         conn: ConnId,
@@ -175,7 +175,7 @@ impl Ledger {
     }
 
     /// Records that `conn` stored `value_len` bytes under `key`.
-    pub(super) fn stored(&mut self, conn: ConnId, key: &str, value_len: usize) {
+    pub(crate) fn stored(&mut self, conn: ConnId, key: &str, value_len: usize) {
         self.deleted(key);
         let size = (key.len() + value_len) as u64;
         self.keys.insert(key.to_owned(), (conn, size));
@@ -187,7 +187,7 @@ impl Ledger {
     }
 
     /// Records that `key` is gone.
-    pub(super) fn deleted(&mut self, key: &str) {
+    pub(crate) fn deleted(&mut self, key: &str) {
         let Some((owner, size)) = self.keys.remove(key) else {
             return;
         };

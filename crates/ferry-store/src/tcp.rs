@@ -2,7 +2,8 @@
 //! multiplexing requests over one connection.
 //!
 //! Every message is a frame: its length as a `u32` little-endian, then
-//! that many bytes of postcard. A request carries an id, which its
+//! the body ([`format`](crate::format) encodes and decodes both; this
+//! module only moves frames over sockets). A request carries an id, which its
 //! response repeats; responses come back in any order, so a blocking
 //! `get` or `wait` (waited for on the server) never holds up another
 //! request on the same connection.
@@ -20,8 +21,6 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use futures::FutureExt;
 use parking_lot::Mutex;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -29,13 +28,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::quota::{ConnId, Ledger, QuotaBound, Refusal, StoreLimits};
-use super::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
-
-/// The largest message (frame body) either side sends or accepts: 64 MiB.
-/// A larger length prefix closes the connection before anything is
-/// allocated; a larger value is refused before it is sent.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+use crate::format::{
+    self, Failure, FormatError, Request, RequestFrame, Response, ResponseFrame, LENGTH_PREFIX_BYTES,
+};
+use crate::quota::{ConnId, Ledger, QuotaBound, Refusal, StoreLimits};
+use crate::{MemoryStore, Store, StoreError, StoreFuture, DEFAULT_STORE_TIMEOUT};
 
 /// How much longer than the server-side bound a client waits for the
 /// answer to a blocking request before giving up on its own.
@@ -51,171 +48,35 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
 // ---------------------------------------------------------------------------
-// Protocol
+// Frames off the socket (the bytes are `format`'s business)
 // ---------------------------------------------------------------------------
-
-#[derive(Debug, Serialize, Deserialize)]
-struct RequestFrame {
-    id: u64,
-    request: Request,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-enum Request {
-    Set {
-        key: String,
-        value: Vec<u8>,
-    },
-    Get {
-        key: String,
-        timeout: Duration,
-    },
-    Wait {
-        keys: Vec<String>,
-        timeout: Duration,
-    },
-    Add {
-        key: String,
-        delta: i64,
-    },
-    CompareSet {
-        key: String,
-        expected: Option<Vec<u8>>,
-        desired: Vec<u8>,
-    },
-    Delete {
-        key: String,
-    },
-    Check {
-        keys: Vec<String>,
-    },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct ResponseFrame {
-    id: u64,
-    response: Response,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-enum Response {
-    Done,
-    Value(Vec<u8>),
-    Counter(i64),
-    Bool(bool),
-    Failed(Failure),
-}
-
-/// A [`StoreError`] as the server reports it.
-#[derive(Debug, Serialize, Deserialize)]
-enum Failure {
-    Timeout {
-        keys: Vec<String>,
-        after: Duration,
-    },
-    NotACounter {
-        key: String,
-    },
-    Overflow {
-        key: String,
-        delta: i64,
-    },
-    Quota {
-        bound: QuotaBound,
-        key: String,
-        limit: u64,
-        requested: u64,
-    },
-    Other(String),
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Timeout { keys, after } => Failure::Timeout { keys, after },
-            StoreError::NotACounter { key } => Failure::NotACounter { key },
-            StoreError::Overflow { key, delta } => Failure::Overflow { key, delta },
-            StoreError::Quota {
-                bound,
-                key,
-                limit,
-                requested,
-            } => Failure::Quota {
-                bound,
-                key,
-                limit,
-                requested,
-            },
-            other => Failure::Other(other.to_string()),
-        }
-    }
-}
-
-impl From<Failure> for StoreError {
-    fn from(f: Failure) -> Self {
-        match f {
-            Failure::Timeout { keys, after } => StoreError::Timeout { keys, after },
-            Failure::NotACounter { key } => StoreError::NotACounter { key },
-            Failure::Overflow { key, delta } => StoreError::Overflow { key, delta },
-            Failure::Quota {
-                bound,
-                key,
-                limit,
-                requested,
-            } => StoreError::Quota {
-                bound,
-                key,
-                limit,
-                requested,
-            },
-            Failure::Other(message) => StoreError::Protocol(format!("store server: {message}")),
-        }
-    }
-}
-
-/// Encodes `msg` as one frame, refusing one over [`MAX_MESSAGE_BYTES`].
-fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, StoreError> {
-    let mut buf = postcard::to_extend(msg, vec![0u8; 4])
-        .map_err(|e| StoreError::Protocol(format!("cannot encode a store message: {e}")))?;
-    let len = buf.len() - 4;
-    if len > MAX_MESSAGE_BYTES {
-        return Err(StoreError::Protocol(format!(
-            "a store message of {len} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes"
-        )));
-    }
-    // `len` fits: MAX_MESSAGE_BYTES < u32::MAX.
-    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok(buf)
-}
 
 /// Why reading a frame failed.
 #[derive(Debug)]
 enum FrameError {
     Io(io::Error),
-    TooLarge(usize),
-    Malformed(String),
+    Format(FormatError),
 }
 
 impl std::fmt::Display for FrameError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FrameError::Io(e) => write!(f, "{e}"),
-            FrameError::TooLarge(n) => write!(
-                f,
-                "length prefix of {n} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes"
-            ),
-            FrameError::Malformed(e) => write!(f, "malformed message: {e}"),
+            FrameError::Format(e) => write!(f, "{e}"),
         }
     }
 }
 
-/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
-async fn read_frame<R, T>(r: &mut R) -> Result<Option<T>, FrameError>
+/// A body decoder of [`format`](crate::format).
+type Decode<T> = fn(&[u8]) -> Result<T, FormatError>;
+
+/// Reads one frame and decodes its body with `decode`; `Ok(None)` on a
+/// clean end of stream between frames.
+async fn read_frame<R, T>(r: &mut R, decode: Decode<T>) -> Result<Option<T>, FrameError>
 where
     R: AsyncRead + Unpin,
-    T: DeserializeOwned,
 {
-    let mut prefix = [0u8; 4];
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
     let n = r.read(&mut prefix).await.map_err(FrameError::Io)?;
     if n == 0 {
         return Ok(None);
@@ -223,10 +84,7 @@ where
     r.read_exact(&mut prefix[n..])
         .await
         .map_err(FrameError::Io)?;
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_MESSAGE_BYTES {
-        return Err(FrameError::TooLarge(len));
-    }
+    let len = format::body_len(prefix).map_err(FrameError::Format)?;
     // Grow with what actually arrives rather than trusting the prefix.
     let mut body = Vec::with_capacity(len.min(64 << 10));
     r.take(len as u64)
@@ -239,25 +97,21 @@ where
             format!("connection closed inside a {len}-byte message"),
         )));
     }
-    match postcard::take_from_bytes::<T>(&body) {
-        Ok((msg, [])) => Ok(Some(msg)),
-        Ok((_, rest)) => Err(FrameError::Malformed(format!(
-            "{} trailing bytes",
-            rest.len()
-        ))),
-        Err(e) => Err(FrameError::Malformed(e.to_string())),
-    }
+    decode(&body).map(Some).map_err(FrameError::Format)
 }
 
 /// The frames of `r`, as a stream (so reading survives a `select!`).
-fn frames<R, T>(r: R) -> Pin<Box<dyn Stream<Item = Result<T, FrameError>> + Send>>
+fn frames<R, T>(
+    r: R,
+    decode: Decode<T>,
+) -> Pin<Box<dyn Stream<Item = Result<T, FrameError>> + Send>>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    T: DeserializeOwned + Send + 'static,
+    T: Send + 'static,
 {
-    futures::stream::unfold(Some(r), |r| async move {
+    futures::stream::unfold(Some(r), move |r| async move {
         let mut r = r?;
-        match read_frame(&mut r).await {
+        match read_frame(&mut r, decode).await {
             Ok(Some(msg)) => Some((Ok(msg), Some(r))),
             Ok(None) => None,
             Err(e) => Some((Err(e), None)),
@@ -574,15 +428,15 @@ async fn serve_connection(
     let first_request_by = Instant::now() + served.limits.first_request_timeout;
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
-    let mut requests = frames::<_, RequestFrame>(BufReader::new(rd));
+    let mut requests = frames(BufReader::new(rd), format::decode_request);
     let (tx, rx) = mpsc::unbounded_channel();
     // Owns the sender: once reading stops, the writer ends after the
     // answers queued so far.
     let read = async move {
         let respond = |id: u64, response: Response| {
-            let frame = encode(&ResponseFrame { id, response }).or_else(|e| {
+            let frame = format::encode_response(&ResponseFrame { id, response }).or_else(|e| {
                 let response = Response::Failed(Failure::Other(e.to_string()));
-                encode(&ResponseFrame { id, response })
+                format::encode_response(&ResponseFrame { id, response })
             });
             if let Ok(frame) = frame {
                 // Fails only once the writer has stopped, which ends the
@@ -650,7 +504,7 @@ async fn serve_connection(
 /// for each other (a blocking [`Store::wait`] does not hold up a
 /// [`Store::set`] from the same client). When the connection is lost,
 /// outstanding and later requests fail with [`StoreError::Closed`],
-/// [`StoreError::Io`] or [`StoreError::Protocol`]; nothing hangs.
+/// [`StoreError::Io`] or [`StoreError::Format`]; nothing hangs.
 #[derive(Debug)]
 pub struct TcpStore {
     addr: SocketAddr,
@@ -681,7 +535,7 @@ struct Calls {
 enum Lost {
     Closed,
     Io(io::ErrorKind, String),
-    Protocol(String),
+    Format(FormatError),
 }
 
 impl Lost {
@@ -692,7 +546,10 @@ impl Lost {
                 addr: addr.to_string(),
                 source: io::Error::new(*kind, message.clone()),
             },
-            Lost::Protocol(message) => StoreError::Protocol(message.clone()),
+            Lost::Format(source) => StoreError::Format {
+                addr: addr.to_string(),
+                source: source.clone(),
+            },
         }
     }
 }
@@ -794,7 +651,12 @@ impl TcpStore {
     /// Sends `request` and waits for its response.
     async fn call(&self, request: Request) -> Result<Response, StoreError> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = encode(&RequestFrame { id, request })?;
+        let frame = format::encode_request(&RequestFrame { id, request }).map_err(|source| {
+            StoreError::Format {
+                addr: self.addr.to_string(),
+                source,
+            }
+        })?;
         let (reply, response) = oneshot::channel();
         {
             let mut calls = self.shared.calls.lock();
@@ -848,7 +710,7 @@ impl Drop for TcpStore {
 /// Dispatches responses to their requests until the connection ends.
 async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, shared: Arc<Shared>, addr: SocketAddr) {
     let lost = loop {
-        match read_frame::<_, ResponseFrame>(&mut rd).await {
+        match read_frame(&mut rd, format::decode_response).await {
             Ok(Some(ResponseFrame { id, response })) => {
                 let reply = shared.calls.lock().pending.remove(&id);
                 if let Some(reply) = reply {
@@ -860,9 +722,9 @@ async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, shared: Arc<Shared>, ad
                 break Lost::Closed
             }
             Err(FrameError::Io(e)) => break Lost::Io(e.kind(), e.to_string()),
-            Err(e) => {
+            Err(FrameError::Format(e)) => {
                 warn!(%addr, error = %e, "closing the store connection");
-                break Lost::Protocol(format!("from the store at {addr}: {e}"));
+                break Lost::Format(e);
             }
         }
     };
@@ -1051,58 +913,48 @@ impl Store for TcpStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_MESSAGE_BYTES;
 
+    /// The socket shell reads whole frames and hands their bodies to
+    /// `format` (whose own tests cover the bytes): a clean end between
+    /// frames, an end inside one, and the limit on the length prefix.
     #[tokio::test]
-    async fn frames_round_trip_and_limits_hold() {
-        let frame = encode(&RequestFrame {
+    async fn the_shell_reads_frames_and_stops_at_the_limits() {
+        let frame = format::encode_request(&RequestFrame {
             id: 7,
             request: Request::Check {
                 keys: vec!["a".into()],
             },
         })
         .unwrap();
-        let mut r = &frame[..];
-        let back: Option<RequestFrame> = read_frame(&mut r).await.unwrap();
-        assert!(
-            matches!(back, Some(RequestFrame { id: 7, request: Request::Check { keys } }) if keys == ["a"])
-        );
-        let mut empty = &[][..];
-        assert!(read_frame::<_, RequestFrame>(&mut empty)
+        let mut two = frame.clone();
+        two.extend_from_slice(&frame);
+        let mut r = &two[..];
+        for _ in 0..2 {
+            let back = read_frame(&mut r, format::decode_request).await.unwrap();
+            assert_eq!(back.unwrap().id, 7);
+        }
+        assert!(read_frame(&mut r, format::decode_request)
             .await
             .unwrap()
             .is_none());
 
+        let mut cut = &frame[..frame.len() - 1];
+        assert!(matches!(
+            read_frame(&mut cut, format::decode_request).await,
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof
+        ));
         let huge = ((MAX_MESSAGE_BYTES + 1) as u32).to_le_bytes();
         let mut r = &huge[..];
         assert!(matches!(
-            read_frame::<_, RequestFrame>(&mut r).await,
-            Err(FrameError::TooLarge(_))
-        ));
-        let mut trailing = frame.clone();
-        trailing.push(0);
-        let len = (trailing.len() - 4) as u32;
-        trailing[..4].copy_from_slice(&len.to_le_bytes());
-        let mut r = &trailing[..];
-        assert!(matches!(
-            read_frame::<_, RequestFrame>(&mut r).await,
-            Err(FrameError::Malformed(_))
-        ));
-        let big = Request::Set {
-            key: "k".into(),
-            value: vec![0; MAX_MESSAGE_BYTES],
-        };
-        assert!(matches!(
-            encode(&RequestFrame {
-                id: 0,
-                request: big
-            }),
-            Err(StoreError::Protocol(_))
+            read_frame(&mut r, format::decode_request).await,
+            Err(FrameError::Format(FormatError::TooLarge { .. }))
         ));
     }
 
     /// Sends `request` as frame `id` on a raw connection.
     async fn send_raw(w: &mut TcpStream, id: u64, request: Request) {
-        w.write_all(&encode(&RequestFrame { id, request }).unwrap())
+        w.write_all(&format::encode_request(&RequestFrame { id, request }).unwrap())
             .await
             .unwrap();
     }
@@ -1147,14 +999,17 @@ mod tests {
             .expect("close completes");
         // The answer to the `set` arrives, then the end of the stream.
         let mut rd = BufReader::new(raw);
-        let first: ResponseFrame = read_frame(&mut rd).await.unwrap().unwrap();
+        let first = read_frame(&mut rd, format::decode_response)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(first.id, 1);
         assert!(
             matches!(first.response, Response::Done),
             "{:?}",
             first.response
         );
-        assert!(read_frame::<_, ResponseFrame>(&mut rd)
+        assert!(read_frame(&mut rd, format::decode_response)
             .await
             .unwrap()
             .is_none());

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 
-use super::{Store, StoreError, StoreFuture};
+use crate::{Store, StoreError, StoreFuture};
 
 /// A view of another store in which every key `k` is stored as
 /// `"{prefix}/{k}"`, like c10d's `PrefixStore`. Prefix stores nest.

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ferry_rpc::store::{Store, StoreLimits, TcpStore, TcpStoreServer};
+use ferry_store::{Store, StoreLimits, TcpStore, TcpStoreServer};
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
 /// Failed accepts rank 0 waits for: without back-off, each would be a
