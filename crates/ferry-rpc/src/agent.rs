@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::call::{CallSlot, RpcFuture};
@@ -123,7 +123,10 @@ pub(crate) struct Inner {
     store_server: Mutex<Option<TcpStoreServer>>,
     rpc_timeout: Duration,
     pub(crate) init_timeout: Duration,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The agent's own tasks (accept loop, timer, connections, layers'
+    /// background work); finished ones are reaped as new ones start, and
+    /// stopping aborts the rest.
+    tasks: Mutex<JoinSet<()>>,
     span: tracing::Span,
     /// Budget of the warning about replies that match no call of theirs.
     foreign_replies: Throttle,
@@ -205,7 +208,7 @@ impl Agent {
             store_server: Mutex::new(rendezvous.server),
             rpc_timeout: options.rpc_timeout,
             init_timeout: options.init_timeout,
-            tasks: Mutex::new(Vec::new()),
+            tasks: Mutex::new(JoinSet::new()),
             span: span.clone(),
             foreign_replies: Throttle::new(FOREIGN_REPLY_LINES, FOREIGN_REPLY_WINDOW),
         });
@@ -216,10 +219,8 @@ impl Agent {
         for service in agent.inner.services.values() {
             service.started(&agent);
         }
-        let accept =
-            handle.spawn(accept_loop(inner.clone(), rendezvous.listener).instrument(span.clone()));
-        let timer = handle.spawn(timer_loop(inner.clone()).instrument(span));
-        inner.tasks.lock().extend([accept, timer]);
+        inner.spawn_task(accept_loop(inner.clone(), rendezvous.listener).instrument(span.clone()));
+        inner.spawn_task(timer_loop(inner.clone()).instrument(span));
         tracing::debug!(parent: &inner.span, workers = inner.workers.len(), "agent started");
         Ok(agent)
     }
@@ -292,13 +293,8 @@ impl Agent {
     /// Layers use it for background work (retries, waits); it is stopped
     /// with the agent.
     pub fn spawn(&self, future: impl std::future::Future<Output = ()> + Send + 'static) {
-        let task = self
-            .inner
-            .handle
-            .spawn(future.instrument(self.inner.span.clone()));
-        let mut tasks = self.inner.tasks.lock();
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(task);
+        self.inner
+            .spawn_task(future.instrument(self.inner.span.clone()));
     }
 
     /// The transport and channels of the latest connection with `worker`,
@@ -534,9 +530,9 @@ impl Agent {
                 function: p.function,
             }));
         }
-        for t in inner.tasks.lock().drain(..) {
-            t.abort();
-        }
+        // Dropping the set aborts every task still in it.
+        let tasks = std::mem::take(&mut *inner.tasks.lock());
+        drop(tasks);
         // The store server (rank 0 only) closes gracefully where this
         // thread may block on the runtime: the answers it already gave
         // still reach their workers (the other ranks' last `set` of the
@@ -870,10 +866,9 @@ impl Inner {
         links.insert(rank, link.clone());
         let inner = self.clone();
         let span = self.span.clone();
-        let task = self.handle.spawn(
+        self.spawn_task(
             async move { inner.connect_and_serve(rank, conn, outbox, rx).await }.instrument(span),
         );
-        self.tasks.lock().push(task);
         link
     }
 
@@ -1062,6 +1057,23 @@ impl Inner {
                     self.init_timeout
                 ))
             })
+    }
+
+    /// Runs `task` on the agent's runtime as one of the agent's tasks
+    /// (aborted when it stops), first reaping those that have finished, so
+    /// the set holds only the running ones and the few that ended since.
+    fn spawn_task(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock();
+        reap(&mut tasks);
+        tasks.spawn_on(task, &self.handle);
+    }
+
+    /// How many of the agent's tasks are running (finished ones reaped).
+    #[cfg(test)]
+    pub(crate) fn task_count(&self) -> usize {
+        let mut tasks = self.tasks.lock();
+        reap(&mut tasks);
+        tasks.len()
     }
 
     /// Calls outstanding here.
@@ -1380,6 +1392,17 @@ impl Inner {
     }
 }
 
+/// Takes the finished tasks out of `tasks`; a task that panicked is logged.
+fn reap(tasks: &mut JoinSet<()>) {
+    while let Some(ended) = tasks.try_join_next() {
+        if let Err(e) = ended {
+            if e.is_panic() {
+                warn!(error = %e, "an agent task panicked");
+            }
+        }
+    }
+}
+
 /// The failure that replaces a result over the caller's limits.
 fn result_too_large(caller: &WorkerInfo, e: &ferry_wire::WireError) -> Failure {
     Failure::failed(format!(
@@ -1440,7 +1463,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             }
         };
         let inner2 = inner.clone();
-        let task = inner.handle.spawn(
+        inner.spawn_task(
             async move {
                 let handshake = tokio::time::timeout(
                     inner2.init_timeout,
@@ -1474,8 +1497,9 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             }
             .in_current_span(),
         );
-        let mut tasks = inner.tasks.lock();
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(task);
     }
 }
+
+#[cfg(test)]
+#[path = "connections_tests.rs"]
+mod connections_tests;
