@@ -8,7 +8,7 @@
 //! and a writer task; the writer drains its queue into one vectored write,
 //! so calls in flight share system calls.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use crate::current;
 use crate::functions::{panic_message, Body, CallResult, Function, Signature};
 use crate::inline;
 use crate::outbox::{outbox, Outbox, OutboxQueue, SendError};
+use crate::pending::{self, Dropped, PendingCalls, Replied};
 use crate::protocol::{CallHeader, Extension, Failure, FailureKind, ServiceHeader};
 use crate::scope::{Scoped, Scopes};
 use crate::service::{IncomingCall, Interceptor, OutgoingCall, Service};
@@ -59,16 +60,6 @@ struct Link {
     outbox: Outbox,
 }
 
-struct Pending {
-    slot: Arc<CallSlot>,
-    /// The callee: only its reply, on `conn`, completes the call.
-    to: u32,
-    /// The connection the request went out on.
-    conn: u64,
-    function: String,
-    deadline: Option<(Instant, Duration)>,
-}
-
 /// What a connection with a peer runs on: its transport and, per device
 /// pair, the channel of the tensors each way.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,18 +70,6 @@ pub struct LinkInfo {
     pub outgoing: Vec<ferry_wire::ChannelChoice>,
     /// Channels of the tensors this worker receives from the peer.
     pub incoming: Vec<ferry_wire::ChannelChoice>,
-}
-
-#[derive(Default)]
-struct Calls {
-    pending: HashMap<u64, Pending>,
-    deadlines: BTreeSet<(Instant, u64)>,
-    /// When the timer task wakes next (`None`: it waits for a wake-up).
-    /// A new deadline wakes it only if earlier; after expiring calls it
-    /// re-arms for the earliest deadline left. A call that completes
-    /// leaves it armed for the old deadline (it then finds nothing to
-    /// expire), so back-to-back calls do not wake it at all.
-    timer_armed: Option<Instant>,
 }
 
 pub(crate) struct Inner {
@@ -108,9 +87,10 @@ pub(crate) struct Inner {
     links: Mutex<HashMap<u32, Link>>,
     /// What the latest connection with each peer selected.
     link_info: Mutex<HashMap<u32, LinkInfo>>,
-    calls: Mutex<Calls>,
+    /// The calls awaiting replies (see [`crate::pending`]).
+    calls: Mutex<PendingCalls<Arc<CallSlot>>>,
+    /// Woken when a call's deadline is earlier than the timer's.
     timer_wake: Notify,
-    next_id: AtomicU64,
     next_conn: AtomicU64,
     /// Calls sent, lost and served per peer (shutdown's termination detection).
     pub(crate) tally: crate::join::Tally,
@@ -130,20 +110,6 @@ pub(crate) struct Inner {
     span: tracing::Span,
     /// Budget of the warning about replies that match no call of theirs.
     foreign_replies: Throttle,
-}
-
-/// What a reply frame matched.
-enum ReplyMatch {
-    /// The call it answers, taken off the pending table.
-    Call(Pending),
-    /// No call is waiting for this id (it timed out, failed or never was).
-    NoCall,
-    /// A call with this id waits, but for a reply from another peer or on
-    /// another connection: the frame is not its answer.
-    Foreign {
-        /// The callee of the waiting call.
-        to: u32,
-    },
 }
 
 /// At most this many warnings about foreign replies per [`FOREIGN_REPLY_WINDOW`].
@@ -196,9 +162,8 @@ impl Agent {
             interceptors: options.hooks.interceptors.clone(),
             links: Mutex::new(HashMap::new()),
             link_info: Mutex::new(HashMap::new()),
-            calls: Mutex::new(Calls::default()),
+            calls: Mutex::new(PendingCalls::new()),
             timer_wake: Notify::new(),
-            next_id: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
             tally: crate::join::Tally::new(world),
             active: AtomicU64::new(0),
@@ -518,11 +483,7 @@ impl Agent {
             return;
         }
         inner.links.lock().clear();
-        let pending: Vec<Pending> = {
-            let mut calls = inner.calls.lock();
-            calls.deadlines.clear();
-            calls.pending.drain().map(|(_, p)| p).collect()
-        };
+        let pending = inner.calls.lock().drain();
         for p in pending {
             let worker = inner.workers[p.to as usize].name.clone();
             p.slot.complete(Err(RpcError::ShutDown {
@@ -739,34 +700,24 @@ impl Inner {
         timeout: Duration,
     ) -> Result<Arc<CallSlot>, RpcError> {
         self.running()?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = CallSlot::new();
         let link = self.link(rank);
-        let deadline = (!timeout.is_zero()).then(|| (Instant::now() + timeout, timeout));
         self.active.fetch_add(1, Ordering::SeqCst);
         // Counted while the call is outstanding, so no shutdown round
         // reads a send half-done; a send that fails is taken back.
         self.tally.sending(rank);
-        {
-            let mut calls = self.calls.lock();
-            if let Some((at, _)) = deadline {
-                calls.deadlines.insert((at, id));
-                if calls.timer_armed.is_none_or(|armed| at < armed) {
-                    calls.timer_armed = Some(at);
-                    self.timer_wake.notify_one();
-                }
-            }
-            calls.pending.insert(
-                id,
-                Pending {
-                    slot: slot.clone(),
-                    to: rank,
-                    conn: link.conn,
-                    function: function.to_string(),
-                    deadline,
-                },
-            );
+        let issued = self.calls.lock().issue(
+            Instant::now(),
+            rank,
+            link.conn,
+            function,
+            timeout,
+            slot.clone(),
+        );
+        if issued.wake_timer {
+            self.timer_wake.notify_one();
         }
+        let id = issued.id;
         let message = OutgoingMessage {
             kind,
             flags: Flags::NONE,
@@ -797,7 +748,8 @@ impl Inner {
             Err(SendError::TooLarge(e)) => {
                 // Never sent: the call is forgotten, not counted as sent.
                 self.tally.not_sent(rank);
-                if self.take_pending(id).is_some() {
+                let cancelled = self.calls.lock().cancel(id);
+                if cancelled.is_some() {
                     self.call_done();
                 }
                 let worker = self.workers[rank as usize].name.clone();
@@ -822,7 +774,8 @@ impl Inner {
         }
         // Never sent (even if the call has timed out meanwhile).
         self.tally.not_sent(peer.id);
-        if let Some(p) = self.take_pending(message.request_id) {
+        let cancelled = self.calls.lock().cancel(message.request_id);
+        if let Some(p) = cancelled {
             let worker = self.workers[p.to as usize].name.clone();
             p.slot
                 .complete(Err(RpcError::too_large(worker, p.function, e)));
@@ -978,58 +931,38 @@ impl Inner {
             let mut links = self.links.lock();
             links.retain(|_, l| l.conn != conn);
         }
-        let ids: Vec<u64> = self
-            .calls
-            .lock()
-            .pending
-            .iter()
-            .filter(|(_, p)| p.conn == conn)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if let Some(p) = self.take_pending(id) {
-                // Sent, and maybe served: shutdown counts it as lost.
-                self.tally.lost(p.to);
-                let worker = self.workers[p.to as usize].name.clone();
-                p.slot.complete(Err(RpcError::PeerUnreachable {
-                    worker,
-                    reason: reason.clone(),
-                }));
-                self.call_done();
+        let failed = self.calls.lock().connection_failed(conn, &reason);
+        for f in failed {
+            self.fail(f);
+        }
+    }
+
+    /// Completes a call that ended without its reply with its error.
+    fn fail(&self, failed: pending::Failed<Arc<CallSlot>>) {
+        let (call, error) = match failed {
+            pending::Failed::TimedOut(call) => {
+                let error = RpcError::Timeout {
+                    worker: self.workers[call.to as usize].name.clone(),
+                    function: call.function.clone(),
+                    after: call.timeout.unwrap_or_default(),
+                };
+                (call, error)
             }
-        }
-    }
-
-    /// Takes the call a reply with `id` from worker `from` on connection
-    /// `conn` answers, if it is that call's reply.
-    fn take_reply(&self, conn: u64, from: u32, id: u64) -> ReplyMatch {
-        let mut calls = self.calls.lock();
-        let Some(p) = calls.pending.get(&id) else {
-            return ReplyMatch::NoCall;
+            pending::Failed::Unreachable { call, reason } => {
+                // Sent, and maybe served: shutdown counts it as lost.
+                self.tally.lost(call.to);
+                let worker = self.workers[call.to as usize].name.clone();
+                (call, RpcError::PeerUnreachable { worker, reason })
+            }
         };
-        if p.conn != conn || p.to != from {
-            return ReplyMatch::Foreign { to: p.to };
-        }
-        let Some(p) = calls.pending.remove(&id) else {
-            return ReplyMatch::NoCall;
-        };
-        if let Some((at, _)) = p.deadline {
-            calls.deadlines.remove(&(at, id));
-        }
-        ReplyMatch::Call(p)
+        call.slot.complete(Err(error));
+        self.call_done();
     }
 
-    fn take_pending(&self, id: u64) -> Option<Pending> {
-        let mut calls = self.calls.lock();
-        let p = calls.pending.remove(&id)?;
-        if let Some((at, _)) = p.deadline {
-            calls.deadlines.remove(&(at, id));
-        }
-        Some(p)
-    }
-
+    /// Fails call `id`, whose request was never sent, with `error`.
     fn fail_call(&self, id: u64, error: impl FnOnce(String) -> RpcError) {
-        if let Some(p) = self.take_pending(id) {
+        let cancelled = self.calls.lock().cancel(id);
+        if let Some(p) = cancelled {
             let worker = self.workers[p.to as usize].name.clone();
             p.slot.complete(Err(error(worker)));
             self.call_done();
@@ -1110,17 +1043,23 @@ impl Inner {
         let kind = msg.header.kind;
         if msg.header.flags.contains(Flags::REPLY) {
             let id = msg.header.request_id;
-            match self.take_reply(conn, peer.id, id) {
-                ReplyMatch::Call(p) => {
+            let replied = self.calls.lock().reply(Instant::now(), conn, peer.id, id);
+            match replied {
+                Replied::Complete(p) => {
                     let woke = p.slot.complete(Ok(msg));
                     self.call_done();
                     woke
                 }
-                ReplyMatch::NoCall => {
+                Replied::Late(failed) => {
+                    debug!(peer = %peer.name, id, "a reply came after its call's deadline");
+                    self.fail(failed);
+                    false
+                }
+                Replied::Dropped(Dropped::NoCall) => {
                     debug!(peer = %peer.name, id, "dropping a late reply");
                     false
                 }
-                ReplyMatch::Foreign { to } => {
+                Replied::Dropped(Dropped::Foreign { callee: to }) => {
                     if let Some(suppressed) = self.foreign_replies.allow(Instant::now()) {
                         warn!(
                             peer = %peer.name,
@@ -1363,31 +1302,11 @@ impl Inner {
         )
     }
 
-    /// Expires calls whose deadline passed.
+    /// Expires calls whose deadline passed and re-arms the timer.
     fn expire(&self, now: Instant) {
-        let expired: Vec<(u64, Pending)> = {
-            let mut calls = self.calls.lock();
-            let mut out = Vec::new();
-            while let Some(&(at, id)) = calls.deadlines.first() {
-                if at > now {
-                    break;
-                }
-                calls.deadlines.pop_first();
-                if let Some(p) = calls.pending.remove(&id) {
-                    out.push((id, p));
-                }
-            }
-            out
-        };
-        for (_, p) in expired {
-            let worker = self.workers[p.to as usize].name.clone();
-            let after = p.deadline.map(|(_, d)| d).unwrap_or_default();
-            p.slot.complete(Err(RpcError::Timeout {
-                worker,
-                function: p.function,
-                after,
-            }));
-            self.call_done();
+        let expired = self.calls.lock().tick(now);
+        for f in expired {
+            self.fail(f);
         }
     }
 }
@@ -1430,15 +1349,13 @@ fn split_header<H: serde::de::DeserializeOwned>(
 
 async fn timer_loop(inner: Arc<Inner>) {
     loop {
-        let armed = inner.calls.lock().timer_armed;
+        let armed = inner.calls.lock().timer();
         match armed {
             None => inner.timer_wake.notified().await,
             Some(at) => {
                 tokio::select! {
                     _ = tokio::time::sleep_until(at.into()) => {
                         inner.expire(Instant::now());
-                        let mut calls = inner.calls.lock();
-                        calls.timer_armed = calls.deadlines.first().map(|(t, _)| *t);
                     }
                     // An earlier deadline was armed.
                     _ = inner.timer_wake.notified() => {}
