@@ -153,6 +153,8 @@ impl std::future::Future for ServiceFuture {
 }
 
 impl Inner {
+    /// Encodes a call of `function` with `args` (its watches attached to
+    /// the call, or settled at once if it never leaves) and sends it to `to`.
     pub(super) fn start_call<A: Serialize>(
         self: &Arc<Self>,
         to: WorkerRef,
@@ -365,6 +367,7 @@ impl Inner {
         }
     }
 
+    /// One outstanding call fewer; wakes those waiting for idleness at zero.
     pub(super) fn call_done(&self) {
         if self.active.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
@@ -380,6 +383,8 @@ impl Inner {
     }
 }
 
+/// The timer task: sleeps until the table's earliest deadline (or until
+/// woken for an earlier one), then expires the calls due.
 pub(super) async fn timer_loop(inner: Arc<Inner>) {
     loop {
         let armed = inner.calls.lock().timer();

@@ -65,6 +65,9 @@ impl Inner {
         link
     }
 
+    /// Connects to `rank` (connect, handshake and channel set-up within
+    /// `init_timeout`, the peer answering as the worker the rendezvous
+    /// table names), then serves the connection; a failure fails the link.
     pub(super) async fn connect_and_serve(
         self: Arc<Self>,
         rank: u32,
@@ -178,6 +181,9 @@ impl Inner {
     }
 }
 
+/// The accept task: takes peers' connections (backing off when out of
+/// descriptors) and serves each one that handshakes within `init_timeout`
+/// as a member of the group.
 pub(super) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     let mut backoff = ferry_transport::accept::AcceptBackoff::new();
     loop {
