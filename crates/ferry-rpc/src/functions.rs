@@ -168,8 +168,9 @@ pub(crate) struct Function {
 
 /// The registry of remote functions a worker serves.
 ///
-/// Results are `Send + Sync` so that a `remote` call can keep them on the
-/// callee, shared by every handle to them.
+/// Arguments and results need only be `Send`: a result is encoded into
+/// its reply on one thread at a time ([`Value`]). (An RRef's owner that
+/// keeps a result and hands it out by reference asks for `Sync` there.)
 ///
 /// Register the same functions under the same names on every worker (the
 /// usual way is one function that builds the registry, called by every
@@ -204,7 +205,7 @@ impl Functions {
     pub fn register<A, R, F>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + Sync + 'static,
+        R: Serialize + Send + 'static,
         F: Fn(A) -> R + Send + Sync + 'static,
     {
         self.register_fallible(name, move |a: A| Ok::<R, std::convert::Infallible>(f(a)))
@@ -215,7 +216,7 @@ impl Functions {
     pub fn register_fallible<A, R, E, F>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + Sync + 'static,
+        R: Serialize + Send + 'static,
         E: std::fmt::Display,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
@@ -231,7 +232,7 @@ impl Functions {
     ) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + Sync + 'static,
+        R: Serialize + Send + 'static,
         E: std::fmt::Display,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
@@ -261,7 +262,7 @@ impl Functions {
     pub fn register_async<A, R, E, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + Sync + 'static,
+        R: Serialize + Send + 'static,
         E: std::fmt::Display + Send + 'static,
         F: Fn(A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
@@ -278,7 +279,7 @@ impl Functions {
     ) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + Sync + 'static,
+        R: Serialize + Send + 'static,
         E: std::fmt::Display + Send + 'static,
         F: Fn(A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,

@@ -53,6 +53,7 @@ mod join;
 mod name;
 mod options;
 mod outbox;
+mod pending;
 mod protocol;
 mod rendezvous;
 pub mod schema;

@@ -52,11 +52,7 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
     if addr.ip().is_unspecified() {
         addr.set_ip(route_to(o.master_addr).unwrap_or(o.master_addr.ip()));
     }
-    let record = postcard::to_stdvec(&WorkerRecord {
-        name: o.name.clone(),
-        addr,
-    })
-    .map_err(|e| RpcError::Config(e.to_string()))?;
+    let record = record(&o.name, addr)?;
     let key = |r: u32| format!("worker/{r}");
     let stored = store
         .compare_set(&key(o.rank), None, record.clone())
@@ -96,6 +92,16 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
         addrs,
         listener,
     })
+}
+
+/// The rendezvous record of worker `name` listening on `addr` (the value
+/// of its `worker/{rank}` key).
+pub(crate) fn record(name: &str, addr: SocketAddr) -> Result<Vec<u8>, RpcError> {
+    postcard::to_stdvec(&WorkerRecord {
+        name: name.to_string(),
+        addr,
+    })
+    .map_err(|e| RpcError::Config(e.to_string()))
 }
 
 /// Every worker sees the same table, so every worker fails alike.

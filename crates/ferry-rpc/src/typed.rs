@@ -229,7 +229,7 @@ impl Functions {
     pub fn add<A, R, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         F: Fn(A) -> R + Send + Sync + 'static,
     {
         self.add_fallible(function, move |a: A| {
@@ -265,7 +265,7 @@ impl Functions {
     pub fn add_fallible<A, R, E, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         E: Into<BoxError>,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
@@ -292,7 +292,7 @@ impl Functions {
     pub fn add_async<A, R, E, F, Fut>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         E: Into<BoxError> + Send + 'static,
         F: Fn(A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,

@@ -99,6 +99,11 @@ fn functions() -> Functions {
         Ok::<_, RpcError>((before, after))
     });
     f.register("exit_process", exit_process);
+    // Results that are `Send` but not `Sync`.
+    f.register("not_sync", |n: u64| std::cell::RefCell::new(n + 1));
+    f.register_async("not_sync_async", |n: u64| async move {
+        Ok::<_, RpcError>(std::cell::Cell::new(n + 2))
+    });
     f
 }
 
@@ -154,6 +159,21 @@ fn call_to_self_by_name_and_by_rank() {
                 id: 2
             }
         );
+        ferry_rpc::shutdown().unwrap();
+    });
+}
+
+/// A registered function's result need only be `Send`: a reply encodes
+/// it on one thread (blocking and async registrations alike).
+#[test]
+fn results_that_are_not_sync_travel() {
+    world_ok("results_that_are_not_sync_travel", 2, |rank| {
+        start(rank);
+        let peer = 1 - rank;
+        let r: std::cell::RefCell<u64> = ferry_rpc::rpc_sync(peer, "not_sync", 40u64).unwrap();
+        assert_eq!(r.into_inner(), 41);
+        let r: std::cell::Cell<u64> = ferry_rpc::rpc_sync(peer, "not_sync_async", 40u64).unwrap();
+        assert_eq!(r.get(), 42);
         ferry_rpc::shutdown().unwrap();
     });
 }

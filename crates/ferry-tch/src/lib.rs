@@ -47,10 +47,22 @@ pub use alloc::TchAllocator;
 pub use dtype::{dtype_of, kind_of};
 pub use tensor::Tensor;
 
-// SAFETY: libtorch tensors are shared between threads in PyTorch itself:
-// reads are thread-safe, and the handle's reference count is atomic. Ferry
-// keeps results as shared values (`Send + Sync`); code that mutates a tensor
-// in place from several threads must synchronise, as in PyTorch.
+// SAFETY: a `Tensor` is a handle (an intrusive pointer) on a libtorch
+// `TensorImpl`; no method taking `&self` writes the handle, and libtorch
+// makes the `TensorImpl`'s reference count atomic and its metadata reads
+// thread-safe, as PyTorch's own threads rely on. Sharing `&Tensor` therefore
+// allows no more than `tch::Tensor` already does safely (it is `Send`, and
+// `shallow_clone(&self)` gives another thread its own handle on the same
+// `TensorImpl`): several threads reading, or code mutating a tensor's data
+// in place, which must synchronise as in PyTorch.
+//
+// Why it is needed: ferry-rpc asks only `Send` of results, but an RRef's
+// owner shares its value by reference (`RRef::local_value` hands out an
+// `Arc<T>` with `T: Sync`; `to_here` encodes it from any thread), and
+// `RRef<Tensor>` is how distributed autograd's optimizer reaches the
+// parameters it updates (`ferry-autograd`'s `optim/distributed.rs`). The
+// test below exercises what this guards: one tensor read, encoded and
+// shallow-cloned by several threads at once through a shared reference.
 unsafe impl Sync for Tensor {}
 
 /// Why a tensor cannot travel.
@@ -92,4 +104,59 @@ impl ferry_rpc::Schema for Tensor {
         name: "Tensor",
         params: &[],
     };
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use ferry_rpc::Value;
+    use tch::{Device, Kind};
+
+    use crate::Tensor;
+
+    /// What `Sync` for [`Tensor`] guards, the way an RRef's owner shares
+    /// its value: eight threads at once read one tensor through a shared
+    /// reference, encode the value holding it (as concurrent `to_here`
+    /// calls do) and take shallow clones of it (as the distributed
+    /// optimizer does). Every read sees the same data, and the tensor is
+    /// intact afterwards.
+    #[test]
+    fn one_tensor_is_read_encoded_and_cloned_by_many_threads_at_once() {
+        let data: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+        let t = tch::Tensor::from_slice(&data).reshape([64, 64]);
+        let expected_sum = t.sum(Kind::Double).double_value(&[]);
+        let ptr = t.data_ptr();
+        let value = Value::new(Tensor::from(t));
+        let shared: Arc<Tensor> = value.downcast::<Tensor>().unwrap();
+        let expected_payload = value.encode().unwrap().payload;
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (value, shared) = (value.clone(), shared.clone());
+                let expected_payload = expected_payload.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        let encoded = value.encode().unwrap();
+                        assert_eq!(encoded.payload, expected_payload);
+                        assert_eq!(encoded.tensors.len(), 1);
+                        let sum = shared.sum(Kind::Double).double_value(&[]);
+                        assert_eq!(sum, expected_sum);
+                        let clone = shared.shallow_clone();
+                        assert_eq!(clone.data_ptr(), shared.data_ptr());
+                        assert_eq!(clone.size(), [64, 64]);
+                        drop(clone);
+                        assert_eq!(shared.device(), Device::Cpu);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(shared.data_ptr(), ptr);
+        assert_eq!(shared.sum(Kind::Double).double_value(&[]), expected_sum);
+        assert_eq!(Vec::<f32>::try_from(shared.flatten(0, -1)).unwrap(), data);
+    }
 }
