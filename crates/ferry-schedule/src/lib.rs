@@ -57,6 +57,7 @@
 
 pub mod action;
 pub mod csv;
+mod done;
 pub mod generate;
 pub mod lower;
 pub mod placement;
