@@ -239,10 +239,36 @@ impl Deps<'_> {
                 .iter()
                 .all(|a| self.ready(a, rank, done));
         }
-        match self.needs(action, rank) {
-            Needs::Nothing => true,
-            Needs::Never => false,
-            Needs::Any(pairs, n) => pairs[..n].iter().any(|&(r, c)| done.has(r, c)),
+        // The same rule as [`Deps::needs`], without building the list.
+        let (stage, mb) = (action.stage(), action.microbatch());
+        let has = |r: usize, s: usize, k: ActionKind| done.has(r, self.cells.get(s, k, mb));
+        match action.kind() {
+            ActionKind::Forward => {
+                stage == 0
+                    || has(rank, stage, ActionKind::RecvF)
+                    || has(rank, stage - 1, ActionKind::Forward)
+            }
+            ActionKind::BackwardInput | ActionKind::FullBackward => {
+                stage + 1 >= self.stages
+                    || has(rank, stage, ActionKind::RecvB)
+                    || has(rank, stage + 1, ActionKind::BackwardInput)
+                    || has(rank, stage + 1, ActionKind::FullBackward)
+            }
+            ActionKind::SendF => has(rank, stage, ActionKind::Forward),
+            ActionKind::SendB => {
+                has(rank, stage, ActionKind::BackwardInput)
+                    || has(rank, stage, ActionKind::FullBackward)
+            }
+            ActionKind::RecvF | ActionKind::RecvB => match self.needs(action, rank) {
+                Needs::Any(pairs, n) => pairs[..n].iter().any(|&(r, c)| done.has(r, c)),
+                Needs::Nothing => true,
+                Needs::Never => false,
+            },
+            ActionKind::BackwardWeight
+            | ActionKind::Unshard
+            | ActionKind::Reshard
+            | ActionKind::ReduceGrad
+            | ActionKind::OverlapFB => true,
         }
     }
 
