@@ -105,7 +105,13 @@ fn run_peer(o: &Options, out: &Path) -> Result<()> {
     if o.quick {
         c.arg("--quick");
     }
-    c.arg("--shapes").args(SHAPES).arg("--out").arg(out);
+    // One repetition at least per run: the 64x256 rows take seconds each,
+    // so they get one per run (three in all); the others repeat for
+    // the script's --min-seconds.
+    c.args(["--min-reps", "1", "--shapes"])
+        .args(SHAPES)
+        .arg("--out")
+        .arg(out);
     run(&mut c).context("the peer benchmark failed (`--no-peer` skips it)")
 }
 
