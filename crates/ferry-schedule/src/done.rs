@@ -109,7 +109,9 @@ impl Cells {
                     None => 0,
                     Some(mb) => mb.checked_add(1).filter(|&m| m < mbs)?,
                 };
-                (stage < stages).then(|| (k * stages + stage) * mbs + m)
+                // Kinds of one (stage, microbatch) side by side, then
+                // microbatches: what one action looks up is close together.
+                (stage < stages).then(|| (stage * mbs + m) * KINDS + k)
             }
             None => self.sparse.get(&(k, stage, mb)).copied(),
         }
