@@ -6,7 +6,9 @@
 //! `autograd_overhead` / `pt_dist_autograd_overhead.py`); and the lighthouse
 //! (`ferry-lighthouse` vs torchft 0.2.0's `torchft_lighthouse`, each its
 //! own process, both driven by the peer's `lighthouse_bench.py` through
-//! torchft's own client).
+//! torchft's own client); and pipeline schedules (`ferry-schedule`'s
+//! example `schedule_bench` vs `benches/peers/pt_schedule.py`, in
+//! [`crate::schedule_bench`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -109,6 +111,10 @@ pub(crate) enum Bench {
     /// Lighthouse quorum latency and heartbeat rate, `ferry-lighthouse` vs
     /// torchft 0.2.0's lighthouse, both driven by torchft's own client.
     Lighthouse,
+    /// Generating, lowering and simulating pipeline schedules,
+    /// `ferry-schedule` vs `torch.distributed.pipelining`
+    /// ([`crate::schedule_bench`]).
+    Schedule,
 }
 
 impl Bench {
@@ -119,13 +125,14 @@ impl Bench {
             "rref" => Some(Bench::Rref),
             "autograd" => Some(Bench::Autograd),
             "lighthouse" => Some(Bench::Lighthouse),
+            "schedule" => Some(Bench::Schedule),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse";
+const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -202,11 +209,11 @@ fn peer_script(peers: Option<&Path>, name: &str) -> Option<PathBuf> {
 
 /// `target/ferry-bench/<name>`, relative to the repository root (every
 /// command runs from there).
-fn out_path(name: &str) -> PathBuf {
+pub(crate) fn out_path(name: &str) -> PathBuf {
     Path::new(OUT_DIR).join(name)
 }
 
-fn remove_stale(path: &Path) -> Result<()> {
+pub(crate) fn remove_stale(path: &Path) -> Result<()> {
     match std::fs::remove_file(root().join(path)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing stale {}", path.display()))
@@ -238,7 +245,10 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         || o.runs(Bench::Autograd)
         || o.runs(Bench::Lighthouse);
     // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
-    let needs_venv = (peers.is_some() && side_by_side) || o.runs(Bench::Autograd);
+    // The schedule bench's peer script is in the repository: it needs no peers directory.
+    let needs_venv = (peers.is_some() && side_by_side)
+        || o.runs(Bench::Autograd)
+        || (!o.no_peer && o.runs(Bench::Schedule));
     if needs_venv && !o.table_only {
         steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
     }
@@ -270,6 +280,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Lighthouse) {
         lighthouse(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Schedule) {
+        crate::schedule_bench::main(&mut steps, o)?;
     }
 
     steps.summary();
@@ -559,7 +572,7 @@ fn median_tree(values: &[&Value]) -> Value {
 }
 
 /// Writes one result object as pretty JSON to `out` (repository-relative).
-fn write_result(out: &Path, result: &Value) -> Result<()> {
+pub(crate) fn write_result(out: &Path, result: &Value) -> Result<()> {
     let text = serde_json::to_string_pretty(result).context("encoding the result")?;
     std::fs::write(root().join(out), text + "\n")
         .with_context(|| format!("writing {}", out.display()))
@@ -985,7 +998,7 @@ struct Repeat {
 /// Which side goes first in run `run` (from 1), then the other: `true` is
 /// Ferry's. They alternate, so that a drift in the machine's speed does not
 /// always favour the same side.
-fn sides_in_order(run: usize) -> [bool; 2] {
+pub(crate) fn sides_in_order(run: usize) -> [bool; 2] {
     let ferry_first = run % 2 == 1;
     [ferry_first, !ferry_first]
 }
@@ -1558,7 +1571,7 @@ mod tests {
         assert!(Options::parse(&["--only".into()]).is_err());
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
-            format!("{err}").contains("--only {criterion|rpc|rref|autograd|lighthouse}"),
+            format!("{err}").contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule}"),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
@@ -1567,6 +1580,20 @@ mod tests {
         let o = Options::parse(&["--only".into(), "lighthouse".into()]).expect("valid");
         assert!(o.runs(Bench::Lighthouse) && !o.runs(Bench::Autograd) && !o.runs(Bench::Rpc));
         assert!(Options::default().runs(Bench::Lighthouse));
+        let o = Options::parse(&["--only".into(), "schedule".into(), "--no-peer".into()])
+            .expect("valid");
+        assert_eq!(o.only, Some(Bench::Schedule));
+        assert!(o.no_peer && o.runs(Bench::Schedule));
+        assert!(!o.runs(Bench::Lighthouse) && !o.runs(Bench::Criterion) && !o.runs(Bench::Rpc));
+        let o = Options::parse(&["--table-only".into(), "--only".into(), "schedule".into()])
+            .expect("valid");
+        assert!(o.table_only && o.runs(Bench::Schedule) && !o.runs(Bench::Autograd));
+        assert!(Options::default().runs(Bench::Schedule));
+        let err = Options::parse(&["--only".into(), "schedules".into()]).expect_err("unknown");
+        assert!(
+            format!("{err:#}").contains("lighthouse, schedule"),
+            "{err:#}"
+        );
     }
 
     #[test]

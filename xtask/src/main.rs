@@ -6,7 +6,8 @@
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
 //!   tables against the PyTorch RPC peer (RPC latency, RRef overhead,
-//!   distributed autograd overhead) and against torchft's lighthouse.
+//!   distributed autograd overhead), against torchft's lighthouse, and
+//!   pipeline schedules against `torch.distributed.pipelining`.
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
 //! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
@@ -15,6 +16,7 @@
 
 mod bench;
 mod demo;
+mod schedule_bench;
 mod setup;
 mod steps;
 mod table;
@@ -35,9 +37,11 @@ commands:
   bench [--quick]   criterion benches + Ferry vs peer tables (target/ferry-bench/):
                     RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and
                     distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
-                    (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft
+                    (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft;
+                    pipeline schedules (generate + lower + simulate) against
+                    torch.distributed.pipelining (benches/peers/pt_schedule.py)
         [--no-criterion] [--no-peer] [--table-only]
-        [--only criterion|rpc|rref|autograd|lighthouse]
+        [--only criterion|rpc|rref|autograd|lighthouse|schedule]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
                      --only: run or tabulate just that benchmark)
   help              this text

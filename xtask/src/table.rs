@@ -78,6 +78,9 @@ pub(crate) struct RowSpec {
     pub(crate) better: Better,
     pub(crate) metric: Metric,
     pub(crate) std: Option<Metric>,
+    /// Where the low and high ends of its spread are (shown as
+    /// `median [lo–hi]`).
+    pub(crate) range: Option<(Metric, Metric)>,
     pub(crate) target: Option<f64>,
 }
 
@@ -89,8 +92,16 @@ impl RowSpec {
             better,
             metric,
             std: None,
+            range: None,
             target: None,
         }
+    }
+
+    /// The same row, with the spread of its number from `lo` to `hi`
+    /// (e.g. p10 and p90), shown as `median [lo–hi]`.
+    pub(crate) fn with_range(mut self, lo: Metric, hi: Metric) -> Self {
+        self.range = Some((lo, hi));
+        self
     }
 
     /// The same row, with the standard deviation of its number at `std`.
@@ -123,6 +134,13 @@ pub(crate) struct Row {
     /// Whether the spec names a standard deviation (the JSON then has
     /// `ferry_std` and `peer_std`, `null` where missing).
     pub(crate) has_std: bool,
+    /// The spreads (low, high) of `ferry` and `peer`, for rows whose spec
+    /// names one.
+    pub(crate) ferry_range: Option<(f64, f64)>,
+    pub(crate) peer_range: Option<(f64, f64)>,
+    /// Whether the spec names a spread (the JSON then has `ferry_lo`,
+    /// `ferry_hi`, `peer_lo` and `peer_hi`, `null` where missing).
+    pub(crate) has_range: bool,
     /// The spec's target (least ratio), if any.
     pub(crate) target: Option<f64>,
     /// Whether the target holds; `None` without a target or without a
@@ -150,6 +168,11 @@ pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) ->
                 _ => None,
             };
             let std = |side: Option<&Value>| spec.std.as_ref()?.get(side?);
+            let range = |side: Option<&Value>| {
+                let (lo, hi) = spec.range.as_ref()?;
+                let side = side?;
+                Some((lo.get(side)?, hi.get(side)?))
+            };
             let met = match (spec.target, f, p, spec.better) {
                 (Some(t), Some(f), Some(p), Better::Lower) if p > 0.0 => Some(f * t <= p),
                 (Some(t), Some(f), Some(p), Better::Higher) if p > 0.0 => Some(f >= t * p),
@@ -164,6 +187,9 @@ pub(crate) fn compare(ferry: &Value, peer: Option<&Value>, specs: &[RowSpec]) ->
                 ferry_std: std(Some(ferry)),
                 peer_std: std(peer),
                 has_std: spec.std.is_some(),
+                ferry_range: range(Some(ferry)),
+                peer_range: range(peer),
+                has_range: spec.range.is_some(),
                 target: spec.target,
                 met,
             }
@@ -190,6 +216,23 @@ fn num_std(v: Option<f64>, std: Option<f64>) -> String {
     }
 }
 
+/// A number with its spread, if any: `12.35 [11.00–14.00]`.
+fn num_range(v: Option<f64>, range: Option<(f64, f64)>) -> String {
+    match (v, range) {
+        (Some(_), Some((lo, hi))) => format!("{} [{}–{}]", num(v), num(Some(lo)), num(Some(hi))),
+        _ => num(v),
+    }
+}
+
+/// A row's number cell: with its spread, its standard deviation, or alone.
+fn cell(v: Option<f64>, std: Option<f64>, range: Option<(f64, f64)>) -> String {
+    if range.is_some() {
+        num_range(v, range)
+    } else {
+        num_std(v, std)
+    }
+}
+
 /// A row's target cell: `≥4x met`, `≥4x MISSED`, `≥4x ?` (not judged),
 /// empty without a target.
 fn target_cell(r: &Row) -> String {
@@ -206,7 +249,8 @@ fn target_cell(r: &Row) -> String {
 
 /// The rows as one aligned text table: case | ferry | peer | unit | ratio,
 /// and a last column `target` when any row has one (numbers with a
-/// standard deviation read `mean±std`).
+/// standard deviation read `mean±std`, numbers with a spread
+/// `median [lo–hi]`).
 pub(crate) fn render(rows: &[Row]) -> String {
     let targets = rows.iter().any(|r| r.target.is_some());
     let mut header: Vec<String> = ["case", "ferry", "peer", "unit", "ratio"]
@@ -219,8 +263,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
     for r in rows {
         let mut row = vec![
             r.case.clone(),
-            num_std(r.ferry, r.ferry_std),
-            num_std(r.peer, r.peer_std),
+            cell(r.ferry, r.ferry_std, r.ferry_range),
+            cell(r.peer, r.peer_std, r.peer_range),
             r.unit.clone(),
             r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x")),
         ];
@@ -266,7 +310,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
 /// The rows as a JSON list of `{case, ferry, peer, unit, ratio}` (in that
 /// key order, one row per line; missing numbers are `null`), followed by
 /// `ferry_std` and `peer_std` in rows whose spec names a standard deviation,
-/// and by `target` and `met` in rows with a target.
+/// by `ferry_lo`, `ferry_hi`, `peer_lo` and `peer_hi` in rows whose spec
+/// names a spread, and by `target` and `met` in rows with a target.
 pub(crate) fn to_json(rows: &[Row]) -> String {
     let field = |v: Value| v.to_string();
     let lines: Vec<String> = rows
@@ -281,6 +326,20 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             } else {
                 String::new()
             };
+            let range = if r.has_range {
+                let end = |range: Option<(f64, f64)>, hi: bool| {
+                    field(json!(range.map(|(l, h)| if hi { h } else { l })))
+                };
+                format!(
+                    ", \"ferry_lo\": {}, \"ferry_hi\": {}, \"peer_lo\": {}, \"peer_hi\": {}",
+                    end(r.ferry_range, false),
+                    end(r.ferry_range, true),
+                    end(r.peer_range, false),
+                    end(r.peer_range, true),
+                )
+            } else {
+                String::new()
+            };
             let target = match r.target {
                 Some(t) => format!(
                     ", \"target\": {}, \"met\": {}",
@@ -290,7 +349,7 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
                 None => String::new(),
             };
             format!(
-                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}{std}{target}}}",
+                "  {{\"case\": {}, \"ferry\": {}, \"peer\": {}, \"unit\": {}, \"ratio\": {}{std}{range}{target}}}",
                 field(json!(r.case)),
                 field(json!(r.ferry)),
                 field(json!(r.peer)),
@@ -450,5 +509,36 @@ mod tests {
         assert_eq!(js[3]["met"], Value::Null);
         // Tables without targets keep their five columns.
         assert!(!render(&rows[2..3]).contains("target"));
+    }
+
+    #[test]
+    fn spreads_show_as_a_range() {
+        let m = |p: &str| Metric::At(p.into());
+        let spec = RowSpec::new("t", "ms", Better::Lower, m("/median"))
+            .with_range(m("/lo"), m("/hi"))
+            .with_target(300.0);
+        let ferry = json!({"median": 0.5, "lo": 0.25, "hi": 1.0});
+        let peer = json!({"median": 100.0, "lo": 90.0, "hi": 110.0});
+        let rows = compare(&ferry, Some(&peer), std::slice::from_ref(&spec));
+        assert_eq!(rows[0].ferry_range, Some((0.25, 1.0)));
+        assert_eq!(rows[0].peer_range, Some((90.0, 110.0)));
+        assert_eq!((rows[0].ratio, rows[0].met), (Some(200.0), Some(false)));
+        let text = render(&rows);
+        assert!(text.contains("0.5000 [0.2500–1.000]"), "{text}");
+        assert!(text.contains("100.0 [90.000–110.0]"), "{text}");
+        assert!(text.contains("≥300x MISSED"), "{text}");
+        let text = to_json(&rows);
+        assert!(
+            text.contains(
+                r#""ferry_lo": 0.25, "ferry_hi": 1.0, "peer_lo": 90.0, "peer_hi": 110.0, "target": 300.0"#
+            ),
+            "{text}"
+        );
+        // Without the peer, its ends are null.
+        let alone = to_json(&compare(&ferry, None, &[spec]));
+        assert!(
+            alone.contains(r#""peer_lo": null, "peer_hi": null"#),
+            "{alone}"
+        );
     }
 }

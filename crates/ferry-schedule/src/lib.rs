@@ -85,6 +85,7 @@ pub mod action;
 pub mod cost;
 pub mod csv;
 pub mod deadlock;
+mod done;
 pub mod generate;
 pub mod lower;
 pub mod placement;

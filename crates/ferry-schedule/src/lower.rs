@@ -9,10 +9,11 @@
 //! - [`add_reduce_grad`], [`merge_input_weight`]: REDUCE_GRAD after a
 //!   stage's last backward; an adjacent I and W merged into B.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
+use crate::done::{leaves, Cells, Done, RankSet, Waiters};
 
 pub mod defer;
 mod unshard;
@@ -71,65 +72,98 @@ pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Sche
         }
     }
     let ranks = compute.ranks.len();
-    let mut queues: Vec<VecDeque<Option<Action>>> = compute
-        .ranks
-        .iter()
-        .map(|r| r.iter().cloned().collect())
-        .collect();
-    let mut out: Vec<Vec<Option<Action>>> = vec![Vec::new(); ranks];
-    let mut done: Vec<HashSet<Action>> = vec![HashSet::new(); ranks];
+    let cells = Cells::new(compute.ranks.iter().flatten().flatten());
     let ctx = Boundaries {
         stage_to_rank,
         stages,
+        cells: &cells,
     };
-    while queues.iter().any(|q| !q.is_empty()) {
+    let mut done = Done::new(cells.len());
+    let mut waiters = Waiters::new(cells.len(), ranks);
+    let mut next = vec![0usize; ranks];
+    let mut out: Vec<Vec<Option<Action>>> = compute
+        .ranks
+        .iter()
+        .map(|row| Vec::with_capacity(2 * row.len()))
+        .collect();
+    // Ranks to look at in this round, and in the next. A rank whose next
+    // action is not ready waits, without being looked at again, until a
+    // rank puts what it needs on its rank (this round if that rank comes
+    // before it, else the next): the same order as looking at every rank
+    // in every round, in time proportional to the number of actions.
+    let (mut current, mut following) = (RankSet::new(ranks), RankSet::new(ranks));
+    let mut left = 0;
+    for (rank, row) in compute.ranks.iter().enumerate() {
+        if !row.is_empty() {
+            current.insert(rank);
+            left += 1;
+        }
+    }
+    while left > 0 {
         let mut progress = false;
-        for rank in 0..ranks {
-            let Some(front) = queues[rank].front() else {
-                continue;
-            };
-            if let Some(action) = front {
-                if !leaves(action).iter().all(|a| ctx.ready(a, &done[rank])) {
+        let mut cursor = 0;
+        while let Some(rank) = current.take_from(cursor) {
+            cursor = rank + 1;
+            if let Some(action) = &compute.ranks[rank][next[rank]] {
+                if !leaves(action).iter().all(|a| ctx.ready(a, rank, &done)) {
+                    waiters.block(rank);
+                    for leaf in leaves(action) {
+                        ctx.wait(leaf, rank, &mut waiters);
+                    }
                     continue;
                 }
-                let action = action.clone();
                 out[rank].push(Some(action.clone()));
-                for leaf in leaves(&action) {
-                    done[rank].insert(leaf.clone());
+                let mut wake = |woken: usize| {
+                    if woken > rank {
+                        current.insert(woken);
+                    } else {
+                        following.insert(woken);
+                    }
+                };
+                let mut record = |on: usize, a: &Action| {
+                    if a.sub_actions().is_empty() {
+                        if let Some(cell) = cells.of(a) {
+                            done.insert(on, cell);
+                            waiters.done(on, cell, &mut wake);
+                        }
+                    }
+                };
+                for leaf in leaves(action) {
+                    record(rank, leaf);
                     if let Some((send, recv, to)) = ctx.comms(leaf) {
-                        out[rank].push(Some(send.clone()));
-                        done[rank].insert(send);
-                        out[to].push(Some(recv.clone()));
-                        done[to].insert(recv);
+                        record(rank, &send);
+                        record(to, &recv);
+                        out[rank].push(Some(send));
+                        out[to].push(Some(recv));
                     }
                 }
             }
-            queues[rank].pop_front();
+            next[rank] += 1;
             progress = true;
+            if next[rank] < compute.ranks[rank].len() {
+                following.insert(rank);
+            } else {
+                left -= 1;
+            }
         }
         if !progress {
-            let waiting = queues
+            let waiting = compute
+                .ranks
                 .iter()
                 .enumerate()
-                .filter_map(|(r, q)| Some((r, q.front()?.clone()?)))
+                .filter_map(|(r, row)| Some((r, row.get(next[r])?.clone()?)))
                 .collect();
             return Err(LowerError::Stuck { waiting });
         }
+        current.take_all(&mut following);
     }
     Ok(Schedule::new(out))
-}
-
-fn leaves(action: &Action) -> Vec<&Action> {
-    if action.sub_actions().is_empty() {
-        vec![action]
-    } else {
-        action.sub_actions().iter().collect()
-    }
 }
 
 struct Boundaries<'a> {
     stage_to_rank: &'a [usize],
     stages: usize,
+    cells: &'a Cells,
 }
 
 impl Boundaries<'_> {
@@ -156,20 +190,48 @@ impl Boundaries<'_> {
         })
     }
 
-    /// Whether an action's input is already on its rank.
-    fn ready(&self, action: &Action, done: &HashSet<Action>) -> bool {
+    /// What an action's input can come from on its rank: nothing needed
+    /// (`None`), or any one of up to three cells done on the rank.
+    fn needs(&self, action: &Action) -> Option<([Option<usize>; 3], usize)> {
         let (stage, mb) = (action.stage(), action.microbatch());
-        let has = |s: usize, k: ActionKind| done.contains(&Action::new(s, k, mb));
+        let cell = |s: usize, k: ActionKind| self.cells.get(s, k, mb);
         match action.kind() {
-            ActionKind::Forward if stage > 0 => {
-                has(stage, ActionKind::RecvF) || has(stage - 1, ActionKind::Forward)
-            }
+            ActionKind::Forward if stage > 0 => Some((
+                [
+                    cell(stage, ActionKind::RecvF),
+                    cell(stage - 1, ActionKind::Forward),
+                    None,
+                ],
+                2,
+            )),
             ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < self.stages => {
-                has(stage, ActionKind::RecvB)
-                    || has(stage + 1, ActionKind::BackwardInput)
-                    || has(stage + 1, ActionKind::FullBackward)
+                Some((
+                    [
+                        cell(stage, ActionKind::RecvB),
+                        cell(stage + 1, ActionKind::BackwardInput),
+                        cell(stage + 1, ActionKind::FullBackward),
+                    ],
+                    3,
+                ))
             }
-            _ => true,
+            _ => None,
+        }
+    }
+
+    /// Whether an action's input is already on its rank.
+    fn ready(&self, action: &Action, rank: usize, done: &Done) -> bool {
+        match self.needs(action) {
+            None => true,
+            Some((cells, n)) => cells[..n].iter().any(|&c| done.has(rank, c)),
+        }
+    }
+
+    /// Registers `rank` (blocked) as waiting for `action`'s input.
+    fn wait(&self, action: &Action, rank: usize, waiters: &mut Waiters) {
+        if let Some((cells, n)) = self.needs(action) {
+            for &cell in &cells[..n] {
+                waiters.wait(rank, rank, cell);
+            }
         }
     }
 }

@@ -1,0 +1,288 @@
+//! Bookkeeping shared by lowering ([`crate::lower::add_send_recv`]) and the
+//! unit-step simulator ([`crate::simulate::simulate_unit_steps`]): which
+//! rank has done which action, which blocked rank waits for which action,
+//! and sets of ranks, all in flat tables so that both run in time
+//! proportional to the number of actions (no hashing of actions).
+//!
+//! Only the kinds readiness ever asks about are kept: F, B, I, SEND_F,
+//! SEND_B, RECV_F and RECV_B.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::action::{Action, ActionKind};
+
+/// The slot of a kind readiness asks about, if it is one.
+fn kind_slot(kind: ActionKind) -> Option<usize> {
+    Some(match kind {
+        ActionKind::Forward => 0,
+        ActionKind::FullBackward => 1,
+        ActionKind::BackwardInput => 2,
+        ActionKind::SendF => 3,
+        ActionKind::SendB => 4,
+        ActionKind::RecvF => 5,
+        ActionKind::RecvB => 6,
+        _ => return None,
+    })
+}
+const KINDS: usize = 7;
+
+/// Dense tables are used while they hold at most this many cells per
+/// action of the schedule (plus a constant); beyond (e.g. microbatch
+/// numbers far apart), a hash map numbers the keys present.
+const DENSE_CELLS_PER_ACTION: usize = 64;
+
+/// Numbers every (stage, kind, microbatch) key an action of one schedule
+/// can have: densely (stage × microbatch grid per kind) when that grid is
+/// small enough, else by a map of the keys the schedule's actions can
+/// name (their stage or a neighbour, any kind, their microbatch); any
+/// other key is never done.
+pub(crate) struct Cells {
+    len: usize,
+    dense: Option<(usize, usize)>,
+    sparse: HashMap<(usize, usize, Option<usize>), usize>,
+}
+
+impl Cells {
+    /// The cells of every action in `rows` (sub-actions included).
+    pub(crate) fn new<'a>(rows: impl Iterator<Item = &'a Action> + Clone) -> Cells {
+        let (mut stages, mut mbs, mut count) = (0usize, 0usize, 0usize);
+        for a in rows.clone() {
+            for leaf in leaves(a) {
+                count += 1;
+                stages = stages.max(leaf.stage().saturating_add(1));
+                if let Some(mb) = leaf.microbatch() {
+                    mbs = mbs.max(mb.saturating_add(2));
+                }
+            }
+        }
+        // Lookups reach one stage further than any action names.
+        let stages = stages.saturating_add(1);
+        let mbs = mbs.max(1);
+        let limit = count
+            .saturating_mul(DENSE_CELLS_PER_ACTION)
+            .saturating_add(1 << 12);
+        let dense_len = stages
+            .checked_mul(mbs)
+            .and_then(|n| n.checked_mul(KINDS))
+            .filter(|&len| len <= limit);
+        if let Some(len) = dense_len {
+            return Cells {
+                len,
+                dense: Some((stages, mbs)),
+                sparse: HashMap::new(),
+            };
+        }
+        // Every key readiness, lowering or recording can name from an
+        // action: any kind, on its stage or a neighbour, same microbatch.
+        let mut sparse = HashMap::new();
+        for a in rows {
+            for leaf in leaves(a) {
+                let (stage, mb) = (leaf.stage(), leaf.microbatch());
+                let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];
+                for s in near.into_iter().flatten() {
+                    for k in 0..KINDS {
+                        let next = sparse.len();
+                        sparse.entry((k, s, mb)).or_insert(next);
+                    }
+                }
+            }
+        }
+        Cells {
+            len: sparse.len(),
+            dense: None,
+            sparse,
+        }
+    }
+
+    /// How many cells there are.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The cell of (`stage`, `kind`, `mb`), if it can ever be done.
+    #[inline]
+    pub(crate) fn get(&self, stage: usize, kind: ActionKind, mb: Option<usize>) -> Option<usize> {
+        let k = kind_slot(kind)?;
+        match self.dense {
+            Some((stages, mbs)) => {
+                let m = match mb {
+                    None => 0,
+                    Some(mb) => mb.checked_add(1).filter(|&m| m < mbs)?,
+                };
+                // Kinds of one (stage, microbatch) side by side, then
+                // microbatches: what one action looks up is close together.
+                (stage < stages).then(|| (stage * mbs + m) * KINDS + k)
+            }
+            None => self.sparse.get(&(k, stage, mb)).copied(),
+        }
+    }
+
+    /// The cell of a simple action.
+    #[inline]
+    pub(crate) fn of(&self, a: &Action) -> Option<usize> {
+        self.get(a.stage(), a.kind(), a.microbatch())
+    }
+}
+
+/// The sub-actions of a compound action, or the action itself.
+#[inline]
+pub(crate) fn leaves(action: &Action) -> &[Action] {
+    if action.sub_actions().is_empty() {
+        std::slice::from_ref(action)
+    } else {
+        action.sub_actions()
+    }
+}
+
+/// Which rank has done which cell: the first rank to do a cell is kept in
+/// a flat table, any other rank doing the same cell (only in a malformed
+/// schedule) in a set beside it.
+pub(crate) struct Done {
+    first: Vec<u32>,
+    others: HashSet<(usize, usize)>,
+}
+
+impl Done {
+    pub(crate) fn new(cells: usize) -> Done {
+        Done {
+            first: vec![0; cells],
+            others: HashSet::new(),
+        }
+    }
+
+    /// Records that `rank` did `cell`.
+    #[inline]
+    pub(crate) fn insert(&mut self, rank: usize, cell: usize) {
+        let tag = rank as u32 + 1;
+        let slot = &mut self.first[cell];
+        if *slot == 0 {
+            *slot = tag;
+        } else if *slot != tag {
+            self.others.insert((rank, cell));
+        }
+    }
+
+    /// Whether `rank` did `cell`.
+    #[inline]
+    pub(crate) fn has(&self, rank: usize, cell: Option<usize>) -> bool {
+        let Some(cell) = cell else { return false };
+        self.first[cell] == rank as u32 + 1
+            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
+    }
+}
+
+/// Blocked ranks, each waiting for one or more (rank, cell) pairs: a list
+/// per cell, threaded through one vector.
+pub(crate) struct Waiters {
+    head: Vec<u32>,
+    /// (waiting rank, the rank whose doing the cell wakes it, the rank's
+    /// block count when it registered, next entry + 1).
+    entries: Vec<(u32, u32, u32, u32)>,
+    /// Per rank: how many times it blocked; entries of older blocks are stale.
+    epoch: Vec<u32>,
+    /// Per rank: whether it is blocked now.
+    blocked: Vec<bool>,
+}
+
+impl Waiters {
+    pub(crate) fn new(cells: usize, ranks: usize) -> Waiters {
+        Waiters {
+            head: vec![0; cells],
+            entries: Vec::new(),
+            epoch: vec![0; ranks],
+            blocked: vec![false; ranks],
+        }
+    }
+
+    /// Marks `rank` blocked (a new block: earlier registrations go stale).
+    pub(crate) fn block(&mut self, rank: usize) {
+        self.epoch[rank] = self.epoch[rank].wrapping_add(1);
+        self.blocked[rank] = true;
+    }
+
+    /// `rank` (blocked) waits until `producer` does `cell`.
+    pub(crate) fn wait(&mut self, rank: usize, producer: usize, cell: Option<usize>) {
+        let Some(cell) = cell else { return };
+        self.entries.push((
+            rank as u32,
+            producer as u32,
+            self.epoch[rank],
+            self.head[cell],
+        ));
+        self.head[cell] = self.entries.len() as u32;
+    }
+
+    /// `producer` did `cell`: every rank waiting for that is unblocked and
+    /// passed to `wake`, in the order they registered (newest first).
+    #[inline]
+    pub(crate) fn done(&mut self, producer: usize, cell: usize, mut wake: impl FnMut(usize)) {
+        let mut at = self.head[cell];
+        if at == 0 {
+            return;
+        }
+        self.head[cell] = 0;
+        while at != 0 {
+            let (rank, from, epoch, next) = self.entries[at as usize - 1];
+            let (rank_i, live) = (rank as usize, self.epoch[rank as usize] == epoch);
+            if live && self.blocked[rank_i] {
+                if from as usize == producer {
+                    self.blocked[rank_i] = false;
+                    wake(rank_i);
+                } else {
+                    // Another rank's doing of the cell: keep waiting.
+                    self.entries[at as usize - 1].3 = self.head[cell];
+                    self.head[cell] = at;
+                }
+            }
+            at = next;
+        }
+    }
+}
+
+/// A set of ranks, walked in increasing order while it changes.
+pub(crate) struct RankSet {
+    words: Vec<u64>,
+}
+
+impl RankSet {
+    pub(crate) fn new(ranks: usize) -> RankSet {
+        RankSet {
+            words: vec![0; ranks.div_ceil(64)],
+        }
+    }
+
+    #[inline]
+    pub(crate) fn insert(&mut self, rank: usize) {
+        self.words[rank / 64] |= 1 << (rank % 64);
+    }
+
+    /// Removes and returns the least rank at or above `from`.
+    #[inline]
+    pub(crate) fn take_from(&mut self, from: usize) -> Option<usize> {
+        let mut w = from / 64;
+        if w >= self.words.len() {
+            return None;
+        }
+        let mut bits = self.words[w] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                let rank = w * 64 + bits.trailing_zeros() as usize;
+                self.words[w] &= !(1 << (rank % 64));
+                return Some(rank);
+            }
+            w += 1;
+            if w >= self.words.len() {
+                return None;
+            }
+            bits = self.words[w];
+        }
+    }
+
+    /// Moves every rank of `other` into this set.
+    pub(crate) fn take_all(&mut self, other: &mut RankSet) {
+        for (a, b) in self.words.iter_mut().zip(other.words.iter_mut()) {
+            *a |= *b;
+            *b = 0;
+        }
+    }
+}
