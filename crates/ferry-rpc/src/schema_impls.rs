@@ -2,6 +2,7 @@
 //! own impls write.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, LinkedList, VecDeque};
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -48,7 +49,7 @@ macro_rules! transparent {
 transparent!(Box, Rc, Arc);
 // serde writes a lock as the value inside (locking it), so state behind an
 // RRef (`Mutex<Vec<f32>>`, `RwLock<Model>`) has the shape of its value.
-transparent!(Mutex, RwLock);
+transparent!(Mutex, RwLock, RefCell);
 
 impl<T: Schema + ?Sized> Schema for &T {
     const SHAPE: &'static Shape = T::SHAPE;

@@ -89,7 +89,7 @@ pub fn install(options: &mut RpcOptions) -> Arc<RRefContext> {
 /// timeout for the creation.
 pub fn remote<R, A>(to: impl Into<WorkerRef>, function: &str, args: A) -> Result<RRef<R>, RRefError>
 where
-    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
     A: Serialize,
 {
     let agent = ferry_rpc::agent()?;
@@ -106,7 +106,7 @@ pub fn remote_timeout<R, A>(
     timeout: Duration,
 ) -> Result<RRef<R>, RRefError>
 where
-    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
     A: Serialize,
 {
     let agent = ferry_rpc::agent()?;
@@ -122,7 +122,7 @@ pub fn remote_with<R, A>(
     timeout: Duration,
 ) -> Result<RRef<R>, RRefError>
 where
-    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
     A: Serialize,
 {
     remote_signed(
@@ -145,7 +145,7 @@ pub(crate) fn remote_signed<R, A>(
     timeout: Duration,
 ) -> Result<RRef<R>, RRefError>
 where
-    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
     A: Serialize,
 {
     let ctx = RRefContext::of(agent)?;

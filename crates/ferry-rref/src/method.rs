@@ -120,7 +120,7 @@ pub trait MethodsExt {
     where
         T: Schema + Send + Sync + 'static,
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         F: Fn(&T, A) -> R + Send + Sync + 'static;
 
     /// Registers `f`, which returns `Result<R, E>`, as `method`; an `Err`
@@ -130,7 +130,7 @@ pub trait MethodsExt {
     where
         T: Schema + Send + Sync + 'static,
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         E: Into<BoxError>,
         F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static;
 }
@@ -140,7 +140,7 @@ impl MethodsExt for Functions {
     where
         T: Schema + Send + Sync + 'static,
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         F: Fn(&T, A) -> R + Send + Sync + 'static,
     {
         self.add_method_fallible(method, move |value: &T, args: A| {
@@ -152,7 +152,7 @@ impl MethodsExt for Functions {
     where
         T: Schema + Send + Sync + 'static,
         A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + Sync + 'static,
+        R: Serialize + Schema + Send + 'static,
         E: Into<BoxError>,
         F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static,
     {

@@ -46,7 +46,7 @@ pub fn register_method<T, A, R, F>(functions: &mut Functions, method: &str, f: F
 where
     T: Send + Sync + 'static,
     A: DeserializeOwned + Send + 'static,
-    R: Serialize + Send + Sync + 'static,
+    R: Serialize + Send + 'static,
     F: Fn(&T, A) -> R + Send + Sync + 'static,
 {
     functions.register_fallible(
@@ -189,7 +189,7 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
     where
         T: Schema,
         A: Serialize + Schema,
-        R: Serialize + DeserializeOwned + Schema + Send + Sync + 'static,
+        R: Serialize + DeserializeOwned + Schema + Send + 'static,
     {
         let agent = crate::agent_of(self.rref)?;
         let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
@@ -205,7 +205,7 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
     /// owner; returns the result's RRef at once (dynamic use).
     pub fn call_by_name<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
     where
-        R: Serialize + DeserializeOwned + Send + Sync + 'static,
+        R: Serialize + DeserializeOwned + Send + 'static,
         A: Serialize,
     {
         let agent = crate::agent_of(self.rref)?;

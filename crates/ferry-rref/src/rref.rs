@@ -131,11 +131,11 @@ impl<T> RRef<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> RRef<T> {
-    /// The value, on the owner only; blocks until the function creating it
-    /// has run (up to the agent's default timeout). Elsewhere: an error
-    /// naming the RRef and its owner.
-    pub fn local_value(&self) -> Result<Arc<T>, RRefError> {
+impl<T: Send + 'static> RRef<T> {
+    /// The owner's stored value, once the function creating it has run (up
+    /// to the agent's default timeout). Elsewhere: an error naming the RRef
+    /// and its owner.
+    fn owned_value(&self) -> Result<Value, RRefError> {
         let ctx = &self.handle.ctx;
         let id = self.handle.rref_id;
         if !self.is_owner() {
@@ -162,12 +162,7 @@ impl<T: Send + Sync + 'static> RRef<T> {
                 })?,
             };
         match slot.wait(timeout) {
-            SlotState::Ready(v) => v.downcast::<T>().ok_or_else(|| RRefError::WrongType {
-                rref_id: id,
-                owner: self.owner_name(),
-                expected: type_name::<T>().into(),
-                actual: v.type_name().into(),
-            }),
+            SlotState::Ready(v) => Ok(v),
             SlotState::Failed(message) => Err(RRefError::ValueFailed {
                 rref_id: id,
                 owner: self.owner_name(),
@@ -180,9 +175,41 @@ impl<T: Send + Sync + 'static> RRef<T> {
             }),
         }
     }
+
+    fn wrong_type(&self, value: &Value) -> RRefError {
+        RRefError::WrongType {
+            rref_id: self.handle.rref_id,
+            owner: self.owner_name(),
+            expected: type_name::<T>().into(),
+            actual: value.type_name().into(),
+        }
+    }
+
+    /// Runs `f` on the value, on the owner only, without sharing it with
+    /// other threads: for values that are `Send` but not `Sync` (a
+    /// `tch::Tensor` inside `ferry_tch::Tensor`, a `RefCell`), where
+    /// [`local_value`](Self::local_value) is not available. Calls on one
+    /// value, and encoding it for `to_here`, take turns. Blocks and fails
+    /// as `local_value` does.
+    pub fn with_local_value<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, RRefError> {
+        let value = self.owned_value()?;
+        value.with(f).ok_or_else(|| self.wrong_type(&value))
+    }
 }
 
-impl<T: Serialize + Send + Sync + 'static> RRef<T> {
+impl<T: Send + Sync + 'static> RRef<T> {
+    /// The value, on the owner only; blocks until the function creating it
+    /// has run (up to the agent's default timeout). Elsewhere: an error
+    /// naming the RRef and its owner. Needs `T: Sync`, since the `Arc` may
+    /// go to other threads; see [`with_local_value`](Self::with_local_value)
+    /// otherwise.
+    pub fn local_value(&self) -> Result<Arc<T>, RRefError> {
+        let value = self.owned_value()?;
+        value.downcast::<T>().ok_or_else(|| self.wrong_type(&value))
+    }
+}
+
+impl<T: Serialize + Send + 'static> RRef<T> {
     /// A new RRef owned by this worker, holding `value`.
     pub fn new(value: T) -> Result<Self, RRefError> {
         let ctx = RRefContext::current()?;

@@ -60,7 +60,7 @@ pub trait RemoteExt<A, R> {
 impl<A, R> RemoteExt<A, R> for Function<A, R>
 where
     A: Serialize + Schema,
-    R: Serialize + DeserializeOwned + Schema + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Schema + Send + 'static,
 {
     fn remote(&self, to: impl Into<WorkerRef>, args: A) -> Result<RRef<R>, RRefError> {
         let agent = ferry_rpc::agent()?;

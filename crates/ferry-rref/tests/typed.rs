@@ -5,6 +5,7 @@
 //! every worker's RRef tables are empty and nothing leaked.
 #![allow(clippy::unwrap_used)]
 
+use std::cell::RefCell;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,6 +18,11 @@ const FETCH: Function<RRef<i64>, i64> = Function::new("fetch");
 /// Passes the RRef on `hops` more times, then fetches it.
 const FORWARD: Function<(RRef<i64>, i64), i64> = Function::new("forward");
 const WAIT_EMPTY: Function<(), String> = Function::new("wait_empty");
+
+/// A value that is `Send` but not `Sync`, kept on its owner.
+const CELL: Function<i64, RefCell<i64>> = Function::new("cell");
+/// Bumps the cell on its owner through `with_local_value`.
+const BUMP: Function<RRef<RefCell<i64>>, i64> = Function::new("bump");
 
 /// State kept on its owner behind an RRef, changed by typed methods.
 #[derive(Default, serde::Serialize, serde::Deserialize, Schema)]
@@ -54,6 +60,13 @@ fn functions() -> Functions {
             Ok(FORWARD.rpc_sync((me.id + 1) % 3, (r, hops - 1))?)
         },
     );
+    f.add(CELL, RefCell::new);
+    f.add_fallible(BUMP, |r: RRef<RefCell<i64>>| {
+        r.with_local_value(|c| {
+            *c.borrow_mut() += 1;
+            *c.borrow()
+        })
+    });
     f.add(Log::NEW, |first| Log {
         lines: Mutex::new(vec![first]),
     });
@@ -164,6 +177,16 @@ fn typed_remote_and_rref_arguments() {
                     && text.contains("it takes fn((RRef<Log { lines: [String] }>, String)) -> u64"),
                 "{text}"
             );
+            // A value that is not Sync lives on worker1: bumped there in
+            // turns, fetched by copy.
+            let cell = CELL.remote(1, 40).unwrap();
+            assert_eq!(BUMP.rpc_sync(1, cell.clone()).unwrap(), 41);
+            assert_eq!(BUMP.rpc_sync(1, cell.clone()).unwrap(), 42);
+            assert_eq!(cell.to_here().unwrap().into_inner(), 42);
+            // Elsewhere than on its owner, the value is out of reach.
+            let e = BUMP.rpc_sync(2, cell.clone()).unwrap_err();
+            assert!(e.to_string().contains("owner is worker1"), "{e}");
+            drop(cell);
             // A value owned here runs its methods locally through the same proxies.
             let local = RRef::new(Log::default()).unwrap();
             assert_eq!(local.rpc_sync().call(Log::PUSH, "x".into()).unwrap(), 1);
