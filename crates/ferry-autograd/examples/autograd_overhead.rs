@@ -52,8 +52,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ferry_autograd::optim::LocalOptimizer;
 use ferry_autograd::{DistributedOptimizer, OptimizerKind};
-use ferry_rpc::{Functions, RpcOptions};
-use ferry_rref::RRef;
+use ferry_rpc::{BoxError, Function, Functions, RpcOptions, Schema};
+use ferry_rref::{RRef, RemoteExt};
 use ferry_tch::Tensor;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -132,7 +132,7 @@ fn config() -> Config {
 
 /// `nn.Linear(inputs, outputs)`: weight `[outputs, inputs]` and bias
 /// `[outputs]`, both requiring grad.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Schema)]
 struct Linear {
     weight: Tensor,
     bias: Tensor,
@@ -172,25 +172,35 @@ impl Linear {
     }
 }
 
+/// The peer's `make_layer(h, seed)`: layer 2, built on `worker1`.
+const MAKE_LAYER: Function<(i64, i64), Linear> = Function::new("make_layer");
+/// The peer's `remote_fwd(layer_rref, h)`: layer 2's forward on its owner.
+const REMOTE_FWD: Function<(RRef<Linear>, Tensor), Tensor> = Function::new("remote_fwd");
+/// `remote_fwd` under `no_grad` on the callee too.
+const REMOTE_FWD_NOGRAD: Function<(RRef<Linear>, Tensor), Tensor> =
+    Function::new("remote_fwd_nograd");
+/// RRefs of layer 2's parameters, for the `DistributedOptimizer`.
+const PARAM_RREFS: Function<RRef<Linear>, Vec<RRef<Tensor>>> = Function::new("param_rrefs");
+
 /// The functions `worker1` serves (both workers register them).
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("make_layer", |(h, seed): (i64, i64)| Linear::new(h, seed));
-    f.register_fallible("remote_fwd", |(layer, h): (RRef<Linear>, Tensor)| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
-        Ok::<_, String>(Tensor::from(layer.forward(&h)))
+    f.add(MAKE_LAYER, |(h, seed)| Linear::new(h, seed));
+    f.add_fallible(REMOTE_FWD, |(layer, h): (RRef<Linear>, Tensor)| {
+        let layer = layer.local_value()?;
+        Ok::<_, BoxError>(Tensor::from(layer.forward(&h)))
     });
-    f.register_fallible("remote_fwd_nograd", |(layer, h): (RRef<Linear>, Tensor)| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
-        Ok::<_, String>(Tensor::from(tch::no_grad(|| layer.forward(&h))))
+    f.add_fallible(REMOTE_FWD_NOGRAD, |(layer, h): (RRef<Linear>, Tensor)| {
+        let layer = layer.local_value()?;
+        Ok::<_, BoxError>(Tensor::from(tch::no_grad(|| layer.forward(&h))))
     });
-    f.register_fallible("param_rrefs", |layer: RRef<Linear>| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
+    f.add_fallible(PARAM_RREFS, |layer: RRef<Linear>| {
+        let layer = layer.local_value()?;
         layer
             .params()
             .into_iter()
-            .map(|p| RRef::new(p.clone()).map_err(|e| e.to_string()))
-            .collect::<std::result::Result<Vec<RRef<Tensor>>, String>>()
+            .map(|p| RRef::new(p.clone()))
+            .collect::<std::result::Result<Vec<RRef<Tensor>>, _>>()
     });
     f
 }
@@ -275,8 +285,7 @@ impl Trainer {
         let s = Instant::now();
         let loss = tch::no_grad(|| -> Result<tch::Tensor> {
             let h = Tensor::from(self.layer1.forward(&self.x));
-            let out: Tensor =
-                ferry_rpc::rpc_sync(CALLEE, "remote_fwd_nograd", (self.layer2_rref.clone(), h))?;
+            let out = REMOTE_FWD_NOGRAD.rpc_sync(CALLEE, (self.layer2_rref.clone(), h))?;
             Ok(out.sum(Kind::Float))
         })?;
         let f = s.elapsed().as_secs_f64();
@@ -291,7 +300,7 @@ impl Trainer {
         let ctx = ferry_autograd::context()?;
         let s = Instant::now();
         let h = Tensor::from(self.layer1.forward(&self.x));
-        let out: Tensor = ferry_rpc::rpc_sync(CALLEE, "remote_fwd", (self.layer2_rref.clone(), h))?;
+        let out = REMOTE_FWD.rpc_sync(CALLEE, (self.layer2_rref.clone(), h))?;
         let loss = out.sum(Kind::Float);
         let f = s.elapsed().as_secs_f64();
         let s = Instant::now();
@@ -312,16 +321,14 @@ impl Trainer {
         for p in self.layer1.params() {
             params.push(RRef::new(p.clone())?);
         }
-        let remote: Vec<RRef<Tensor>> =
-            ferry_rpc::rpc_sync(CALLEE, "param_rrefs", self.layer2_rref.clone())?;
+        let remote = PARAM_RREFS.rpc_sync(CALLEE, self.layer2_rref.clone())?;
         params.extend(remote);
         let opt = DistributedOptimizer::new(OptimizerKind::sgd(1e-3), params)?;
         let mut steps = Vec::with_capacity(c.optim_reps);
         for i in 0..c.warmup + c.optim_reps {
             let ctx = ferry_autograd::context()?;
             let h = Tensor::from(self.layer1.forward(&self.x));
-            let out: Tensor =
-                ferry_rpc::rpc_sync(CALLEE, "remote_fwd", (self.layer2_rref.clone(), h))?;
+            let out = REMOTE_FWD.rpc_sync(CALLEE, (self.layer2_rref.clone(), h))?;
             ctx.backward(&[out.sum(Kind::Float)], false)?;
             let s = Instant::now();
             opt.step(ctx.id())?;
@@ -371,7 +378,7 @@ impl Trainer {
 fn trainer(c: &Config) -> Result<Value> {
     let layer1 = Linear::new(c.hidden, 1);
     let layer2_local = Linear::new(c.hidden, 2);
-    let layer2_rref: RRef<Linear> = ferry_rref::remote(CALLEE, "make_layer", (c.hidden, 2i64))?;
+    let layer2_rref = MAKE_LAYER.remote(CALLEE, (c.hidden, 2))?;
     let x = tch::Tensor::randn([c.batch, c.hidden], OPTS);
     let mut tr = Trainer {
         x,
