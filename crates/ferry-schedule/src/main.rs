@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ferry_schedule::{
-    add_send_recv, chrome_trace, chrome_trace_timed, grid, plan, plan_table, simulate_timed,
-    simulate_unit_steps, steps, svg, svg_timed, validate, CostError, Costs, PlanRequest, Schedule,
-    ScheduleKind,
+    add_send_recv, check_deadlock, chrome_trace, chrome_trace_timed, grid, plan, plan_table,
+    simulate_timed, simulate_unit_steps, steps, svg, svg_timed, validate, CostError, Costs,
+    PlanRequest, Schedule, ScheduleKind,
 };
 
 /// Pipeline schedules: generate, check, simulate and draw them.
@@ -190,6 +190,9 @@ fn main() -> Result<()> {
             } else {
                 add_send_recv(&schedule, &placement)?
             };
+            // Refused before simulating, naming the actions that wait on
+            // each other.
+            check_deadlock(&lowered, &placement)?;
             let timeline = simulate_unit_steps(&lowered, &placement)?;
             println!(
                 "valid: {} ranks, {} stages, {microbatches} microbatches{}",

@@ -138,3 +138,25 @@ fn check_reports_malformed_and_missing_files() {
         stderr(&out)
     );
 }
+
+#[test]
+fn check_names_the_actions_of_a_deadlock() {
+    // Rank 0 receives B1 before it sends F2; rank 1 receives F2 before it
+    // sends B1: each waits for the other.
+    let path = scratch("deadlock.csv");
+    std::fs::write(
+        &path,
+        "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0F2,0SEND_F2,0B1,0RECV_B2,0B2\r\n\
+         1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1RECV_F2,1B1,1SEND_B1,1F2,1B2,1SEND_B2\r\n",
+    )
+    .expect("write the CSV");
+    let out = run(&["check", path.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("rank 0 waits at 0RECV_B1 for 1SEND_B1 on rank 1")
+            && err.contains("rank 1 waits at 1RECV_F2 for 0SEND_F2 on rank 0"),
+        "{err}"
+    );
+}
