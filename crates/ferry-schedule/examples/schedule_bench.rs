@@ -16,7 +16,7 @@
 //! of a least-squares fit of time against ranks × microbatches over the
 //! shapes measured (1 means time grows linearly with the work).
 //!
-//! Usage: `schedule_bench [--quick] [--shapes 8x32 16x64 ...] [--min-reps N]
+//! Usage (clap; `--help` lists the options): `schedule_bench [--quick] [--shapes 8x32 16x64 ...] [--min-reps N]
 //! [--max-reps N] [--min-seconds S] [--out PATH]` (`--quick`: fewer
 //! repetitions; explicit options win over it). Writes the JSON result to
 //! `--out`, or prints it without one.
@@ -40,6 +40,31 @@ const SCHEDULES: [(&str, ScheduleKind); 2] = [
 /// for how Ferry's time grows.
 const SHAPES: [(usize, usize); 5] = [(8, 32), (16, 64), (32, 128), (64, 256), (128, 512)];
 
+/// Times generating, lowering and simulating pipeline schedules (Ferry's
+/// side of `cargo xtask bench --only schedule`).
+#[derive(clap::Parser)]
+#[command(name = "schedule_bench")]
+struct Args {
+    /// Fewer repetitions (explicit options win over it).
+    #[arg(long)]
+    quick: bool,
+    /// Shapes to measure, as RANKSxMICROBATCHES (default: 8x32 16x64 32x128 64x256 128x512).
+    #[arg(long, num_args = 1.., value_parser = parse_shape)]
+    shapes: Option<Vec<(usize, usize)>>,
+    /// Least repetitions per row (default 20, 5 with --quick).
+    #[arg(long)]
+    min_reps: Option<usize>,
+    /// Most repetitions per row (default 1000, 50 with --quick).
+    #[arg(long)]
+    max_reps: Option<usize>,
+    /// Least seconds of work per row (default 1, 0.2 with --quick).
+    #[arg(long)]
+    min_seconds: Option<f64>,
+    /// Where to write the JSON result (printed without it).
+    #[arg(long)]
+    out: Option<String>,
+}
+
 struct Config {
     shapes: Vec<(usize, usize)>,
     min_reps: usize,
@@ -48,54 +73,29 @@ struct Config {
     out: Option<String>,
 }
 
-fn parse_shape(text: &str) -> Result<(usize, usize)> {
-    let (ranks, micro) = text
-        .split_once('x')
-        .ok_or_else(|| format!("a shape is RANKSxMICROBATCHES, e.g. 8x32 (got `{text}`)"))?;
-    Ok((ranks.parse()?, micro.parse()?))
+fn parse_shape(text: &str) -> std::result::Result<(usize, usize), String> {
+    let bad = || format!("a shape is RANKSxMICROBATCHES, e.g. 8x32 (got `{text}`)");
+    let (ranks, micro) = text.split_once('x').ok_or_else(bad)?;
+    Ok((
+        ranks.parse().map_err(|_| bad())?,
+        micro.parse().map_err(|_| bad())?,
+    ))
 }
 
-fn config() -> Result<Config> {
-    let mut args = std::env::args().skip(1).peekable();
-    let (mut quick, mut shapes, mut min_reps, mut max_reps, mut min_seconds, mut out) =
-        (false, None, None, None, None, None);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("`{name}` needs a value"));
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--min-reps" => min_reps = Some(value("--min-reps")?.parse()?),
-            "--max-reps" => max_reps = Some(value("--max-reps")?.parse()?),
-            "--min-seconds" => min_seconds = Some(value("--min-seconds")?.parse()?),
-            "--out" => out = Some(value("--out")?),
-            "--shapes" => {
-                let mut list = Vec::new();
-                while let Some(s) = args.next_if(|a| !a.starts_with("--")) {
-                    list.push(parse_shape(&s)?);
-                }
-                if list.is_empty() {
-                    return Err("`--shapes` needs at least one RANKSxMICROBATCHES".into());
-                }
-                shapes = Some(list);
-            }
-            other => {
-                return Err(format!(
-                    "unknown option `{other}` (expected --quick, --shapes, --min-reps, \
-                     --max-reps, --min-seconds, --out)"
-                )
-                .into())
-            }
-        }
-    }
-    let min_reps: usize = min_reps.unwrap_or(if quick { 5 } else { 20 });
-    Ok(Config {
-        shapes: shapes.unwrap_or_else(|| SHAPES.to_vec()),
+fn config() -> Config {
+    let args = <Args as clap::Parser>::parse();
+    let quick = args.quick;
+    let min_reps: usize = args.min_reps.unwrap_or(if quick { 5 } else { 20 });
+    Config {
+        shapes: args.shapes.unwrap_or_else(|| SHAPES.to_vec()),
         min_reps: min_reps.max(1),
-        max_reps: max_reps
+        max_reps: args
+            .max_reps
             .unwrap_or(if quick { 50 } else { 1000 })
             .max(min_reps),
-        min_seconds: min_seconds.unwrap_or(if quick { 0.2 } else { 1.0 }),
-        out,
-    })
+        min_seconds: args.min_seconds.unwrap_or(if quick { 0.2 } else { 1.0 }),
+        out: args.out,
+    }
 }
 
 /// The three phases of one repetition, in seconds, with the step count
@@ -204,7 +204,7 @@ fn exponent(points: &[(f64, f64)]) -> Option<f64> {
 }
 
 fn main() -> Result<()> {
-    let c = config()?;
+    let c = config();
     let mut rows = Vec::new();
     let mut growth = serde_json::Map::new();
     for (name, kind) in SCHEDULES {
