@@ -80,6 +80,17 @@ impl ScheduleKind {
                 microbatches,
             });
         }
+        let too_large = ranks
+            .checked_mul(stages_per_rank)
+            .is_none_or(|stages| stages > crate::action::MAX_STAGE)
+            || microbatches > crate::action::MAX_MICROBATCH + 1;
+        if too_large {
+            return Err(GenerateError::TooLarge {
+                ranks,
+                stages_per_rank,
+                microbatches,
+            });
+        }
         let shape = Shape {
             ranks,
             local: stages_per_rank,
@@ -143,6 +154,17 @@ pub enum GenerateError {
     /// Ranks, stages per rank and microbatches must all be at least 1.
     #[error("a schedule needs at least one rank, stage per rank and microbatch, got {ranks} ranks, {stages_per_rank} stages per rank, {microbatches} microbatches")]
     Empty {
+        /// Ranks asked for.
+        ranks: usize,
+        /// Stages per rank asked for.
+        stages_per_rank: usize,
+        /// Microbatches asked for.
+        microbatches: usize,
+    },
+    /// More stages or microbatches than an action can number
+    /// ([`crate::MAX_STAGE`], [`crate::MAX_MICROBATCH`]).
+    #[error("a schedule numbers at most {} stages and {} microbatches, got {ranks} ranks × {stages_per_rank} stages per rank, {microbatches} microbatches", crate::MAX_STAGE, crate::MAX_MICROBATCH + 1)]
+    TooLarge {
         /// Ranks asked for.
         ranks: usize,
         /// Stages per rank asked for.
