@@ -2,7 +2,7 @@
 //! action and idle step for idle step; GPipe and 1F1B in the order
 //! PyTorch's runtime executes them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 
 use crate::action::{Action, ActionKind};
@@ -341,13 +341,20 @@ fn interleaved_rank(s: Shape, rank: usize, per_round: usize, zb: bool) -> Vec<Op
     };
     let one_f_one_b_micro = rank;
 
-    let mut next_mb: HashMap<(ActionKind, usize), usize> = HashMap::new();
+    // The next microbatch of each (kind, stage of this rank): the rank's
+    // stages are `rank`, `rank + p`, ...; kinds F, then B or I, then W.
+    let mut next_mb = vec![0usize; 3 * local];
     let mut take = |kind: ActionKind, stage: usize| {
-        let mb = next_mb.entry((kind, stage)).or_default();
+        let k = match kind {
+            ActionKind::Forward => 0,
+            ActionKind::BackwardWeight => 2,
+            _ => 1,
+        };
+        let mb = &mut next_mb[k * local + stage / p];
         *mb += 1;
         act(stage, kind, *mb - 1)
     };
-    let mut row = Vec::new();
+    let mut row = Vec::with_capacity(rank + 2 * total + post_warmup);
     idle(&mut row, rank);
     let mut backward_ops = Vec::new();
     let mut weights_done = 0;
