@@ -119,6 +119,15 @@ impl fmt::Display for ActionKind {
     }
 }
 
+/// The largest stage number an [`Action`] can hold.
+pub const MAX_STAGE: usize = u32::MAX as usize;
+
+/// The largest microbatch number an [`Action`] can hold.
+pub const MAX_MICROBATCH: usize = u32::MAX as usize - 1;
+
+/// The stored microbatch of an action that names none.
+const NO_MICROBATCH: u32 = u32::MAX;
+
 /// One step of work: a stage, a kind, a microbatch where the kind has one,
 /// and the sub-actions of a compound action.
 ///
@@ -126,23 +135,51 @@ impl fmt::Display for ActionKind {
 /// [`Action::compound`]; they keep the invariants the text form needs
 /// (a compound action's stage and microbatch come from its first
 /// sub-action).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// An action is small (24 bytes, and `Option<Action>` too) because a
+/// simulated timeline holds one slot per rank per step: stage numbers go
+/// up to [`MAX_STAGE`] and microbatch numbers up to [`MAX_MICROBATCH`]
+/// (parsing refuses larger ones with a [`ParseActionError`]).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Action {
-    stage: usize,
+    stage: u32,
+    /// The microbatch, or [`NO_MICROBATCH`].
+    microbatch: u32,
     kind: ActionKind,
-    microbatch: Option<usize>,
-    sub_actions: Vec<Action>,
+    /// The sub-actions of a compound action; `None` when there are none
+    /// (never an empty list, so that equality follows the sub-actions).
+    // A thin pointer (8 bytes) rather than a `Vec` or a boxed slice (24 or
+    // 16): compound actions are rare, timeline slots are many.
+    #[allow(clippy::box_collection)]
+    sub_actions: Option<Box<Vec<Action>>>,
 }
 
 impl Action {
     /// A simple action: `stage`, `kind`, and the microbatch (`None` for
     /// per-stage kinds such as UNSHARD).
+    ///
+    /// # Panics
+    ///
+    /// If `stage` is above [`MAX_STAGE`] or the microbatch above
+    /// [`MAX_MICROBATCH`] (text input is checked by the parser instead,
+    /// which returns an error).
     pub fn new(stage: usize, kind: ActionKind, microbatch: Option<usize>) -> Action {
+        let stage = u32::try_from(stage)
+            .unwrap_or_else(|_| panic!("stage {stage} is above the largest, {MAX_STAGE}"));
+        let microbatch = match microbatch {
+            None => NO_MICROBATCH,
+            Some(mb) => u32::try_from(mb)
+                .ok()
+                .filter(|&m| m != NO_MICROBATCH)
+                .unwrap_or_else(|| {
+                    panic!("microbatch {mb} is above the largest, {MAX_MICROBATCH}")
+                }),
+        };
         Action {
             stage,
-            kind,
             microbatch,
-            sub_actions: Vec::new(),
+            kind,
+            sub_actions: None,
         }
     }
 
@@ -163,35 +200,50 @@ impl Action {
     pub fn compound(kind: ActionKind, sub_actions: Vec<Action>) -> Action {
         Action {
             stage: sub_actions.first().map_or(0, |a| a.stage),
+            microbatch: NO_MICROBATCH,
             kind,
-            microbatch: None,
-            sub_actions,
+            sub_actions: (!sub_actions.is_empty()).then(|| Box::new(sub_actions)),
         }
     }
 
     /// The stage this action runs on.
+    #[inline]
     pub fn stage(&self) -> usize {
-        self.stage
+        self.stage as usize
     }
 
     /// The action's kind.
+    #[inline]
     pub fn kind(&self) -> ActionKind {
         self.kind
     }
 
     /// The microbatch, if the kind has one.
+    #[inline]
     pub fn microbatch(&self) -> Option<usize> {
-        self.microbatch
+        (self.microbatch != NO_MICROBATCH).then_some(self.microbatch as usize)
     }
 
     /// The sub-actions of a compound action (empty for a simple one).
+    #[inline]
     pub fn sub_actions(&self) -> &[Action] {
-        &self.sub_actions
+        self.sub_actions.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// Whether this is a compound action (printed with parentheses).
     pub fn is_compound(&self) -> bool {
-        !self.sub_actions.is_empty() || self.kind.is_compound()
+        self.sub_actions.is_some() || self.kind.is_compound()
+    }
+}
+
+impl fmt::Debug for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Action")
+            .field("stage", &self.stage())
+            .field("kind", &self.kind)
+            .field("microbatch", &self.microbatch())
+            .field("sub_actions", &self.sub_actions())
+            .finish()
     }
 }
 
@@ -199,7 +251,7 @@ impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_compound() {
             f.write_str("(")?;
-            for (i, sub) in self.sub_actions.iter().enumerate() {
+            for (i, sub) in self.sub_actions().iter().enumerate() {
                 if i > 0 {
                     f.write_str(";")?;
                 }
@@ -208,7 +260,7 @@ impl fmt::Display for Action {
             return write!(f, "){}", self.kind);
         }
         write!(f, "{}{}", self.stage, self.kind)?;
-        if let Some(mb) = self.microbatch {
+        if let Some(mb) = self.microbatch() {
             write!(f, "{mb}")?;
         }
         Ok(())
@@ -307,7 +359,7 @@ fn parse_simple(text: &str) -> Result<Action, ParseActionError> {
         ));
     }
     let (stage_text, rest) = text.split_at(digits);
-    let stage = parse_number(text, stage_text, "stage")?;
+    let stage = parse_number(text, stage_text, "stage", MAX_STAGE)?;
     let kind_len = rest.bytes().take_while(|b| !b.is_ascii_digit()).count();
     let (kind_text, mb_text) = rest.split_at(kind_len);
     let kind = ActionKind::from_text(kind_text).ok_or_else(|| {
@@ -328,7 +380,7 @@ fn parse_simple(text: &str) -> Result<Action, ParseActionError> {
     let microbatch = if mb_text.is_empty() {
         None
     } else {
-        Some(parse_number(text, mb_text, "microbatch")?)
+        Some(parse_number(text, mb_text, "microbatch", MAX_MICROBATCH)?)
     };
     match (kind.has_microbatch(), microbatch) {
         (true, None) => Err(ParseActionError::new(
@@ -343,8 +395,16 @@ fn parse_simple(text: &str) -> Result<Action, ParseActionError> {
     }
 }
 
-fn parse_number(text: &str, digits: &str, what: &str) -> Result<usize, ParseActionError> {
-    digits.parse().map_err(|_| {
-        ParseActionError::new(text, format!("the {what} number {digits} is too large"))
+fn parse_number(
+    text: &str,
+    digits: &str,
+    what: &str,
+    max: usize,
+) -> Result<usize, ParseActionError> {
+    digits.parse().ok().filter(|&n| n <= max).ok_or_else(|| {
+        ParseActionError::new(
+            text,
+            format!("the {what} number {digits} is too large (at most {max})"),
+        )
     })
 }

@@ -260,7 +260,8 @@ pub fn partner(action: &Action) -> Action {
         ActionKind::SendB => stage.checked_sub(1).map(|s| (s, ActionKind::RecvB)),
         ActionKind::RecvB => stage.checked_add(1).map(|s| (s, ActionKind::SendB)),
         _ => None,
-    };
+    }
+    .filter(|&(s, _)| s <= crate::action::MAX_STAGE);
     other.map_or_else(|| action.clone(), |(s, k)| Action::new(s, k, mb))
 }
 

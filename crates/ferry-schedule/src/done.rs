@@ -100,7 +100,7 @@ impl Cells {
     }
 
     /// The cell of (`stage`, `kind`, `mb`), if it can ever be done.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, stage: usize, kind: ActionKind, mb: Option<usize>) -> Option<usize> {
         let k = kind_slot(kind)?;
         match self.dense {

@@ -2,7 +2,7 @@
 //! action and idle step for idle step; GPipe and 1F1B in the order
 //! PyTorch's runtime executes them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 
 use crate::action::{Action, ActionKind};
@@ -80,6 +80,17 @@ impl ScheduleKind {
                 microbatches,
             });
         }
+        let too_large = ranks
+            .checked_mul(stages_per_rank)
+            .is_none_or(|stages| stages > crate::action::MAX_STAGE)
+            || microbatches > crate::action::MAX_MICROBATCH + 1;
+        if too_large {
+            return Err(GenerateError::TooLarge {
+                ranks,
+                stages_per_rank,
+                microbatches,
+            });
+        }
         let shape = Shape {
             ranks,
             local: stages_per_rank,
@@ -143,6 +154,17 @@ pub enum GenerateError {
     /// Ranks, stages per rank and microbatches must all be at least 1.
     #[error("a schedule needs at least one rank, stage per rank and microbatch, got {ranks} ranks, {stages_per_rank} stages per rank, {microbatches} microbatches")]
     Empty {
+        /// Ranks asked for.
+        ranks: usize,
+        /// Stages per rank asked for.
+        stages_per_rank: usize,
+        /// Microbatches asked for.
+        microbatches: usize,
+    },
+    /// More stages or microbatches than an action can number
+    /// ([`crate::MAX_STAGE`], [`crate::MAX_MICROBATCH`]).
+    #[error("a schedule numbers at most {} stages and {} microbatches, got {ranks} ranks × {stages_per_rank} stages per rank, {microbatches} microbatches", crate::MAX_STAGE, crate::MAX_MICROBATCH + 1)]
+    TooLarge {
         /// Ranks asked for.
         ranks: usize,
         /// Stages per rank asked for.
@@ -319,13 +341,20 @@ fn interleaved_rank(s: Shape, rank: usize, per_round: usize, zb: bool) -> Vec<Op
     };
     let one_f_one_b_micro = rank;
 
-    let mut next_mb: HashMap<(ActionKind, usize), usize> = HashMap::new();
+    // The next microbatch of each (kind, stage of this rank): the rank's
+    // stages are `rank`, `rank + p`, ...; kinds F, then B or I, then W.
+    let mut next_mb = vec![0usize; 3 * local];
     let mut take = |kind: ActionKind, stage: usize| {
-        let mb = next_mb.entry((kind, stage)).or_default();
+        let k = match kind {
+            ActionKind::Forward => 0,
+            ActionKind::BackwardWeight => 2,
+            _ => 1,
+        };
+        let mb = &mut next_mb[k * local + stage / p];
         *mb += 1;
         act(stage, kind, *mb - 1)
     };
-    let mut row = Vec::new();
+    let mut row = Vec::with_capacity(rank + 2 * total + post_warmup);
     idle(&mut row, rank);
     let mut backward_ops = Vec::new();
     let mut weights_done = 0;

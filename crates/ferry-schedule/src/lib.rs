@@ -97,7 +97,7 @@ pub mod timed_pictures;
 pub mod trace;
 pub mod validate;
 
-pub use action::{Action, ActionKind, ParseActionError};
+pub use action::{Action, ActionKind, ParseActionError, MAX_MICROBATCH, MAX_STAGE};
 pub use cost::{CostError, Costs, Link, StageCosts};
 pub use csv::{CsvError, Schedule};
 pub use deadlock::{check_deadlock, check_deadlock_with, partner, CommModel, DeadlockError, Wait};

@@ -219,10 +219,22 @@ impl Boundaries<'_> {
     }
 
     /// Whether an action's input is already on its rank.
+    #[inline]
     fn ready(&self, action: &Action, rank: usize, done: &Done) -> bool {
-        match self.needs(action) {
-            None => true,
-            Some((cells, n)) => cells[..n].iter().any(|&c| done.has(rank, c)),
+        // The same rule as [`Boundaries::needs`], without building the list.
+        let (stage, mb) = (action.stage(), action.microbatch());
+        let has = |s: usize, k: ActionKind| done.has(rank, self.cells.get(s, k, mb));
+        match action.kind() {
+            ActionKind::Forward => {
+                stage == 0 || has(stage, ActionKind::RecvF) || has(stage - 1, ActionKind::Forward)
+            }
+            ActionKind::BackwardInput | ActionKind::FullBackward => {
+                stage + 1 >= self.stages
+                    || has(stage, ActionKind::RecvB)
+                    || has(stage + 1, ActionKind::BackwardInput)
+                    || has(stage + 1, ActionKind::FullBackward)
+            }
+            _ => true,
         }
     }
 

@@ -175,16 +175,20 @@ enum Needs {
 }
 
 impl Deps<'_> {
+    /// The rank of stage `s`, if it is placed on a rank that exists.
+    #[inline]
+    fn peer(&self, s: usize) -> Option<usize> {
+        self.stage_to_rank
+            .get(s)
+            .copied()
+            .filter(|&r| r < self.ranks)
+    }
+
     fn needs(&self, action: &Action, rank: usize) -> Needs {
         let (stage, mb) = (action.stage(), action.microbatch());
         let cell = |s: usize, k: ActionKind| self.cells.get(s, k, mb);
         let here = |s: usize, k: ActionKind| (rank, cell(s, k));
-        let peer = |s: usize| {
-            self.stage_to_rank
-                .get(s)
-                .copied()
-                .filter(|&r| r < self.ranks)
-        };
+        let peer = |s: usize| self.peer(s);
         let none = (rank, None);
         match action.kind() {
             ActionKind::Forward if stage == 0 => Needs::Nothing,
@@ -259,11 +263,12 @@ impl Deps<'_> {
                 has(rank, stage, ActionKind::BackwardInput)
                     || has(rank, stage, ActionKind::FullBackward)
             }
-            ActionKind::RecvF | ActionKind::RecvB => match self.needs(action, rank) {
-                Needs::Any(pairs, n) => pairs[..n].iter().any(|&(r, c)| done.has(r, c)),
-                Needs::Nothing => true,
-                Needs::Never => false,
-            },
+            ActionKind::RecvF => stage
+                .checked_sub(1)
+                .is_some_and(|s| self.peer(s).is_some_and(|p| has(p, s, ActionKind::SendF))),
+            ActionKind::RecvB => self
+                .peer(stage + 1)
+                .is_some_and(|p| has(p, stage + 1, ActionKind::SendB)),
             ActionKind::BackwardWeight
             | ActionKind::Unshard
             | ActionKind::Reshard

@@ -308,3 +308,19 @@ proptest! {
         }
     }
 }
+
+/// A send or receive at the largest stage number is its own partner (the
+/// other end would be past the numbers an action holds), not a panic.
+#[test]
+fn partner_at_the_largest_stage_is_itself() {
+    let last = ferry_schedule::MAX_STAGE;
+    for text in [format!("{last}SEND_F0"), format!("{last}RECV_B0")] {
+        let action: Action = text.parse().expect("parses");
+        assert_eq!(ferry_schedule::partner(&action), action, "{text}");
+    }
+    let recv: Action = format!("{last}RECV_F0").parse().expect("parses");
+    assert_eq!(
+        ferry_schedule::partner(&recv).to_string(),
+        format!("{}SEND_F0", last - 1)
+    );
+}

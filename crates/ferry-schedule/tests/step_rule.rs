@@ -255,7 +255,7 @@ fn published_schedules_lower_and_simulate_as_the_direct_rule() {
 }
 
 /// A random action on `stages` stages (one more for an unplaced stage) and
-/// microbatches 0..3 (or far away, to leave the dense tables), compound
+/// microbatches 0..3 (or the largest, to leave the dense tables), compound
 /// OVERLAP_F_B included.
 fn action(stages: usize) -> impl Strategy<Value = Action> {
     let simple = (
@@ -263,7 +263,7 @@ fn action(stages: usize) -> impl Strategy<Value = Action> {
         proptest::sample::select(ActionKind::ALL.to_vec()),
         prop_oneof![
             8 => 0usize..3,
-            1 => Just(usize::MAX / 2),
+            1 => Just(ferry_schedule::MAX_MICROBATCH),
         ],
     )
         .prop_map(|(stage, kind, mb)| match kind {

@@ -52,6 +52,9 @@ fn malformed_text_names_text_and_expectation() {
         ("(0F1;)OVERLAP_F_B", "a sub-action is empty"),
         ("(0F1;1Q0)OVERLAP_F_B", "sub-action \"1Q0\""),
         ("99999999999999999999999F0", "too large"),
+        ("4294967296F0", "stage number 4294967296 is too large"),
+        ("0F4294967295", "microbatch number 4294967295 is too large"),
+        ("(0F1;4294967296B0)OVERLAP_F_B", "too large"),
         ("", "it is empty"),
     ];
     for (text, reason) in cases {
@@ -64,6 +67,23 @@ fn malformed_text_names_text_and_expectation() {
             "{shown}"
         );
     }
+}
+
+#[test]
+fn largest_numbers_round_trip() {
+    for text in ["4294967295F4294967294", "4294967295UNSHARD", "0B4294967294"] {
+        let action: Action = text.parse().expect(text);
+        assert_eq!(action.to_string(), text);
+    }
+    let action: Action = "4294967295F4294967294".parse().expect("largest");
+    assert_eq!(action.stage(), ferry_schedule::MAX_STAGE);
+    assert_eq!(action.microbatch(), Some(ferry_schedule::MAX_MICROBATCH));
+}
+
+#[test]
+fn options_of_actions_stay_small() {
+    // One slot per rank per step in a simulated timeline.
+    assert!(std::mem::size_of::<Option<Action>>() <= 24);
 }
 
 #[test]
@@ -148,4 +168,18 @@ proptest! {
         let csv = schedule.to_csv();
         prop_assert_eq!(Schedule::from_csv(&csv), Ok(schedule));
     }
+}
+
+#[test]
+fn generating_more_than_an_action_numbers_is_an_error() {
+    use ferry_schedule::{GenerateError, ScheduleKind};
+    let err = ScheduleKind::GPipe
+        .generate(2, 1, ferry_schedule::MAX_MICROBATCH + 2)
+        .expect_err("too many microbatches");
+    assert!(matches!(err, GenerateError::TooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("at most"), "{err}");
+    let err = ScheduleKind::LoopedBfs
+        .generate(usize::MAX, 2, 4)
+        .expect_err("too many stages");
+    assert!(matches!(err, GenerateError::TooLarge { .. }), "{err}");
 }

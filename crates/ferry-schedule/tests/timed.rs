@@ -503,7 +503,7 @@ fn compute_only_runs_as_its_lowering() {
 /// times as small ones.
 #[test]
 fn huge_microbatch_numbers_stay_cheap() {
-    let big = u64::MAX as usize;
+    let big = ferry_schedule::MAX_MICROBATCH;
     let huge = format!("0F{big},0F7,0B{big},0B7\r\n1F{big},1F7,1B{big},1B7\r\n");
     let small = "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n";
     let costs = Costs::uniform(1.0, 2.0, 1.0, 1.0).with_latency(0.5);
