@@ -46,8 +46,10 @@ const CONFIRMED: Function<RRef<i64>, bool> = Function::new("confirmed");
 const CONFIRMED_ASYNC: Function<RRef<i64>, bool> = Function::new("confirmed_async");
 /// Forwards the RRef `hops` more times round the workers, then fetches
 /// it: its value and the workers it passed.
-const FORWARD: Function<(RRef<i64>, u32, Vec<String>), (i64, Vec<String>)> =
-    Function::new("forward");
+const FORWARD: Function<Forwarded, (i64, Vec<String>)> = Function::new("forward");
+
+/// The RRef, the hops left and the workers it passed.
+type Forwarded = (RRef<i64>, u32, Vec<String>);
 /// Nested RRefs: a value on this worker holding RRefs owned elsewhere.
 const WRAP: Function<Vec<RRef<i64>>, Vec<RRef<i64>>> = Function::new("wrap");
 const SUM_NESTED: Function<RRef<Vec<RRef<i64>>>, i64> = Function::new("sum_nested");
