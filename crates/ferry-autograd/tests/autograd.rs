@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use ferry_autograd::{AutogradError, DistributedOptimizer, OptimizerKind};
-use ferry_rref::RRef;
+use ferry_rref::{RRef, RemoteExt};
 use ferry_tch::Tensor;
 use ferry_testkit::world_ok;
 
@@ -26,7 +26,7 @@ fn my_add_matches_local_autograd() {
             let t2 = tch::Tensor::rand([3, 3], F64).set_requires_grad(true);
             let t4 = tch::Tensor::rand([3, 3], F64).set_requires_grad(true);
             let ctx = ferry_autograd::context().unwrap();
-            let t3: Tensor = ferry_rpc::rpc_sync(name(1), "my_add", (t(&t1), t(&t2))).unwrap();
+            let t3: Tensor = MY_ADD.rpc_sync(name(1), (t(&t1), t(&t2))).unwrap();
             assert!(
                 t3.requires_grad(),
                 "the received result is a leaf of the graph"
@@ -74,22 +74,22 @@ fn simple_end_to_end_with_the_distributed_optimizer() {
         |rank| {
             let container = init(rank);
             let dst = name((rank + 1) % 2);
-            let rref1: RRef<Tensor> =
-                ferry_rref::remote(dst.as_str(), "random_tensor", 10 + rank as i64).unwrap();
-            let rref2: RRef<Tensor> =
-                ferry_rref::remote(dst.as_str(), "random_tensor", 20 + rank as i64).unwrap();
-            let before1: Tensor =
-                ferry_rpc::rpc_sync(dst.as_str(), "rref_value", rref1.clone()).unwrap();
-            let before2: Tensor =
-                ferry_rpc::rpc_sync(dst.as_str(), "rref_value", rref2.clone()).unwrap();
+            let rref1: RRef<Tensor> = RANDOM_TENSOR
+                .remote(dst.as_str(), 10 + rank as i64)
+                .unwrap();
+            let rref2: RRef<Tensor> = RANDOM_TENSOR
+                .remote(dst.as_str(), 20 + rank as i64)
+                .unwrap();
+            let before1: Tensor = RREF_VALUE.rpc_sync(dst.as_str(), rref1.clone()).unwrap();
+            let before2: Tensor = RREF_VALUE.rpc_sync(dst.as_str(), rref2.clone()).unwrap();
             {
                 let ctx = ferry_autograd::context().unwrap();
                 let loss = &*rref1.to_here().unwrap() + &*rref2.to_here().unwrap();
                 ctx.backward(&[loss.sum(tch::Kind::Double)], false).unwrap();
                 // The gradients live on the owner, in this context.
-                let g1: Option<Tensor> =
-                    ferry_rpc::rpc_sync(dst.as_str(), "rref_grad", (rref1.clone(), ctx.id()))
-                        .unwrap();
+                let g1: Option<Tensor> = RREF_GRAD
+                    .rpc_sync(dst.as_str(), (rref1.clone(), ctx.id()))
+                    .unwrap();
                 assert_close(
                     &g1.unwrap(),
                     &tch::Tensor::ones([3, 3], F64),
@@ -103,8 +103,8 @@ fn simple_end_to_end_with_the_distributed_optimizer() {
                 assert_eq!(opt.owners(), vec![dst.clone()]);
                 opt.step(ctx.id()).unwrap();
             }
-            let after1: Tensor = ferry_rpc::rpc_sync(dst.as_str(), "rref_value", rref1).unwrap();
-            let after2: Tensor = ferry_rpc::rpc_sync(dst.as_str(), "rref_value", rref2).unwrap();
+            let after1: Tensor = RREF_VALUE.rpc_sync(dst.as_str(), rref1).unwrap();
+            let after2: Tensor = RREF_VALUE.rpc_sync(dst.as_str(), rref2).unwrap();
             // Locally: SGD with lr 0.05 on a gradient of ones.
             assert_close(&after1, &(&*before1 - 0.05), "rref1 after the step");
             assert_close(&after2, &(&*before2 - 0.05), "rref2 after the step");
@@ -121,16 +121,10 @@ fn listing_1_matches_the_local_model() {
     world_ok("listing_1_matches_the_local_model", 3, |rank| {
         let container = init(rank);
         if rank == 0 {
-            let l1: RRef<Layer> =
-                ferry_rref::remote(name(1), "layer_new", (8i64, 6i64, 1i64)).unwrap();
-            let l2: RRef<Layer> =
-                ferry_rref::remote(name(2), "layer_new", (6i64, 4i64, 2i64)).unwrap();
-            let mut params: Vec<RRef<Tensor>> =
-                ferry_rpc::rpc_sync(name(1), "layer_params", l1.clone()).unwrap();
-            params.extend(
-                ferry_rpc::rpc_sync::<Vec<RRef<Tensor>>, _>(name(2), "layer_params", l2.clone())
-                    .unwrap(),
-            );
+            let l1: RRef<Layer> = LAYER_NEW.remote(name(1), (8i64, 6i64, 1i64)).unwrap();
+            let l2: RRef<Layer> = LAYER_NEW.remote(name(2), (6i64, 4i64, 2i64)).unwrap();
+            let mut params: Vec<RRef<Tensor>> = LAYER_PARAMS.rpc_sync(name(1), l1.clone()).unwrap();
+            params.extend(LAYER_PARAMS.rpc_sync(name(2), l2.clone()).unwrap());
             let opt =
                 DistributedOptimizer::new(OptimizerKind::sgd(0.1).momentum(0.9), params.clone())
                     .unwrap();
@@ -152,10 +146,8 @@ fn listing_1_matches_the_local_model() {
                 let target = tch::Tensor::randn([5, 4], F64);
                 let ctx = ferry_autograd::context().unwrap();
                 let ri = RRef::new(t(&x)).unwrap();
-                let rx: RRef<Tensor> =
-                    ferry_rref::remote(name(1), "layer_forward", (l1.clone(), ri)).unwrap();
-                let ry: RRef<Tensor> =
-                    ferry_rref::remote(name(2), "layer_forward", (l2.clone(), rx)).unwrap();
+                let rx: RRef<Tensor> = LAYER_FORWARD.remote(name(1), (l1.clone(), ri)).unwrap();
+                let ry: RRef<Tensor> = LAYER_FORWARD.remote(name(2), (l2.clone(), rx)).unwrap();
                 let y = ry.to_here().unwrap();
                 let loss = (&*y - &target).square().mean(tch::Kind::Double);
                 ctx.backward(&[loss.shallow_clone()], false).unwrap();
@@ -164,10 +156,12 @@ fn listing_1_matches_the_local_model() {
                 let local_loss = (&ly - &target).square().mean(tch::Kind::Double);
                 assert_close(&loss, &local_loss, "loss");
                 let want = local_grads(&local_loss, &[&m1.weight, &m1.bias, &m2.weight, &m2.bias]);
-                let (w1, b1): (Option<Tensor>, Option<Tensor>) =
-                    ferry_rpc::rpc_sync(name(1), "layer_grads", (l1.clone(), ctx.id())).unwrap();
-                let (w2, b2): (Option<Tensor>, Option<Tensor>) =
-                    ferry_rpc::rpc_sync(name(2), "layer_grads", (l2.clone(), ctx.id())).unwrap();
+                let (w1, b1): (Option<Tensor>, Option<Tensor>) = LAYER_GRADS
+                    .rpc_sync(name(1), (l1.clone(), ctx.id()))
+                    .unwrap();
+                let (w2, b2): (Option<Tensor>, Option<Tensor>) = LAYER_GRADS
+                    .rpc_sync(name(2), (l2.clone(), ctx.id()))
+                    .unwrap();
                 assert_close(
                     &w1.unwrap(),
                     &want[0],
@@ -195,8 +189,7 @@ fn listing_1_matches_the_local_model() {
             }
             // After three steps the parameters still match.
             for (i, p) in params.iter().enumerate() {
-                let remote: Tensor =
-                    ferry_rpc::rpc_sync(p.owner(), "rref_value", p.clone()).unwrap();
+                let remote: Tensor = RREF_VALUE.rpc_sync(p.owner(), p.clone()).unwrap();
                 assert_close(
                     &remote,
                     &local_opt.params()[i],
@@ -222,24 +215,23 @@ fn round_trips_nested_calls_multiple_roots_and_unused_sends() {
                 let w = tch::Tensor::randn([4], F64).set_requires_grad(true);
                 let ctx = ferry_autograd::context().unwrap();
                 // 0 -> 1 -> 0 -> 1 -> 0, with local work in between.
-                let a: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();
+                let a: Tensor = SIN.rpc_sync(name(1), t(&x)).unwrap();
                 let b = &*a * &w;
-                let c: Tensor =
-                    ferry_rpc::rpc_sync(name(1), "mul", (Tensor::from(b.shallow_clone()), t(&x)))
-                        .unwrap();
+                let c: Tensor = MUL
+                    .rpc_sync(name(1), (Tensor::from(b.shallow_clone()), t(&x)))
+                    .unwrap();
                 // A nested call: worker 1 forwards to worker 2.
-                let d: Tensor =
-                    ferry_rpc::rpc_sync(name(1), "nested_scale", (c.clone(), name(2), 3.0))
-                        .unwrap();
+                let d: Tensor = NESTED_SCALE
+                    .rpc_sync(name(1), (c.clone(), name(2), 3.0))
+                    .unwrap();
                 // Sent, returned, and never used by the losses.
-                let _unused: Tensor = ferry_rpc::rpc_sync(name(2), "scale", (t(&w), 5.0)).unwrap();
+                let _unused: Tensor = SCALE.rpc_sync(name(2), (t(&w), 5.0)).unwrap();
                 // The context exists on every worker the forward touched (asked
                 // from a thread outside it).
                 let id = ctx.id();
                 std::thread::spawn(move || {
                     for w in 1..3 {
-                        let ids: Vec<u64> =
-                            ferry_rpc::rpc_sync(name(w), "context_ids", ()).unwrap();
+                        let ids: Vec<u64> = CONTEXT_IDS.rpc_sync(name(w), ()).unwrap();
                         assert_eq!(ids, vec![id], "worker {w}");
                     }
                 })
@@ -272,16 +264,15 @@ fn an_rref_owned_by_a_third_worker_in_the_forward() {
         |rank| {
             let container = init(rank);
             if rank == 0 {
-                let p: RRef<Tensor> = ferry_rref::remote(name(2), "random_tensor", 5i64).unwrap();
-                let pv: Tensor = ferry_rpc::rpc_sync(name(2), "rref_value", p.clone()).unwrap();
+                let p: RRef<Tensor> = RANDOM_TENSOR.remote(name(2), 5i64).unwrap();
+                let pv: Tensor = RREF_VALUE.rpc_sync(name(2), p.clone()).unwrap();
                 let x = tch::Tensor::randn([3, 3], F64).set_requires_grad(true);
                 let ctx = ferry_autograd::context().unwrap();
-                let y: Tensor =
-                    ferry_rpc::rpc_sync(name(1), "mul_by_rref", (p.clone(), t(&x))).unwrap();
+                let y: Tensor = MUL_BY_RREF.rpc_sync(name(1), (p.clone(), t(&x))).unwrap();
                 let loss = y.pow_tensor_scalar(2).sum(tch::Kind::Double);
                 ctx.backward(&[loss], false).unwrap();
                 let gp: Option<Tensor> =
-                    ferry_rpc::rpc_sync(name(2), "rref_grad", (p.clone(), ctx.id())).unwrap();
+                    RREF_GRAD.rpc_sync(name(2), (p.clone(), ctx.id())).unwrap();
                 let (lp, lx) = (leaf(&pv), leaf(&x));
                 let local = (&lp * &lx).pow_tensor_scalar(2).sum(tch::Kind::Double);
                 let want = local_grads(&local, &[&lp, &lx]);
@@ -305,7 +296,7 @@ fn repeated_backward_with_retain_graph_accumulates() {
             if rank == 0 {
                 let x = tch::Tensor::randn([5], F64).set_requires_grad(true);
                 let ctx = ferry_autograd::context().unwrap();
-                let y: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();
+                let y: Tensor = SIN.rpc_sync(name(1), t(&x)).unwrap();
                 let loss = (&*y * &*y).sum(tch::Kind::Double);
                 ctx.backward(&[loss.shallow_clone()], true).unwrap();
                 let lx = leaf(&x);
@@ -350,13 +341,11 @@ fn a_parameter_server_with_concurrent_trainers() {
                             let k = (rank * 100 + thread * 10 + i) as f64;
                             let x = (tch::Tensor::arange(4, F64) + k).set_requires_grad(true);
                             let ctx = ferry_autograd::context().unwrap();
-                            let y: Tensor =
-                                ferry_rpc::rpc_sync(name(0), "ps_forward", t(&x)).unwrap();
+                            let y: Tensor = PS_FORWARD.rpc_sync(name(0), t(&x)).unwrap();
                             let loss = (&*y * k).sum(tch::Kind::Double);
                             ctx.backward(&[loss], false).unwrap();
                             // d/dw sum(k * x * w) = k * x; d/dx = k * w.
-                            let gw: Option<Tensor> =
-                                ferry_rpc::rpc_sync(name(0), "ps_grad", ctx.id()).unwrap();
+                            let gw: Option<Tensor> = PS_GRAD.rpc_sync(name(0), ctx.id()).unwrap();
                             assert_close(
                                 &gw.unwrap(),
                                 &(x.detach() * k),
@@ -390,9 +379,9 @@ fn errors_name_the_worker_and_leave_everyone_usable() {
                 let x = tch::Tensor::randn([3], F64).set_requires_grad(true);
                 {
                     let ctx = ferry_autograd::context().unwrap();
-                    let y: Tensor = ferry_rpc::rpc_sync(name(1), "sigmoid_kept", t(&x)).unwrap();
+                    let y: Tensor = SIGMOID_KEPT.rpc_sync(name(1), t(&x)).unwrap();
                     // Worker 1 modifies the output its backward needs, in place.
-                    ferry_rpc::rpc_sync::<(), _>(name(1), "corrupt", ()).unwrap();
+                    CORRUPT.rpc_sync(name(1), ()).unwrap();
                     let err = ctx
                         .backward(&[y.sum(tch::Kind::Double)], false)
                         .unwrap_err();
@@ -412,14 +401,14 @@ fn errors_name_the_worker_and_leave_everyone_usable() {
                     ));
                 }
                 // An optimizer that cannot be built names the owner.
-                let ints: RRef<Tensor> = ferry_rref::remote(name(1), "int_tensor", ()).unwrap();
+                let ints: RRef<Tensor> = INT_TENSOR.remote(name(1), ()).unwrap();
                 let err =
                     DistributedOptimizer::new(OptimizerKind::adam(0.1), vec![ints]).unwrap_err();
                 let text = err.to_string();
                 assert!(text.starts_with("optimizer on worker worker1: "), "{text}");
                 // Both workers still work.
                 let ctx = ferry_autograd::context().unwrap();
-                let y: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();
+                let y: Tensor = SIN.rpc_sync(name(1), t(&x)).unwrap();
                 ctx.backward(&[y.sum(tch::Kind::Double)], false).unwrap();
                 assert_close(
                     ctx.gradients().get(&x).unwrap(),
@@ -442,7 +431,7 @@ fn backward_refuses_no_roots_and_leaf_roots_without_touching_the_graph() {
             if rank == 0 {
                 let x = tch::Tensor::randn([3], F64).set_requires_grad(true);
                 let ctx = ferry_autograd::context().unwrap();
-                let y: Tensor = ferry_rpc::rpc_sync(name(1), "sin", t(&x)).unwrap();
+                let y: Tensor = SIN.rpc_sync(name(1), t(&x)).unwrap();
                 let err = ctx.backward(&[], false).unwrap_err();
                 assert!(matches!(err, AutogradError::NoRoots), "{err}");
                 assert!(
@@ -483,8 +472,8 @@ fn an_error_three_hops_away_names_its_origin_once() {
                 let ctx = ferry_autograd::context().unwrap();
                 // worker1 -> worker3 -> worker0 -> worker2 (sigmoid, kept there).
                 let path = vec![name(0), name(2)];
-                let y: Tensor = ferry_rpc::rpc_sync(name(3), "chain", (t(&x), path)).unwrap();
-                ferry_rpc::rpc_sync::<(), _>(name(2), "corrupt", ()).unwrap();
+                let y: Tensor = CHAIN.rpc_sync(name(3), (t(&x), path)).unwrap();
+                CORRUPT.rpc_sync(name(2), ()).unwrap();
                 let err = ctx
                     .backward(&[y.sum(tch::Kind::Double)], false)
                     .unwrap_err();

@@ -4,18 +4,21 @@
 
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcOptions};
+use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_testkit::world_ok;
 use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection};
 use ferry_wire::{payload, Flags, MessageKind};
 
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+/// Returns `v` once every key in `keys` is set in the group's store
+/// (state the test controls, not time).
+const GATED: Function<(Vec<String>, u64), u64> = Function::new("gated");
+
 /// What every attack's workers register.
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("add", |(a, b): (i64, i64)| a + b);
-    // Returns `v` once every key in `keys` is set in the group's store
-    // (state the test controls, not time).
-    f.register("gated", |(keys, v): (Vec<String>, u64)| {
+    f.add(ADD, |(a, b)| a + b);
+    f.add(GATED, |(keys, v): (Vec<String>, u64)| {
         let agent = ferry_rpc::Agent::current().unwrap();
         agent
             .block_on(agent.store().wait(&keys, Duration::from_secs(60)))
@@ -66,11 +69,7 @@ fn a_forged_reply_does_not_complete_a_call() {
         let agent = start(rank);
         match rank {
             0 => {
-                let call = ferry_rpc::rpc_async::<u64, _>(
-                    1u32,
-                    "gated",
-                    (vec!["test/forged".to_string()], 7u64),
-                );
+                let call = GATED.rpc_async(1, (vec!["test/forged".to_string()], 7));
                 store_set(&agent, "test/pending");
                 let v = call.wait().unwrap();
                 assert_eq!(v, 7, "a forged reply completed the call");

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcError, RpcOptions};
+use ferry_rpc::{Function, Functions, RpcError, RpcOptions};
 use ferry_testkit::world_ok;
 use ferry_transport::RawTensor;
 use ferry_wire::{DType, Limits};
@@ -24,15 +24,22 @@ fn small_limits() -> Limits {
     }
 }
 
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const IDENTITY: Function<RawTensor, RawTensor> = Function::new("identity");
+const IDENTITY_MANY: Function<Vec<RawTensor>, Vec<RawTensor>> = Function::new("identity_many");
+const LEN: Function<Vec<u8>, usize> = Function::new("len");
+const ZEROS: Function<i64, RawTensor> = Function::new("zeros");
+/// Returns `v` once every key in `keys` is set in the group's store.
+const GATED: Function<(Vec<String>, u64), u64> = Function::new("gated");
+
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("add", |(a, b): (i64, i64)| a + b);
-    f.register("identity", |t: RawTensor| t);
-    f.register("identity_many", |v: Vec<RawTensor>| v);
-    f.register("len", |b: Vec<u8>| b.len());
-    f.register("zeros", |n: i64| RawTensor::zeros(DType::U8, &[n]).unwrap());
-    // Returns `v` once every key in `keys` is set in the group's store.
-    f.register("gated", |(keys, v): (Vec<String>, u64)| {
+    f.add(ADD, |(a, b)| a + b);
+    f.add(IDENTITY, |t| t);
+    f.add(IDENTITY_MANY, |v| v);
+    f.add(LEN, |b| b.len());
+    f.add(ZEROS, |n| RawTensor::zeros(DType::U8, &[n]).unwrap());
+    f.add(GATED, |(keys, v): (Vec<String>, u64)| {
         let agent = ferry_rpc::Agent::current().unwrap();
         agent
             .block_on(agent.store().wait(&keys, Duration::from_secs(60)))
@@ -92,25 +99,16 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
             let agent = ferry_rpc::agent().unwrap();
             match rank {
                 0 => {
-                    let waiting = ferry_rpc::rpc_async::<u64, _>(
-                        1u32,
-                        "gated",
-                        (vec!["test/release".to_string()], 5u64),
-                    );
-                    let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 2i64)).unwrap();
+                    let waiting = GATED.rpc_async(1, (vec!["test/release".to_string()], 5));
+                    let s: i64 = ADD.rpc_sync(1, (1, 2)).unwrap();
                     assert_eq!(s, 3);
-                    let e = ferry_rpc::rpc_sync::<RawTensor, _>(1u32, "identity", bytes(2 * MIB))
-                        .unwrap_err();
+                    let e = IDENTITY.rpc_sync(1, bytes(2 * MIB)).unwrap_err();
                     assert_too_large(&e, "tensor byte length", 2 * MIB, MIB);
-                    let e = ferry_rpc::rpc_sync::<Vec<RawTensor>, _>(
-                        1u32,
-                        "identity_many",
-                        vec![bytes(MIB), bytes(MIB)],
-                    )
-                    .unwrap_err();
-                    assert_too_large(&e, "message tensor bytes", 2 * MIB, MIB + MIB / 2);
-                    let e = ferry_rpc::rpc_sync::<usize, _>(1u32, "len", vec![7u8; 100_000])
+                    let e = IDENTITY_MANY
+                        .rpc_sync(1, vec![bytes(MIB), bytes(MIB)])
                         .unwrap_err();
+                    assert_too_large(&e, "message tensor bytes", 2 * MIB, MIB + MIB / 2);
+                    let e = LEN.rpc_sync(1, vec![7u8; 100_000]).unwrap_err();
                     assert!(
                         matches!(e, RpcError::TooLarge { what: "payload length", max, .. } if max == 64 << 10),
                         "{e}"
@@ -118,7 +116,7 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
                     // The connection lives on: calls under the limits work,
                     // tensors included, and the waiting call completes.
                     let t = bytes(MIB / 2);
-                    let back: RawTensor = ferry_rpc::rpc_sync(1u32, "identity", t.clone()).unwrap();
+                    let back: RawTensor = IDENTITY.rpc_sync(1, t.clone()).unwrap();
                     assert_eq!(back, t);
                     assert!(!waiting.is_done());
                     agent
@@ -128,8 +126,7 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
                     println!("WORKER0_DONE=1");
                 }
                 1 => {
-                    let e = ferry_rpc::rpc_sync::<RawTensor, _>(0u32, "zeros", 2 * MIB as i64)
-                        .unwrap_err();
+                    let e = ZEROS.rpc_sync(0, 2 * MIB as i64).unwrap_err();
                     let text = e.to_string();
                     assert!(matches!(e, RpcError::Remote { .. }), "{text}");
                     assert!(
@@ -138,14 +135,13 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
                             && text.contains(&(2 * MIB).to_string()),
                         "{text}"
                     );
-                    let s: i64 = ferry_rpc::rpc_sync(0u32, "add", (2i64, 2i64)).unwrap();
+                    let s: i64 = ADD.rpc_sync(0, (2, 2)).unwrap();
                     assert_eq!(s, 4);
                 }
                 _ => {
-                    let e = ferry_rpc::rpc_sync::<RawTensor, _>(1u32, "identity", bytes(2 * MIB))
-                        .unwrap_err();
+                    let e = IDENTITY.rpc_sync(1, bytes(2 * MIB)).unwrap_err();
                     assert_too_large(&e, "tensor byte length", 2 * MIB, MIB);
-                    let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (3i64, 4i64)).unwrap();
+                    let s: i64 = ADD.rpc_sync(1, (3, 4)).unwrap();
                     assert_eq!(s, 7);
                 }
             }

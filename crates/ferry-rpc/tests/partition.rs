@@ -13,7 +13,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcError, RpcOptions};
+use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions};
 use ferry_testkit::{worker_rank, world_wrapped};
 use ferry_transport::Keepalive;
 
@@ -128,13 +128,16 @@ impl Drop for Partition {
     }
 }
 
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const CUT: Function<(), ()> = Function::new("cut");
+
 fn options(rank: u32) -> RpcOptions {
     let mut f = Functions::new();
-    f.register("add", |(a, b): (i64, i64)| a + b);
+    f.add(ADD, |(a, b)| a + b);
     // Brings this worker's end of the link down: the partition.
-    f.register_fallible("cut", |(): ()| {
-        let link = std::env::var("FERRY_TEST_LINK").map_err(|e| e.to_string())?;
-        ip(&["link", "set", &link, "down"])
+    f.add_fallible(CUT, |()| -> Result<(), BoxError> {
+        let link = std::env::var("FERRY_TEST_LINK")?;
+        Ok(ip(&["link", "set", &link, "down"])?)
     });
     RpcOptions::from_env(format!("worker{rank}"))
         .unwrap()
@@ -155,7 +158,7 @@ fn body(rank: u32) {
     let store = agent.store();
     let peer = 1 - rank;
     // Both connections are up and used.
-    let s: i64 = ferry_rpc::rpc_sync(peer, "add", (rank as i64, 1i64)).unwrap();
+    let s: i64 = ADD.rpc_sync(peer, (rank as i64, 1)).unwrap();
     assert_eq!(s, rank as i64 + 1);
     agent
         .block_on(store.set(&format!("test/called/{rank}"), Vec::new()))
@@ -169,8 +172,7 @@ fn body(rank: u32) {
     if rank == 0 {
         // No call timeout: only the kernel's keepalive and user timeout
         // can end this call once worker1 has cut the link.
-        let err =
-            ferry_rpc::rpc_sync_timeout::<(), _>(1u32, "cut", (), Duration::ZERO).unwrap_err();
+        let err = CUT.rpc_sync_timeout(1, (), Duration::ZERO).unwrap_err();
         assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
         println!("CALL={err}");
     }

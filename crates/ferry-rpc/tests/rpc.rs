@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_rpc::service::{IncomingCall, Interceptor, OutgoingCall, Service};
-use ferry_rpc::{CallScope, Extension, Functions, RpcError, RpcOptions, WorkerInfo};
+use ferry_rpc::{
+    CallScope, Extension, Function, Functions, RpcError, RpcOptions, Schema, WorkerInfo,
+};
 use ferry_testkit::{world, world_ok};
 use ferry_transport::{IncomingMessage, RawTensor};
 use ferry_wire::payload::{self, Encoded};
@@ -27,7 +29,7 @@ thread_local! {
 }
 
 /// Tensors of every kind inside nested containers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Schema)]
 struct Nested {
     label: String,
     by_dtype: HashMap<String, Vec<Option<RawTensor>>>,
@@ -38,21 +40,51 @@ fn worker_name(rank: u32) -> String {
     format!("worker{rank}")
 }
 
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const IDENTITY: Function<RawTensor, RawTensor> = Function::new("identity");
+const ECHO_NESTED: Function<Nested, Nested> = Function::new("echo_nested");
+const IDENTITY_MANY: Function<Vec<RawTensor>, Vec<RawTensor>> = Function::new("identity_many");
+/// The name of the worker it runs on.
+const WHOAMI: Function<(), String> = Function::new("whoami");
+/// Fails with `boom: {msg}`.
+const FAIL: Function<String, ()> = Function::new("fail");
+const PANIC: Function<(), u8> = Function::new("panic");
+/// A slow function: it runs until every key in `keys` is set in the
+/// group's store (state the test controls, not time), then returns `v`.
+const GATED: Function<(Vec<String>, u64), u64> = Function::new("gated");
+/// A -> B -> C: each hop calls the next rank synchronously from a blocking
+/// function; the names of the workers passed.
+const NESTED: Function<(Vec<String>, u32), Vec<String>> = Function::new("nested");
+/// A fire-and-forget chain: each hop starts the next and returns at once.
+const CHAIN: Function<u32, ()> = Function::new("chain");
+/// An async function that nests an rpc_async with .await.
+const ASYNC_ADD: Function<(i64, i64), i64> = Function::new("async_add");
+/// The extension the `Tagger` interceptor last saw.
+const LAST_EXTENSION_SEEN: Function<(), Option<String>> = Function::new("last_extension");
+/// What the interceptor's scope says while a function runs.
+const SCOPE_TAG_NOW: Function<(), Option<String>> = Function::new("scope_tag");
+/// The scope's tag before and after an await in an async function.
+const SCOPE_TAG_ASYNC: Function<(), (Option<String>, Option<String>)> =
+    Function::new("scope_tag_async");
+const EXIT_PROCESS: Function<(), ()> = Function::new("exit_process");
+/// Returns a result that is `Send` but not `Sync`, from the blocking pool.
+const NOT_SYNC: Function<u64, std::cell::RefCell<u64>> = Function::new("not_sync");
+/// The same from an async body.
+const NOT_SYNC_ASYNC: Function<u64, std::cell::RefCell<u64>> = Function::new("not_sync_async");
+/// Registered nowhere.
+const NO_SUCH_FN: Function<(), ()> = Function::new("no_such_fn");
+
 /// The functions every test worker registers.
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("add", |(a, b): (i64, i64)| a + b);
-    f.register("identity", |t: RawTensor| t);
-    f.register("echo_nested", |n: Nested| n);
-    f.register("identity_many", |v: Vec<RawTensor>| v);
-    f.register("whoami", |(): ()| {
-        ferry_rpc::get_worker_info(None).unwrap().name
-    });
-    f.register_fallible("fail", |msg: String| Err::<(), _>(format!("boom: {msg}")));
-    f.register("panic", |(): ()| -> u8 { panic!("deliberate panic") });
-    // A slow function: it runs until every key in `keys` is set in the
-    // group's store (state the test controls, not time), then returns `v`.
-    f.register("gated", |(keys, v): (Vec<String>, u64)| {
+    f.add(ADD, |(a, b)| a + b);
+    f.add(IDENTITY, |t| t);
+    f.add(ECHO_NESTED, |n| n);
+    f.add(IDENTITY_MANY, |v| v);
+    f.add(WHOAMI, |()| ferry_rpc::get_worker_info(None).unwrap().name);
+    f.add_fallible(FAIL, |msg| Err::<(), _>(format!("boom: {msg}")));
+    f.add(PANIC, |()| -> u8 { panic!("deliberate panic") });
+    f.add(GATED, |(keys, v): (Vec<String>, u64)| {
         let agent = ferry_rpc::Agent::current().unwrap();
         let store = agent.store();
         agent
@@ -61,8 +93,7 @@ fn functions() -> Functions {
         SLOW_DONE.fetch_add(1, Ordering::SeqCst);
         v
     });
-    // A -> B -> C: each hop calls the next rank synchronously from a blocking function.
-    f.register_fallible("nested", |(path, hops): (Vec<String>, u32)| {
+    f.add_fallible(NESTED, |(path, hops)| {
         let me = ferry_rpc::get_worker_info(None)?;
         let mut path = path;
         path.push(me.name.clone());
@@ -70,39 +101,35 @@ fn functions() -> Functions {
             return Ok::<_, RpcError>(path);
         }
         let next = (me.id + 1) % 4;
-        ferry_rpc::rpc_sync(next, "nested", (path, hops - 1))
+        NESTED.rpc_sync(next, (path, hops - 1))
     });
-    // A fire-and-forget chain: each hop starts the next and returns at once.
-    f.register("chain", |hops: u32| {
+    f.add(CHAIN, |hops| {
         HOPS.fetch_add(1, Ordering::SeqCst);
         if hops > 0 {
             let me = ferry_rpc::get_worker_info(None).unwrap();
-            drop(ferry_rpc::rpc_async::<(), _>(
-                (me.id + 1) % 4,
-                "chain",
-                hops - 1,
-            ));
+            drop(CHAIN.rpc_async((me.id + 1) % 4, hops - 1));
         }
     });
-    f.register_async("async_add", |(a, b): (i64, i64)| async move {
+    f.add_async(ASYNC_ADD, |(a, b)| async move {
         // An async function that nests an rpc_async with .await.
-        let r: i64 = ferry_rpc::rpc_async(0u32, "add", (a, b)).await?;
+        let r: i64 = ADD.rpc_async(0, (a, b)).await?;
         Ok::<_, RpcError>(r)
     });
-    f.register("last_extension", |(): ()| LAST_EXTENSION.lock().clone());
-    // What the interceptor's scope says while a function runs.
-    f.register("scope_tag", |(): ()| SCOPE_TAG.with(|t| t.borrow().clone()));
-    f.register_async("scope_tag_async", |(): ()| async move {
+    f.add(LAST_EXTENSION_SEEN, |()| LAST_EXTENSION.lock().clone());
+    f.add(SCOPE_TAG_NOW, |()| SCOPE_TAG.with(|t| t.borrow().clone()));
+    f.add_async(SCOPE_TAG_ASYNC, |()| async move {
         let before = SCOPE_TAG.with(|t| t.borrow().clone());
         tokio::task::yield_now().await;
         let after = SCOPE_TAG.with(|t| t.borrow().clone());
         Ok::<_, RpcError>((before, after))
     });
-    f.register("exit_process", exit_process);
+    f.add(EXIT_PROCESS, exit_process);
+    // Registered by name only, for the string-named API's tests.
+    f.register("concat", |(a, b): (String, String)| a + &b);
     // Results that are `Send` but not `Sync`.
-    f.register("not_sync", |n: u64| std::cell::RefCell::new(n + 1));
-    f.register_async("not_sync_async", |n: u64| async move {
-        Ok::<_, RpcError>(std::cell::Cell::new(n + 2))
+    f.add(NOT_SYNC, |n| std::cell::RefCell::new(n + 1));
+    f.add_async(NOT_SYNC_ASYNC, |n| async move {
+        Ok::<_, RpcError>(std::cell::RefCell::new(n + 2))
     });
     f
 }
@@ -140,14 +167,14 @@ fn call_to_self_by_name_and_by_rank() {
     world_ok("call_to_self_by_name_and_by_rank", 4, |rank| {
         start(rank);
         let me = worker_name(rank);
-        let s: i64 = ferry_rpc::rpc_sync(me.as_str(), "add", (rank as i64, 1i64)).unwrap();
+        let s: i64 = ADD.rpc_sync(me.as_str(), (rank as i64, 1i64)).unwrap();
         assert_eq!(s, rank as i64 + 1);
-        let s: i64 = ferry_rpc::rpc_sync(rank, "add", (2i64, 2i64)).unwrap();
+        let s: i64 = ADD.rpc_sync(rank, (2i64, 2i64)).unwrap();
         assert_eq!(s, 4);
         // Everyone by name and by rank.
         for peer in 0..4u32 {
-            let by_name: String = ferry_rpc::rpc_sync(worker_name(peer), "whoami", ()).unwrap();
-            let by_rank: String = ferry_rpc::rpc_sync(peer, "whoami", ()).unwrap();
+            let by_name: String = WHOAMI.rpc_sync(worker_name(peer), ()).unwrap();
+            let by_rank: String = WHOAMI.rpc_sync(peer, ()).unwrap();
             assert_eq!(by_name, worker_name(peer));
             assert_eq!(by_rank, worker_name(peer));
         }
@@ -170,10 +197,8 @@ fn results_that_are_not_sync_travel() {
     world_ok("results_that_are_not_sync_travel", 2, |rank| {
         start(rank);
         let peer = 1 - rank;
-        let r: std::cell::RefCell<u64> = ferry_rpc::rpc_sync(peer, "not_sync", 40u64).unwrap();
-        assert_eq!(r.into_inner(), 41);
-        let r: std::cell::Cell<u64> = ferry_rpc::rpc_sync(peer, "not_sync_async", 40u64).unwrap();
-        assert_eq!(r.get(), 42);
+        assert_eq!(NOT_SYNC.rpc_sync(peer, 40).unwrap().into_inner(), 41);
+        assert_eq!(NOT_SYNC_ASYNC.rpc_sync(peer, 40).unwrap().into_inner(), 42);
         ferry_rpc::shutdown().unwrap();
     });
 }
@@ -182,9 +207,9 @@ fn results_that_are_not_sync_travel() {
 fn invalid_rank_and_unknown_worker() {
     world_ok("invalid_rank_and_unknown_worker", 4, |rank| {
         start(rank);
-        let err = ferry_rpc::rpc_sync::<i64, _>(4u32, "add", (1i64, 1i64)).unwrap_err();
+        let err = ADD.rpc_sync(4, (1i64, 1i64)).unwrap_err();
         assert_eq!(err.to_string(), "invalid rank 4: world size is 4");
-        let err = ferry_rpc::rpc_sync::<i64, _>("nobody", "add", (1i64, 1i64)).unwrap_err();
+        let err = ADD.rpc_sync("nobody", (1, 1)).unwrap_err();
         assert_eq!(err.to_string(), "unknown worker \"nobody\"");
         ferry_rpc::shutdown().unwrap();
     });
@@ -195,11 +220,10 @@ fn nested_calls_a_to_b_to_c() {
     world_ok("nested_calls_a_to_b_to_c", 4, |rank| {
         start(rank);
         if rank == 0 {
-            let path: Vec<String> =
-                ferry_rpc::rpc_sync(1u32, "nested", (Vec::<String>::new(), 2u32)).unwrap();
+            let path: Vec<String> = NESTED.rpc_sync(1, (Vec::<String>::new(), 2u32)).unwrap();
             assert_eq!(path, ["worker1", "worker2", "worker3"]);
             // Async function on worker2 nesting an rpc_async back to worker0.
-            let s: i64 = ferry_rpc::rpc_sync(2u32, "async_add", (20i64, 22i64)).unwrap();
+            let s: i64 = ASYNC_ADD.rpc_sync(2, (20i64, 22i64)).unwrap();
             assert_eq!(s, 42);
         }
         ferry_rpc::shutdown().unwrap();
@@ -211,7 +235,7 @@ fn hundred_concurrent_rpc_async_calls() {
     world_ok("hundred_concurrent_rpc_async_calls", 4, |rank| {
         start(rank);
         let futures: Vec<_> = (0..100i64)
-            .map(|i| ferry_rpc::rpc_async::<i64, _>((i % 4) as u32, "add", (i, rank as i64 * 1000)))
+            .map(|i| ADD.rpc_async((i % 4) as u32, (i, rank as i64 * 1000)))
             .collect();
         for (i, f) in futures.into_iter().enumerate() {
             assert_eq!(f.wait().unwrap(), i as i64 + rank as i64 * 1000);
@@ -251,7 +275,7 @@ fn tensors_of_every_dtype_in_nested_containers_round_trip() {
                     (7, sample(DType::I64, &[2, 2], 2)),
                 ),
             };
-            let back: Nested = ferry_rpc::rpc_sync(to, "echo_nested", value.clone()).unwrap();
+            let back: Nested = ECHO_NESTED.rpc_sync(to, value.clone()).unwrap();
             assert_eq!(back, value);
             for tensors in back.by_dtype.values() {
                 let t = tensors[2].as_ref().unwrap();
@@ -260,7 +284,7 @@ fn tensors_of_every_dtype_in_nested_containers_round_trip() {
                 assert_eq!(tensors[5].as_ref().unwrap().numel(), 1, "0-d tensor");
             }
             let big = sample(DType::F32, &[1 << 20], 9);
-            let back: RawTensor = ferry_rpc::rpc_sync(to, "identity", big.clone()).unwrap();
+            let back: RawTensor = IDENTITY.rpc_sync(to, big.clone()).unwrap();
             assert_eq!(back, big);
             ferry_rpc::shutdown().unwrap();
         },
@@ -276,7 +300,7 @@ fn graceful_shutdown_does_not_cut_a_twenty_hop_chain() {
             start(rank);
             if rank == 0 {
                 // Fire and forget: 20 hops around the ring, then shut down at once.
-                drop(ferry_rpc::rpc_async::<(), _>(1u32, "chain", 19u32));
+                drop(CHAIN.rpc_async(1, 19u32));
             }
             ferry_rpc::shutdown().unwrap();
             println!("HOPS={}", HOPS.load(Ordering::SeqCst));
@@ -300,19 +324,11 @@ fn uneven_workload_at_shutdown() {
         let all_stopping: Vec<String> = (0..4).map(|r| format!("stopping/{r}")).collect();
         if rank == 0 {
             for i in 0..6u64 {
-                drop(ferry_rpc::rpc_async::<u64, _>(
-                    1u32,
-                    "gated",
-                    (all_stopping.clone(), i),
-                ));
+                drop(GATED.rpc_async(1, (all_stopping.clone(), i)));
             }
         }
         if rank == 3 {
-            drop(ferry_rpc::rpc_async::<u64, _>(
-                2u32,
-                "gated",
-                (all_stopping.clone(), 0u64),
-            ));
+            drop(GATED.rpc_async(2, (all_stopping.clone(), 0u64)));
         }
         let agent = ferry_rpc::agent().unwrap();
         agent
@@ -338,23 +354,98 @@ fn remote_errors_name_worker_function_and_message() {
         |rank| {
             start(rank);
             if rank == 0 {
-                let err = ferry_rpc::rpc_sync::<(), _>(1u32, "fail", "bad input".to_string())
-                    .unwrap_err();
+                let err = FAIL.rpc_sync(1, "bad input".to_string()).unwrap_err();
                 assert!(matches!(err, RpcError::Remote { .. }));
                 assert_eq!(
                     err.to_string(),
                     "function \"fail\" failed on worker \"worker1\": boom: bad input"
                 );
-                let err = ferry_rpc::rpc_sync::<u8, _>(2u32, "panic", ()).unwrap_err();
+                let err = PANIC.rpc_sync(2, ()).unwrap_err();
                 assert_eq!(
                     err.to_string(),
                     "function \"panic\" failed on worker \"worker2\": panicked: deliberate panic"
                 );
-                let err = ferry_rpc::rpc_sync::<(), _>(3u32, "no_such_fn", ()).unwrap_err();
+                let err = NO_SUCH_FN.rpc_sync(3, ()).unwrap_err();
                 assert_eq!(
                     err.to_string(),
                     "worker \"worker3\" has no function \"no_such_fn\" registered"
                 );
+                // Wrong argument type: a caller built from another
+                // declaration, with strings where integers are registered.
+                const ADD_STRINGS: Function<(String, String), i64> = Function::new("add");
+                let err = ADD_STRINGS
+                    .rpc_sync(1, ("1".to_string(), "2".to_string()))
+                    .unwrap_err();
+                assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                let text = err.to_string();
+                assert!(text.contains("it takes fn((i64, i64)) -> i64"), "{text}");
+                assert!(text.contains("fn((String, String)) -> i64"), "{text}");
+                // Wrong result type.
+                const ADD_TO_TEXT: Function<(i64, i64), String> = Function::new("add");
+                let err = ADD_TO_TEXT.rpc_sync(1, (1, 2)).unwrap_err();
+                assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                // The worker keeps serving after all that.
+                let s: i64 = ADD.rpc_sync(1, (1i64, 2i64)).unwrap();
+                assert_eq!(s, 3);
+            }
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}
+
+// The string-named (dynamic) API: functions registered and called by
+// name, with the types checked only at run time. These tests keep that
+// path covered beside the typed declarations every other test uses.
+
+#[test]
+fn string_named_api_calls_functions_registered_by_name_and_typed() {
+    world_ok(
+        "string_named_api_calls_functions_registered_by_name_and_typed",
+        2,
+        |rank| {
+            start(rank);
+            if rank == 0 {
+                // Registered by name, called by name.
+                let s: String =
+                    ferry_rpc::rpc_sync(1u32, "concat", ("fer".to_string(), "ry".to_string()))
+                        .unwrap();
+                assert_eq!(s, "ferry");
+                let pending = ferry_rpc::rpc_async::<String, _>(
+                    "worker1",
+                    "concat",
+                    ("a".to_string(), "b".to_string()),
+                );
+                assert_eq!(pending.wait().unwrap(), "ab");
+                let s: String = ferry_rpc::rpc_sync_timeout(
+                    1u32,
+                    "concat",
+                    ("x".to_string(), "y".to_string()),
+                    Duration::from_secs(30),
+                )
+                .unwrap();
+                assert_eq!(s, "xy");
+                // Registered typed, called by name.
+                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 2i64)).unwrap();
+                assert_eq!(s, 3);
+                let err = ferry_rpc::rpc_sync::<(), _>(1u32, "no_such_fn", ()).unwrap_err();
+                assert_eq!(
+                    err.to_string(),
+                    "worker \"worker1\" has no function \"no_such_fn\" registered"
+                );
+            }
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
+}
+
+#[test]
+fn string_named_api_wrong_types_name_both_signatures() {
+    world_ok(
+        "string_named_api_wrong_types_name_both_signatures",
+        2,
+        |rank| {
+            start(rank);
+            if rank == 0 {
                 // Wrong argument type: strings where integers are registered.
                 let err =
                     ferry_rpc::rpc_sync::<i64, _>(1u32, "add", ("1".to_string(), "2".to_string()))
@@ -369,9 +460,19 @@ fn remote_errors_name_worker_function_and_message() {
                 // Wrong result type.
                 let err = ferry_rpc::rpc_sync::<String, _>(1u32, "add", (1i64, 2i64)).unwrap_err();
                 assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                // A typed caller of a function registered by name with
+                // other types: both signatures in the error.
+                const CONCAT_NUMBERS: Function<(i64, i64), String> = Function::new("concat");
+                let err = CONCAT_NUMBERS.rpc_sync(1, (1, 2)).unwrap_err();
+                assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
+                let text = err.to_string();
+                assert!(text.contains("fn((i64, i64)) -> String"), "{text}");
+                assert!(text.contains("alloc::string::String"), "{text}");
                 // The worker keeps serving after all that.
-                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 2i64)).unwrap();
-                assert_eq!(s, 3);
+                let s: String =
+                    ferry_rpc::rpc_sync(1u32, "concat", ("o".to_string(), "k".to_string()))
+                        .unwrap();
+                assert_eq!(s, "ok");
             }
             ferry_rpc::shutdown().unwrap();
         },
@@ -386,19 +487,10 @@ fn timeouts_fail_and_zero_means_none() {
             let agent = ferry_rpc::agent().unwrap();
             let gate = vec!["gate/open".to_string()];
             // No timeout: still waiting after another call has timed out.
-            let unbounded = ferry_rpc::rpc_async_timeout::<u64, _>(
-                1u32,
-                "gated",
-                (gate.clone(), 1000u64),
-                Duration::ZERO,
-            );
-            let err = ferry_rpc::rpc_sync_timeout::<u64, _>(
-                1u32,
-                "gated",
-                (gate.clone(), 7u64),
-                Duration::from_millis(100),
-            )
-            .unwrap_err();
+            let unbounded = GATED.rpc_async_timeout(1, (gate.clone(), 1000u64), Duration::ZERO);
+            let err = GATED
+                .rpc_sync_timeout(1, (gate.clone(), 7u64), Duration::from_millis(100))
+                .unwrap_err();
             assert_eq!(
                 err.to_string(),
                 "call of \"gated\" on worker \"worker1\" timed out after 100ms"
@@ -409,7 +501,7 @@ fn timeouts_fail_and_zero_means_none() {
                 .unwrap();
             assert_eq!(unbounded.wait().unwrap(), 1000);
             // The late reply of the timed-out call was dropped; calls go on.
-            let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (5i64, 5i64)).unwrap();
+            let s: i64 = ADD.rpc_sync(1, (5i64, 5i64)).unwrap();
             assert_eq!(s, 10);
         }
         ferry_rpc::shutdown().unwrap();
@@ -461,11 +553,9 @@ fn second_init_and_calls_after_shutdown_are_errors() {
                 format!("RPC is already initialized in this process as worker \"worker{rank}\"")
             );
             ferry_rpc::shutdown().unwrap();
-            let err = ferry_rpc::rpc_sync::<i64, _>(0u32, "add", (1i64, 1i64)).unwrap_err();
+            let err = ADD.rpc_sync(0, (1i64, 1i64)).unwrap_err();
             assert!(matches!(err, RpcError::NotInitialized), "{err}");
-            assert!(ferry_rpc::rpc_async::<i64, _>(0u32, "add", (1i64, 1i64))
-                .wait()
-                .is_err());
+            assert!(ADD.rpc_async(0, (1i64, 1i64)).wait().is_err());
             assert!(matches!(
                 ferry_rpc::shutdown(),
                 Err(RpcError::NotInitialized)
@@ -491,7 +581,7 @@ fn malformed_bytes_leave_the_worker_serving() {
             let mut oversized = std::net::TcpStream::connect(addr).unwrap();
             oversized.write_all(&header).unwrap();
             for i in 0..10i64 {
-                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (i, 1i64)).unwrap();
+                let s: i64 = ADD.rpc_sync(1, (i, 1i64)).unwrap();
                 assert_eq!(s, i + 1);
             }
         }
@@ -504,16 +594,16 @@ fn a_dead_peer_fails_calls_without_hanging() {
     world_ok("a_dead_peer_fails_calls_without_hanging", 3, |rank| {
         start(rank);
         if rank == 0 {
-            let err = ferry_rpc::rpc_sync::<(), _>(2u32, "exit_process", ()).unwrap_err();
+            let err = EXIT_PROCESS.rpc_sync(2, ()).unwrap_err();
             assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
             assert!(
                 err.to_string()
                     .starts_with("worker \"worker2\" is unreachable"),
                 "{err}"
             );
-            let err = ferry_rpc::rpc_sync::<i64, _>(2u32, "add", (1i64, 1i64)).unwrap_err();
+            let err = ADD.rpc_sync(2, (1i64, 1i64)).unwrap_err();
             assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
-            let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
+            let s: i64 = ADD.rpc_sync(1, (1i64, 1i64)).unwrap();
             assert_eq!(s, 2);
             // Graceful shutdown would wait for the dead worker: shut down at once.
             release_the_bystander();
@@ -678,18 +768,18 @@ fn services_and_interceptors_plug_in() {
                 .wait()
                 .unwrap_err();
             assert!(err.to_string().contains("empty list from worker0"), "{err}");
-            let _: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 1i64)).unwrap();
-            let seen: Option<String> = ferry_rpc::rpc_sync(1u32, "last_extension", ()).unwrap();
+            let _: i64 = ADD.rpc_sync(1, (1i64, 1i64)).unwrap();
+            let seen: Option<String> = LAST_EXTENSION_SEEN.rpc_sync(1, ()).unwrap();
             assert_eq!(seen.as_deref(), Some("to worker1 calling add from worker0"));
             // The scope the interceptor returned is current while the
             // function runs, across the awaits of an async one.
-            let tag: Option<String> = ferry_rpc::rpc_sync(1u32, "scope_tag", ()).unwrap();
+            let tag: Option<String> = SCOPE_TAG_NOW.rpc_sync(1, ()).unwrap();
             assert_eq!(
                 tag.as_deref(),
                 Some("to worker1 calling scope_tag from worker0")
             );
             let (before, after): (Option<String>, Option<String>) =
-                ferry_rpc::rpc_sync(1u32, "scope_tag_async", ()).unwrap();
+                SCOPE_TAG_ASYNC.rpc_sync(1, ()).unwrap();
             let want = Some("to worker1 calling scope_tag_async from worker0".to_string());
             assert_eq!((before, after), (want.clone(), want));
             // The caller's own thread never saw a scope.
@@ -761,7 +851,7 @@ fn links_use_the_configured_transport_and_channel() {
                 .flat_map(|p| (0..3u8).map(move |i| (p, i)))
                 .map(|(p, i)| {
                     let value = many_sizes(i ^ rank as u8);
-                    let f = ferry_rpc::rpc_async::<Vec<RawTensor>, _>(p, "identity_many", value);
+                    let f = IDENTITY_MANY.rpc_async(p, value);
                     (f, i)
                 })
                 .collect();
@@ -816,11 +906,11 @@ fn a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving() {
             ferry_rpc::init_rpc(o).unwrap();
             if rank == 0 {
                 let fatal = sample(DType::U8, &[FATAL_BYTES as i64], 3);
-                let err = ferry_rpc::rpc_sync::<RawTensor, _>(2u32, "identity", fatal).unwrap_err();
+                let err = IDENTITY.rpc_sync(2, fatal).unwrap_err();
                 assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
                 // The others keep serving, tensors included.
                 let t = sample(DType::F32, &[3 << 20], 4);
-                let back: RawTensor = ferry_rpc::rpc_sync(1u32, "identity", t.clone()).unwrap();
+                let back: RawTensor = IDENTITY.rpc_sync(1, t.clone()).unwrap();
                 assert_eq!(back, t);
                 release_the_bystander();
             } else if rank == 1 {
@@ -855,7 +945,7 @@ fn cma_across_user_namespaces_falls_back_to_shm() {
             start(rank);
             let peer = 1 - rank;
             let t = sample(DType::F32, &[3 << 20], rank as u8);
-            let back: RawTensor = ferry_rpc::rpc_sync(peer, "identity", t.clone()).unwrap();
+            let back: RawTensor = IDENTITY.rpc_sync(peer, t.clone()).unwrap();
             assert_eq!(back, t);
             let link = ferry_rpc::agent()
                 .unwrap()

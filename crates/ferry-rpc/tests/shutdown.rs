@@ -7,14 +7,16 @@
 
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcError, RpcOptions};
+use ferry_rpc::{Function, Functions, RpcError, RpcOptions};
 use ferry_testkit::world_ok;
 use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection};
 use ferry_wire::{Flags, MessageKind};
 
+const LEN: Function<Vec<u8>, u64> = Function::new("len");
+
 fn options(rank: u32) -> RpcOptions {
     let mut f = Functions::new();
-    f.register("len", |v: Vec<u8>| v.len() as u64);
+    f.add(LEN, |v| v.len() as u64);
     RpcOptions::from_env(format!("worker{rank}"))
         .unwrap()
         .functions(f)
@@ -51,7 +53,7 @@ fn a_strangers_call_does_not_hold_up_shutdown() {
             // Worker1 served it (with an error: the payload is garbage).
             assert_eq!(reply.header.kind, MessageKind::ERROR);
             assert_eq!(reply.header.request_id, 7);
-            let n: u64 = ferry_rpc::rpc_sync(1u32, "len", vec![1u8; 3]).unwrap();
+            let n: u64 = LEN.rpc_sync(1, vec![1u8; 3]).unwrap();
             assert_eq!(n, 3);
         }
         ferry_rpc::shutdown().unwrap();
@@ -82,16 +84,15 @@ fn a_call_refused_for_its_size_does_not_hold_up_shutdown() {
             }
             ferry_rpc::init_rpc(options).unwrap();
             if rank == 0 {
-                let err =
-                    ferry_rpc::rpc_sync::<u64, _>(1u32, "len", vec![7u8; 64 << 10]).unwrap_err();
+                let err = LEN.rpc_sync(1, vec![7u8; 64 << 10]).unwrap_err();
                 assert!(
                     !matches!(err, RpcError::Timeout { .. }),
                     "the refused call should fail at once: {err}"
                 );
                 // Worker1 still serves calls that fit.
-                let n: u64 = ferry_rpc::rpc_sync(1u32, "len", vec![7u8; 100]).unwrap();
+                let n: u64 = LEN.rpc_sync(1, vec![7u8; 100]).unwrap();
                 assert_eq!(n, 100);
-                let n: u64 = ferry_rpc::rpc_sync(2u32, "len", vec![7u8; 64 << 10]).unwrap();
+                let n: u64 = LEN.rpc_sync(2, vec![7u8; 64 << 10]).unwrap();
                 assert_eq!(n, 64 << 10);
             }
             ferry_rpc::shutdown().unwrap();

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_rpc::{Agent, Functions, RpcOptions};
-use ferry_rref::{DebugInfo, RRef, RRefContext, RRefError};
+use ferry_rpc::{Agent, BoxError, Function, Functions, RpcOptions, Schema};
+use ferry_rref::{DebugInfo, Method, MethodsExt, RRef, RRefContext, RRefError, RemoteExt};
 use ferry_testkit::world_ok;
 use serde::{Deserialize, Serialize};
 
@@ -20,18 +20,50 @@ fn name(rank: u32) -> String {
 }
 
 /// A value with methods, kept on its owner.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, Schema)]
 struct Counter {
     total: AtomicI64,
 }
 
+impl Counter {
+    const NEW: Function<i64, Counter> = Function::new("counter");
+    const ADD: Method<Counter, i64, i64> = Method::new("Counter.add");
+    const GET: Method<Counter, (), i64> = Method::new("Counter.get");
+}
+
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const VEC: Function<i64, Vec<i64>> = Function::new("vec");
+/// Waits until the store key `gate` is set: a creation that stays
+/// running until the test lets it finish.
+const GATED: Function<(String, i64), i64> = Function::new("gated");
+const FAIL: Function<String, i64> = Function::new("fail");
+const FETCH: Function<RRef<i64>, i64> = Function::new("fetch");
+const FETCH_VEC: Function<RRef<Vec<i64>>, Vec<i64>> = Function::new("fetch_vec");
+/// The value and whether the worker it runs on owns it.
+const LOCAL: Function<RRef<i64>, (i64, bool)> = Function::new("local");
+const ECHO: Function<RRef<i64>, RRef<i64>> = Function::new("echo");
+const CONFIRMED: Function<RRef<i64>, bool> = Function::new("confirmed");
+const CONFIRMED_ASYNC: Function<RRef<i64>, bool> = Function::new("confirmed_async");
+/// Forwards the RRef `hops` more times round the workers, then fetches
+/// it: its value and the workers it passed.
+const FORWARD: Function<Forwarded, (i64, Vec<String>)> = Function::new("forward");
+
+/// The RRef, the hops left and the workers it passed.
+type Forwarded = (RRef<i64>, u32, Vec<String>);
+/// Nested RRefs: a value on this worker holding RRefs owned elsewhere.
+const WRAP: Function<Vec<RRef<i64>>, Vec<RRef<i64>>> = Function::new("wrap");
+const SUM_NESTED: Function<RRef<Vec<RRef<i64>>>, i64> = Function::new("sum_nested");
+const NEW_LOCAL: Function<i64, RRef<i64>> = Function::new("new_local");
+/// Waits until this worker's RRef tables are empty: what was left, if any.
+const WAIT_EMPTY: Function<(), String> = Function::new("wait_empty");
+/// Owner RRefs, confirmed and pending users on this worker.
+const DEBUG_INFO: Function<(), (usize, usize, usize)> = Function::new("debug_info");
+
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("add", |(a, b): (i64, i64)| a + b);
-    f.register("vec", |n: i64| (0..n).collect::<Vec<i64>>());
-    // Waits until the store key `gate` is set: a creation that stays
-    // running until the test lets it finish.
-    f.register("gated", |(gate, v): (String, i64)| {
+    f.add(ADD, |(a, b)| a + b);
+    f.add(VEC, |n| (0..n).collect());
+    f.add(GATED, |(gate, v)| {
         let agent = Agent::current().unwrap();
         let store = agent.store();
         agent
@@ -39,52 +71,39 @@ fn functions() -> Functions {
             .unwrap();
         v
     });
-    f.register_fallible("fail", |msg: String| Err::<i64, _>(format!("boom: {msg}")));
-    f.register_fallible("fetch", |r: RRef<i64>| {
-        r.to_here().map_err(|e| e.to_string())
-    });
-    f.register_fallible("fetch_vec", |r: RRef<Vec<i64>>| {
-        r.to_here().map_err(|e| e.to_string())
-    });
-    f.register_fallible("local", |r: RRef<i64>| {
+    f.add_fallible(FAIL, |msg| Err::<i64, _>(format!("boom: {msg}")));
+    f.add_fallible(FETCH, |r| r.to_here());
+    f.add_fallible(FETCH_VEC, |r| r.to_here());
+    f.add_fallible(LOCAL, |r| {
         let owner = r.is_owner();
-        r.local_value()
-            .map(|v| (*v, owner))
-            .map_err(|e| e.to_string())
+        r.local_value().map(|v| (*v, owner))
     });
-    f.register("echo", |r: RRef<i64>| r);
-    f.register("confirmed", |r: RRef<i64>| r.confirmed_by_owner());
-    f.register_async("confirmed_async", |r: RRef<i64>| async move {
+    f.add(ECHO, |r| r);
+    f.add(CONFIRMED, |r| r.confirmed_by_owner());
+    f.add_async(CONFIRMED_ASYNC, |r| async move {
         Ok::<_, std::convert::Infallible>(r.confirmed_by_owner())
     });
-    // Forwards the RRef `hops` more times round the workers, then fetches it.
-    f.register_fallible(
-        "forward",
-        |(r, hops, path): (RRef<i64>, u32, Vec<String>)| {
-            let me = ferry_rpc::get_worker_info(None).map_err(|e| e.to_string())?;
-            let mut path = path;
-            path.push(me.name.clone());
-            if hops == 0 {
-                let v = r.to_here().map_err(|e| e.to_string())?;
-                return Ok::<_, String>((v, path));
-            }
-            let next = (me.id + 1) % 4;
-            ferry_rpc::rpc_sync(name(next), "forward", (r, hops - 1, path))
-                .map_err(|e| e.to_string())
-        },
-    );
-    // Nested RRefs: a value on this worker holding RRefs owned elsewhere.
-    f.register("wrap", |rs: Vec<RRef<i64>>| rs);
-    f.register_fallible("sum_nested", |r: RRef<Vec<RRef<i64>>>| {
-        let inner = r.to_here().map_err(|e| e.to_string())?;
-        let mut sum = 0;
-        for x in inner {
-            sum += x.to_here().map_err(|e| e.to_string())?;
+    f.add_fallible(FORWARD, |(r, hops, path)| -> Result<_, BoxError> {
+        let me = ferry_rpc::get_worker_info(None)?;
+        let mut path = path;
+        path.push(me.name.clone());
+        if hops == 0 {
+            let v = r.to_here()?;
+            return Ok((v, path));
         }
-        Ok::<_, String>(sum)
+        let next = (me.id + 1) % 4;
+        Ok(FORWARD.rpc_sync(name(next), (r, hops - 1, path))?)
     });
-    f.register("new_local", |v: i64| RRef::new(v).unwrap());
-    f.register("wait_empty", |(): ()| {
+    f.add(WRAP, |rs| rs);
+    f.add_fallible(SUM_NESTED, |r| -> Result<i64, BoxError> {
+        let mut sum = 0;
+        for x in r.to_here()? {
+            sum += x.to_here()?;
+        }
+        Ok(sum)
+    });
+    f.add(NEW_LOCAL, |v| RRef::new(v).unwrap());
+    f.add(WAIT_EMPTY, |()| {
         match RRefContext::current()
             .unwrap()
             .wait_until_empty(EMPTY_TIMEOUT)
@@ -93,7 +112,7 @@ fn functions() -> Functions {
             Err(left) => format!("{left:?}"),
         }
     });
-    f.register("debug_info", |(): ()| {
+    f.add(DEBUG_INFO, |()| {
         let d = RRefContext::current().unwrap().debug_info();
         (
             d.num_owner_rrefs,
@@ -101,13 +120,13 @@ fn functions() -> Functions {
             d.num_pending_users,
         )
     });
-    f.register("counter", |start: i64| Counter {
+    f.add(Counter::NEW, |start| Counter {
         total: AtomicI64::new(start),
     });
-    ferry_rref::register_method(&mut f, "add", |c: &Counter, n: i64| {
+    f.add_method(Counter::ADD, |c: &Counter, n| {
         c.total.fetch_add(n, Ordering::SeqCst) + n
     });
-    ferry_rref::register_method(&mut f, "get", |c: &Counter, (): ()| {
+    f.add_method(Counter::GET, |c: &Counter, ()| {
         c.total.load(Ordering::SeqCst)
     });
     f
@@ -128,7 +147,7 @@ fn init(rank: u32) -> Arc<RRefContext> {
 fn finish(rank: u32, ctx: &RRefContext) {
     if rank == 0 {
         for r in 0..4u32 {
-            let left: String = ferry_rpc::rpc_sync(name(r), "wait_empty", ()).unwrap();
+            let left: String = WAIT_EMPTY.rpc_sync(name(r), ()).unwrap();
             assert_eq!(left, "", "{} still has RRef state", name(r));
         }
     }
@@ -143,16 +162,15 @@ fn user_shares_with_owner_as_return_value() {
     world_ok("user_shares_with_owner_as_return_value", 4, |rank| {
         let ctx = init(rank);
         if rank == 0 {
-            let r: RRef<i64> = ferry_rref::remote("worker1", "add", (2i64, 3i64)).unwrap();
+            let r: RRef<i64> = ADD.remote("worker1", (2i64, 3i64)).unwrap();
             assert!(!r.is_owner());
             assert_eq!(r.owner(), 1);
             assert_eq!(r.owner_name(), "worker1");
             assert_eq!(r.to_here().unwrap(), 5);
             // The owner returns the RRef it was given: it comes back as a new user here.
-            let back: RRef<i64> = ferry_rpc::rpc_sync("worker1", "echo", r.clone()).unwrap();
+            let back: RRef<i64> = ECHO.rpc_sync("worker1", r.clone()).unwrap();
             assert_eq!(back.to_here().unwrap(), 5);
-            let (owners, _, _): (usize, usize, usize) =
-                ferry_rpc::rpc_sync("worker1", "debug_info", ()).unwrap();
+            let (owners, _, _): (usize, usize, usize) = DEBUG_INFO.rpc_sync("worker1", ()).unwrap();
             assert_eq!(owners, 1);
             drop((r, back));
         }
@@ -165,9 +183,9 @@ fn user_shares_with_owner_as_argument() {
     world_ok("user_shares_with_owner_as_argument", 4, |rank| {
         let ctx = init(rank);
         if rank == 0 {
-            let r: RRef<i64> = ferry_rref::remote("worker1", "add", (40i64, 2i64)).unwrap();
+            let r: RRef<i64> = ADD.remote("worker1", (40i64, 2i64)).unwrap();
             // Sent right away, possibly before the owner has the value.
-            let (v, is_owner): (i64, bool) = ferry_rpc::rpc_sync("worker1", "local", r).unwrap();
+            let (v, is_owner): (i64, bool) = LOCAL.rpc_sync("worker1", r).unwrap();
             assert_eq!((v, is_owner), (42, true));
         }
         finish(rank, &ctx);
@@ -182,10 +200,10 @@ fn owner_shares_with_user() {
             let r = RRef::new(7i64).unwrap();
             assert!(r.is_owner() && r.confirmed_by_owner());
             assert_eq!(*r.local_value().unwrap(), 7);
-            let v: i64 = ferry_rpc::rpc_sync("worker2", "fetch", r.clone()).unwrap();
+            let v: i64 = FETCH.rpc_sync("worker2", r.clone()).unwrap();
             assert_eq!(v, 7);
             // A user elsewhere made by a remote function: owned by worker3.
-            let made: RRef<i64> = ferry_rpc::rpc_sync("worker3", "new_local", 9i64).unwrap();
+            let made: RRef<i64> = NEW_LOCAL.rpc_sync("worker3", 9i64).unwrap();
             assert_eq!(made.owner_name(), "worker3");
             assert_eq!(made.to_here().unwrap(), 9);
         }
@@ -198,13 +216,13 @@ fn user_shares_with_user() {
     world_ok("user_shares_with_user", 4, |rank| {
         let ctx = init(rank);
         if rank == 0 {
-            let r: RRef<Vec<i64>> = ferry_rref::remote("worker1", "vec", 5i64).unwrap();
+            let r: RRef<Vec<i64>> = VEC.remote("worker1", 5i64).unwrap();
             // worker2 fetches from worker1 directly.
-            let v: Vec<i64> = ferry_rpc::rpc_sync("worker2", "fetch_vec", r.clone()).unwrap();
+            let v: Vec<i64> = FETCH_VEC.rpc_sync("worker2", r.clone()).unwrap();
             assert_eq!(v, vec![0, 1, 2, 3, 4]);
             // Dropped here at once while worker3 is still being confirmed:
             // G2 keeps the parent until the child is confirmed.
-            let f = ferry_rpc::rpc_async::<Vec<i64>, _>("worker3", "fetch_vec", r);
+            let f = FETCH_VEC.rpc_async("worker3", r);
             assert_eq!(f.wait().unwrap(), vec![0, 1, 2, 3, 4]);
         }
         finish(rank, &ctx);
@@ -219,21 +237,20 @@ fn self_owned_rrefs_and_rrefs_passed_back_to_their_owner() {
         |rank| {
             let ctx = init(rank);
             if rank == 0 {
-                let r: RRef<i64> = ferry_rref::remote("worker0", "add", (1i64, 1i64)).unwrap();
+                let r: RRef<i64> = ADD.remote("worker0", (1i64, 1i64)).unwrap();
                 assert!(r.is_owner());
                 assert_eq!(r.to_here().unwrap(), 2);
                 assert_eq!(*r.local_value().unwrap(), 2);
                 // To itself as an argument.
-                let (v, owner): (i64, bool) =
-                    ferry_rpc::rpc_sync("worker0", "local", r.clone()).unwrap();
+                let (v, owner): (i64, bool) = LOCAL.rpc_sync("worker0", r.clone()).unwrap();
                 assert_eq!((v, owner), (2, true));
                 // Out to worker1 and back to the owner.
-                let back: RRef<i64> = ferry_rpc::rpc_sync("worker1", "echo", r.clone()).unwrap();
+                let back: RRef<i64> = ECHO.rpc_sync("worker1", r.clone()).unwrap();
                 assert!(back.is_owner());
                 assert_eq!(*back.local_value().unwrap(), 2);
                 // Dropped before their functions have run: nothing may stay behind.
-                drop(ferry_rref::remote::<i64, _>("worker0", "add", (5i64, 5i64)).unwrap());
-                drop(ferry_rref::remote::<i64, _>("worker3", "add", (5i64, 5i64)).unwrap());
+                drop(ADD.remote("worker0", (5i64, 5i64)).unwrap());
+                drop(ADD.remote("worker3", (5i64, 5i64)).unwrap());
             }
             finish(rank, &ctx);
         },
@@ -245,9 +262,10 @@ fn a_chain_of_eight_forwards() {
     let Some(out) = world_ok("a_chain_of_eight_forwards", 4, |rank| {
         let ctx = init(rank);
         if rank == 0 {
-            let r: RRef<i64> = ferry_rref::remote("worker2", "add", (100i64, 23i64)).unwrap();
-            let (v, path): (i64, Vec<String>) =
-                ferry_rpc::rpc_sync("worker1", "forward", (r, 8u32, Vec::<String>::new())).unwrap();
+            let r: RRef<i64> = ADD.remote("worker2", (100i64, 23i64)).unwrap();
+            let (v, path): (i64, Vec<String>) = FORWARD
+                .rpc_sync("worker1", (r, 8u32, Vec::<String>::new()))
+                .unwrap();
             assert_eq!(v, 123);
             println!("PATH={}", path.join(","));
         }
@@ -262,17 +280,16 @@ fn a_chain_of_eight_forwards() {
 }
 
 fn nested_once(i: i64) {
-    let a: RRef<i64> = ferry_rref::remote("worker1", "add", (i, 1i64)).unwrap();
-    let b: RRef<i64> = ferry_rref::remote("worker2", "add", (i, 2i64)).unwrap();
+    let a: RRef<i64> = ADD.remote("worker1", (i, 1i64)).unwrap();
+    let b: RRef<i64> = ADD.remote("worker2", (i, 2i64)).unwrap();
     let c = RRef::new(i + 3).unwrap();
     // An RRef on worker3 whose value holds RRefs owned by workers 1, 2 and 0.
-    let nested: RRef<Vec<RRef<i64>>> =
-        ferry_rref::remote("worker3", "wrap", vec![a, b, c]).unwrap();
+    let nested: RRef<Vec<RRef<i64>>> = WRAP.remote("worker3", vec![a, b, c]).unwrap();
     let here = nested.to_here().unwrap();
     let sum: i64 = here.iter().map(|r| r.to_here().unwrap()).sum();
     assert_eq!(sum, 3 * i + 6);
     // And a different worker walks the nesting itself.
-    let remote_sum: i64 = ferry_rpc::rpc_sync("worker1", "sum_nested", nested).unwrap();
+    let remote_sum: i64 = SUM_NESTED.rpc_sync("worker1", nested).unwrap();
     assert_eq!(remote_sum, 3 * i + 6);
 }
 
@@ -308,18 +325,15 @@ fn methods_run_on_the_owner() {
     world_ok("methods_run_on_the_owner", 4, |rank| {
         let ctx = init(rank);
         if rank == 0 {
-            let c: RRef<Counter> = ferry_rref::remote("worker1", "counter", 10i64).unwrap();
-            assert_eq!(
-                c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(),
-                15
-            );
-            let f = c.rpc_async().call_by_name::<i64, _>("add", 1i64);
+            let c: RRef<Counter> = Counter::NEW.remote("worker1", 10i64).unwrap();
+            assert_eq!(c.rpc_sync().call(Counter::ADD, 5).unwrap(), 15);
+            let f = c.rpc_async().call(Counter::ADD, 1);
             assert_eq!(f.wait().unwrap(), 16);
-            let total: RRef<i64> = c.remote().call_by_name("get", ()).unwrap();
+            let total: RRef<i64> = c.remote().call(Counter::GET, ()).unwrap();
             assert_eq!(total.owner_name(), "worker1");
             assert_eq!(total.to_here().unwrap(), 16);
             // A user elsewhere calls methods too.
-            let v: i64 = ferry_rpc::rpc_sync("worker2", "fetch", total).unwrap();
+            let v: i64 = FETCH.rpc_sync("worker2", total).unwrap();
             assert_eq!(v, 16);
         }
         finish(rank, &ctx);
@@ -335,8 +349,9 @@ fn to_here_times_out_while_creation_runs_then_succeeds() {
             let ctx = init(rank);
             if rank == 0 {
                 let agent = ferry_rpc::agent().unwrap();
-                let r: RRef<i64> =
-                    ferry_rref::remote("worker1", "gated", ("gate/a".to_string(), 77i64)).unwrap();
+                let r: RRef<i64> = GATED
+                    .remote("worker1", ("gate/a".to_string(), 77i64))
+                    .unwrap();
                 // remote returned before the owner ran anything.
                 assert!(!r.confirmed_by_owner());
                 let err = r.to_here_timeout(Duration::from_millis(200)).unwrap_err();
@@ -358,7 +373,7 @@ fn error_texts() {
         let ctx = init(rank);
         if rank == 0 {
             // A failing function: stored on the owner, raised by to_here.
-            let r: RRef<i64> = ferry_rref::remote("worker1", "fail", "no".to_string()).unwrap();
+            let r: RRef<i64> = FAIL.remote("worker1", "no".to_string()).unwrap();
             let e = r.to_here().unwrap_err().to_string();
             assert!(e.contains("boom: no") && e.contains("worker1"), "{e}");
             // local_value away from the owner.
@@ -375,13 +390,13 @@ fn error_texts() {
             assert!(e.contains("nope"), "{e}");
             // A creation that times out: to_here and forks fail, nothing hangs.
             let agent = ferry_rpc::agent().unwrap();
-            let slow: RRef<i64> = ferry_rref::remote_timeout(
-                "worker3",
-                "gated",
-                ("gate/b".to_string(), 1i64),
-                Duration::from_millis(200),
-            )
-            .unwrap();
+            let slow: RRef<i64> = GATED
+                .remote_timeout(
+                    "worker3",
+                    ("gate/b".to_string(), 1i64),
+                    Duration::from_millis(200),
+                )
+                .unwrap();
             // Asked while the creation runs: fails when the creation times out.
             let e = slow.to_here_timeout(Duration::from_secs(60)).unwrap_err();
             assert!(matches!(e, RRefError::CreationFailed { .. }), "{e}");
@@ -389,7 +404,7 @@ fn error_texts() {
                 e.to_string().contains("RRef creation failed/timed out"),
                 "{e}"
             );
-            let e = ferry_rpc::rpc_sync::<i64, _>("worker2", "fetch", slow.clone()).unwrap_err();
+            let e = FETCH.rpc_sync("worker2", slow.clone()).unwrap_err();
             assert!(
                 e.to_string().contains("RRef creation failed/timed out"),
                 "{e}"
@@ -420,7 +435,7 @@ impl Serialize for Unencodable {
 /// (`remote`), both confirmed: the two kinds of parent a fork can have.
 fn owned_and_user() -> (RRef<i64>, RRef<i64>) {
     let owned = RRef::new(7i64).unwrap();
-    let user: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 1i64)).unwrap();
+    let user: RRef<i64> = ADD.remote("worker1", (1i64, 1i64)).unwrap();
     assert_eq!(user.to_here().unwrap(), 2);
     (owned, user)
 }
@@ -466,8 +481,10 @@ fn a_call_with_the_wrong_argument_type_releases_its_rrefs() {
                 let (owned, user) = owned_and_user();
                 for r in [&owned, &user] {
                     // The callee refuses the call before decoding its arguments.
-                    let e = ferry_rpc::rpc_sync::<Vec<i64>, _>("worker2", "fetch_vec", r.clone())
-                        .unwrap_err();
+                    // A caller built from another declaration of `fetch_vec`.
+                    const FETCH_VEC_OF_I64: Function<RRef<i64>, Vec<i64>> =
+                        Function::new("fetch_vec");
+                    let e = FETCH_VEC_OF_I64.rpc_sync("worker2", r.clone()).unwrap_err();
                     assert!(e.to_string().contains("wrong type"), "{e}");
                 }
                 assert_eq!(ctx.debug_info().num_pending_children, 0);
@@ -488,6 +505,8 @@ fn a_call_whose_arguments_fail_to_encode_releases_its_rrefs() {
             if rank == 0 {
                 let (owned, user) = owned_and_user();
                 for r in [&owned, &user] {
+                    // Through the string-named API: no declaration takes
+                    // an argument made only to fail its encoding.
                     let e =
                         ferry_rpc::rpc_sync::<i64, _>("worker2", "fetch", (r.clone(), Unencodable))
                             .unwrap_err();
@@ -540,7 +559,7 @@ fn a_proxy_call_to_a_missing_method_releases_its_rrefs() {
         |rank| {
             let ctx = init(rank);
             if rank == 0 {
-                let c: RRef<Counter> = ferry_rref::remote("worker1", "counter", 10i64).unwrap();
+                let c: RRef<Counter> = Counter::NEW.remote("worker1", 10i64).unwrap();
                 let e = c
                     .rpc_sync()
                     .call_by_name::<i64, _>("no_such_method", 1i64)
@@ -563,10 +582,7 @@ fn a_proxy_call_to_a_missing_method_releases_its_rrefs() {
                     .unwrap_err();
                 assert!(e.to_string().contains("no_such_method"), "{e}");
                 // And the methods that exist still work.
-                assert_eq!(
-                    c.rpc_sync().call_by_name::<i64, _>("add", 5i64).unwrap(),
-                    15
-                );
+                assert_eq!(c.rpc_sync().call(Counter::ADD, 5).unwrap(), 15);
                 drop((c, made, local));
             }
             finish(rank, &ctx);
@@ -591,7 +607,7 @@ fn an_rref_serialized_outside_any_message_is_refused() {
                 // Nothing was forked.
                 assert_eq!(ctx.debug_info().num_pending_children, 0);
                 // Inside a message it still travels.
-                let v: i64 = ferry_rpc::rpc_sync("worker2", "fetch", user.clone()).unwrap();
+                let v: i64 = FETCH.rpc_sync("worker2", user.clone()).unwrap();
                 assert_eq!(v, 2);
                 drop((owned, user));
             }
@@ -612,23 +628,20 @@ fn user_rrefs_are_confirmed_before_the_function_runs() {
                 // (worker1) has not confirmed yet: worker2 and worker3 get
                 // pending users, confirmed by worker1 before they run.
                 for _ in 0..10 {
-                    let r: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 2i64)).unwrap();
-                    let confirmed: bool =
-                        ferry_rpc::rpc_sync("worker2", "confirmed", r.clone()).unwrap();
+                    let r: RRef<i64> = ADD.remote("worker1", (1i64, 2i64)).unwrap();
+                    let confirmed: bool = CONFIRMED.rpc_sync("worker2", r.clone()).unwrap();
                     assert!(confirmed, "rpc_sync ran before its RRef was confirmed");
-                    let f = ferry_rpc::rpc_async::<bool, _>("worker3", "confirmed", r.clone());
+                    let f = CONFIRMED.rpc_async("worker3", r.clone());
                     assert!(
                         f.wait().unwrap(),
                         "rpc_async ran before its RRef was confirmed"
                     );
-                    let made: RRef<bool> =
-                        ferry_rref::remote("worker2", "confirmed", r.clone()).unwrap();
+                    let made: RRef<bool> = CONFIRMED.remote("worker2", r.clone()).unwrap();
                     assert!(
                         made.to_here().unwrap(),
                         "remote ran before its RRef was confirmed"
                     );
-                    let made: RRef<bool> =
-                        ferry_rref::remote("worker3", "confirmed_async", r).unwrap();
+                    let made: RRef<bool> = CONFIRMED_ASYNC.remote("worker3", r).unwrap();
                     assert!(made.to_here().unwrap(), "an async function ran unconfirmed");
                 }
             }
@@ -642,7 +655,7 @@ fn an_rref_used_after_shutdown() {
     world_ok("an_rref_used_after_shutdown", 4, |rank| {
         let ctx = init(rank);
         let kept = (rank == 0).then(|| {
-            let r: RRef<i64> = ferry_rref::remote("worker1", "add", (1i64, 2i64)).unwrap();
+            let r: RRef<i64> = ADD.remote("worker1", (1i64, 2i64)).unwrap();
             assert_eq!(r.to_here().unwrap(), 3);
             r
         });
@@ -653,7 +666,7 @@ fn an_rref_used_after_shutdown() {
             let e = r.to_here().unwrap_err();
             assert!(matches!(e, RRefError::ShutDown { .. }), "{e}");
             assert!(e.to_string().contains("used after shutdown"), "{e}");
-            let e = ferry_rpc::rpc_sync::<i64, _>("worker1", "fetch", r).unwrap_err();
+            let e = FETCH.rpc_sync("worker1", r).unwrap_err();
             assert!(
                 e.to_string().contains("not initialized") || e.to_string().contains("shut"),
                 "{e}"

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_rpc::{Functions, RpcOptions};
+use ferry_rpc::{Function, Functions, RpcOptions, Schema};
 use ferry_tch::{kind_of, Tensor};
 use ferry_testkit::world_ok;
 use ferry_wire::DType;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
 /// Tensors inside nested containers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, Schema)]
 struct Batch {
     name: String,
     inputs: Vec<Tensor>,
@@ -20,16 +20,27 @@ struct Batch {
     maybe: Option<Tensor>,
 }
 
+const ECHO: Function<Tensor, Tensor> = Function::new("echo");
+const ECHO_ALL: Function<Vec<Tensor>, Vec<Tensor>> = Function::new("echo_all");
+const ECHO_BATCH: Function<Batch, Batch> = Function::new("echo_batch");
+const ADD: Function<(Tensor, Tensor), Tensor> = Function::new("add");
+/// Size, stride, contiguity and `requires_grad` of the tensor received.
+const DESCRIBE: Function<Tensor, Description> = Function::new("describe");
+const RAW_SUM: Function<Tensor, f64> = Function::new("raw_sum");
+
+/// Size, stride, contiguity and `requires_grad`.
+type Description = (Vec<i64>, Vec<i64>, bool, bool);
+
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("echo", |t: Tensor| t);
-    f.register("echo_all", |ts: Vec<Tensor>| ts);
-    f.register("echo_batch", |b: Batch| b);
-    f.register("add", |(a, b): (Tensor, Tensor)| Tensor::from(&*a + &*b));
-    f.register("describe", |t: Tensor| {
+    f.add(ECHO, |t| t);
+    f.add(ECHO_ALL, |ts| ts);
+    f.add(ECHO_BATCH, |b| b);
+    f.add(ADD, |(a, b)| Tensor::from(&*a + &*b));
+    f.add(DESCRIBE, |t| {
         (t.size(), t.stride(), t.is_contiguous(), t.requires_grad())
     });
-    f.register("raw_sum", |t: Tensor| t.sum(Kind::Double).double_value(&[]));
+    f.add(RAW_SUM, |t| t.sum(Kind::Double).double_value(&[]));
     f
 }
 
@@ -87,9 +98,9 @@ fn every_dtype_round_trips() {
             for dtype in DType::ALL {
                 let kind = kind_of(dtype);
                 let t = sample(kind, &[3, 4]);
-                let back: Tensor =
-                    ferry_rpc::rpc_sync("worker1", "echo", Tensor::from(t.shallow_clone()))
-                        .unwrap();
+                let back: Tensor = ECHO
+                    .rpc_sync("worker1", Tensor::from(t.shallow_clone()))
+                    .unwrap();
                 assert_eq!(back.kind(), kind, "{dtype}");
                 assert_eq!(back.size(), [3, 4], "{dtype}");
                 assert!(bytes_equal(&back, &t), "{dtype} bytes differ");
@@ -97,9 +108,9 @@ fn every_dtype_round_trips() {
             // Empty and scalar tensors.
             for shape in [&[0i64, 5][..], &[][..], &[1][..]] {
                 let t = tch::Tensor::ones(shape, (Kind::Float, Device::Cpu));
-                let back: Tensor =
-                    ferry_rpc::rpc_sync("worker1", "echo", Tensor::from(t.shallow_clone()))
-                        .unwrap();
+                let back: Tensor = ECHO
+                    .rpc_sync("worker1", Tensor::from(t.shallow_clone()))
+                    .unwrap();
                 assert!(same(&back, &t), "shape {shape:?}");
             }
         }
@@ -125,28 +136,28 @@ fn views_arrive_as_the_same_views_and_values_compute() {
                         .expand([3, 5], false),
                 ];
                 for v in views {
-                    let (size, stride, contiguous, _): (Vec<i64>, Vec<i64>, bool, bool) =
-                        ferry_rpc::rpc_sync("worker1", "describe", Tensor::from(v.shallow_clone()))
-                            .unwrap();
+                    let (size, stride, contiguous, _): (Vec<i64>, Vec<i64>, bool, bool) = DESCRIBE
+                        .rpc_sync("worker1", Tensor::from(v.shallow_clone()))
+                        .unwrap();
                     assert_eq!(size, v.size());
                     assert_eq!(stride, v.stride(), "the view keeps its strides");
                     assert_eq!(contiguous, v.is_contiguous());
-                    let back: Tensor =
-                        ferry_rpc::rpc_sync("worker1", "echo", Tensor::from(v.shallow_clone()))
-                            .unwrap();
+                    let back: Tensor = ECHO
+                        .rpc_sync("worker1", Tensor::from(v.shallow_clone()))
+                        .unwrap();
                     assert!(same(&back, &v));
                 }
                 let a = tch::Tensor::randn([8, 8], (Kind::Double, Device::Cpu));
                 let b = tch::Tensor::randn([8, 8], (Kind::Double, Device::Cpu));
-                let sum: Tensor = ferry_rpc::rpc_sync(
-                    "worker1",
-                    "add",
-                    (
-                        Tensor::from(a.shallow_clone()),
-                        Tensor::from(b.shallow_clone()),
-                    ),
-                )
-                .unwrap();
+                let sum: Tensor = ADD
+                    .rpc_sync(
+                        "worker1",
+                        (
+                            Tensor::from(a.shallow_clone()),
+                            Tensor::from(b.shallow_clone()),
+                        ),
+                    )
+                    .unwrap();
                 assert!(same(&sum, &(&a + &b)));
             }
             ferry_rpc::shutdown().unwrap();
@@ -185,7 +196,7 @@ fn many_tensors_in_nested_containers() {
                     (Kind::Half, Device::Cpu),
                 ))),
             };
-            let back: Batch = ferry_rpc::rpc_sync("worker1", "echo_batch", batch.clone()).unwrap();
+            let back: Batch = ECHO_BATCH.rpc_sync("worker1", batch.clone()).unwrap();
             assert_eq!(back.name, "batch");
             assert_eq!(back.inputs.len(), sizes.len());
             for (x, y) in back.inputs.iter().zip(&batch.inputs) {
@@ -206,7 +217,7 @@ fn many_tensors_in_nested_containers() {
                     let t = tch::Tensor::full([i * 1000 + 1], i as f64, (Kind::Float, Device::Cpu));
                     (
                         t.shallow_clone(),
-                        ferry_rpc::rpc_async::<Tensor, _>("worker1", "echo", Tensor::from(t)),
+                        ECHO.rpc_async("worker1", Tensor::from(t)),
                     )
                 })
                 .collect();
@@ -233,27 +244,21 @@ fn other_allocators_and_bad_input() {
         if rank == 0 {
             // Received by another allocator, a Tensor still decodes (one copy).
             let t = tch::Tensor::from_slice(&[1.5f64, 2.5, 3.0]);
-            let sum: f64 = ferry_rpc::rpc_sync("worker1", "raw_sum", Tensor::from(t)).unwrap();
+            let sum: f64 = RAW_SUM.rpc_sync("worker1", Tensor::from(t)).unwrap();
             assert_eq!(sum, 7.0);
-            let back: Tensor = ferry_rpc::rpc_sync(
-                "worker1",
-                "echo",
-                Tensor::from(sample(Kind::Int16, &[2, 3])),
-            )
-            .unwrap();
+            let back: Tensor = ECHO
+                .rpc_sync("worker1", Tensor::from(sample(Kind::Int16, &[2, 3])))
+                .unwrap();
             assert!(same(&back, &sample(Kind::Int16, &[2, 3])));
             // Received tensors do not require grad outside distributed autograd.
             let t = tch::Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
             let (_, _, _, requires_grad): (Vec<i64>, Vec<i64>, bool, bool) =
-                ferry_rpc::rpc_sync("worker1", "describe", Tensor::from(t)).unwrap();
+                DESCRIBE.rpc_sync("worker1", Tensor::from(t)).unwrap();
             assert!(!requires_grad);
             // An undefined tensor is refused with a clear error, before sending.
-            let err = ferry_rpc::rpc_sync::<Tensor, _>(
-                "worker1",
-                "echo",
-                Tensor::from(tch::Tensor::new()),
-            )
-            .unwrap_err();
+            let err = ECHO
+                .rpc_sync("worker1", Tensor::from(tch::Tensor::new()))
+                .unwrap_err();
             assert!(err.to_string().contains("undefined tensor"), "{err}");
             // A quantized tensor is refused, naming its kind.
             let q = tch::Tensor::ones([2], (Kind::Float, Device::Cpu)).quantize_per_tensor(
@@ -261,8 +266,7 @@ fn other_allocators_and_bad_input() {
                 0,
                 Kind::QInt8,
             );
-            let err =
-                ferry_rpc::rpc_sync::<Tensor, _>("worker1", "echo", Tensor::from(q)).unwrap_err();
+            let err = ECHO.rpc_sync("worker1", Tensor::from(q)).unwrap_err();
             assert!(err.to_string().contains("QInt8"), "{err}");
         }
         ferry_rpc::shutdown().unwrap();

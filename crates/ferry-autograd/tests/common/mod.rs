@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferry_autograd::DistAutogradContainer;
-use ferry_rpc::{Functions, RpcOptions};
+use ferry_rpc::{BoxError, Function, Functions, RpcOptions, Schema};
 use ferry_rref::RRef;
 use ferry_tch::Tensor;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ pub(crate) fn name(rank: u32) -> String {
 }
 
 /// A Linear + ReLU layer (the paper's Listing 1 `Layer`), kept on its owner.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, Schema)]
 pub(crate) struct Layer {
     pub(crate) weight: Tensor,
     pub(crate) bias: Tensor,
@@ -41,94 +41,126 @@ impl Layer {
     }
 }
 
+pub(crate) const MY_ADD: Function<(Tensor, Tensor), Tensor> = Function::new("my_add");
+pub(crate) const MUL: Function<(Tensor, Tensor), Tensor> = Function::new("mul");
+pub(crate) const SCALE: Function<(Tensor, f64), Tensor> = Function::new("scale");
+pub(crate) const SIN: Function<Tensor, Tensor> = Function::new("sin");
+/// A 3x3 leaf requiring grad, from a seed.
+pub(crate) const RANDOM_TENSOR: Function<i64, Tensor> = Function::new("random_tensor");
+/// `Layer::new(inputs, outputs, seed)`.
+pub(crate) const LAYER_NEW: Function<(i64, i64, i64), Layer> = Function::new("layer_new");
+/// The layer (owned where it runs) applied to the input's value.
+pub(crate) const LAYER_FORWARD: Function<(RRef<Layer>, RRef<Tensor>), Tensor> =
+    Function::new("layer_forward");
+/// RRefs to the layer's weight and bias, owned where it runs.
+pub(crate) const LAYER_PARAMS: Function<RRef<Layer>, Vec<RRef<Tensor>>> =
+    Function::new("layer_params");
+/// This worker's gradients of the layer in a context (None: no gradient).
+pub(crate) const LAYER_GRADS: Function<(RRef<Layer>, u64), LayerGrads> =
+    Function::new("layer_grads");
+
+/// The gradients of a layer's weight and bias (None: no gradient).
+pub(crate) type LayerGrads = (Option<Tensor>, Option<Tensor>);
+/// The gradient of an RRef's value on its owner, in a context.
+pub(crate) const RREF_GRAD: Function<(RRef<Tensor>, u64), Option<Tensor>> =
+    Function::new("rref_grad");
+/// A detached copy of an RRef's value, on its owner.
+pub(crate) const RREF_VALUE: Function<RRef<Tensor>, Tensor> = Function::new("rref_value");
+/// Uses an RRef owned by a third worker: fetches it (recorded) and multiplies.
+pub(crate) const MUL_BY_RREF: Function<(RRef<Tensor>, Tensor), Tensor> =
+    Function::new("mul_by_rref");
+/// A parameter server: one weight, forward y = x * w.
+pub(crate) const PS_FORWARD: Function<Tensor, Tensor> = Function::new("ps_forward");
+/// The parameter server's gradient of its weight in a context.
+pub(crate) const PS_GRAD: Function<u64, Option<Tensor>> = Function::new("ps_grad");
+/// Keeps its output so that `corrupt` can modify it in place later.
+pub(crate) const SIGMOID_KEPT: Function<Tensor, Tensor> = Function::new("sigmoid_kept");
+/// Forwards `x` along `path` (nested calls in one context), the last hop
+/// running `sigmoid_kept`; each hop scales by one on the way back.
+pub(crate) const CHAIN: Function<(Tensor, Vec<String>), Tensor> = Function::new("chain");
+/// Modifies the output `sigmoid_kept` kept in place.
+pub(crate) const CORRUPT: Function<(), ()> = Function::new("corrupt");
+/// Another call from inside a function (nested RPC in the same context):
+/// `scale` of `x` by `k` on worker `via`.
+pub(crate) const NESTED_SCALE: Function<(Tensor, String, f64), Tensor> =
+    Function::new("nested_scale");
+/// The autograd contexts live on this worker.
+pub(crate) const CONTEXT_IDS: Function<(), Vec<u64>> = Function::new("context_ids");
+/// An integer tensor (not differentiable).
+pub(crate) const INT_TENSOR: Function<(), Tensor> = Function::new("int_tensor");
+
 /// The functions every test worker serves.
 pub(crate) fn functions() -> Functions {
     let mut f = Functions::new();
-    f.register("my_add", |(a, b): (Tensor, Tensor)| Tensor::from(&*a + &*b));
-    f.register("mul", |(a, b): (Tensor, Tensor)| Tensor::from(&*a * &*b));
-    f.register("scale", |(a, k): (Tensor, f64)| Tensor::from(&*a * k));
-    f.register("sin", |a: Tensor| Tensor::from(a.sin()));
-    f.register("random_tensor", |seed: i64| {
+    f.add(MY_ADD, |(a, b)| Tensor::from(&*a + &*b));
+    f.add(MUL, |(a, b)| Tensor::from(&*a * &*b));
+    f.add(SCALE, |(a, k)| Tensor::from(&*a * k));
+    f.add(SIN, |a| Tensor::from(a.sin()));
+    f.add(RANDOM_TENSOR, |seed| {
         tch::manual_seed(seed);
         Tensor::from(tch::Tensor::rand([3, 3], F64).set_requires_grad(true))
     });
-    f.register("layer_new", |(i, o, seed): (i64, i64, i64)| {
-        Layer::new(i, o, seed)
+    f.add(LAYER_NEW, |(i, o, seed)| Layer::new(i, o, seed));
+    f.add_fallible(LAYER_FORWARD, |(layer, x)| -> Result<Tensor, BoxError> {
+        let layer = layer.local_value()?;
+        let x = x.to_here()?;
+        Ok(Tensor::from(layer.forward(&x)))
     });
-    f.register_fallible(
-        "layer_forward",
-        |(layer, x): (RRef<Layer>, RRef<Tensor>)| {
-            let layer = layer.local_value().map_err(|e| e.to_string())?;
-            let x = x.to_here().map_err(|e| e.to_string())?;
-            Ok::<_, String>(Tensor::from(layer.forward(&x)))
-        },
-    );
-    f.register_fallible("layer_params", |layer: RRef<Layer>| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
-        let w = RRef::new(layer.weight.clone()).map_err(|e| e.to_string())?;
-        let b = RRef::new(layer.bias.clone()).map_err(|e| e.to_string())?;
-        Ok::<_, String>(vec![w, b])
+    f.add_fallible(LAYER_PARAMS, |layer| -> Result<_, BoxError> {
+        let layer = layer.local_value()?;
+        let w = RRef::new(layer.weight.clone())?;
+        let b = RRef::new(layer.bias.clone())?;
+        Ok(vec![w, b])
     });
-    // This worker's gradients of the layer in a context (None: no gradient).
-    f.register_fallible("layer_grads", |(layer, ctx): (RRef<Layer>, u64)| {
-        let layer = layer.local_value().map_err(|e| e.to_string())?;
-        let g = ferry_autograd::get_gradients(ctx).map_err(|e| e.to_string())?;
+    f.add_fallible(LAYER_GRADS, |(layer, ctx)| -> Result<_, BoxError> {
+        let layer = layer.local_value()?;
+        let g = ferry_autograd::get_gradients(ctx)?;
         let get = |t: &Tensor| g.get(t).map(|g| Tensor::from(g.shallow_clone()));
-        Ok::<_, String>((get(&layer.weight), get(&layer.bias)))
+        Ok((get(&layer.weight), get(&layer.bias)))
     });
-    // The gradient of an RRef's value on its owner, in a context.
-    f.register_fallible("rref_grad", |(r, ctx): (RRef<Tensor>, u64)| {
-        let v = r.local_value().map_err(|e| e.to_string())?;
-        let g = ferry_autograd::get_gradients(ctx).map_err(|e| e.to_string())?;
-        Ok::<_, String>(g.get(&v).map(|g| Tensor::from(g.shallow_clone())))
+    f.add_fallible(RREF_GRAD, |(r, ctx)| -> Result<_, BoxError> {
+        let v = r.local_value()?;
+        let g = ferry_autograd::get_gradients(ctx)?;
+        Ok(g.get(&v).map(|g| Tensor::from(g.shallow_clone())))
     });
-    f.register_fallible("rref_value", |r: RRef<Tensor>| {
-        let v = r.local_value().map_err(|e| e.to_string())?;
-        Ok::<_, String>(Tensor::from(v.detach().copy()))
+    f.add_fallible(RREF_VALUE, |r| -> Result<_, BoxError> {
+        let v = r.local_value()?;
+        Ok(Tensor::from(v.detach().copy()))
     });
-    // Uses an RRef owned by a third worker: fetches it (recorded) and multiplies.
-    f.register_fallible("mul_by_rref", |(r, x): (RRef<Tensor>, Tensor)| {
-        let w = r.to_here().map_err(|e| e.to_string())?;
-        Ok::<_, String>(Tensor::from(&*w * &*x))
+    f.add_fallible(MUL_BY_RREF, |(r, x)| -> Result<_, BoxError> {
+        let w = r.to_here()?;
+        Ok(Tensor::from(&*w * &*x))
     });
-    // A parameter server: one weight, forward y = x * w, per-context gradient.
-    f.register("ps_forward", |x: Tensor| Tensor::from(&*x * &ps_weight()));
-    f.register_fallible("ps_grad", |ctx: u64| {
-        let g = ferry_autograd::get_gradients(ctx).map_err(|e| e.to_string())?;
+    f.add(PS_FORWARD, |x| Tensor::from(&*x * &ps_weight()));
+    f.add_fallible(PS_GRAD, |ctx| -> Result<_, BoxError> {
+        let g = ferry_autograd::get_gradients(ctx)?;
         let w = ps_weight();
-        Ok::<_, String>(g.get(&w).map(|g| Tensor::from(g.shallow_clone())))
+        Ok(g.get(&w).map(|g| Tensor::from(g.shallow_clone())))
     });
-    // Keeps its output so that `corrupt` can modify it in place later.
-    f.register("sigmoid_kept", |x: Tensor| {
+    f.add(SIGMOID_KEPT, |x| {
         let y = x.sigmoid();
         *KEPT.lock().unwrap() = Some(Tensor::from(y.shallow_clone()));
         Tensor::from(y)
     });
-    // Forwards `x` along `path` (nested calls in one context), the last
-    // hop running `sigmoid_kept`; each hop scales by one on the way back.
-    f.register_fallible("chain", |(x, path): (Tensor, Vec<String>)| {
-        let y: Tensor = match path.as_slice() {
-            [] => return Err("an empty path".to_string()),
-            [last] => ferry_rpc::rpc_sync(last.as_str(), "sigmoid_kept", x),
-            [next, rest @ ..] => ferry_rpc::rpc_sync(next.as_str(), "chain", (x, rest.to_vec())),
-        }
-        .map_err(|e| e.to_string())?;
+    f.add_fallible(CHAIN, |(x, path)| -> Result<_, BoxError> {
+        let y = match path.as_slice() {
+            [] => return Err("an empty path".into()),
+            [last] => SIGMOID_KEPT.rpc_sync(last.as_str(), x),
+            [next, rest @ ..] => CHAIN.rpc_sync(next.as_str(), (x, rest.to_vec())),
+        }?;
         Ok(Tensor::from(&*y * 1.0))
     });
-    f.register("corrupt", |(): ()| {
+    f.add(CORRUPT, |()| {
         if let Some(t) = KEPT.lock().unwrap().take() {
             let mut t = t.into_inner();
             let _ = tch::no_grad(|| t.f_add_scalar_(1.0));
         }
     });
-    // Another call from inside a function (nested RPC in the same context).
-    f.register_fallible("nested_scale", |(x, via, k): (Tensor, String, f64)| {
-        ferry_rpc::rpc_sync::<Tensor, _>(via.as_str(), "scale", (x, k)).map_err(|e| e.to_string())
+    f.add_fallible(NESTED_SCALE, |(x, via, k)| {
+        SCALE.rpc_sync(via.as_str(), (x, k))
     });
-    f.register_fallible("context_ids", |(): ()| {
-        ferry_autograd::context_ids().map_err(|e| e.to_string())
-    });
-    f.register("int_tensor", |(): ()| {
+    f.add_fallible(CONTEXT_IDS, |()| ferry_autograd::context_ids());
+    f.add(INT_TENSOR, |()| {
         Tensor::from(tch::Tensor::arange(3, (Kind::Int64, Device::Cpu)))
     });
     f
