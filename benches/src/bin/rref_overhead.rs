@@ -6,9 +6,9 @@
 //! Two processes on 127.0.0.1; rank 0 = caller `worker0` (owns the tensor),
 //! rank 1 = callee `worker1`. Per size, float32:
 //!
-//! - Tensor: `rpc_sync("worker1", "identity", t)`, which returns `t`;
+//! - Tensor: `IDENTITY.rpc_sync("worker1", t)`, which returns `t`;
 //! - RRef: `rref = RRef::new(t.clone())` on the caller (untimed; the clone
-//!   shares the storage), then `rpc_sync("worker1", "identity_rref", rref)`
+//!   shares the storage), then `IDENTITY_RREF.rpc_sync("worker1", rref)`
 //!   (timed), where the callee fetches the value from its owner (the caller)
 //!   with `to_here` and returns it; then the RRef is dropped.
 //!
