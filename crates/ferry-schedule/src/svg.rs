@@ -70,19 +70,7 @@ pub fn svg(timeline: &Schedule) -> String {
     let grid_h = ranks * CELL_H;
     let height = grid_h + LEGEND_H + 2 * MARGIN + CELL_H;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="monospace" font-size="11">"#
-    );
-    out.push_str(concat!(
-        r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
-        r##"<rect width="6" height="6" fill="#f4f4f4"/><line x1="0" y1="0" x2="0" y2="6" stroke="#d0d0d0" stroke-width="3"/></pattern></defs>"##,
-        "\n"
-    ));
-    let _ = writeln!(
-        out,
-        r#"<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>"#
-    );
+    header(&mut out, width, height);
     // Step numbers across the top.
     for step in (0..steps).step_by(5) {
         let x = MARGIN + LABEL_W + step * CELL_W + CELL_W / 2;
@@ -129,6 +117,25 @@ pub fn svg(timeline: &Schedule) -> String {
     legend(&mut out, top + grid_h + MARGIN);
     out.push_str("</svg>\n");
     out
+}
+
+/// Opens an SVG picture of `width` x `height` on a white page, with the
+/// hatched `bubble` pattern idle time is drawn in (shared by [`svg()`] and
+/// the timed pictures).
+pub(crate) fn header(out: &mut String, width: usize, height: usize) {
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="monospace" font-size="11">"#
+    );
+    out.push_str(concat!(
+        r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
+        r##"<rect width="6" height="6" fill="#f4f4f4"/><line x1="0" y1="0" x2="0" y2="6" stroke="#d0d0d0" stroke-width="3"/></pattern></defs>"##,
+        "\n"
+    ));
+    let _ = writeln!(
+        out,
+        r#"<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>"#
+    );
 }
 
 pub(crate) fn legend(out: &mut String, y: usize) {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::svg::{escape, fill, label, legend};
+use crate::svg::{escape, fill, header, label, legend};
 use crate::timed::TimedRun;
 use crate::trace::colour;
 
@@ -70,19 +70,7 @@ pub fn svg_timed(run: &TimedRun) -> String {
     let height = top + ranks * ROW_H + LEGEND_H + 2 * MARGIN;
     let x_of = |t: f64| MARGIN as f64 + LABEL_W as f64 + t * scale;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="monospace" font-size="11">"#
-    );
-    out.push_str(concat!(
-        r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
-        r##"<rect width="6" height="6" fill="#f4f4f4"/><line x1="0" y1="0" x2="0" y2="6" stroke="#d0d0d0" stroke-width="3"/></pattern></defs>"##,
-        "\n"
-    ));
-    let _ = writeln!(
-        out,
-        r#"<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>"#
-    );
+    header(&mut out, width, height);
     // Time axis: about ten ticks at a round step.
     let tick = tick_step(run.makespan);
     let ticks = if tick > 0.0 {

@@ -1,14 +1,10 @@
 //! The `ferry-schedule` binary, run as a user would.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod support;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry-schedule"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+use std::path::{Path, PathBuf};
+
+use support::{run, stderr, stdout};
 
 fn golden(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -22,14 +18,6 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferry-schedule-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir.join(name)
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

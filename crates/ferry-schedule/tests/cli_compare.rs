@@ -1,21 +1,10 @@
 //! `ferry-schedule compare` and `show --costs`, run as a user would.
 
-use std::process::{Command, Output};
+mod support;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry-schedule"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+use std::process::Output;
 
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use support::{run, stderr, stdout};
 
 #[test]
 fn compare_prints_the_planners_table() {
