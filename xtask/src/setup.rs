@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::steps::{cargo, cmd, root, run, succeeds};
+use crate::steps::{cargo, cmd, free_gib, root, run, succeeds};
 
 /// The torch version the peer benchmarks were measured with.
 pub(crate) const TORCH_VERSION: &str = "2.13.0";
@@ -47,21 +47,46 @@ pub(crate) fn ensure_venv() -> Result<&'static str> {
             .context("could not create .venv (is python3 with the venv module installed?)")?;
     }
     let torch = format!("torch=={TORCH_VERSION}");
-    run(&mut cmd(
-        &py,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            &torch,
-            "numpy",
-        ],
-    ))
-    .context("could not install torch and numpy into .venv")?;
+    pip_install(&py, &[&torch, "numpy"]).context("could not install torch and numpy into .venv")?;
     run(&mut cmd(&py, &["-c", &check]))
         .context(".venv still lacks torch/numpy after pip install")?;
     Ok("installed")
+}
+
+/// About how much disk PyPI's torch (a CUDA build: torch, triton and the
+/// `nvidia-*` wheels) takes while pip installs it without a cache: the
+/// downloaded wheels (3.5 GiB) plus the unpacked `.venv` (4.8 GiB).
+const TORCH_INSTALL_GIB: f64 = 9.0;
+
+/// `pip install --no-cache-dir <packages>` with `.venv`'s python `py`.
+///
+/// No cache: pip would otherwise keep a second copy of every wheel under
+/// `~/.cache/pip`, about 3.5 GiB for torch, which a small CI disk may not
+/// have. A failure names the free disk space, since running out of it is
+/// the usual cause.
+fn pip_install(py: &str, packages: &[&str]) -> Result<()> {
+    let mut args = vec![
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+    ];
+    args.extend_from_slice(packages);
+    let free = free_gib(&root());
+    if let Some(free) = free.filter(|&f| f < TORCH_INSTALL_GIB) {
+        eprintln!(
+            "    warning: {free:.1} GiB free on the disk of {}; torch needs about \
+             {TORCH_INSTALL_GIB} GiB while it installs",
+            root().display()
+        );
+    }
+    run(&mut cmd(py, &args)).with_context(|| match free {
+        Some(free) => format!(
+            "{free:.1} GiB were free before pip started (torch needs about {TORCH_INSTALL_GIB} GiB)"
+        ),
+        None => "the free disk space could not be read".to_owned(),
+    })
 }
 
 /// Points `c` (a cargo command building a libtorch crate) at the `.venv`'s
@@ -129,18 +154,8 @@ pub(crate) fn ensure_torchft() -> Result<&'static str> {
     let torchft = format!("torchft=={TORCHFT_VERSION}");
     // torch is named too, pinned, so the resolver can never move it.
     let torch = format!("torch=={TORCH_VERSION}");
-    run(&mut cmd(
-        &py,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            &torchft,
-            &torch,
-        ],
-    ))
-    .with_context(|| format!("could not install {torchft} into .venv"))?;
+    pip_install(&py, &[&torchft, &torch])
+        .with_context(|| format!("could not install {torchft} into .venv"))?;
     run(&mut cmd(&py, &["-c", &check])).with_context(|| {
         format!(
             ".venv still lacks {torchft} (or its torch is no longer {TORCH_VERSION}) after pip install"

@@ -22,8 +22,38 @@ pub(crate) fn cmd(program: &str, args: &[&str]) -> Command {
 }
 
 /// `cargo` with the given arguments, from the repository root.
+///
+/// Under CI (`CI=true`) incremental compilation is off unless
+/// `CARGO_INCREMENTAL` says otherwise: a CI run builds once from a clean
+/// clone, where incremental data only costs time and disk (it was half of
+/// a long-lived `target/`), and CI machines' disks can be small.
 pub(crate) fn cargo(args: &[&str]) -> Command {
-    cmd("cargo", args)
+    let mut c = cmd("cargo", args);
+    if is_ci() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        c.env("CARGO_INCREMENTAL", "0");
+    }
+    c
+}
+
+/// Whether this is a CI run (`CI=true`).
+pub(crate) fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The free space, in GiB, of the file system holding `path`, as `df` reports
+/// it; `None` where `df` cannot tell.
+pub(crate) fn free_gib(path: &Path) -> Option<f64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    // `df -P`: a header line, then "fs blocks used available capacity mount".
+    let kib: f64 = text
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kib / (1024.0 * 1024.0))
 }
 
 /// Runs `c` with inherited stdio; an error names the command and its exit status.
@@ -113,5 +143,21 @@ impl Steps {
             eprintln!("  {name:<width$}  {:>7.1}s  {word}", took.as_secs_f64());
         }
         eprintln!("  {:<width$}  {:>7.1}s", "total", total.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_gib_reads_the_repository_disk() {
+        let free = free_gib(&root()).expect("df reports the repository's disk");
+        assert!(free.is_finite() && free >= 0.0, "{free}");
+    }
+
+    #[test]
+    fn free_gib_is_none_for_a_missing_path() {
+        assert_eq!(free_gib(Path::new("/no/such/ferry/path")), None);
     }
 }

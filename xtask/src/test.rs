@@ -6,7 +6,7 @@ use crate::setup::{
     ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
     with_libtorch,
 };
-use crate::steps::{cargo, run, Steps};
+use crate::steps::{cargo, is_ci, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -85,7 +85,7 @@ pub(crate) fn main() -> Result<()> {
         )))
     })?;
     if has_cargo_tool("nextest") {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let ci = is_ci();
         let profile = if ci { "ci" } else { "default" };
         steps.step(&format!("tests (nextest, profile {profile})"), || {
             run(&mut cargo(&with(
@@ -145,7 +145,7 @@ pub(crate) fn main() -> Result<()> {
         ))))
     })?;
     if has_cargo_tool("nextest") {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let ci = is_ci();
         let profile = if ci { "ci" } else { "default" };
         steps.step("tests (libtorch crates)", || {
             run(with_libtorch(&mut cargo(&libtorch_args(
