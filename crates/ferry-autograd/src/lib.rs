@@ -127,6 +127,40 @@ pub fn backward(
     engine::backward(&*container()?, context_id, roots, retain_graph)
 }
 
+/// Local gradients of `roots`, seeded with `grad_outputs` (one per root, of
+/// its shape), with respect to `inputs`: libtorch's
+/// `torch.autograd.grad(roots, inputs, grad_outputs, retain_graph=keep_graph)`,
+/// with `None` where an input is not reached. Nothing is accumulated into
+/// `.grad`. This is the per-stage backward a pipeline stage runs on the
+/// gradient it received (`ferry-pipeline`): no autograd context is involved.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+///
+/// let x = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
+/// let y = &x * &x;
+/// let seed = Tensor::from_slice(&[1.0f32, 10.0]);
+/// let grads = ferry_autograd::grad(&[y], &[seed], &[x.shallow_clone()], false)?;
+/// let dx = grads[0].as_ref().expect("x is reached");
+/// assert_eq!(Vec::<f32>::try_from(dx)?, [2.0, 40.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn grad(
+    roots: &[tch::Tensor],
+    grad_outputs: &[tch::Tensor],
+    inputs: &[tch::Tensor],
+    keep_graph: bool,
+) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
+    engine_shim::grad(roots, grad_outputs, inputs, keep_graph).map_err(|message| {
+        AutogradError::Engine {
+            worker: ferry_rpc::Agent::current()
+                .map(|a| a.worker_info().name.clone())
+                .unwrap_or_else(|| "(no worker)".to_owned()),
+            message: error::error_proper(&message),
+        }
+    })
+}
+
 /// The gradients context `context_id` accumulated on this worker.
 pub fn get_gradients(context_id: u64) -> Result<Gradients, AutogradError> {
     Ok(gradients_of(&*container()?.get(context_id)?))

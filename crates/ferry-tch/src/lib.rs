@@ -38,6 +38,7 @@ mod dtype;
 pub mod grad;
 mod outgoing;
 mod tensor;
+pub mod tree;
 
 use std::sync::Arc;
 

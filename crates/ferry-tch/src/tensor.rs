@@ -11,6 +11,7 @@ use crate::alloc::Received;
 use crate::dtype::kind_of;
 use crate::grad::{self, GradMeta};
 use crate::outgoing::Outgoing;
+use crate::tree;
 
 /// A libtorch tensor that can sit anywhere in an RPC argument or result
 /// (a field, a `Vec`, a map value, a tuple, nested). It derefs to
@@ -78,6 +79,10 @@ impl std::fmt::Debug for Tensor {
 
 impl Serialize for Tensor {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Inside `tree::flatten`: only the tensor's index in its list.
+        if let Some(index) = tree::push_flattened(&self.0) {
+            return s.serialize_u32(index);
+        }
         let outgoing = Outgoing::new(&self.0)
             .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
         let meta = if self.0.requires_grad() {
@@ -117,6 +122,13 @@ impl Serialize for Wire {
 
 impl<'de> Deserialize<'de> for Tensor {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Inside `tree::unflatten`: the tensor at the index.
+        if tree::unflattening() {
+            let index = u32::deserialize(d)?;
+            return tree::take_unflattened(index)
+                .map(Tensor)
+                .map_err(serde::de::Error::custom);
+        }
         struct Entry(tch::Tensor);
         impl<'de> Deserialize<'de> for Entry {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
