@@ -1,0 +1,623 @@
+//! A rank of a pipeline on its worker: its stages, its lowered action list,
+//! and the loop that runs the list once per step.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_rpc::{Agent, RpcFuture};
+use ferry_schedule::{Action, ActionKind};
+use ferry_tch::tree::{self, Flat};
+use ferry_tch::Tensor;
+use parking_lot::Mutex;
+
+use crate::erased::ErasedLoss;
+use crate::mailbox::{Direction, Key, Mailbox, WaitError};
+use crate::protocol::{ActionSpan, Deliver, Packet, RunStep, StepFailure, StepReply, DELIVER};
+use crate::slot::{Saved, StageSlot};
+
+/// A value waiting for one of this rank's stages.
+pub(crate) enum Delivery {
+    /// An activation: the flattened value.
+    Activation(Vec<u8>, Vec<tch::Tensor>),
+    /// Gradients for the tensors of an activation this stage sent.
+    Grads(Vec<Option<tch::Tensor>>),
+}
+
+/// One rank of one pipeline.
+pub(crate) struct RankActor {
+    pub pipeline: u64,
+    pub rank: usize,
+    pub worker: String,
+    pub stage_workers: Vec<String>,
+    pub program: Vec<Action>,
+    pub microbatches: usize,
+    pub loss: Option<Arc<dyn ErasedLoss>>,
+    pub scale_grads: bool,
+    pub slots: Mutex<BTreeMap<usize, StageSlot>>,
+    /// The stages in `slots` (fixed at creation; read without the lock,
+    /// which a running step holds during compute).
+    pub local_stages: Vec<usize>,
+    pub mailbox: Mailbox<Delivery>,
+}
+
+/// A failure inside a step, before it is named for the driver.
+struct Failed {
+    action: Action,
+    message: String,
+}
+
+/// What one step carries from action to action.
+struct StepRun<'a> {
+    agent: &'a Agent,
+    step: u64,
+    train: bool,
+    limit: Duration,
+    inputs: Vec<Option<tch::Tensor>>,
+    targets: Vec<Option<tch::Tensor>>,
+    /// Values made by a compute action and sent by a later SEND action.
+    outbox: HashMap<(usize, Direction, usize), Deliver>,
+    sends: Vec<(Action, RpcFuture<Result<(), String>>)>,
+    losses: Vec<(u32, f64)>,
+    outputs: Vec<(u32, Packet)>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl RankActor {
+    fn last_stage(&self) -> usize {
+        self.stage_workers.len() - 1
+    }
+
+    fn is_local(&self, stage: usize) -> bool {
+        self.local_stages.contains(&stage)
+    }
+
+    /// Runs the rank's actions for one step.
+    pub(crate) fn run_step(
+        &self,
+        agent: &Agent,
+        request: RunStep,
+    ) -> Result<StepReply, StepFailure> {
+        let step = request.step;
+        let span =
+            tracing::debug_span!("pipeline step", worker = %self.worker, rank = self.rank, step);
+        let _span = span.enter();
+        if let Some(reason) = self.mailbox.aborted(step) {
+            return Err(StepFailure::Aborted {
+                worker: self.worker.clone(),
+                reason,
+            });
+        }
+        let mut run = StepRun {
+            agent,
+            step,
+            train: request.train,
+            limit: agent.rpc_timeout(),
+            inputs: request
+                .inputs
+                .into_iter()
+                .map(|t| Some(t.into_inner()))
+                .collect(),
+            targets: request
+                .targets
+                .into_iter()
+                .map(|t| Some(t.into_inner()))
+                .collect(),
+            outbox: HashMap::new(),
+            sends: Vec::new(),
+            losses: Vec::new(),
+            outputs: Vec::new(),
+        };
+        let mut spans = Vec::new();
+        let result = (|| -> Result<(), Failed> {
+            for (index, action) in self.program.iter().enumerate() {
+                if !run.train && !runs_in_eval(action) {
+                    continue;
+                }
+                let start = now_ns();
+                self.execute(&mut run, action)?;
+                if request.trace {
+                    spans.push(ActionSpan {
+                        index: index as u32,
+                        start_ns: start,
+                        end_ns: now_ns(),
+                    });
+                }
+            }
+            for (action, send) in std::mem::take(&mut run.sends) {
+                let delivered = send.wait().map_err(|e| e.to_string()).and_then(|r| r);
+                delivered.map_err(|message| Failed {
+                    action,
+                    message: format!("the send was not delivered: {message}"),
+                })?;
+            }
+            Ok(())
+        })();
+        // Whatever happened, nothing of this step stays behind.
+        let mut slots = self.slots.lock();
+        for slot in slots.values_mut() {
+            slot.saved.clear();
+            slot.backwards = 0;
+        }
+        drop(slots);
+        match result {
+            Ok(()) => {
+                self.mailbox.finish(step);
+                Ok(StepReply {
+                    losses: run.losses,
+                    outputs: run.outputs,
+                    spans,
+                })
+            }
+            Err(failed) => {
+                self.mailbox.abort(step, &failed.message);
+                if let Some(reason) = self.mailbox_abort_reason(step, &failed) {
+                    return Err(StepFailure::Aborted {
+                        worker: self.worker.clone(),
+                        reason,
+                    });
+                }
+                tracing::warn!(action = %failed.action, error = %failed.message, "pipeline step failed");
+                Err(StepFailure::Stage {
+                    stage: failed.action.stage() as u32,
+                    worker: self.worker.clone(),
+                    action: failed.action.to_string(),
+                    microbatch: failed.action.microbatch().map(|m| m as u32),
+                    message: failed.message,
+                })
+            }
+        }
+    }
+
+    /// The abort reason, when the failure is only that the step was aborted
+    /// from elsewhere.
+    fn mailbox_abort_reason(&self, step: u64, failed: &Failed) -> Option<String> {
+        let reason = self.mailbox.aborted(step)?;
+        failed.message.starts_with(ABORTED).then_some(reason)
+    }
+
+    fn execute(&self, run: &mut StepRun<'_>, action: &Action) -> Result<(), Failed> {
+        let fail = |message: String| Failed {
+            action: action.clone(),
+            message,
+        };
+        let stage = action.stage();
+        let mb = action.microbatch();
+        match action.kind() {
+            ActionKind::OverlapFB => {
+                for sub in action.sub_actions() {
+                    if run.train || runs_in_eval(sub) {
+                        self.execute(run, sub)?;
+                    }
+                }
+                Ok(())
+            }
+            ActionKind::Forward => self.forward(run, stage, mb.unwrap_or(0)).map_err(fail),
+            ActionKind::FullBackward => self
+                .backward(run, stage, mb.unwrap_or(0), Part::Full)
+                .map_err(fail),
+            ActionKind::BackwardInput => self
+                .backward(run, stage, mb.unwrap_or(0), Part::Input)
+                .map_err(fail),
+            ActionKind::BackwardWeight => self
+                .backward(run, stage, mb.unwrap_or(0), Part::Weight)
+                .map_err(fail),
+            ActionKind::SendF | ActionKind::SendB => {
+                let (direction, to) = if action.kind() == ActionKind::SendF {
+                    (Direction::Forward, stage + 1)
+                } else {
+                    (Direction::Backward, stage.wrapping_sub(1))
+                };
+                let mb = mb.unwrap_or(0);
+                let message = run
+                    .outbox
+                    .remove(&(stage, direction, mb))
+                    .ok_or_else(|| fail(format!("nothing to send: the compute action for microbatch {mb} has not run on this rank")))?;
+                let worker = self
+                    .stage_workers
+                    .get(to)
+                    .ok_or_else(|| fail(format!("there is no stage {to} to send to")))?;
+                let send = DELIVER.rpc_async_with(run.agent, worker.as_str(), message, run.limit);
+                run.sends.push((action.clone(), send));
+                Ok(())
+            }
+            // Receives are posted from the start: values wait in the
+            // mailbox and the compute action takes its own.
+            ActionKind::RecvF | ActionKind::RecvB => Ok(()),
+            // No sharding and no data parallelism inside a pipeline.
+            ActionKind::Unshard | ActionKind::Reshard | ActionKind::ReduceGrad => Ok(()),
+        }
+    }
+
+    /// Takes the value `key` names, waiting for it.
+    fn receive(&self, run: &StepRun<'_>, key: Key) -> Result<Delivery, String> {
+        self.mailbox.take(key, run.limit).map_err(|e| match e {
+            WaitError::Aborted(reason) => format!("{ABORTED}{reason}"),
+            WaitError::TimedOut(limit) => format!(
+                "no {} for microbatch {} arrived from stage {} (worker {}) within {limit:?}",
+                match key.direction {
+                    Direction::Forward => "activation",
+                    Direction::Backward => "gradient",
+                },
+                key.microbatch,
+                match key.direction {
+                    Direction::Forward => key.stage.wrapping_sub(1),
+                    Direction::Backward => key.stage + 1,
+                },
+                match key.direction {
+                    Direction::Forward => self.stage_workers.get(key.stage.wrapping_sub(1)),
+                    Direction::Backward => self.stage_workers.get(key.stage + 1),
+                }
+                .map(String::as_str)
+                .unwrap_or("?"),
+            ),
+        })
+    }
+
+    fn forward(&self, run: &mut StepRun<'_>, stage: usize, mb: usize) -> Result<(), String> {
+        let (bytes, tensors) = if stage == 0 {
+            let input = run
+                .inputs
+                .get_mut(mb)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    format!(
+                        "no input for microbatch {mb} (this rank got {} microbatches)",
+                        run.inputs.len()
+                    )
+                })?;
+            let flat = tree::flatten(&Tensor::from(input)).map_err(|e| e.to_string())?;
+            (flat.bytes, flat.tensors)
+        } else {
+            let key = Key {
+                step: run.step,
+                stage,
+                direction: Direction::Forward,
+                microbatch: mb,
+            };
+            match self.receive(run, key)? {
+                Delivery::Activation(bytes, tensors) => (bytes, tensors),
+                Delivery::Grads(_) => {
+                    return Err("a gradient arrived where an activation was expected".into())
+                }
+            }
+        };
+        let mut saved = Saved::default();
+        let tensors: Vec<tch::Tensor> = if run.train && stage > 0 {
+            tensors
+                .into_iter()
+                .map(|t| {
+                    if t.is_floating_point() {
+                        let leaf = t.set_requires_grad(true);
+                        saved.leaves.push(Some(leaf.shallow_clone()));
+                        leaf
+                    } else {
+                        saved.leaves.push(None);
+                        t
+                    }
+                })
+                .collect()
+        } else {
+            tensors
+        };
+        let mut slots = self.slots.lock();
+        let slot = slots
+            .get_mut(&stage)
+            .ok_or_else(|| format!("stage {stage} is not on this rank"))?;
+        let output: Flat = if run.train {
+            slot.stage.forward(&bytes, tensors)
+        } else {
+            tch::no_grad(|| slot.stage.forward(&bytes, tensors))
+        }
+        .map_err(|e| format!("forward failed: {}", ferry_rpc::error_text(&*e)))?;
+        let last = stage == self.last_stage();
+        if last {
+            if run.train {
+                let loss_fn = self
+                    .loss
+                    .as_ref()
+                    .ok_or("the last stage has no loss function")?;
+                let target = run
+                    .targets
+                    .get_mut(mb)
+                    .and_then(Option::take)
+                    .ok_or_else(|| format!("no target for microbatch {mb}"))?;
+                let loss = loss_fn
+                    .loss(&output.bytes, output.tensors, Tensor::from(target))
+                    .map_err(|e| format!("the loss failed: {}", ferry_rpc::error_text(&*e)))?;
+                if loss.numel() != 1 {
+                    return Err(format!(
+                        "the loss must be a single number, not a tensor of shape {:?}",
+                        loss.size()
+                    ));
+                }
+                run.losses.push((mb as u32, loss.double_value(&[])));
+                saved.seeds = Some(vec![loss.ones_like()]);
+                saved.roots = vec![loss];
+                saved.root_positions = vec![0];
+                slot.saved.insert(mb, saved);
+            } else {
+                run.outputs.push((mb as u32, Packet::detached(&output)));
+            }
+            return Ok(());
+        }
+        if run.train {
+            for (position, t) in output.tensors.iter().enumerate() {
+                if t.requires_grad() {
+                    saved.roots.push(t.shallow_clone());
+                    saved.root_positions.push(position);
+                }
+            }
+            slot.saved.insert(mb, saved);
+        }
+        drop(slots);
+        let packet = Packet::detached(&output);
+        if self.is_local(stage + 1) {
+            // Same worker: handed over in memory.
+            let (bytes, tensors) = packet.into_parts();
+            self.put_local(
+                run.step,
+                stage + 1,
+                Direction::Forward,
+                mb,
+                Delivery::Activation(bytes, tensors),
+            )
+        } else {
+            run.outbox.insert(
+                (stage, Direction::Forward, mb),
+                Deliver {
+                    pipeline: self.pipeline,
+                    step: run.step,
+                    stage: (stage + 1) as u32,
+                    forward: true,
+                    microbatch: mb as u32,
+                    activation: Some(packet),
+                    grads: Vec::new(),
+                },
+            );
+            Ok(())
+        }
+    }
+
+    fn put_local(
+        &self,
+        step: u64,
+        stage: usize,
+        direction: Direction,
+        mb: usize,
+        value: Delivery,
+    ) -> Result<(), String> {
+        let key = Key {
+            step,
+            stage,
+            direction,
+            microbatch: mb,
+        };
+        self.mailbox
+            .put(key, value)
+            .map(|_| ())
+            .map_err(|_| format!("microbatch {mb} was handed to stage {stage} twice"))
+    }
+
+    fn backward(
+        &self,
+        run: &mut StepRun<'_>,
+        stage: usize,
+        mb: usize,
+        part: Part,
+    ) -> Result<(), String> {
+        let last = stage == self.last_stage();
+        // The gradients of this stage's outputs.
+        let needs_seeds = {
+            let slots = self.slots.lock();
+            let slot = slots
+                .get(&stage)
+                .ok_or_else(|| format!("stage {stage} is not on this rank"))?;
+            let saved = slot
+                .saved
+                .get(&mb)
+                .ok_or_else(|| format!("microbatch {mb} has no forward state on stage {stage} (F did not run, or its backward already did)"))?;
+            saved.seeds.is_none()
+        };
+        let received = if needs_seeds && !last {
+            let key = Key {
+                step: run.step,
+                stage,
+                direction: Direction::Backward,
+                microbatch: mb,
+            };
+            match self.receive(run, key)? {
+                Delivery::Grads(grads) => Some(grads),
+                Delivery::Activation(..) => {
+                    return Err("an activation arrived where a gradient was expected".into())
+                }
+            }
+        } else {
+            None
+        };
+        let mut slots = self.slots.lock();
+        let slot = slots
+            .get_mut(&stage)
+            .ok_or_else(|| format!("stage {stage} is not on this rank"))?;
+        let mut saved = slot.saved.remove(&mb).ok_or("forward state vanished")?;
+        if let Some(grads) = received {
+            // Keep the roots whose output got a gradient.
+            let mut roots = Vec::new();
+            let mut seeds = Vec::new();
+            for (root, &position) in saved.roots.iter().zip(&saved.root_positions) {
+                match grads.get(position) {
+                    Some(Some(g)) => {
+                        roots.push(root.shallow_clone());
+                        seeds.push(g.shallow_clone());
+                    }
+                    Some(None) => {}
+                    None => {
+                        return Err(format!(
+                            "{} gradients arrived for an output of {} tensors",
+                            grads.len(),
+                            saved.root_positions.len()
+                        ))
+                    }
+                }
+            }
+            saved.roots = roots;
+            saved.seeds = Some(seeds);
+        }
+        let seeds: Vec<tch::Tensor> = saved
+            .seeds
+            .as_ref()
+            .map(|s| s.iter().map(|t| t.shallow_clone()).collect())
+            .unwrap_or_default();
+        let leaves: Vec<tch::Tensor> = saved
+            .leaves
+            .iter()
+            .flatten()
+            .map(|t| t.shallow_clone())
+            .collect();
+        let (want_inputs, want_params, keep) = match part {
+            Part::Full => (true, true, false),
+            Part::Input => (true, false, true),
+            Part::Weight => (false, true, false),
+        };
+        let want_inputs = want_inputs && stage > 0 && !leaves.is_empty();
+        let mut inputs: Vec<tch::Tensor> = Vec::new();
+        if want_inputs {
+            inputs.extend(leaves.iter().map(|t| t.shallow_clone()));
+        }
+        if want_params {
+            inputs.extend(slot.params.iter().map(|t| t.shallow_clone()));
+        }
+        let grads = if saved.roots.is_empty() || inputs.is_empty() {
+            (0..inputs.len()).map(|_| None).collect()
+        } else {
+            ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep)
+                .map_err(|e| format!("backward failed: {e}"))?
+        };
+        let mut grads = grads.into_iter();
+        let input_grads: Vec<Option<tch::Tensor>> = if want_inputs {
+            // Back in the order the tensors arrived, `None` where no leaf.
+            let mut per_leaf = grads.by_ref().take(leaves.len());
+            saved
+                .leaves
+                .iter()
+                .map(|leaf| leaf.as_ref().and_then(|_| per_leaf.next().flatten()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if want_params {
+            slot.accumulate(grads)
+                .map_err(|e| format!("cannot accumulate gradients: {e}"))?;
+            slot.backwards += 1;
+            if slot.backwards == self.microbatches && self.scale_grads {
+                slot.scale(self.microbatches as f64)
+                    .map_err(|e| format!("cannot scale gradients: {e}"))?;
+            }
+        } else {
+            // I: the graph stays for W.
+            saved.leaves.clear();
+            slot.saved.insert(mb, saved);
+        }
+        drop(slots);
+        if matches!(part, Part::Weight) || stage == 0 {
+            return Ok(());
+        }
+        let grads = if want_inputs {
+            input_grads
+        } else {
+            // No input gradient: the previous stage's outputs get none.
+            Vec::new()
+        };
+        if self.is_local(stage - 1) {
+            self.put_local(
+                run.step,
+                stage - 1,
+                Direction::Backward,
+                mb,
+                Delivery::Grads(grads),
+            )
+        } else {
+            run.outbox.insert(
+                (stage, Direction::Backward, mb),
+                Deliver {
+                    pipeline: self.pipeline,
+                    step: run.step,
+                    stage: (stage - 1) as u32,
+                    forward: false,
+                    microbatch: mb as u32,
+                    activation: None,
+                    grads: grads.into_iter().map(|g| g.map(Tensor::from)).collect(),
+                },
+            );
+            Ok(())
+        }
+    }
+
+    /// Takes a value another worker sent.
+    pub(crate) fn deliver(&self, message: Deliver) -> Result<(), String> {
+        let direction = if message.forward {
+            Direction::Forward
+        } else {
+            Direction::Backward
+        };
+        let stage = message.stage as usize;
+        if !self.is_local(stage) {
+            return Err(format!("stage {stage} is not on worker {}", self.worker));
+        }
+        let value = match (direction, message.activation) {
+            (Direction::Forward, Some(packet)) => {
+                let (bytes, tensors) = packet.into_parts();
+                Delivery::Activation(bytes, tensors)
+            }
+            (Direction::Forward, None) => return Err("an activation without a value".into()),
+            (Direction::Backward, _) => Delivery::Grads(
+                message
+                    .grads
+                    .into_iter()
+                    .map(|g| g.map(Tensor::into_inner))
+                    .collect(),
+            ),
+        };
+        let key = Key {
+            step: message.step,
+            stage,
+            direction,
+            microbatch: message.microbatch as usize,
+        };
+        self.mailbox.put(key, value).map(|_| ()).map_err(|_| {
+            format!(
+                "a second {direction:?} value for stage {stage}, microbatch {} of step {}",
+                message.microbatch, message.step
+            )
+        })
+    }
+}
+
+/// Which part of a backward an action runs.
+#[derive(Clone, Copy)]
+enum Part {
+    /// B: input and weight gradients.
+    Full,
+    /// I: input gradients, keeping the graph for W.
+    Input,
+    /// W: weight gradients.
+    Weight,
+}
+
+/// The prefix of a failure that is only an abort from elsewhere.
+const ABORTED: &str = "aborted: ";
+
+/// Whether `action` runs when evaluating (forward only).
+fn runs_in_eval(action: &Action) -> bool {
+    match action.kind() {
+        ActionKind::Forward | ActionKind::SendF | ActionKind::RecvF => true,
+        ActionKind::OverlapFB => action.sub_actions().iter().any(runs_in_eval),
+        _ => false,
+    }
+}

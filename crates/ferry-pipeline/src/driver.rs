@@ -1,0 +1,573 @@
+//! The driver's side: declaring a pipeline, building its stages on their
+//! workers, and running training and evaluation steps.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ferry_autograd::optim::OptimizerKind;
+use ferry_rpc::{Agent, RpcError, WorkerRef};
+use ferry_schedule::Schedule;
+use ferry_tch::tree::{self, Flat, TreeError};
+use ferry_tch::Tensor;
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::PipelineError;
+use crate::plan::{plan, Plan, ScheduleSpec};
+use crate::protocol::{
+    Abort, Control, CreateRank, Packet, RunStep, StageInit, StepFailure, StepReply, ABORT, CONTROL,
+    CREATE, RUN_STEP, TENSORS,
+};
+use crate::stage::{LossFn, Stage, StageFn};
+use crate::timeline::Timeline;
+
+/// Declares a pipeline, stage by stage; [`build`](Self::build) creates it.
+///
+/// `O` is the output type of the last stage declared so far, so a stage
+/// whose input does not match the previous stage's output, or a loss that
+/// does not take the last output, does not compile.
+pub struct PipelineBuilder<O> {
+    stages: Vec<(WorkerRef, &'static str, Result<Flat, TreeError>)>,
+    schedule: ScheduleSpec,
+    microbatches: usize,
+    loss: Option<&'static str>,
+    scale_grads: bool,
+    optimizer: Option<OptimizerKind>,
+    timeout: Option<Duration>,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl<O> PipelineBuilder<O> {
+    /// Adds the next stage, built on `worker` by the constructor `stage`
+    /// registered there, from `args`.
+    pub fn stage<A, S>(
+        self,
+        worker: impl Into<WorkerRef>,
+        stage: StageFn<A, S>,
+        args: A,
+    ) -> PipelineBuilder<S::Output>
+    where
+        A: Serialize,
+        S: Stage<Input = O>,
+    {
+        let mut stages = self.stages;
+        stages.push((worker.into(), stage.name(), tree::flatten(&args)));
+        PipelineBuilder {
+            stages,
+            schedule: self.schedule,
+            microbatches: self.microbatches,
+            loss: self.loss,
+            scale_grads: self.scale_grads,
+            optimizer: self.optimizer,
+            timeout: self.timeout,
+            _output: PhantomData,
+        }
+    }
+
+    /// The schedule: a [`ScheduleKind`](ferry_schedule::ScheduleKind) or a
+    /// [`ScheduleSpec::Custom`] one (default: GPipe).
+    pub fn schedule(mut self, schedule: impl Into<ScheduleSpec>) -> Self {
+        self.schedule = schedule.into();
+        self
+    }
+
+    /// How many microbatches a batch splits into (default 1).
+    pub fn microbatches(mut self, microbatches: usize) -> Self {
+        self.microbatches = microbatches;
+        self
+    }
+
+    /// The loss function, registered on the last stage's worker.
+    pub fn loss(mut self, loss: LossFn<O>) -> Self {
+        self.loss = Some(loss.name());
+        self
+    }
+
+    /// PyTorch's `scale_grads` (default `true`): divide each stage's
+    /// accumulated gradients by the microbatch count once, after its last
+    /// backward, so that a mean loss per microbatch gives the gradients of
+    /// the mean loss over the batch. Turn it off for a sum loss.
+    pub fn scale_grads(mut self, scale: bool) -> Self {
+        self.scale_grads = scale;
+        self
+    }
+
+    /// An optimizer per stage, on the stage's worker, stepped by
+    /// [`Pipeline::optimizer_step`].
+    pub fn optimizer(mut self, kind: OptimizerKind) -> Self {
+        self.optimizer = Some(kind);
+        self
+    }
+
+    /// The time limit of one step and of every wait inside it (default: the
+    /// agent's RPC timeout).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Checks the declaration and the schedule, then builds every stage on
+    /// its worker. Nothing is built when a check fails.
+    pub fn build(self) -> Result<Pipeline<O>, PipelineError>
+    where
+        O: DeserializeOwned,
+    {
+        let agent = ferry_rpc::agent()?;
+        if agent.layer::<crate::PipelineHost>().is_none() {
+            return Err(PipelineError::Config(
+                "the pipeline layer is not installed on this worker: start it with ferry::init_rpc \
+                 (which installs every layer), or call ferry_pipeline::install(&mut options, stages) \
+                 before ferry_rpc::init_rpc"
+                    .into(),
+            ));
+        }
+        let loss = self.loss.ok_or_else(|| {
+            PipelineError::Config("no loss function: call PipelineBuilder::loss".into())
+        })?;
+        let mut workers = Vec::new();
+        let mut inits = Vec::new();
+        for (index, (worker, constructor, args)) in self.stages.into_iter().enumerate() {
+            workers.push(agent.get_worker_info(worker)?.name);
+            let args =
+                args.map_err(|e| PipelineError::Config(format!("stage {index}: arguments: {e}")))?;
+            inits.push(Some((constructor, args)));
+        }
+        let plan = plan(&workers, &self.schedule, self.microbatches)?;
+        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+        let optimizer = match &self.optimizer {
+            Some(kind) => Some(
+                postcard::to_stdvec(kind)
+                    .map_err(|e| PipelineError::Config(format!("optimizer: {e}")))?,
+            ),
+            None => None,
+        };
+        let id = pipeline_id(&agent);
+        let last = workers.len() - 1;
+        let creates: Vec<_> = (0..plan.ranks.len())
+            .map(|rank| {
+                let stages = plan
+                    .stages_of(rank)
+                    .into_iter()
+                    .filter_map(|stage| {
+                        let (constructor, args) = inits[stage].take()?;
+                        Some(StageInit {
+                            stage: stage as u32,
+                            constructor: constructor.to_owned(),
+                            args: Packet {
+                                bytes: args.bytes,
+                                tensors: args.tensors.into_iter().map(Tensor::from).collect(),
+                            },
+                        })
+                    })
+                    .collect();
+                let request = CreateRank {
+                    pipeline: id,
+                    rank: rank as u32,
+                    stage_workers: workers.clone(),
+                    stages,
+                    program: plan.program(rank).iter().map(ToString::to_string).collect(),
+                    microbatches: self.microbatches as u32,
+                    loss: (plan.stage_to_rank[last] == rank).then(|| loss.to_owned()),
+                    scale_grads: self.scale_grads,
+                    optimizer: optimizer.clone(),
+                };
+                CREATE.rpc_async_with(&agent, plan.ranks[rank].as_str(), request, timeout)
+            })
+            .collect();
+        let pipeline = Pipeline {
+            agent,
+            id,
+            plan,
+            microbatches: self.microbatches,
+            next_step: 1,
+            trace: false,
+            timeout,
+            _output: PhantomData,
+        };
+        let mut first_error = None;
+        for (rank, create) in creates.into_iter().enumerate() {
+            let result = match create.wait() {
+                Ok(Ok(())) => continue,
+                Ok(Err(message)) => PipelineError::Config(format!(
+                    "worker {}: {message}",
+                    pipeline.plan.ranks[rank]
+                )),
+                Err(source) => pipeline.worker_error(rank, source),
+            };
+            first_error.get_or_insert(result);
+        }
+        match first_error {
+            // Dropping `pipeline` destroys the ranks that were built.
+            Some(e) => Err(e),
+            None => Ok(pipeline),
+        }
+    }
+}
+
+/// A unique id per pipeline: the driver's rank and a counter.
+fn pipeline_id(agent: &Agent) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    (u64::from(agent.worker_info().id) << 40) | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What a training step returns.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// The loss of every microbatch, in microbatch order.
+    pub losses: Vec<f64>,
+    /// When tracing ([`Pipeline::set_trace`]): the measured start and end of
+    /// every action on every rank.
+    pub timeline: Option<Timeline>,
+}
+
+/// A pipeline built on its workers, driven from this one. Dropping it drops
+/// its stages on their workers.
+pub struct Pipeline<O> {
+    agent: Agent,
+    id: u64,
+    plan: Plan,
+    microbatches: usize,
+    next_step: u64,
+    trace: bool,
+    timeout: Duration,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl Pipeline<()> {
+    /// Starts declaring a pipeline whose first stage takes a microbatch of
+    /// the batch (a [`Tensor`]).
+    pub fn builder() -> PipelineBuilder<Tensor> {
+        PipelineBuilder {
+            stages: Vec::new(),
+            schedule: ScheduleSpec::Kind(ferry_schedule::ScheduleKind::GPipe),
+            microbatches: 1,
+            loss: None,
+            scale_grads: true,
+            optimizer: None,
+            timeout: None,
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<O: DeserializeOwned> Pipeline<O> {
+    /// The lowered schedule the ranks run (one action list per rank).
+    pub fn schedule(&self) -> &Schedule {
+        &self.plan.lowered
+    }
+
+    /// The worker of every rank.
+    pub fn workers(&self) -> &[String] {
+        &self.plan.ranks
+    }
+
+    /// The rank of every stage.
+    pub fn stage_to_rank(&self) -> &[usize] {
+        &self.plan.stage_to_rank
+    }
+
+    /// Records the timeline of every step from now on (`true`) or not.
+    pub fn set_trace(&mut self, trace: bool) {
+        self.trace = trace;
+    }
+
+    fn worker_error(&self, rank: usize, source: RpcError) -> PipelineError {
+        PipelineError::Worker {
+            worker: self.plan.ranks[rank].clone(),
+            stages: self.plan.stages_of(rank),
+            source,
+        }
+    }
+
+    /// Splits `batch` into the microbatches along dimension 0.
+    fn split(&self, batch: &tch::Tensor, what: &'static str) -> Result<Vec<Tensor>, PipelineError> {
+        let m = self.microbatches;
+        let size = batch.size();
+        let rows = size.first().copied().unwrap_or(0);
+        if size.is_empty() || rows % m as i64 != 0 || rows == 0 {
+            return Err(PipelineError::Split {
+                batch: rows,
+                microbatches: m,
+                what,
+            });
+        }
+        Ok(batch
+            .chunk(m as i64, 0)
+            .into_iter()
+            .map(Tensor::from)
+            .collect())
+    }
+
+    /// One training step: the batch split into the microbatches, forward
+    /// and backward through the schedule, gradients accumulated on every
+    /// stage. Returns the loss of every microbatch.
+    pub fn step(
+        &mut self,
+        inputs: &tch::Tensor,
+        targets: &tch::Tensor,
+    ) -> Result<StepOutput, PipelineError> {
+        let inputs = self.split(inputs, ", the inputs")?;
+        let targets = self.split(targets, ", the targets")?;
+        let replies = self.run(true, inputs, targets)?;
+        let mut losses = vec![f64::NAN; self.microbatches];
+        for (mb, loss) in replies.iter().flat_map(|r| &r.losses) {
+            if let Some(slot) = losses.get_mut(*mb as usize) {
+                *slot = *loss;
+            }
+        }
+        let timeline = self
+            .trace
+            .then(|| Timeline::new(&self.plan.lowered, &replies));
+        Ok(StepOutput { losses, timeline })
+    }
+
+    /// Forward only, without gradients: the last stage's output for every
+    /// microbatch, in order.
+    pub fn eval(&mut self, inputs: &tch::Tensor) -> Result<Vec<O>, PipelineError> {
+        let inputs = self.split(inputs, ", the inputs")?;
+        let replies = self.run(false, inputs, Vec::new())?;
+        let mut outputs: Vec<(u32, Packet)> = replies.into_iter().flat_map(|r| r.outputs).collect();
+        outputs.sort_by_key(|(mb, _)| *mb);
+        outputs
+            .into_iter()
+            .map(|(_, packet)| {
+                let (bytes, tensors) = packet.into_parts();
+                Ok(tree::unflatten(&bytes, tensors)?)
+            })
+            .collect()
+    }
+
+    /// Runs one step on every rank, and on the first failure aborts it on
+    /// all of them.
+    fn run(
+        &mut self,
+        train: bool,
+        inputs: Vec<Tensor>,
+        targets: Vec<Tensor>,
+    ) -> Result<Vec<StepReply>, PipelineError> {
+        let step = self.next_step;
+        self.next_step += 1;
+        let first = self.plan.stage_to_rank[0];
+        let last = self.plan.stage_to_rank[self.plan.stage_to_rank.len() - 1];
+        let mut inputs = Some(inputs);
+        let mut targets = Some(targets);
+        let mut calls: FuturesUnordered<_> = (0..self.plan.ranks.len())
+            .map(|rank| {
+                let request = RunStep {
+                    pipeline: self.id,
+                    step,
+                    train,
+                    inputs: if rank == first {
+                        inputs.take().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    },
+                    targets: if rank == last {
+                        targets.take().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    },
+                    trace: self.trace,
+                };
+                let call = RUN_STEP.rpc_async_with(
+                    &self.agent,
+                    self.plan.ranks[rank].as_str(),
+                    request,
+                    self.timeout,
+                );
+                async move { (rank, call.await) }
+            })
+            .collect();
+        let mut replies: Vec<Option<StepReply>> =
+            (0..self.plan.ranks.len()).map(|_| None).collect();
+        let mut failure: Option<PipelineError> = None;
+        let mut aborted = false;
+        futures::executor::block_on(async {
+            while let Some((rank, result)) = calls.next().await {
+                let error = match result {
+                    Ok(Ok(reply)) => {
+                        replies[rank] = Some(reply);
+                        continue;
+                    }
+                    Ok(Err(failure)) => failure_error(failure, step),
+                    Err(source) => self.worker_error(rank, source),
+                };
+                if !aborted {
+                    aborted = true;
+                    self.abort(step, &error.to_string());
+                }
+                // The root cause wins over the aborts it caused.
+                let replace = match (&failure, &error) {
+                    (None, _) => true,
+                    (Some(PipelineError::Aborted { .. }), e) => {
+                        !matches!(e, PipelineError::Aborted { .. })
+                    }
+                    _ => false,
+                };
+                if replace {
+                    failure = Some(error);
+                }
+            }
+        });
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(replies.into_iter().flatten().collect()),
+        }
+    }
+
+    /// Tells every rank to stop `step`.
+    fn abort(&self, step: u64, reason: &str) {
+        for worker in &self.plan.ranks {
+            // Best effort: a rank that cannot be reached stops at its own
+            // time limit.
+            drop(ABORT.rpc_async_with(
+                &self.agent,
+                worker.as_str(),
+                Abort {
+                    pipeline: self.id,
+                    step,
+                    reason: reason.to_owned(),
+                },
+                self.timeout,
+            ));
+        }
+    }
+
+    fn control(&self, control: Control) -> Result<(), PipelineError> {
+        let calls: Vec<_> = self
+            .plan
+            .ranks
+            .iter()
+            .map(|w| {
+                CONTROL.rpc_async_with(&self.agent, w.as_str(), (self.id, control), self.timeout)
+            })
+            .collect();
+        for (rank, call) in calls.into_iter().enumerate() {
+            match call.wait() {
+                Ok(Ok(())) => {}
+                Ok(Err(message)) => {
+                    return Err(PipelineError::Config(format!(
+                        "worker {}: {message}",
+                        self.plan.ranks[rank]
+                    )))
+                }
+                Err(source) => return Err(self.worker_error(rank, source)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps every stage's optimizer with the gradients accumulated since
+    /// the last [`zero_grad`](Self::zero_grad).
+    pub fn optimizer_step(&self) -> Result<(), PipelineError> {
+        self.control(Control::OptimizerStep)
+    }
+
+    /// Drops every stage's accumulated gradients.
+    pub fn zero_grad(&self) -> Result<(), PipelineError> {
+        self.control(Control::ZeroGrad)
+    }
+
+    fn tensors(&self, grads: bool) -> Result<Vec<Vec<Option<tch::Tensor>>>, PipelineError> {
+        let mut per_stage: Vec<Vec<Option<tch::Tensor>>> = (0..self.plan.stage_to_rank.len())
+            .map(|_| Vec::new())
+            .collect();
+        let calls: Vec<_> = self
+            .plan
+            .ranks
+            .iter()
+            .map(|w| {
+                TENSORS.rpc_async_with(&self.agent, w.as_str(), (self.id, grads), self.timeout)
+            })
+            .collect();
+        for (rank, call) in calls.into_iter().enumerate() {
+            let list = match call.wait() {
+                Ok(Ok(list)) => list,
+                Ok(Err(message)) => {
+                    return Err(PipelineError::Config(format!(
+                        "worker {}: {message}",
+                        self.plan.ranks[rank]
+                    )))
+                }
+                Err(source) => return Err(self.worker_error(rank, source)),
+            };
+            for (stage, tensors) in list {
+                if let Some(slot) = per_stage.get_mut(stage as usize) {
+                    *slot = tensors
+                        .into_iter()
+                        .map(|t| t.map(Tensor::into_inner))
+                        .collect();
+                }
+            }
+        }
+        Ok(per_stage)
+    }
+
+    /// A copy of every stage's parameters (those that require grad), per
+    /// stage.
+    pub fn parameters(&self) -> Result<Vec<Vec<tch::Tensor>>, PipelineError> {
+        Ok(self
+            .tensors(false)?
+            .into_iter()
+            .map(|list| list.into_iter().flatten().collect())
+            .collect())
+    }
+
+    /// A copy of every stage's accumulated gradients, per stage and
+    /// parameter (`None`: no gradient yet).
+    pub fn gradients(&self) -> Result<Vec<Vec<Option<tch::Tensor>>>, PipelineError> {
+        self.tensors(true)
+    }
+}
+
+/// The driver's error for a rank's failure.
+fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
+    match failure {
+        StepFailure::Stage {
+            stage,
+            worker,
+            action,
+            microbatch,
+            message,
+        } => PipelineError::Stage {
+            stage: stage as usize,
+            worker,
+            action,
+            microbatch: microbatch.map(|m| m as usize),
+            message,
+        },
+        StepFailure::Aborted { worker, reason } => PipelineError::Aborted {
+            worker,
+            step,
+            reason,
+        },
+        StepFailure::UnknownPipeline { worker } => PipelineError::UnknownPipeline {
+            worker,
+            pipeline: 0,
+        },
+    }
+}
+
+impl<O> Drop for Pipeline<O> {
+    fn drop(&mut self) {
+        let calls: Vec<_> = self
+            .plan
+            .ranks
+            .iter()
+            .map(|w| {
+                CONTROL.rpc_async_with(
+                    &self.agent,
+                    w.as_str(),
+                    (self.id, Control::Destroy),
+                    self.timeout,
+                )
+            })
+            .collect();
+        for call in calls {
+            // A worker that is gone has nothing left to drop.
+            let _ = call.wait();
+        }
+    }
+}

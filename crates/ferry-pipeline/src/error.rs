@@ -1,0 +1,105 @@
+//! What can go wrong building or running a pipeline.
+
+use ferry_schedule::{DeadlockError, GenerateError, LowerError, PlacementError, ValidationError};
+
+/// An error of the pipeline runtime. Errors raised while a step runs name
+/// the stage, the worker, the action and the microbatch.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The pipeline was declared wrongly (stages, workers, microbatches).
+    #[error("invalid pipeline: {0}")]
+    Config(String),
+    /// The schedule could not be generated for this shape.
+    #[error("cannot generate the schedule: {0}")]
+    Generate(#[from] GenerateError),
+    /// The stages cannot be placed on the ranks as the schedule asks.
+    #[error("cannot place the stages: {0}")]
+    Placement(#[from] PlacementError),
+    /// The schedule is not valid for this many microbatches.
+    #[error("the schedule is not valid: {0}")]
+    Invalid(#[from] ValidationError),
+    /// Lowering (adding sends and receives) failed.
+    #[error("cannot lower the schedule: {0}")]
+    Lower(#[from] LowerError),
+    /// The lowered schedule would deadlock; nothing was run.
+    #[error("the schedule would deadlock: {0}")]
+    Deadlock(#[from] DeadlockError),
+    /// A batch that does not split into the microbatches.
+    #[error("cannot split a batch of {batch} along dimension 0 into {microbatches} equal microbatches{what}")]
+    Split {
+        /// The batch size (dimension 0).
+        batch: i64,
+        /// The microbatch count.
+        microbatches: usize,
+        /// Which tensor (", the inputs" / ", the targets").
+        what: &'static str,
+    },
+    /// A stage constructor or loss function is not registered on the worker.
+    #[error("worker {worker} has no {what} registered as {name:?} (register it with ferry_pipeline::Stages before init_rpc)")]
+    NotRegistered {
+        /// The worker.
+        worker: String,
+        /// "stage constructor" or "loss function".
+        what: &'static str,
+        /// The name asked for.
+        name: String,
+    },
+    /// An action failed on a stage.
+    #[error("stage {stage} on worker {worker} failed at action {action}{mb}: {message}", mb = microbatch.map(|m| format!(" (microbatch {m})")).unwrap_or_default())]
+    Stage {
+        /// The stage.
+        stage: usize,
+        /// Its worker.
+        worker: String,
+        /// The action, in PyTorch's text form.
+        action: String,
+        /// The microbatch, where the action has one.
+        microbatch: Option<usize>,
+        /// What went wrong.
+        message: String,
+    },
+    /// The step was stopped because another stage or worker failed.
+    #[error("step {step} was aborted on worker {worker}: {reason}")]
+    Aborted {
+        /// The worker.
+        worker: String,
+        /// The step number.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A worker of the pipeline could not be reached or did not answer.
+    #[error("worker {worker} (ranks' stages {stages:?}) failed: {source}")]
+    Worker {
+        /// The worker.
+        worker: String,
+        /// The stages it holds.
+        stages: Vec<usize>,
+        /// The RPC error.
+        #[source]
+        source: ferry_rpc::RpcError,
+    },
+    /// A worker does not know the pipeline (dropped, or never built there).
+    #[error("worker {worker} has no pipeline {pipeline:#x}")]
+    UnknownPipeline {
+        /// The worker.
+        worker: String,
+        /// The pipeline id.
+        pipeline: u64,
+    },
+    /// RPC itself failed (no agent, ...).
+    #[error(transparent)]
+    Rpc(#[from] ferry_rpc::RpcError),
+    /// A value could not be flattened into tensors or rebuilt.
+    #[error("{0}")]
+    Tree(#[from] ferry_tch::tree::TreeError),
+    /// The optimizer could not be built or stepped.
+    #[error("optimizer on stage {stage}: {source}")]
+    Optimizer {
+        /// The stage.
+        stage: usize,
+        /// The optimizer's error.
+        #[source]
+        source: ferry_autograd::optim::OptimError,
+    },
+}

@@ -1,0 +1,175 @@
+//! The remote functions between the driver and the stage workers, and
+//! between stage workers, with their messages.
+
+use ferry_rpc::{Function, Schema};
+use ferry_tch::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// A flattened value on the wire: its tensors travel over Ferry's channels
+/// (the tensor table), the rest as bytes.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct Packet {
+    /// `ferry_tch::tree::flatten`'s bytes.
+    pub bytes: Vec<u8>,
+    /// Its tensors.
+    pub tensors: Vec<Tensor>,
+}
+
+impl Packet {
+    /// Packs a flattened value, its tensors detached from their graphs.
+    pub(crate) fn detached(flat: &ferry_tch::tree::Flat) -> Packet {
+        Packet {
+            bytes: flat.bytes.clone(),
+            tensors: flat
+                .tensors
+                .iter()
+                .map(|t| Tensor::from(t.detach()))
+                .collect(),
+        }
+    }
+
+    /// The tensors as libtorch tensors.
+    pub(crate) fn into_parts(self) -> (Vec<u8>, Vec<tch::Tensor>) {
+        (
+            self.bytes,
+            self.tensors.into_iter().map(Tensor::into_inner).collect(),
+        )
+    }
+}
+
+/// One stage to build on a rank.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct StageInit {
+    /// Its index in the pipeline.
+    pub stage: u32,
+    /// The registered constructor.
+    pub constructor: String,
+    /// Its flattened arguments.
+    pub args: Packet,
+}
+
+/// Builds one rank of a pipeline on its worker.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct CreateRank {
+    pub pipeline: u64,
+    pub rank: u32,
+    /// The worker of every stage.
+    pub stage_workers: Vec<String>,
+    /// This rank's stages.
+    pub stages: Vec<StageInit>,
+    /// This rank's lowered actions, in PyTorch's text form.
+    pub program: Vec<String>,
+    pub microbatches: u32,
+    /// The loss, when this rank holds the last stage.
+    pub loss: Option<String>,
+    pub scale_grads: bool,
+    /// The optimizer (postcard of `OptimizerKind`), one per stage.
+    pub optimizer: Option<Vec<u8>>,
+}
+
+/// Runs one step on a rank.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct RunStep {
+    pub pipeline: u64,
+    pub step: u64,
+    /// Forward and backward (`true`), or forward only without gradients.
+    pub train: bool,
+    /// The microbatches, when this rank holds stage 0.
+    pub inputs: Vec<Tensor>,
+    /// The targets' microbatches, when this rank holds the last stage.
+    pub targets: Vec<Tensor>,
+    /// Whether to return the timeline of the rank's actions.
+    pub trace: bool,
+}
+
+/// The start and end of one action, in nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct ActionSpan {
+    /// The action's position in the rank's program.
+    pub index: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// A rank's result of a step.
+#[derive(Debug, Default, Serialize, Deserialize, Schema)]
+pub(crate) struct StepReply {
+    /// (microbatch, loss), when the rank holds the last stage and trains.
+    pub losses: Vec<(u32, f64)>,
+    /// (microbatch, output), when the rank holds the last stage and evaluates.
+    pub outputs: Vec<(u32, Packet)>,
+    /// The action timeline, when asked for.
+    pub spans: Vec<ActionSpan>,
+}
+
+/// Why a rank's step failed, as it travels back to the driver.
+#[derive(Debug, Clone, Serialize, Deserialize, Schema)]
+pub(crate) enum StepFailure {
+    /// An action failed.
+    Stage {
+        stage: u32,
+        worker: String,
+        action: String,
+        microbatch: Option<u32>,
+        message: String,
+    },
+    /// Stopped because of another failure.
+    Aborted { worker: String, reason: String },
+    /// No such pipeline on the worker.
+    UnknownPipeline { worker: String },
+}
+
+/// A value for a stage on another worker.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct Deliver {
+    pub pipeline: u64,
+    pub step: u64,
+    /// The stage it is for.
+    pub stage: u32,
+    /// `true`: an activation (forward); `false`: gradients (backward).
+    pub forward: bool,
+    pub microbatch: u32,
+    /// An activation's flattened value.
+    pub activation: Option<Packet>,
+    /// Gradients, one per tensor of the activation that went forward
+    /// (`None`: that tensor gets no gradient).
+    pub grads: Vec<Option<Tensor>>,
+}
+
+/// Stops a step on a rank.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct Abort {
+    pub pipeline: u64,
+    pub step: u64,
+    pub reason: String,
+}
+
+/// What the driver asks of a rank between steps.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Schema)]
+pub(crate) enum Control {
+    /// Step every stage's optimizer with its accumulated gradients.
+    OptimizerStep,
+    /// Drop the accumulated gradients.
+    ZeroGrad,
+    /// Drop the rank.
+    Destroy,
+}
+
+/// Builds a rank; errors come back as text with the stage named.
+pub(crate) const CREATE: Function<CreateRank, Result<(), String>> =
+    Function::new("ferry_pipeline::create");
+/// Runs a step on a rank.
+pub(crate) const RUN_STEP: Function<RunStep, Result<StepReply, StepFailure>> =
+    Function::new("ferry_pipeline::run_step");
+/// Delivers a value to a stage.
+pub(crate) const DELIVER: Function<Deliver, Result<(), String>> =
+    Function::new("ferry_pipeline::deliver");
+/// Aborts a step.
+pub(crate) const ABORT: Function<Abort, ()> = Function::new("ferry_pipeline::abort");
+/// Optimizer step, zero grad, destroy.
+pub(crate) const CONTROL: Function<(u64, Control), Result<(), String>> =
+    Function::new("ferry_pipeline::control");
+/// The parameters (or, with `true`, the accumulated gradients) of a rank's
+/// stages: (stage, tensors), undefined tensors standing for "no gradient".
+pub(crate) const TENSORS: Function<(u64, bool), Result<Vec<(u32, Vec<Option<Tensor>>)>, String>> =
+    Function::new("ferry_pipeline::tensors");

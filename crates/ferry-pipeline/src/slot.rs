@@ -1,0 +1,95 @@
+//! One stage on its worker: the module, its parameters and accumulated
+//! gradients, its optimizer, and what each microbatch keeps between its
+//! forward and its backward.
+
+use std::collections::HashMap;
+
+use ferry_autograd::optim::LocalOptimizer;
+
+use crate::erased::ErasedStage;
+
+/// What a microbatch keeps from its forward for its backward.
+#[derive(Default)]
+pub(crate) struct Saved {
+    /// The stage's received input tensors made leaves that require grad
+    /// (`None` for the ones that cannot carry gradients), in the order they
+    /// arrived.
+    pub leaves: Vec<Option<tch::Tensor>>,
+    /// What backward starts from: the loss on the last stage, else the
+    /// output tensors that require grad.
+    pub roots: Vec<tch::Tensor>,
+    /// For each root, its position among the output's tensors (the order
+    /// the next stage's gradients come in).
+    pub root_positions: Vec<usize>,
+    /// The gradients of the roots, once known (kept from I for W).
+    pub seeds: Option<Vec<tch::Tensor>>,
+}
+
+/// A stage living on this worker.
+pub(crate) struct StageSlot {
+    pub stage: Box<dyn ErasedStage>,
+    /// Its parameters that require grad.
+    pub params: Vec<tch::Tensor>,
+    /// Their accumulated gradients.
+    pub grads: Vec<Option<tch::Tensor>>,
+    pub optimizer: Option<LocalOptimizer>,
+    /// Per microbatch, between forward and backward.
+    pub saved: HashMap<usize, Saved>,
+    /// Microbatches whose weight gradients are in, this step.
+    pub backwards: usize,
+}
+
+impl StageSlot {
+    pub(crate) fn new(stage: Box<dyn ErasedStage>) -> Self {
+        let params: Vec<tch::Tensor> = stage
+            .parameters()
+            .into_iter()
+            .filter(|p| p.requires_grad())
+            .collect();
+        let grads = (0..params.len()).map(|_| None).collect();
+        StageSlot {
+            stage,
+            params,
+            grads,
+            optimizer: None,
+            saved: HashMap::new(),
+            backwards: 0,
+        }
+    }
+
+    /// Adds `grads` (one per parameter) to the accumulated gradients.
+    pub(crate) fn accumulate(
+        &mut self,
+        grads: impl IntoIterator<Item = Option<tch::Tensor>>,
+    ) -> Result<(), tch::TchError> {
+        let _no_grad = tch::no_grad_guard();
+        for (acc, g) in self.grads.iter_mut().zip(grads) {
+            let Some(g) = g else { continue };
+            match acc {
+                Some(acc) => {
+                    let _ = acc.f_add_(&g)?;
+                }
+                None => *acc = Some(g),
+            }
+        }
+        Ok(())
+    }
+
+    /// Divides the accumulated gradients by `factor` (PyTorch's
+    /// `scale_grads`, once after the stage's last backward of a step).
+    pub(crate) fn scale(&mut self, factor: f64) -> Result<(), tch::TchError> {
+        let _no_grad = tch::no_grad_guard();
+        for g in self.grads.iter_mut().flatten() {
+            let _ = g.f_div_scalar_(factor)?;
+        }
+        Ok(())
+    }
+
+    /// Steps the optimizer with the accumulated gradients.
+    pub(crate) fn optimizer_step(&mut self) -> Result<(), ferry_autograd::optim::OptimError> {
+        if let Some(optimizer) = &mut self.optimizer {
+            optimizer.step(&self.grads)?;
+        }
+        Ok(())
+    }
+}
