@@ -60,6 +60,9 @@ struct StepRun<'a> {
     sends: Vec<(Action, RpcFuture<Result<(), String>>)>,
     losses: Vec<(u32, f64)>,
     outputs: Vec<(u32, Packet)>,
+    /// When the running compute action got its input (its span starts
+    /// there: the wait before is idle time, not compute).
+    computing_since: Option<u64>,
 }
 
 fn now_ns() -> u64 {
@@ -113,6 +116,7 @@ impl RankActor {
             sends: Vec::new(),
             losses: Vec::new(),
             outputs: Vec::new(),
+            computing_since: None,
         };
         let mut spans = Vec::new();
         let result = (|| -> Result<(), Failed> {
@@ -122,6 +126,7 @@ impl RankActor {
                 }
                 let start = now_ns();
                 self.execute(&mut run, action)?;
+                let start = run.computing_since.take().unwrap_or(start);
                 if request.trace {
                     spans.push(ActionSpan {
                         index: index as u32,
@@ -288,6 +293,7 @@ impl RankActor {
                 }
             }
         };
+        run.computing_since.get_or_insert_with(now_ns);
         let mut saved = Saved::default();
         let tensors: Vec<tch::Tensor> = if run.train && stage > 0 {
             tensors
@@ -441,6 +447,7 @@ impl RankActor {
         } else {
             None
         };
+        run.computing_since.get_or_insert_with(now_ns);
         let mut slots = self.slots.lock();
         let slot = slots
             .get_mut(&stage)

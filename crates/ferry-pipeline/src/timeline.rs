@@ -2,8 +2,10 @@
 //! started and ended, as a `ferry-schedule` [`TimedRun`] so that it draws
 //! (SVG, Chrome trace) like the simulator's prediction.
 
+use std::collections::BTreeMap;
+
 use ferry_schedule::timed::{RankStats, Span, TimedRun};
-use ferry_schedule::{ActionKind, Schedule};
+use ferry_schedule::{simulate_timed, ActionKind, Costs, Schedule, StageCosts, TimedError};
 
 use crate::protocol::StepReply;
 
@@ -87,6 +89,60 @@ impl Timeline {
                 makespan,
             },
         }
+    }
+
+    /// The per-stage costs of this step (ms): the median duration of each
+    /// stage's F, B, I and W actions. Links cost nothing, so simulating
+    /// these costs gives what the step would take with free communication
+    /// and no runtime overhead. (A compute action's measured span includes
+    /// any wait for its input, which the median mostly leaves out.)
+    pub fn measured_costs(&self) -> Costs {
+        let mut per_stage: BTreeMap<usize, [Vec<f64>; 4]> = BTreeMap::new();
+        for (_, action, start, end) in self.run.actions() {
+            if action.is_compound() {
+                continue;
+            }
+            let slot = match action.kind() {
+                ActionKind::Forward => 0,
+                ActionKind::FullBackward => 1,
+                ActionKind::BackwardInput => 2,
+                ActionKind::BackwardWeight => 3,
+                _ => continue,
+            };
+            per_stage.entry(action.stage()).or_default()[slot].push(end - start);
+        }
+        let median = |v: &mut Vec<f64>| -> Option<f64> {
+            if v.is_empty() {
+                return None;
+            }
+            v.sort_by(f64::total_cmp);
+            Some(v[v.len() / 2])
+        };
+        let mut costs = Costs::uniform(0.0, 0.0, 0.0, 0.0);
+        for (stage, mut lists) in per_stage {
+            let forward = median(&mut lists[0]).unwrap_or(0.0);
+            let input = median(&mut lists[2]);
+            let weight = median(&mut lists[3]);
+            let backward =
+                median(&mut lists[1]).unwrap_or(input.unwrap_or(0.0) + weight.unwrap_or(0.0));
+            costs.stage_overrides.insert(
+                stage,
+                StageCosts {
+                    forward,
+                    backward,
+                    backward_input: input.unwrap_or(backward / 2.0),
+                    backward_weight: weight.unwrap_or(backward / 2.0),
+                },
+            );
+        }
+        costs
+    }
+
+    /// The duration-aware simulation of this step's schedule with its own
+    /// [`measured_costs`](Self::measured_costs): what the step would take
+    /// with no overhead beyond the compute.
+    pub fn simulated(&self, stage_to_rank: &[usize]) -> Result<TimedRun, TimedError> {
+        simulate_timed(&self.run.schedule, stage_to_rank, &self.measured_costs())
     }
 
     /// The measured step as a `ferry-schedule` timed run (time unit: ms).
