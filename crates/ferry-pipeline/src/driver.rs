@@ -571,3 +571,14 @@ impl<O> Drop for Pipeline<O> {
         }
     }
 }
+
+impl<O> std::fmt::Debug for Pipeline<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("id", &format_args!("{:#x}", self.id))
+            .field("workers", &self.plan.ranks)
+            .field("stage_to_rank", &self.plan.stage_to_rank)
+            .field("microbatches", &self.microbatches)
+            .finish_non_exhaustive()
+    }
+}

@@ -74,7 +74,9 @@ impl Stage for Block {
         let n = self.forwards;
         self.forwards += 1;
         if self.args.exit_at_forward == Some(n) {
-            std::process::exit(3);
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
         }
         if self.args.fail_at_forward == Some(n) {
             return Err(format!("injected failure at forward {n}").into());
