@@ -277,7 +277,7 @@ impl<O: DeserializeOwned> Pipeline<O> {
         PipelineError::Worker {
             worker: self.plan.ranks[rank].clone(),
             stages: self.plan.stages_of(rank),
-            source,
+            source: Box::new(source),
         }
     }
 

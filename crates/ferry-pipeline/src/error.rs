@@ -77,7 +77,7 @@ pub enum PipelineError {
         stages: Vec<usize>,
         /// The RPC error.
         #[source]
-        source: ferry_rpc::RpcError,
+        source: Box<ferry_rpc::RpcError>,
     },
     /// A worker does not know the pipeline (dropped, or never built there).
     #[error("worker {worker} has no pipeline {pipeline:#x}")]
@@ -87,9 +87,9 @@ pub enum PipelineError {
         /// The pipeline id.
         pipeline: u64,
     },
-    /// RPC itself failed (no agent, ...).
+    /// RPC itself failed (no agent, an unknown worker, ...).
     #[error(transparent)]
-    Rpc(#[from] ferry_rpc::RpcError),
+    Rpc(Box<ferry_rpc::RpcError>),
     /// A value could not be flattened into tensors or rebuilt.
     #[error("{0}")]
     Tree(#[from] ferry_tch::tree::TreeError),
@@ -102,4 +102,10 @@ pub enum PipelineError {
         #[source]
         source: ferry_autograd::optim::OptimError,
     },
+}
+
+impl From<ferry_rpc::RpcError> for PipelineError {
+    fn from(e: ferry_rpc::RpcError) -> Self {
+        PipelineError::Rpc(Box::new(e))
+    }
 }

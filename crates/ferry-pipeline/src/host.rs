@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 
 use crate::actor::RankActor;
 use crate::protocol::{
-    Abort, Control, CreateRank, RunStep, StepFailure, StepReply, ABORT, CONTROL, CREATE, DELIVER,
-    RUN_STEP, TENSORS,
+    Abort, Control, CreateRank, RunStep, StageTensors, StepFailure, StepReply, ABORT, CONTROL,
+    CREATE, DELIVER, RUN_STEP, TENSORS,
 };
 use crate::slot::StageSlot;
 use crate::stage::Stages;
@@ -139,11 +139,7 @@ impl PipelineHost {
         Ok(())
     }
 
-    fn tensors(
-        &self,
-        pipeline: u64,
-        grads: bool,
-    ) -> Result<Vec<(u32, Vec<Option<Tensor>>)>, String> {
+    fn tensors(&self, pipeline: u64, grads: bool) -> Result<StageTensors, String> {
         let actor = self
             .rank(pipeline)
             .ok_or_else(|| format!("no pipeline {pipeline:#x} here"))?;

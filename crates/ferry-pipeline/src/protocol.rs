@@ -155,6 +155,9 @@ pub(crate) enum Control {
     Destroy,
 }
 
+/// Tensors per stage: (stage, one per parameter; `None`: no gradient).
+pub(crate) type StageTensors = Vec<(u32, Vec<Option<Tensor>>)>;
+
 /// Builds a rank; errors come back as text with the stage named.
 pub(crate) const CREATE: Function<CreateRank, Result<(), String>> =
     Function::new("ferry_pipeline::create");
@@ -171,5 +174,5 @@ pub(crate) const CONTROL: Function<(u64, Control), Result<(), String>> =
     Function::new("ferry_pipeline::control");
 /// The parameters (or, with `true`, the accumulated gradients) of a rank's
 /// stages: (stage, tensors), undefined tensors standing for "no gradient".
-pub(crate) const TENSORS: Function<(u64, bool), Result<Vec<(u32, Vec<Option<Tensor>>)>, String>> =
+pub(crate) const TENSORS: Function<(u64, bool), Result<StageTensors, String>> =
     Function::new("ferry_pipeline::tensors");
