@@ -5,19 +5,90 @@
 // Tensors cross as `at::Tensor*`, the representation tch uses; returned
 // tensors are heap-allocated for tch to own and free.
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
 
 namespace {
 char* error_text(const char* what) {
   size_t n = std::strlen(what);
   char* out = static_cast<char*>(std::malloc(n + 1));
   if (out != nullptr) std::memcpy(out, what, n + 1);
+  return out;
+}
+using torch::autograd::Edge;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+// A counted pointer to a node (std::shared_ptr or c10::intrusive_ptr,
+// depending on the libtorch release).
+using NodePtr = decltype(Edge{}.function);
+
+// Keeps a copy of the gradients flowing into a node.
+struct Capture : torch::autograd::FunctionPreHook {
+  explicit Capture(variable_list* out) : out(out) {}
+  variable_list operator()(const variable_list& grads) override {
+    *out = grads;
+    return grads;
+  }
+  variable_list* out;
+};
+
+// What the input half of a split backward keeps for the weight half: the
+// nodes that feed the parameters directly ("weight nodes") and the
+// gradients that flowed into each of them.
+struct Split {
+  std::vector<NodePtr> nodes;
+  std::vector<variable_list> grads;
+  // The input pass's nodes, whose edges the weight pass cuts. Only
+  // compared as addresses: the capture's nodes keep them alive.
+  std::unordered_set<Node*> input_path;
+};
+
+// All nodes reachable from `roots`.
+std::vector<Node*> reachable(const std::vector<at::Tensor>& roots) {
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> order, stack;
+  for (const auto& r : roots)
+    if (r.defined() && r.grad_fn() && seen.insert(r.grad_fn().get()).second)
+      stack.push_back(r.grad_fn().get());
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    order.push_back(node);
+    for (const auto& e : node->next_edges())
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+  }
+  return order;
+}
+
+// Of `nodes`, those from which one of `targets` can be reached.
+std::unordered_set<Node*> leading_to(const std::vector<Node*>& nodes,
+                                     const std::unordered_set<Node*>& targets) {
+  std::unordered_map<Node*, bool> memo;
+  std::function<bool(Node*)> leads = [&](Node* n) -> bool {
+    if (targets.count(n)) return true;
+    auto it = memo.find(n);
+    if (it != memo.end()) return it->second;
+    memo[n] = false;  // cycles cannot happen; this only stops re-entry
+    bool any = false;
+    for (const auto& e : n->next_edges())
+      if (e.function && leads(e.function.get())) any = true;
+    memo[n] = any;
+    return any;
+  };
+  std::unordered_set<Node*> out;
+  for (Node* n : nodes)
+    if (leads(n)) out.insert(n);
   return out;
 }
 }  // namespace
@@ -103,4 +174,152 @@ char* ferry_leaves(const at::Tensor* const* roots, int n, void* state,
     return error_text("unknown C++ exception in ferry_leaves");
   }
 }
+
+// The input half of a split backward (zero-bubble schedules' I): writes to
+// `outputs` the gradients of `roots` (seeded with `grad_outputs`) with
+// respect to `inputs`, keeping the graph, and captures what the weight
+// half needs to compute the gradients of `params` without going through
+// the input path again, as PyTorch's `stage_backward_input` does. `*split`
+// gets the capture, or nullptr when some parameter is fed by a node the
+// input pass does not run (the weight half must then start again from the
+// roots). Returns nullptr, or an error text.
+char* ferry_backward_input(const at::Tensor* const* roots, const at::Tensor* const* grad_outputs,
+                           int n, const at::Tensor* const* inputs, int ninputs,
+                           const at::Tensor* const* params, int nparams, at::Tensor** outputs,
+                           void** split) {
+  *split = nullptr;
+  std::vector<std::pair<NodePtr, torch::autograd::FunctionPreHook*>> hooked;
+  auto unhook = [&]() {
+    for (auto& [node, hook] : hooked) {
+      auto& hooks = node->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it)
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+    }
+    hooked.clear();
+  };
+  auto state = std::make_unique<Split>();
+  try {
+    std::vector<at::Tensor> r, g, in;
+    for (int i = 0; i < n; ++i) {
+      r.push_back(*roots[i]);
+      g.push_back(*grad_outputs[i]);
+    }
+    for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
+    auto nodes = reachable(r);
+    // The accumulators of the parameters and of the inputs.
+    std::unordered_set<Node*> param_acc, input_acc;
+    for (int i = 0; i < nparams; ++i) {
+      auto edge = torch::autograd::impl::gradient_edge(*params[i]);
+      if (edge.function) param_acc.insert(edge.function.get());
+    }
+    for (const auto& t : in) {
+      auto edge = torch::autograd::impl::gradient_edge(t);
+      if (edge.function) input_acc.insert(edge.function.get());
+    }
+    // The input pass runs exactly the nodes that lead to an input (Q).
+    auto on_input_path = leading_to(nodes, input_acc);
+    auto to_params = leading_to(nodes, param_acc);
+    // Capture nodes: on the input path, with an edge leaving it towards a
+    // parameter. Once a path leaves Q it never comes back (a node leading
+    // back would lead to an input), so every parameter gradient flows out
+    // of Q through these edges, unless a root outside Q reaches a
+    // parameter, or a parameter is itself a root or an input.
+    bool capturable = true;
+    std::vector<Node*> weight_nodes;
+    for (Node* node : nodes) {
+      if (!on_input_path.count(node)) continue;
+      for (const auto& e : node->next_edges())
+        if (e.function && !on_input_path.count(e.function.get()) &&
+            (param_acc.count(e.function.get()) || to_params.count(e.function.get()))) {
+          weight_nodes.push_back(node);
+          break;
+        }
+    }
+    for (const auto& root : r) {
+      Node* fn = root.grad_fn().get();
+      if (fn == nullptr && param_acc.count(torch::autograd::impl::gradient_edge(root).function.get()))
+        capturable = false;
+      if (fn != nullptr && !on_input_path.count(fn) && (to_params.count(fn) || param_acc.count(fn)))
+        capturable = false;
+    }
+    for (Node* acc : param_acc)
+      if (input_acc.count(acc)) capturable = false;
+    if (weight_nodes.empty()) capturable = false;
+    if (capturable) {
+      state->input_path = on_input_path;
+      state->grads.resize(weight_nodes.size());
+      for (size_t i = 0; i < weight_nodes.size(); ++i) {
+        NodePtr node = weight_nodes[i]->getptr();
+        auto hook = std::make_unique<Capture>(&state->grads[i]);
+        hooked.emplace_back(node, hook.get());
+        node->add_pre_hook(std::move(hook));
+        state->nodes.push_back(node);
+      }
+    }
+    auto res = torch::autograd::grad(r, in, g, /*retain_graph=*/true, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+    unhook();
+    for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
+    if (capturable) *split = state.release();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    unhook();
+    return error_text(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    unhook();
+    return error_text(e.what());
+  } catch (...) {
+    unhook();
+    return error_text("unknown C++ exception in ferry_backward_input");
+  }
+}
+
+// The weight half (W) from a capture of ferry_backward_input: writes the
+// gradients of `params` to `outputs` (undefined where unreached) and frees
+// the capture. The weight nodes run only their parameter outputs: their
+// edges towards the input path are cut, since the captured gradients
+// already hold everything that flowed in (the graph is released here).
+char* ferry_backward_weight(void* split, const at::Tensor* const* params, int nparams,
+                            at::Tensor** outputs) {
+  std::unique_ptr<Split> state(static_cast<Split*>(split));
+  try {
+    torch::autograd::edge_list outs;
+    for (int i = 0; i < nparams; ++i) outs.push_back(torch::autograd::impl::gradient_edge(*params[i]));
+    torch::autograd::edge_list roots;
+    variable_list grads;
+    for (size_t i = 0; i < state->nodes.size(); ++i) {
+      auto& node = state->nodes[i];
+      // Assigned in place: `set_next_edge` would re-check topological
+      // numbers, which an emptied edge does not change.
+      for (auto& e : node->next_edges())
+        if (e.function && state->input_path.count(e.function.get())) e = Edge();
+      const auto& captured = state->grads[i];
+      for (size_t k = 0; k < captured.size(); ++k)
+        if (captured[k].defined()) {
+          roots.emplace_back(node, static_cast<uint32_t>(k));
+          grads.push_back(captured[k]);
+        }
+    }
+    variable_list res;
+    if (!roots.empty())
+      res = torch::autograd::Engine::get_default_engine().execute(
+          roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
+          outs);
+    for (int i = 0; i < nparams; ++i)
+      outputs[i] = new at::Tensor(res.empty() ? at::Tensor() : res[i]);
+    return nullptr;
+  } catch (const c10::Error& e) {
+    return error_text(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return error_text(e.what());
+  } catch (...) {
+    return error_text("unknown C++ exception in ferry_backward_weight");
+  }
+}
+
+// Frees a capture of ferry_backward_input that will not be used.
+void ferry_free_split(void* split) { delete static_cast<Split*>(split); }
 }

@@ -23,6 +23,24 @@ extern "C" {
         keep_graph: c_int,
         outputs: *mut *mut AtTensor,
     ) -> *mut c_char;
+    fn ferry_backward_input(
+        roots: *const *const AtTensor,
+        grad_outputs: *const *const AtTensor,
+        n: c_int,
+        inputs: *const *const AtTensor,
+        ninputs: c_int,
+        params: *const *const AtTensor,
+        nparams: c_int,
+        outputs: *mut *mut AtTensor,
+        split: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn ferry_backward_weight(
+        split: *mut c_void,
+        params: *const *const AtTensor,
+        nparams: c_int,
+        outputs: *mut *mut AtTensor,
+    ) -> *mut c_char;
+    fn ferry_free_split(split: *mut c_void);
     fn ferry_leaves(
         roots: *const *const AtTensor,
         n: c_int,
@@ -98,6 +116,92 @@ pub(crate) fn grad(
             out.as_mut_ptr(),
         )
     })?;
+    Ok(out
+        .into_iter()
+        .map(|p| {
+            let t = own(p);
+            t.defined().then_some(t)
+        })
+        .collect())
+}
+
+/// What the input half of a split backward captured for the weight half
+/// (the gradients flowing into the nodes that feed the parameters); owned
+/// C++ state, freed when dropped.
+pub(crate) struct Captured(*mut c_void);
+
+// SAFETY: the capture is plain data (shared node pointers and tensors),
+// used by one thread at a time through `&mut`/ownership, like a tensor.
+unsafe impl Send for Captured {}
+
+impl Drop for Captured {
+    fn drop(&mut self) {
+        // SAFETY: a capture from ferry_backward_input, freed once (the
+        // weight half takes the pointer out before it frees it itself).
+        if !self.0.is_null() {
+            unsafe { ferry_free_split(self.0) };
+        }
+    }
+}
+
+/// The input half of a split backward: gradients of `roots` (seeded) with
+/// respect to `inputs`, the graph kept, and the capture the weight half of
+/// `params` needs (`None`: the weight half must start again from the roots).
+pub(crate) fn backward_input(
+    roots: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    params: &[Tensor],
+) -> Result<(Vec<Option<Tensor>>, Option<Captured>), String> {
+    if roots.len() != grad_outputs.len() {
+        return Err(format!(
+            "{} roots but {} gradients",
+            roots.len(),
+            grad_outputs.len()
+        ));
+    }
+    let r: Vec<_> = roots.iter().map(ptr).collect();
+    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
+    let i: Vec<_> = inputs.iter().map(ptr).collect();
+    let p: Vec<_> = params.iter().map(ptr).collect();
+    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
+    let mut split: *mut c_void = std::ptr::null_mut();
+    // SAFETY: live tensors for the call; `out` has one slot per input.
+    check(unsafe {
+        ferry_backward_input(
+            r.as_ptr(),
+            g.as_ptr(),
+            r.len() as c_int,
+            i.as_ptr(),
+            i.len() as c_int,
+            p.as_ptr(),
+            p.len() as c_int,
+            out.as_mut_ptr(),
+            &mut split,
+        )
+    })?;
+    let grads = out
+        .into_iter()
+        .map(|p| {
+            let t = own(p);
+            t.defined().then_some(t)
+        })
+        .collect();
+    Ok((grads, (!split.is_null()).then_some(Captured(split))))
+}
+
+/// The weight half from a capture: gradients of `params` (the same ones,
+/// in the same order, as given to [`backward_input`]).
+pub(crate) fn backward_weight(
+    mut captured: Captured,
+    params: &[Tensor],
+) -> Result<Vec<Option<Tensor>>, String> {
+    let split = std::mem::replace(&mut captured.0, std::ptr::null_mut());
+    let p: Vec<_> = params.iter().map(ptr).collect();
+    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); params.len()];
+    // SAFETY: `split` is an unfreed capture, which the call frees; live
+    // tensors; one output slot per parameter.
+    check(unsafe { ferry_backward_weight(split, p.as_ptr(), p.len() as c_int, out.as_mut_ptr()) })?;
     Ok(out
         .into_iter()
         .map(|p| {

@@ -151,14 +151,86 @@ pub fn grad(
     inputs: &[tch::Tensor],
     keep_graph: bool,
 ) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
-    engine_shim::grad(roots, grad_outputs, inputs, keep_graph).map_err(|message| {
-        AutogradError::Engine {
-            worker: ferry_rpc::Agent::current()
-                .map(|a| a.worker_info().name.clone())
-                .unwrap_or_else(|| "(no worker)".to_owned()),
-            message: error::error_proper(&message),
+    engine_shim::grad(roots, grad_outputs, inputs, keep_graph).map_err(engine_error)
+}
+
+/// The input half of a backward split in two, as zero-bubble pipeline
+/// schedules run it (their I action): the gradients of `roots`, seeded with
+/// `grad_outputs`, with respect to `inputs`, keeping the graph for the
+/// weight half. It also captures the gradients flowing into the nodes that
+/// feed `params` directly, so that [`WeightBackward::run`] computes the
+/// parameters' gradients without going back through the input path, as
+/// PyTorch's `stage_backward_input` / `stage_backward_weight` do. Where a
+/// parameter is fed by a node the input pass does not run, the weight half
+/// goes back from the roots instead (the same result, more work).
+///
+/// ```
+/// use tch::Tensor;
+///
+/// let w = Tensor::from_slice(&[2.0f32]).set_requires_grad(true);
+/// let x = Tensor::from_slice(&[3.0f32]).set_requires_grad(true);
+/// let y = (&x * &w).relu() * &w;
+/// let seed = Tensor::from_slice(&[1.0f32]);
+/// let (dx, weight) = ferry_autograd::backward_input(&[y.shallow_clone()], &[seed.shallow_clone()], &[x.shallow_clone()], &[w.shallow_clone()])?;
+/// // y = x w^2: dy/dx = w^2 = 4, dy/dw = 2 x w = 12.
+/// assert_eq!(dx[0].as_ref().unwrap().double_value(&[0]), 4.0);
+/// let dw = weight.run(&[y], &[seed], &[w])?;
+/// assert_eq!(dw[0].as_ref().unwrap().double_value(&[0]), 12.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn backward_input(
+    roots: &[tch::Tensor],
+    grad_outputs: &[tch::Tensor],
+    inputs: &[tch::Tensor],
+    params: &[tch::Tensor],
+) -> Result<(Vec<Option<tch::Tensor>>, WeightBackward), AutogradError> {
+    let (grads, captured) =
+        engine_shim::backward_input(roots, grad_outputs, inputs, params).map_err(engine_error)?;
+    Ok((grads, WeightBackward(captured)))
+}
+
+/// The weight half of a split backward, from [`backward_input`].
+pub struct WeightBackward(Option<engine_shim::Captured>);
+
+impl WeightBackward {
+    /// The gradients of `params` (the ones given to [`backward_input`], in
+    /// the same order); releases the graph. `roots` and `grad_outputs` (the
+    /// same as the input half's) are used only where the input half could
+    /// not capture what this needs.
+    pub fn run(
+        self,
+        roots: &[tch::Tensor],
+        grad_outputs: &[tch::Tensor],
+        params: &[tch::Tensor],
+    ) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
+        match self.0 {
+            Some(captured) => engine_shim::backward_weight(captured, params).map_err(engine_error),
+            None => grad(roots, grad_outputs, params, false),
         }
-    })
+    }
+
+    /// Whether the weight half runs from the capture (only the parameters'
+    /// own gradient functions), not again from the roots.
+    pub fn is_captured(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::fmt::Debug for WeightBackward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightBackward")
+            .field("captured", &self.is_captured())
+            .finish()
+    }
+}
+
+fn engine_error(message: String) -> AutogradError {
+    AutogradError::Engine {
+        worker: ferry_rpc::Agent::current()
+            .map(|a| a.worker_info().name.clone())
+            .unwrap_or_else(|| "(no worker)".to_owned()),
+        message: error::error_proper(&message),
+    }
 }
 
 /// The gradients context `context_id` accumulated on this worker.

@@ -500,11 +500,33 @@ impl RankActor {
         if want_params {
             inputs.extend(slot.params.iter().map(|t| t.shallow_clone()));
         }
-        let grads = if saved.roots.is_empty() || inputs.is_empty() {
+        let failed = |e: ferry_autograd::AutogradError| format!("backward failed: {e}");
+        let grads: Vec<Option<tch::Tensor>> = if saved.roots.is_empty() || inputs.is_empty() {
             (0..inputs.len()).map(|_| None).collect()
         } else {
-            ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep)
-                .map_err(|e| format!("backward failed: {e}"))?
+            match part {
+                // I: the input gradients, and what W needs to reach the
+                // parameters without going through the input path again.
+                Part::Input => {
+                    let params: Vec<tch::Tensor> =
+                        slot.params.iter().map(|t| t.shallow_clone()).collect();
+                    let (grads, weight) =
+                        ferry_autograd::backward_input(&saved.roots, &seeds, &inputs, &params)
+                            .map_err(failed)?;
+                    saved.weight = Some(weight);
+                    grads
+                }
+                Part::Weight => match saved.weight.take() {
+                    Some(weight) => weight.run(&saved.roots, &seeds, &inputs).map_err(failed)?,
+                    // Stage 0 (no I ran): the whole backward, weights only.
+                    None => {
+                        ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
+                    }
+                },
+                Part::Full => {
+                    ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
+                }
+            }
         };
         let mut grads = grads.into_iter();
         let input_grads: Vec<Option<tch::Tensor>> = if want_inputs {

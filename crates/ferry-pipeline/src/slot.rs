@@ -23,6 +23,9 @@ pub(crate) struct Saved {
     pub root_positions: Vec<usize>,
     /// The gradients of the roots, once known (kept from I for W).
     pub seeds: Option<Vec<tch::Tensor>>,
+    /// What I captured for W (the gradients flowing into the nodes that
+    /// feed the parameters).
+    pub weight: Option<ferry_autograd::WeightBackward>,
 }
 
 /// A stage living on this worker.
