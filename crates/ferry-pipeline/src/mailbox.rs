@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+/// How many finished and aborted steps a mailbox remembers, to drop their
+/// late values.
+const KEPT_STEPS: usize = 64;
+
 /// Which way a value goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Direction {
@@ -119,6 +123,14 @@ impl<V> Mailbox<V> {
             .aborted
             .entry(step)
             .or_insert_with(|| reason.to_owned());
+        // Keep the record of recent steps only (a step's late values come
+        // before the next steps are many).
+        if state.aborted.len() > KEPT_STEPS {
+            let oldest = state.aborted.keys().min().copied();
+            if let Some(oldest) = oldest {
+                state.aborted.remove(&oldest);
+            }
+        }
         state.values.retain(|k, _| k.step != step);
         drop(state);
         self.arrived.notify_all();
@@ -133,7 +145,7 @@ impl<V> Mailbox<V> {
         state.values.retain(|k, _| k.step != step);
         state.finished.insert(step);
         // Keep the record of recent steps only.
-        while state.finished.len() > 64 {
+        while state.finished.len() > KEPT_STEPS {
             state.finished.pop_first();
         }
         before - state.values.len()
@@ -216,6 +228,20 @@ mod tests {
         assert_eq!(mailbox.put(key(4, 7), 7), Ok(false));
         assert_eq!(mailbox.take(key(5, 1), Duration::ZERO), Ok(9));
         assert_eq!(mailbox.aborted(4).as_deref(), Some("stage 0 failed"));
+    }
+
+    #[test]
+    fn only_recent_steps_are_remembered() {
+        let mailbox: Mailbox<u8> = Mailbox::default();
+        for step in 0..(KEPT_STEPS as u64 + 10) {
+            mailbox.abort(step, "failed");
+            mailbox.finish(step + 1000);
+        }
+        let state = mailbox.state.lock();
+        assert_eq!(state.aborted.len(), KEPT_STEPS);
+        assert_eq!(state.finished.len(), KEPT_STEPS);
+        assert!(state.aborted.contains_key(&(KEPT_STEPS as u64 + 9)));
+        assert!(!state.aborted.contains_key(&0));
     }
 
     #[test]
