@@ -1,5 +1,6 @@
 //! Rendezvous: every worker publishes its name and listening address in the
-//! store (hosted by rank 0 unless a store is given), then reads everyone's.
+//! store (hosted by rank 0 unless a store is given, or by torchrun's agent
+//! under torchrun), then reads everyone's.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::store::{PrefixStore, Store, TcpStore, TcpStoreServer};
+use crate::store::{C10dStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 use crate::{RpcError, RpcOptions, WorkerInfo};
 
 /// Key namespace of the agent in the store.
@@ -29,8 +30,14 @@ pub(crate) struct Rendezvous {
 }
 
 pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
+    let agent_store = o.torchelastic.as_ref().is_some_and(|t| t.use_agent_store);
     let (base, server): (Arc<dyn Store>, Option<TcpStoreServer>) = match &o.store {
         Some(s) => (s.clone(), None),
+        // torchrun's agent (node rank 0's) hosts a c10d store for its workers.
+        None if agent_store => (
+            Arc::new(C10dStore::connect(o.master_addr, o.init_timeout).await?),
+            None,
+        ),
         None if o.rank == 0 => {
             let server = TcpStoreServer::bind(o.master_addr).await?;
             let client = TcpStore::connect(server.local_addr(), o.init_timeout).await?;
@@ -40,6 +47,12 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
             Arc::new(TcpStore::connect(o.master_addr, o.init_timeout).await?),
             None,
         ),
+    };
+    // Under torchrun, each attempt meets in a namespace of its own: a
+    // restarted group never reads the keys an earlier attempt left.
+    let base: Arc<dyn Store> = match &o.torchelastic {
+        Some(t) => Arc::new(PrefixStore::new(t.namespace(), base)),
+        None => base,
     };
     let store: Arc<dyn Store> = Arc::new(PrefixStore::new(NAMESPACE, base));
 
