@@ -265,3 +265,185 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::quota::Ledger;
+    use crate::{MemoryStore, StoreLimits};
+
+    fn session(limits: StoreLimits) -> Session {
+        let served = Arc::new(Served {
+            state: Arc::new(MemoryStore::default()),
+            limits,
+            ledger: Mutex::new(Ledger::default()),
+        });
+        Session::new(served, 1)
+    }
+
+    fn validated() -> Session {
+        let mut s = session(StoreLimits::default());
+        assert!(matches!(
+            s.handle(
+                Query::Validate {
+                    magic: VALIDATION_MAGIC
+                },
+                0
+            ),
+            Ok(Step::Quiet)
+        ));
+        s
+    }
+
+    fn reply(s: &mut Session, q: Query) -> Reply {
+        match s.handle(q, 0) {
+            Ok(Step::Reply(r)) => r,
+            Ok(_) => panic!("no reply"),
+            Err(e) => panic!("refused: {e}"),
+        }
+    }
+
+    #[test]
+    fn nothing_is_served_before_validation() {
+        let mut s = session(StoreLimits::default());
+        let e = s.handle(Query::Ping { nonce: 1 }, 0).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "a c10d store client sent Ping before VALIDATE"
+        );
+        let e = s.handle(Query::Validate { magic: 7 }, 0).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "a c10d store client validated with magic 0x00000007, not 0x3c85f7ce"
+        );
+        assert!(!s.validated());
+    }
+
+    #[test]
+    fn queries_act_on_the_shared_state() {
+        let mut s = validated();
+        assert!(matches!(
+            s.handle(
+                Query::Set {
+                    key: "/a".into(),
+                    value: b"1".to_vec()
+                },
+                0
+            ),
+            Ok(Step::Quiet)
+        ));
+        assert_eq!(
+            reply(&mut s, Query::Get { key: "/a".into() }),
+            Reply::Value(b"1".to_vec())
+        );
+        // A missing key reads as empty, as torch's libuv server answers.
+        assert_eq!(
+            reply(&mut s, Query::Get { key: "/b".into() }),
+            Reply::Value(Vec::new())
+        );
+        assert_eq!(
+            reply(
+                &mut s,
+                Query::Add {
+                    key: "/n".into(),
+                    delta: 2
+                }
+            ),
+            Reply::Int(2)
+        );
+        assert_eq!(
+            reply(
+                &mut s,
+                Query::Check {
+                    keys: vec!["/a".into(), "/n".into()]
+                }
+            ),
+            Reply::Check(true)
+        );
+        assert_eq!(reply(&mut s, Query::NumKeys), Reply::Int(2));
+        assert_eq!(
+            reply(&mut s, Query::ListKeys),
+            Reply::Keys(vec!["/a".into(), "/n".into()])
+        );
+        assert_eq!(
+            reply(&mut s, Query::DeleteKey { key: "/a".into() }),
+            Reply::Int(1)
+        );
+        assert_eq!(
+            reply(&mut s, Query::DeleteKey { key: "/a".into() }),
+            Reply::Int(0)
+        );
+        assert_eq!(
+            reply(
+                &mut s,
+                Query::MultiGet {
+                    keys: vec!["/n".into(), "/a".into()]
+                }
+            ),
+            Reply::Values(vec![b"2".to_vec(), Vec::new()])
+        );
+        assert!(matches!(
+            s.handle(Query::QueueLen { key: "/q".into() }, 0),
+            Err(Refused::Unsupported(QueryType::QueueLen))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_wait_completes_when_its_keys_are_set_and_cancels_on_request() {
+        let mut s = validated();
+        let Ok(Step::Wait(wait)) = s.handle(
+            Query::Wait {
+                keys: vec!["/k".into()],
+            },
+            0,
+        ) else {
+            panic!("a wait");
+        };
+        let waiting = tokio::spawn(wait);
+        assert!(matches!(
+            s.handle(
+                Query::Set {
+                    key: "/k".into(),
+                    value: vec![]
+                },
+                1
+            ),
+            Ok(Step::Quiet)
+        ));
+        waiting.await.unwrap();
+        assert!(matches!(
+            s.handle(Query::CancelWait, 0),
+            Ok(Step::CancelWaits)
+        ));
+        // The per-connection bound on pending waits holds.
+        let limited = StoreLimits {
+            max_waits_per_connection: 1,
+            ..StoreLimits::default()
+        };
+        let mut s = session(limited);
+        let _ = s.handle(
+            Query::Validate {
+                magic: VALIDATION_MAGIC,
+            },
+            0,
+        );
+        let e = s
+            .handle(
+                Query::Wait {
+                    keys: vec!["/x".into()],
+                },
+                1,
+            )
+            .err()
+            .unwrap();
+        assert!(matches!(
+            e,
+            Refused::Quota {
+                bound: QuotaBound::ConnectionWaits,
+                ..
+            }
+        ));
+    }
+}
