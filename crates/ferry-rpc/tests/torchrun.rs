@@ -277,3 +277,39 @@ fn a_failed_attempt_is_restarted_as_a_fresh_group() {
     assert_one_group(&out, 1);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Without torchrun itself: a worker whose group's other rank registered
+/// at another restart count (as when torchrun counts a restart on one node
+/// only) fails its rendezvous with an error naming that rank and count.
+#[test]
+fn a_rank_at_another_restart_count_is_named_when_rendezvous_times_out() {
+    use ferry_rpc::store::{MemoryStore, Store};
+    use ferry_rpc::{Agent, RpcOptions, TorchElastic};
+    use std::sync::Arc;
+
+    let store = Arc::new(MemoryStore::default());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Rank 1 last joined at restart 0.
+    runtime
+        .block_on(store.set("torchelastic/job/restart_of/1", b"0".to_vec()))
+        .unwrap();
+    let mut options = RpcOptions::new("worker0", 0, 2, "127.0.0.1:1".parse().unwrap())
+        .store(store)
+        .init_timeout(Duration::from_millis(200));
+    options.torchelastic = Some(TorchElastic {
+        run_id: "job".into(),
+        restart_count: 1,
+        max_restarts: Some(1),
+        use_agent_store: true,
+    });
+    let Err(e) = Agent::start(options) else {
+        panic!("a group of 2 formed with one worker");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("torchrun rendezvous of restart 1 (run \"job\") timed out: rank 1 at restart 0"),
+        "{e}"
+    );
+}
