@@ -85,13 +85,25 @@ impl Session {
         self.validated
     }
 
-    fn admit(&self, key: &str, bytes: usize) -> Result<(), Refused> {
+    /// Runs the write `store` of `bytes` under `key` if the quota admits
+    /// it, under the ledger's lock (so concurrent writers cannot together
+    /// exceed a bound); `store` says whether it stored, and only then is
+    /// the key charged to this connection.
+    fn write<T>(
+        &self,
+        key: &str,
+        bytes: usize,
+        store: impl FnOnce() -> (T, bool),
+    ) -> Result<T, Refused> {
         let mut ledger = self.served.ledger.lock();
         ledger
             .admit(&self.served.limits, self.conn, key, bytes)
             .map_err(|r| refused(key, r))?;
-        ledger.stored(self.conn, key, bytes);
-        Ok(())
+        let (out, stored) = store();
+        if stored {
+            ledger.stored(self.conn, key, bytes);
+        }
+        Ok(out)
     }
 
     /// Handles `query`; `waiting` is the number of this connection's
@@ -116,8 +128,7 @@ impl Session {
             } => Step::Quiet,
             Query::Validate { magic } => return Err(C10dFormatError::BadMagic(magic).into()),
             Query::Set { key, value } => {
-                self.admit(&key, value.len())?;
-                state.insert(&key, value);
+                self.write(&key, value.len(), || (state.insert(&key, value), true))?;
                 Step::Quiet
             }
             Query::CompareSet {
@@ -125,13 +136,22 @@ impl Session {
                 expected,
                 desired,
             } => {
-                self.admit(&key, desired.len())?;
-                Step::Reply(Reply::Value(state.swap_if_c10d(&key, &expected, desired)))
+                let len = desired.len();
+                let now = self.write(&key, len, || {
+                    let now = state.swap_if_c10d(&key, &expected, desired.clone());
+                    let stored = now == desired;
+                    (now, stored)
+                })?;
+                Step::Reply(Reply::Value(now))
             }
             Query::Get { key } => Step::Reply(Reply::Value(state.value(&key).unwrap_or_default())),
             Query::Add { key, delta } => {
-                self.admit(&key, COUNTER_BYTES)?;
-                Step::Reply(Reply::Int(state.increment(&key, delta)?))
+                let added = self.write(&key, COUNTER_BYTES, || {
+                    let added = state.increment(&key, delta);
+                    let stored = added.is_ok();
+                    (added, stored)
+                })?;
+                Step::Reply(Reply::Int(added?))
             }
             Query::Check { keys } => Step::Reply(Reply::Check(state.contains_all(&keys))),
             Query::Wait { keys } => {
@@ -162,8 +182,9 @@ impl Session {
             }
             Query::Append { key, value } => {
                 let now = state.value(&key).map_or(0, |v| v.len());
-                self.admit(&key, now.saturating_add(value.len()))?;
-                state.append(&key, &value);
+                self.write(&key, now.saturating_add(value.len()), || {
+                    (state.append(&key, &value), true)
+                })?;
                 Step::Quiet
             }
             Query::MultiGet { keys } => Step::Reply(Reply::Values(
@@ -173,8 +194,7 @@ impl Session {
             )),
             Query::MultiSet { entries } => {
                 for (key, value) in entries {
-                    self.admit(&key, value.len())?;
-                    state.insert(&key, value);
+                    self.write(&key, value.len(), || (state.insert(&key, value), true))?;
                 }
                 Step::Quiet
             }
@@ -444,6 +464,48 @@ mod tests {
                 bound: QuotaBound::ConnectionWaits,
                 ..
             }
+        ));
+    }
+
+    /// A compare-set that did not store charges nothing: the key stays on
+    /// the account of the connection that wrote it.
+    #[test]
+    fn only_writes_that_store_are_charged() {
+        let served = Arc::new(Served {
+            state: Arc::new(MemoryStore::default()),
+            limits: StoreLimits {
+                max_keys_per_connection: 1,
+                ..StoreLimits::default()
+            },
+            ledger: Mutex::new(Ledger::default()),
+        });
+        let open = |conn| {
+            let mut s = Session::new(served.clone(), conn);
+            let validate = Query::Validate {
+                magic: VALIDATION_MAGIC,
+            };
+            assert!(matches!(s.handle(validate, 0), Ok(Step::Quiet)));
+            s
+        };
+        let (mut a, mut b) = (open(1), open(2));
+        let set = |key: &str| Query::Set {
+            key: key.into(),
+            value: b"v".to_vec(),
+        };
+        assert!(matches!(a.handle(set("/a"), 0), Ok(Step::Quiet)));
+        let swap = Query::CompareSet {
+            key: "/a".into(),
+            expected: b"wrong".to_vec(),
+            desired: b"x".to_vec(),
+        };
+        assert_eq!(reply(&mut b, swap), Reply::Value(b"v".to_vec()));
+        assert!(matches!(b.handle(set("/b"), 0), Ok(Step::Quiet)));
+        assert!(matches!(
+            b.handle(set("/c"), 0),
+            Err(Refused::Quota {
+                bound: QuotaBound::ConnectionKeys,
+                ..
+            })
         ));
     }
 }
