@@ -6,7 +6,8 @@
 //!   default libuv server, which ignores clients until they validate);
 //!   Ferry's [`C10dStore`] sets, gets, adds, compare-sets, waits with a
 //!   timeout, checks, deletes and counts keys, and the Python side reads
-//!   and writes the same keys.
+//!   and writes the same keys. `ferry_client_against_torchs_legacy_server`
+//!   does the same against PyTorch's older server (`use_libuv=False`).
 //! - `torch_client_against_ferrys_server`: Ferry's [`TcpStoreServer`]
 //!   hosts; PyTorch's client does the same, and Ferry's own client on the
 //!   same port sees its keys.
@@ -137,9 +138,10 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
 /// PyTorch hosts; it writes `from_torch`, waits for `ferry_done`, checks
 /// what Ferry wrote, writes `torch_done`, and serves until `ferry_bye`.
 const TORCH_SERVER: &str = r#"
-import datetime, torch.distributed as dist
+import datetime, sys, torch.distributed as dist
 T = datetime.timedelta(seconds=60)
-s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T)
+s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T,
+                  use_libuv=sys.argv[1] == "libuv")
 print(f"LIBUV={s.libuvBackend}", flush=True)
 s.set("from_torch", b"hello ferry")
 s.set("to_delete", b"x")
@@ -157,15 +159,23 @@ print("TORCH=ok", flush=True)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ferry_client_against_torchs_server() {
+    ferry_client_against(true).await;
+}
+
+/// The same against PyTorch's older, non-libuv server (`use_libuv=False`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferry_client_against_torchs_legacy_server() {
+    ferry_client_against(false).await;
+}
+
+async fn ferry_client_against(libuv: bool) {
     let Some(python) = torch_python() else {
         return;
     };
-    let mut py = Py::start(&python, TORCH_SERVER, &[]);
-    assert_eq!(
-        py.value("LIBUV"),
-        "True",
-        "torch's default server is libuv's"
-    );
+    let backend = if libuv { "libuv" } else { "legacy" };
+    let mut py = Py::start(&python, TORCH_SERVER, &[backend.to_string()]);
+    let expected = if libuv { "True" } else { "False" };
+    assert_eq!(py.value("LIBUV"), expected, "the {backend} server");
     let port: u16 = py.value("PORT").parse().unwrap();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     within(async {
