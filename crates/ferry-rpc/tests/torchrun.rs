@@ -52,18 +52,59 @@ fn torchrun() -> Option<PathBuf> {
 }
 
 /// The `torchrun_worker` example, which `cargo test` builds into the
-/// `examples` folder beside this test's `deps` folder.
+/// `examples` folder beside this test's `deps` folder (a run of this test
+/// file alone does not build it: then it must not be older than the
+/// sources it is built from).
 fn worker_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();
     let worker = profile_dir.join("examples").join("torchrun_worker");
-    assert!(
-        worker.is_file(),
-        "{} is missing: build it with `cargo build -p ferry-rpc --example torchrun_worker` \
-         (`cargo test -p ferry-rpc` builds it)",
-        worker.display()
-    );
+    let build = "build it with `cargo build -p ferry-rpc --example torchrun_worker` \
+                 (`cargo test -p ferry-rpc` builds it)";
+    let built = std::fs::metadata(&worker)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}: {build}", worker.display()));
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for dir in [
+        "ferry-rpc/src",
+        "ferry-rpc/examples",
+        "ferry-store/src",
+        "ferry-transport/src",
+        "ferry-wire/src",
+    ] {
+        if let Some((path, changed)) = newest(&crates.join(dir)) {
+            assert!(
+                changed <= built,
+                "{} is older than {}: {build}",
+                worker.display(),
+                path.display()
+            );
+        }
+    }
     worker
+}
+
+/// The most recently modified file under `dir`.
+fn newest(dir: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
+    let mut best: Option<(PathBuf, std::time::SystemTime)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let found = if path.is_dir() {
+            newest(&path)
+        } else {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .map(|t| (path, t))
+        };
+        if let Some((p, t)) = found {
+            if best.as_ref().is_none_or(|(_, b)| t > *b) {
+                best = Some((p, t));
+            }
+        }
+    }
+    best
 }
 
 fn free_port() -> u16 {
