@@ -19,6 +19,10 @@
 //! - Connections to peers have TCP keepalive and `TCP_USER_TIMEOUT`
 //!   ([`RpcOptions::keepalive`]), so a partition fails calls with
 //!   [`RpcError::PeerUnreachable`] within bounds.
+//! - Started by `torchrun --no-python`, [`RpcOptions::from_env`] reads
+//!   torchrun's variables ([`TorchElastic`]): the workers join through the
+//!   c10d store torchrun's agent hosts, each restart in a namespace of its
+//!   own (the `torchrun_worker` example).
 //! - [`service`] lets the layers above (RRef, autograd) handle their own
 //!   message kinds and see every call.
 //!
@@ -63,6 +67,7 @@ pub mod service;
 mod termination;
 mod throttle;
 mod topology;
+mod torchelastic;
 mod typed;
 mod value;
 pub mod watch;
@@ -90,6 +95,7 @@ pub use schema::Schema;
 pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
 pub use topology::LocalTopology;
+pub use torchelastic::TorchElastic;
 pub use typed::Function;
 pub use value::Value;
 

@@ -11,6 +11,7 @@ use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
 use crate::service::{Hooks, Interceptor, Service};
 use crate::store::Store;
 use crate::topology::LocalTopology;
+use crate::torchelastic::TorchElastic;
 use crate::{Functions, RpcError};
 
 /// Default per-call timeout (PyTorch's default is 60 s too).
@@ -61,6 +62,10 @@ pub struct RpcOptions {
     pub allocator: Arc<dyn Allocator>,
     /// A store to rendezvous through instead of the TCP store rank 0 hosts.
     pub store: Option<Arc<dyn Store>>,
+    /// Set when torchrun started this worker ([`from_env`](Self::from_env)
+    /// reads it): the group rendezvous in this attempt's namespace, through
+    /// the store torchrun's agent hosts when it says so.
+    pub torchelastic: Option<TorchElastic>,
 }
 
 impl RpcOptions {
@@ -100,6 +105,7 @@ impl RpcOptions {
             limits: Limits::default(),
             allocator: Arc::new(RawAllocator),
             store: None,
+            torchelastic: None,
         }
     }
 
@@ -117,7 +123,12 @@ impl RpcOptions {
     /// `LOCAL_WORLD_SIZE` and `GROUP_RANK` (the node's rank) fill
     /// [`local`](Self::local), checked against each other and against
     /// `RANK` and `WORLD_SIZE`. Without them, the whole group is taken to
-    /// share one host.
+    /// share one host. So are torchrun's `TORCHELASTIC_RUN_ID`,
+    /// `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS` and
+    /// `TORCHELASTIC_USE_AGENT_STORE` ([`TorchElastic`]): with them the
+    /// group meets in a namespace of its own attempt, and through the store
+    /// torchrun's agent hosts at `MASTER_ADDR:MASTER_PORT` when
+    /// `TORCHELASTIC_USE_AGENT_STORE=True` (torchrun's default).
     pub fn from_env(name: impl Into<String>) -> Result<Self, RpcError> {
         Self::from_vars(name, |k| std::env::var(k).ok())
     }
@@ -178,6 +189,7 @@ impl RpcOptions {
             opt_num("LOCAL_WORLD_SIZE")?,
             opt_num("GROUP_RANK")?,
         )?;
+        o.torchelastic = TorchElastic::from_vars(&lookup)?;
         if let Some(ms) = lookup("FERRY_RPC_TIMEOUT_MS") {
             let ms: u64 = ms
                 .parse()

@@ -1,5 +1,6 @@
 //! Rendezvous: every worker publishes its name and listening address in the
-//! store (hosted by rank 0 unless a store is given), then reads everyone's.
+//! store (hosted by rank 0 unless a store is given, or by torchrun's agent
+//! under torchrun), then reads everyone's.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -8,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::store::{PrefixStore, Store, TcpStore, TcpStoreServer};
-use crate::{RpcError, RpcOptions, WorkerInfo};
+use crate::store::{C10dStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+use crate::{RpcError, RpcOptions, TorchElastic, WorkerInfo};
 
 /// Key namespace of the agent in the store.
 pub(crate) const NAMESPACE: &str = "ferry/rpc";
@@ -29,8 +30,14 @@ pub(crate) struct Rendezvous {
 }
 
 pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
+    let agent_store = o.torchelastic.as_ref().is_some_and(|t| t.use_agent_store);
     let (base, server): (Arc<dyn Store>, Option<TcpStoreServer>) = match &o.store {
         Some(s) => (s.clone(), None),
+        // torchrun's agent (node rank 0's) hosts a c10d store for its workers.
+        None if agent_store => (
+            Arc::new(C10dStore::connect(o.master_addr, o.init_timeout).await?),
+            None,
+        ),
         None if o.rank == 0 => {
             let server = TcpStoreServer::bind(o.master_addr).await?;
             let client = TcpStore::connect(server.local_addr(), o.init_timeout).await?;
@@ -40,6 +47,23 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
             Arc::new(TcpStore::connect(o.master_addr, o.init_timeout).await?),
             None,
         ),
+    };
+    // Under torchrun, each attempt meets in a namespace of its own: a
+    // restarted group never reads the keys an earlier attempt left. Each
+    // worker also says, outside it, which attempt it is in: if the group
+    // does not form, the error can say who is elsewhere.
+    let run_store = base.clone();
+    if let Some(t) = &o.torchelastic {
+        run_store
+            .set(
+                &restart_key(&t.run_id, o.rank),
+                t.restart_count.to_string().into_bytes(),
+            )
+            .await?;
+    }
+    let base: Arc<dyn Store> = match &o.torchelastic {
+        Some(t) => Arc::new(PrefixStore::new(t.namespace(), base)),
+        None => base,
     };
     let store: Arc<dyn Store> = Arc::new(PrefixStore::new(NAMESPACE, base));
 
@@ -64,7 +88,16 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
         )));
     }
     let keys: Vec<String> = (0..o.world_size).map(key).collect();
-    store.wait(&keys, o.init_timeout).await?;
+    if let Err(e) = store.wait(&keys, o.init_timeout).await {
+        return Err(match (&e, &o.torchelastic) {
+            (crate::store::StoreError::Timeout { .. }, Some(t)) => {
+                elsewhere(run_store.as_ref(), t, o.world_size)
+                    .await
+                    .unwrap_or(e.into())
+            }
+            _ => e.into(),
+        });
+    }
     let mut workers = Vec::with_capacity(keys.len());
     let mut addrs = Vec::with_capacity(keys.len());
     for (rank, k) in keys.iter().enumerate() {
@@ -92,6 +125,39 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
         addrs,
         listener,
     })
+}
+
+/// Where a worker under torchrun says which restart it is in (outside
+/// the attempts' namespaces).
+fn restart_key(run_id: &str, rank: u32) -> String {
+    format!("torchelastic/{run_id}/restart_of/{rank}")
+}
+
+/// After a rendezvous timeout under torchrun: an error naming the ranks
+/// whose last attempt is not this worker's (torchrun counted their
+/// node's restart differently), if there are any.
+async fn elsewhere(store: &dyn Store, t: &TorchElastic, world_size: u32) -> Option<RpcError> {
+    let mut others = Vec::new();
+    for rank in 0..world_size {
+        let key = restart_key(&t.run_id, rank);
+        if !store.check(std::slice::from_ref(&key)).await.ok()? {
+            continue;
+        }
+        let count = store.get(&key).await.ok()?;
+        let count = String::from_utf8_lossy(&count).into_owned();
+        if count != t.restart_count.to_string() {
+            others.push(format!("rank {rank} at restart {count}"));
+        }
+    }
+    if others.is_empty() {
+        return None;
+    }
+    Some(RpcError::Config(format!(
+        "torchrun rendezvous of restart {} (run {:?}) timed out: {} (TORCHELASTIC_RESTART_COUNT differs between nodes: torchrun counts a restart only on a node whose own workers failed, so let a worker whose peer died exit with an error)",
+        t.restart_count,
+        t.run_id,
+        others.join(", ")
+    )))
 }
 
 /// The rendezvous record of worker `name` listening on `addr` (the value

@@ -25,6 +25,10 @@
 //!   ids and blocking ones (`get`, `wait`) are served server-side, so they
 //!   never hold up the other requests of the same client. The server
 //!   enforces [`StoreLimits`].
+//! - [`C10dStore`] and [`c10d`]: PyTorch's c10d `TCPStore` protocol. The
+//!   client joins a store PyTorch hosts (torchrun's agent's); the
+//!   [`TcpStoreServer`] serves PyTorch's clients on the same port as
+//!   Ferry's, telling the protocols apart by a connection's first bytes.
 //! - [`PrefixStore`]: a namespace (`"{prefix}/{key}"`) over another store.
 //!
 //! ```
@@ -55,12 +59,14 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub mod c10d;
 pub mod format;
 mod memory;
 mod prefix;
 mod quota;
 mod tcp;
 
+pub use c10d::{C10dFormatError, C10dStore};
 pub use format::{FormatError, MAX_MESSAGE_BYTES};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
@@ -170,6 +176,15 @@ pub enum StoreError {
         addr: String,
         /// What is wrong with the message.
         source: FormatError,
+    },
+    /// Bytes from a c10d `TCPStore` server that are not a reply, or a
+    /// query that cannot be encoded (too large).
+    #[error("c10d store at {addr}: {source}")]
+    C10d {
+        /// The store's address.
+        addr: String,
+        /// What is wrong with the bytes.
+        source: C10dFormatError,
     },
     /// The server answered with something else than the request asks
     /// for, or reported an error of its own (as text).

@@ -124,6 +124,48 @@ impl MemoryStore {
         desired
     }
 
+    /// Compare-and-set as c10d's server does it: an empty `expected`
+    /// matches an absent key (and a key holding an empty value); returns
+    /// the value held afterwards. Wakes the waiters of `key` when it stores.
+    pub(crate) fn swap_if_c10d(&self, key: &str, expected: &[u8], desired: Vec<u8>) -> Vec<u8> {
+        let waiters = {
+            let mut state = self.state.lock();
+            match state.map.get(key) {
+                None if expected.is_empty() => {}
+                None => return expected.to_vec(),
+                Some(c) if c.as_slice() == expected => {}
+                Some(c) => return c.clone(),
+            }
+            state.store(key, desired.clone())
+        };
+        wake(waiters);
+        desired
+    }
+
+    /// Appends `value` to the value of `key` (absent: empty) and wakes its
+    /// waiters.
+    pub(crate) fn append(&self, key: &str, value: &[u8]) {
+        let waiters = {
+            let mut state = self.state.lock();
+            let mut now = state.map.get(key).cloned().unwrap_or_default();
+            now.extend_from_slice(value);
+            state.store(key, now)
+        };
+        wake(waiters);
+    }
+
+    /// The value of `key` now, if present.
+    pub(crate) fn value(&self, key: &str) -> Option<Vec<u8>> {
+        self.state.lock().map.get(key).cloned()
+    }
+
+    /// Every key, sorted.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.state.lock().map.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     /// Removes `key`; `true` if it existed.
     pub(crate) fn remove(&self, key: &str) -> bool {
         self.state.lock().map.remove(key).is_some()

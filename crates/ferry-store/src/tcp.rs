@@ -28,6 +28,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::c10d::{
+    self,
+    server::{serve_c10d, Session},
+};
 use crate::format::{
     self, Failure, FormatError, Request, RequestFrame, Response, ResponseFrame, LENGTH_PREFIX_BYTES,
 };
@@ -164,10 +168,10 @@ pub struct TcpStoreServer {
 
 /// What every connection of a server shares.
 #[derive(Debug)]
-struct Served {
-    state: Arc<MemoryStore>,
-    limits: StoreLimits,
-    ledger: Mutex<Ledger>,
+pub(crate) struct Served {
+    pub(crate) state: Arc<MemoryStore>,
+    pub(crate) limits: StoreLimits,
+    pub(crate) ledger: Mutex<Ledger>,
 }
 
 impl TcpStoreServer {
@@ -246,7 +250,7 @@ impl Drop for TcpStoreServer {
 }
 
 /// Completes once the server is closing (or gone).
-async fn closing(closed: &mut watch::Receiver<bool>) {
+pub(crate) async fn closing(closed: &mut watch::Receiver<bool>) {
     let _ = closed.wait_for(|c| *c).await;
 }
 
@@ -317,7 +321,7 @@ fn refused(key: &str, r: Refusal) -> Response {
 }
 
 /// The longest decimal text of an `i64` counter.
-const COUNTER_BYTES: usize = 20;
+pub(crate) const COUNTER_BYTES: usize = 20;
 
 /// Handles `request` from connection `conn`, which has `waiting` blocking
 /// requests under way. Writes are checked against the quota and recorded
@@ -418,63 +422,44 @@ fn handle(served: &Served, conn: ConnId, waiting: usize, request: Request) -> Ha
 /// Serves one client until it disconnects, sends bad input, or the server
 /// closes; on the way out, every answer already given is written. Its
 /// pending waits are dropped with it.
+///
+/// This is the one accept path of both protocols: the first four bytes
+/// say whether the client speaks Ferry's format or c10d's `TCPStore`
+/// protocol ([`c10d::wire::connection_preamble`]).
 async fn serve_connection(
     served: Arc<Served>,
     conn: ConnId,
     stream: TcpStream,
     peer: SocketAddr,
-    mut closed: watch::Receiver<bool>,
+    closed: watch::Receiver<bool>,
 ) {
     let first_request_by = Instant::now() + served.limits.first_request_timeout;
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
-    let mut requests = frames(BufReader::new(rd), format::decode_request);
+    let (mut rd, wr) = stream.into_split();
+    let mut head = [0u8; LENGTH_PREFIX_BYTES];
+    let mut watching = closed.clone();
+    let got = tokio::select! {
+        () = closing(&mut watching) => return,
+        () = tokio::time::sleep_until(first_request_by) => {
+            debug!(%peer, "closing a store connection that completed no request in time");
+            return;
+        }
+        got = rd.read_exact(&mut head) => got,
+    };
+    if let Err(e) = got {
+        debug!(%peer, error = %e, "store client left before its first request");
+        return;
+    }
+    let rd = std::io::Cursor::new(head).chain(rd);
     let (tx, rx) = mpsc::unbounded_channel();
     // Owns the sender: once reading stops, the writer ends after the
     // answers queued so far.
-    let read = async move {
-        let respond = |id: u64, response: Response| {
-            let frame = format::encode_response(&ResponseFrame { id, response }).or_else(|e| {
-                let response = Response::Failed(Failure::Other(e.to_string()));
-                format::encode_response(&ResponseFrame { id, response })
-            });
-            if let Ok(frame) = frame {
-                // Fails only once the writer has stopped, which ends the
-                // connection anyway.
-                let _ = tx.send(frame);
-            }
-        };
-        let mut waits = FuturesUnordered::new();
-        let mut requested_any = false;
-        loop {
-            tokio::select! {
-                () = closing(&mut closed) => return,
-                () = tokio::time::sleep_until(first_request_by), if !requested_any => {
-                    debug!(%peer, "closing a store connection that completed no request in time");
-                    return;
-                }
-                request = requests.next() => match request {
-                    None => {
-                        debug!(%peer, "store client disconnected");
-                        return;
-                    }
-                    Some(Err(e)) => {
-                        warn!(%peer, error = %e, "closing store connection");
-                        return;
-                    }
-                    Some(Ok(RequestFrame { id, request })) => {
-                        // A whole request arrived: the client is not idle
-                        // (its first request may wait long for a key).
-                        requested_any = true;
-                        match handle(&served, conn, waits.len(), request) {
-                            Handled::Now(response) => respond(id, response),
-                            Handled::Later(wait) => waits.push(wait.map(move |r| (id, r))),
-                        }
-                    }
-                },
-                Some((id, response)) = waits.next(), if !waits.is_empty() => respond(id, response),
-            }
-        }
+    let read = if head == c10d::wire::connection_preamble() {
+        debug!(%peer, "a c10d TCPStore client");
+        let session = Session::new(served, conn);
+        serve_c10d(session, rd, tx, peer, closed, first_request_by).boxed()
+    } else {
+        serve_ferry(served, conn, rd, tx, peer, closed, first_request_by).boxed()
     };
     let write = write_frames(wr, rx);
     tokio::pin!(write);
@@ -490,6 +475,63 @@ async fn serve_connection(
     // Reading stopped and its sender is gone: write what is queued.
     if let Err(e) = write.await {
         debug!(%peer, error = %e, "cannot write to store client");
+    }
+}
+
+/// Reads a Ferry client's requests and queues their answers on `tx`.
+async fn serve_ferry<R>(
+    served: Arc<Served>,
+    conn: ConnId,
+    rd: R,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    peer: SocketAddr,
+    mut closed: watch::Receiver<bool>,
+    first_request_by: Instant,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let mut requests = frames(BufReader::new(rd), format::decode_request);
+    let respond = |id: u64, response: Response| {
+        let frame = format::encode_response(&ResponseFrame { id, response }).or_else(|e| {
+            let response = Response::Failed(Failure::Other(e.to_string()));
+            format::encode_response(&ResponseFrame { id, response })
+        });
+        if let Ok(frame) = frame {
+            // Fails only once the writer has stopped, which ends the
+            // connection anyway.
+            let _ = tx.send(frame);
+        }
+    };
+    let mut waits = FuturesUnordered::new();
+    let mut requested_any = false;
+    loop {
+        tokio::select! {
+            () = closing(&mut closed) => return,
+            () = tokio::time::sleep_until(first_request_by), if !requested_any => {
+                debug!(%peer, "closing a store connection that completed no request in time");
+                return;
+            }
+            request = requests.next() => match request {
+                None => {
+                    debug!(%peer, "store client disconnected");
+                    return;
+                }
+                Some(Err(e)) => {
+                    warn!(%peer, error = %e, "closing store connection");
+                    return;
+                }
+                Some(Ok(RequestFrame { id, request })) => {
+                    // A whole request arrived: the client is not idle
+                    // (its first request may wait long for a key).
+                    requested_any = true;
+                    match handle(&served, conn, waits.len(), request) {
+                        Handled::Now(response) => respond(id, response),
+                        Handled::Later(wait) => waits.push(wait.map(move |r| (id, r))),
+                    }
+                }
+            },
+            Some((id, response)) = waits.next(), if !waits.is_empty() => respond(id, response),
+        }
     }
 }
 
@@ -732,7 +774,10 @@ async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, shared: Arc<Shared>, ad
     shared.lose(lost, addr);
 }
 
-async fn connect_with_retry(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, StoreError> {
+pub(crate) async fn connect_with_retry(
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpStream, StoreError> {
     let start = Instant::now();
     let deadline = start.checked_add(timeout);
     let mut backoff = FIRST_BACKOFF;

@@ -57,8 +57,8 @@ pub use ferry_wire as wire;
 // The RPC layer: options, the agent, errors, and the free functions.
 pub use ferry_rpc::{
     get_worker_info, rpc_async, rpc_async_timeout, rpc_sync, rpc_sync_timeout, shutdown,
-    shutdown_now, Agent, Functions, LocalTopology, RpcError, RpcFuture, RpcOptions, WorkerInfo,
-    WorkerRef,
+    shutdown_now, Agent, Functions, LocalTopology, RpcError, RpcFuture, RpcOptions, TorchElastic,
+    WorkerInfo, WorkerRef,
 };
 // Typed remote functions: `Function` declarations, the `Schema` of their
 // types (trait and derive), any error with `?`.
