@@ -3,7 +3,8 @@
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Cells, Done, RankSet, Waiters};
+use crate::done::{leaves, Cells, Done};
+use crate::timeline::Timeline;
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -22,132 +23,160 @@ pub struct Deadlock {
 /// or the previous local stage, ...), else idles; then idle ranks get a
 /// second chance in the same step. Unlike PyTorch's, it also runs
 /// UNSHARD, RESHARD and REDUCE_GRAD (local, always ready) and OVERLAP_F_B
-/// (ready when all its sub-actions are).
+/// (ready when all its sub-actions are). Idle slots of `lowered` are
+/// skipped.
 ///
-/// Returns the timeline (one row per rank, `None` for a stall); its
-/// number of steps is the longest row.
+/// Returns the [`Timeline`]: the step each action of `lowered` runs at
+/// ([`Timeline::to_schedule`] draws it as one slot per step, `None` for a
+/// stall); [`Timeline::steps`] is its number of steps.
 ///
-/// Runs in time proportional to the number of actions plus the number of
-/// steps, not steps × ranks: a rank whose next action is not ready waits,
-/// without being looked at again, until the action it needs is done; it is
-/// then put in the first pass, step by step and in rank order, in which the
-/// step-by-step rule above would have found it ready.
-pub fn simulate_unit_steps(
-    lowered: &Schedule,
+/// Runs in time proportional to the number of actions, whatever the
+/// number of steps: each action's place in the step-by-step order above
+/// (step, pass, rank) is computed from its rank's previous action and,
+/// for a receive, the place of the send it needs. A rank whose next
+/// action is a receive whose send is not placed yet waits, without being
+/// looked at again, until that send is placed. The only other inputs an
+/// action needs are on its own rank, done before it or never.
+pub fn simulate_unit_steps<'a>(
+    lowered: &'a Schedule,
     stage_to_rank: &[usize],
-) -> Result<Schedule, Deadlock> {
+) -> Result<Timeline<'a>, Deadlock> {
     let ranks = lowered.ranks.len();
-    let rows: Vec<Vec<&Action>> = lowered
-        .ranks
-        .iter()
-        .map(|row| row.iter().flatten().collect())
-        .collect();
-    let cells = Cells::new(rows.iter().flatten().copied());
+    let cells = Cells::new(lowered.ranks.iter().flatten().flatten());
     let sim = Deps {
         stage_to_rank,
         stages: stage_to_rank.len(),
         ranks,
         cells: &cells,
     };
-    let mut done = Done::new(cells.len());
-    let mut waiters = Waiters::new(cells.len(), ranks);
-    let mut next = vec![0usize; ranks];
-    // The step each action runs at, per rank; the timeline is built from
-    // them at the end, each row allocated once.
-    let mut at: Vec<Vec<usize>> = rows
-        .iter()
-        .map(|row| Vec::with_capacity(row.len()))
-        .collect();
-    // Ranks to look at in the first pass of this step, in the second pass
-    // of this step, and in the first pass of the next step.
-    let (mut first, mut second, mut following) = (
-        RankSet::new(ranks),
-        RankSet::new(ranks),
-        RankSet::new(ranks),
-    );
-    let mut left = 0;
-    for (rank, row) in rows.iter().enumerate() {
-        if !row.is_empty() {
-            first.insert(rank);
-            left += 1;
-        }
+    let mut state = State {
+        done: Done::new(cells.len()),
+        sent: vec![0; cells.len()],
+        head: vec![0; cells.len()],
+        next_waiter: vec![0; ranks],
+        ranks: ranks as u64,
+    };
+    // The step of every slot of `lowered`, rank after rank.
+    let mut offsets = Vec::with_capacity(ranks + 1);
+    offsets.push(0);
+    for row in &lowered.ranks {
+        offsets.push(offsets[offsets.len() - 1] + row.len());
     }
-    let mut step = 0;
-    while left > 0 {
-        let mut progress = false;
-        for pass in [Pass::First, Pass::Second] {
-            let mut cursor = 0;
-            loop {
-                let set = match pass {
-                    Pass::First => &mut first,
-                    Pass::Second => &mut second,
-                };
-                let Some(rank) = set.take_from(cursor) else {
-                    break;
-                };
-                cursor = rank + 1;
-                let action = rows[rank][next[rank]];
-                if !sim.ready(action, rank, &done) {
-                    waiters.block(rank);
-                    sim.wait(action, rank, &done, &mut waiters);
-                    continue;
-                }
-                progress |= pass == Pass::First;
-                at[rank].push(step);
-                next[rank] += 1;
-                if next[rank] < rows[rank].len() {
-                    following.insert(rank);
-                } else {
-                    left -= 1;
-                }
-                // Record it, and wake the ranks that waited for it: a
-                // rank after this one in the same pass, a rank before it
-                // in this step's second pass (after the first) or the
-                // next step's first (after the second).
-                for leaf in recorded(action) {
-                    let Some(cell) = cells.of(leaf) else { continue };
-                    done.insert(rank, cell);
-                    waiters.done(rank, cell, |woken| match (pass, woken > rank) {
-                        (Pass::First, true) => first.insert(woken),
-                        (Pass::First, false) | (Pass::Second, true) => second.insert(woken),
-                        (Pass::Second, false) => following.insert(woken),
-                    });
+    let mut at = vec![crate::timeline::IDLE; offsets[ranks]];
+    // Per rank: the next slot, and the first step its next action may take.
+    let mut pos = vec![0usize; ranks];
+    let mut first_step = vec![0u64; ranks];
+    let mut steps = 0u64;
+    // Ranks that can go on, most recently woken last.
+    let mut runnable: Vec<usize> = (0..ranks).rev().collect();
+    while let Some(rank) = runnable.pop() {
+        let row = &lowered.ranks[rank];
+        let at = &mut at[offsets[rank]..offsets[rank + 1]];
+        while let Some(slot) = row.get(pos[rank]) {
+            let Some(action) = slot else {
+                pos[rank] += 1;
+                continue;
+            };
+            let after = match sim.input(action, rank, &mut state) {
+                Input::Wait => break,
+                Input::After(key) => key,
+            };
+            // The first (step, pass, rank) place of this rank past both
+            // its previous action and its input.
+            let earliest = first_step[rank] * 2 * state.ranks + rank as u64;
+            let key = match after {
+                Some(input) => earliest.max(state.place_after(input, rank)),
+                None => earliest,
+            };
+            let step = key / (2 * state.ranks);
+            at[pos[rank]] = step as usize;
+            steps = steps.max(step + 1);
+            first_step[rank] = step + 1;
+            pos[rank] += 1;
+            for leaf in recorded(action) {
+                let Some(cell) = cells.of(leaf) else { continue };
+                state.done.insert(rank, cell);
+                if sim.sends_from(leaf, rank) && state.sent[cell] == 0 {
+                    state.sent[cell] = key + 1;
+                    state.wake(cell, &mut runnable);
                 }
             }
         }
-        if !progress {
-            let waiting = rows
-                .iter()
-                .enumerate()
-                .filter_map(|(r, row)| Some((r, (*row.get(next[r])?).clone())))
-                .collect();
-            return Err(Deadlock { step, waiting });
-        }
-        first.take_all(&mut following);
-        step += 1;
     }
-    let timeline = rows
+    let waiting: Vec<(usize, Action)> = lowered
+        .ranks
         .iter()
-        .zip(&at)
-        .map(|(row, at)| {
-            let mut line = Vec::with_capacity(at.last().map_or(0, |&s| s + 1));
-            for (&action, &step) in row.iter().zip(at) {
-                line.resize(step, None);
-                line.push(Some(action.clone()));
-            }
-            line
-        })
+        .enumerate()
+        .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
         .collect();
-    Ok(Schedule::new(timeline))
+    if !waiting.is_empty() {
+        return Err(Deadlock {
+            step: steps as usize,
+            waiting,
+        });
+    }
+    Ok(Timeline::new(lowered, offsets, at, steps as usize))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    First,
-    Second,
+/// The tables of a simulation in progress.
+struct State {
+    /// Which rank did which cell.
+    done: Done,
+    /// Per send cell: 1 + the place (step, pass, rank) where the rank the
+    /// cell's stage is placed on did it first; 0 while it has not.
+    sent: Vec<u64>,
+    /// Per send cell: 1 + the first rank waiting for it (0: none).
+    head: Vec<u32>,
+    /// Per rank: 1 + the next rank waiting for the same cell (0: none).
+    next_waiter: Vec<u32>,
+    /// The number of ranks (places per pass).
+    ranks: u64,
 }
 
-/// The number of steps a simulated timeline takes.
+impl State {
+    /// The first place of `rank` after place `input`: places are numbered
+    /// (step × 2 + pass) × ranks + rank, in the order the step-by-step
+    /// rule looks at them.
+    #[inline]
+    fn place_after(&self, input: u64, rank: usize) -> u64 {
+        let next = input + 1;
+        let base = next - next % self.ranks + rank as u64;
+        if base >= next {
+            base
+        } else {
+            base + self.ranks
+        }
+    }
+
+    /// `rank` waits for send `cell`.
+    fn wait(&mut self, rank: usize, cell: usize) {
+        self.next_waiter[rank] = self.head[cell];
+        self.head[cell] = rank as u32 + 1;
+    }
+
+    /// Send `cell` was placed: every rank waiting for it can go on.
+    #[inline]
+    fn wake(&mut self, cell: usize, runnable: &mut Vec<usize>) {
+        let mut at = std::mem::take(&mut self.head[cell]);
+        while at != 0 {
+            let rank = at as usize - 1;
+            runnable.push(rank);
+            at = std::mem::take(&mut self.next_waiter[rank]);
+        }
+    }
+}
+
+/// What an action's input is.
+enum Input {
+    /// Not there yet (a send not placed), or never: the rank waits.
+    Wait,
+    /// There: nothing needed from another rank (`None`), or the place of
+    /// the latest send it needs.
+    After(Option<u64>),
+}
+
+/// The number of steps a timeline drawn as a schedule (one slot per step,
+/// as [`Timeline::to_schedule`] returns) takes: its longest row.
 pub fn steps(timeline: &Schedule) -> usize {
     timeline.ranks.iter().map(Vec::len).max().unwrap_or(0)
 }
@@ -166,14 +195,6 @@ struct Deps<'a> {
     cells: &'a Cells,
 }
 
-/// What a simple action needs: nothing, something never done, or any one
-/// of up to three (rank, cell) pairs done.
-enum Needs {
-    Nothing,
-    Never,
-    Any([(usize, Option<usize>); 3], usize),
-}
-
 impl Deps<'_> {
     /// The rank of stage `s`, if it is placed on a rank that exists.
     #[inline]
@@ -184,115 +205,92 @@ impl Deps<'_> {
             .filter(|&r| r < self.ranks)
     }
 
-    fn needs(&self, action: &Action, rank: usize) -> Needs {
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let cell = |s: usize, k: ActionKind| self.cells.get(s, k, mb);
-        let here = |s: usize, k: ActionKind| (rank, cell(s, k));
-        let peer = |s: usize| self.peer(s);
-        let none = (rank, None);
-        match action.kind() {
-            ActionKind::Forward if stage == 0 => Needs::Nothing,
-            ActionKind::Forward => Needs::Any(
-                [
-                    here(stage, ActionKind::RecvF),
-                    here(stage - 1, ActionKind::Forward),
-                    none,
-                ],
-                2,
-            ),
-            ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 >= self.stages => {
-                Needs::Nothing
-            }
-            ActionKind::BackwardInput | ActionKind::FullBackward => Needs::Any(
-                [
-                    here(stage, ActionKind::RecvB),
-                    here(stage + 1, ActionKind::BackwardInput),
-                    here(stage + 1, ActionKind::FullBackward),
-                ],
-                3,
-            ),
-            ActionKind::SendF => Needs::Any([here(stage, ActionKind::Forward), none, none], 1),
-            ActionKind::SendB => Needs::Any(
-                [
-                    here(stage, ActionKind::BackwardInput),
-                    here(stage, ActionKind::FullBackward),
-                    none,
-                ],
-                2,
-            ),
-            ActionKind::RecvF => match stage.checked_sub(1).and_then(|s| Some((s, peer(s)?))) {
-                Some((s, p)) => Needs::Any([(p, cell(s, ActionKind::SendF)), none, none], 1),
-                None => Needs::Never,
-            },
-            ActionKind::RecvB => match peer(stage + 1) {
-                Some(p) => Needs::Any([(p, cell(stage + 1, ActionKind::SendB)), none, none], 1),
-                None => Needs::Never,
-            },
-            ActionKind::BackwardWeight
-            | ActionKind::Unshard
-            | ActionKind::Reshard
-            | ActionKind::ReduceGrad
-            | ActionKind::OverlapFB => Needs::Nothing,
-        }
+    /// Whether `rank` doing the simple `leaf` is the send a receive can
+    /// wait for: a SEND_F or SEND_B by the rank its stage is placed on.
+    #[inline]
+    fn sends_from(&self, leaf: &Action, rank: usize) -> bool {
+        matches!(leaf.kind(), ActionKind::SendF | ActionKind::SendB)
+            && self.stage_to_rank.get(leaf.stage()) == Some(&rank)
     }
 
-    fn ready(&self, action: &Action, rank: usize, done: &Done) -> bool {
-        if !action.sub_actions().is_empty() {
-            return action
-                .sub_actions()
-                .iter()
-                .all(|a| self.ready(a, rank, done));
+    /// The input of `action` on `rank`: all its sub-actions' inputs (a
+    /// compound action), else its own. Registers the rank as waiting for
+    /// the first send missing.
+    #[inline]
+    fn input(&self, action: &Action, rank: usize, state: &mut State) -> Input {
+        if action.sub_actions().is_empty() {
+            return self.simple_input(action, rank, state);
         }
-        // The same rule as [`Deps::needs`], without building the list.
+        let mut latest = None;
+        for sub in action.sub_actions() {
+            match self.simple_input(sub, rank, state) {
+                Input::Wait => return Input::Wait,
+                Input::After(key) => latest = latest.max(key),
+            }
+        }
+        Input::After(latest)
+    }
+
+    /// The input of a simple action: a receive needs the send of the rank
+    /// its peer stage is placed on; a compute or a send needs an action
+    /// this rank did before (the same rule as PyTorch's), else never runs.
+    #[inline]
+    fn simple_input(&self, action: &Action, rank: usize, state: &mut State) -> Input {
         let (stage, mb) = (action.stage(), action.microbatch());
-        let has = |r: usize, s: usize, k: ActionKind| done.has(r, self.cells.get(s, k, mb));
-        match action.kind() {
+        let has = |s: usize, k: ActionKind| state.done.has(rank, self.cells.get(s, k, mb));
+        let local = match action.kind() {
             ActionKind::Forward => {
-                stage == 0
-                    || has(rank, stage, ActionKind::RecvF)
-                    || has(rank, stage - 1, ActionKind::Forward)
+                stage == 0 || has(stage, ActionKind::RecvF) || has(stage - 1, ActionKind::Forward)
             }
             ActionKind::BackwardInput | ActionKind::FullBackward => {
                 stage + 1 >= self.stages
-                    || has(rank, stage, ActionKind::RecvB)
-                    || has(rank, stage + 1, ActionKind::BackwardInput)
-                    || has(rank, stage + 1, ActionKind::FullBackward)
+                    || has(stage, ActionKind::RecvB)
+                    || has(stage + 1, ActionKind::BackwardInput)
+                    || has(stage + 1, ActionKind::FullBackward)
             }
-            ActionKind::SendF => has(rank, stage, ActionKind::Forward),
+            ActionKind::SendF => has(stage, ActionKind::Forward),
             ActionKind::SendB => {
-                has(rank, stage, ActionKind::BackwardInput)
-                    || has(rank, stage, ActionKind::FullBackward)
+                has(stage, ActionKind::BackwardInput) || has(stage, ActionKind::FullBackward)
             }
-            ActionKind::RecvF => stage
-                .checked_sub(1)
-                .is_some_and(|s| self.peer(s).is_some_and(|p| has(p, s, ActionKind::SendF))),
-            ActionKind::RecvB => self
-                .peer(stage + 1)
-                .is_some_and(|p| has(p, stage + 1, ActionKind::SendB)),
+            ActionKind::RecvF => {
+                let send = stage
+                    .checked_sub(1)
+                    .and_then(|s| Some((self.peer(s)?, self.cells.get(s, ActionKind::SendF, mb)?)));
+                return self.remote(send, rank, state);
+            }
+            ActionKind::RecvB => {
+                let send = self
+                    .peer(stage + 1)
+                    .and_then(|p| Some((p, self.cells.get(stage + 1, ActionKind::SendB, mb)?)));
+                return self.remote(send, rank, state);
+            }
             ActionKind::BackwardWeight
             | ActionKind::Unshard
             | ActionKind::Reshard
             | ActionKind::ReduceGrad
             | ActionKind::OverlapFB => true,
+        };
+        if local {
+            Input::After(None)
+        } else {
+            // Only this rank's later actions could provide it: never.
+            Input::Wait
         }
     }
 
-    /// Registers `rank` (blocked at `action`) as waiting for whatever the
-    /// parts of `action` that are not ready need.
-    fn wait(&self, action: &Action, rank: usize, done: &Done, waiters: &mut Waiters) {
-        if !action.sub_actions().is_empty() {
-            for sub in action.sub_actions() {
-                self.wait(sub, rank, done, waiters);
+    /// A receive's input: `send` (its rank and cell) once placed; a
+    /// receive with no such send waits forever.
+    #[inline]
+    fn remote(&self, send: Option<(usize, usize)>, rank: usize, state: &mut State) -> Input {
+        let Some((_, cell)) = send else {
+            return Input::Wait;
+        };
+        match state.sent[cell] {
+            0 => {
+                state.wait(rank, cell);
+                Input::Wait
             }
-            return;
-        }
-        if self.ready(action, rank, done) {
-            return;
-        }
-        if let Needs::Any(pairs, n) = self.needs(action, rank) {
-            for &(producer, cell) in &pairs[..n] {
-                waiters.wait(rank, producer, cell);
-            }
+            placed => Input::After(Some(placed - 1)),
         }
     }
 }

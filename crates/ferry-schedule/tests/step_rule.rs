@@ -244,7 +244,7 @@ fn published_schedules_lower_and_simulate_as_the_direct_rule() {
             );
             let lowered = lowered.expect("lowers");
             assert_eq!(
-                simulate_unit_steps(&lowered, &placement),
+                simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()),
                 simulate_directly(&lowered, &placement),
                 "{kind} {ranks}x{per_rank}x{micro}"
             );
@@ -325,7 +325,7 @@ proptest! {
         if extra == 1 {
             placement.push(lowered.ranks.len() + 1);
         }
-        prop_assert_eq!(simulate_unit_steps(&lowered, &placement), simulate_directly(&lowered, &placement));
+        prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
     }
 
     #[test]
@@ -333,7 +333,7 @@ proptest! {
         let lowered = add_send_recv(&compute, &placement);
         prop_assert_eq!(&lowered, &lower_directly(&compute, &placement));
         if let Ok(lowered) = lowered {
-            prop_assert_eq!(simulate_unit_steps(&lowered, &placement), simulate_directly(&lowered, &placement));
+            prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
         }
     }
 }
