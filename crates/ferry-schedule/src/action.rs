@@ -224,6 +224,13 @@ impl Action {
         (self.microbatch != NO_MICROBATCH).then_some(self.microbatch as usize)
     }
 
+    /// The microbatch as a table index: 0 when the kind has none, else
+    /// the microbatch + 1 (the simulators' flat tables).
+    #[inline]
+    pub(crate) fn microbatch_slot(&self) -> usize {
+        self.microbatch.wrapping_add(1) as usize
+    }
+
     /// The sub-actions of a compound action (empty for a simple one).
     #[inline]
     pub fn sub_actions(&self) -> &[Action] {

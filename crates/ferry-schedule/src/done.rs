@@ -164,6 +164,13 @@ impl Done {
 
     /// Whether `rank` did `cell`.
     #[inline]
+    pub(crate) fn has_cell(&self, rank: usize, cell: usize) -> bool {
+        self.first[cell] == rank as u32 + 1
+            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
+    }
+
+    /// Whether `rank` did `cell` (`None`: a cell never done).
+    #[inline]
     pub(crate) fn has(&self, rank: usize, cell: Option<usize>) -> bool {
         let Some(cell) = cell else { return false };
         self.first[cell] == rank as u32 + 1

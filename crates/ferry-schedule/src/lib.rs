@@ -90,6 +90,7 @@ pub mod deadlock;
 mod done;
 pub mod generate;
 pub mod lower;
+mod pairs;
 pub mod placement;
 pub mod planner;
 pub mod simulate;

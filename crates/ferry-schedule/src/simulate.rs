@@ -3,7 +3,9 @@
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Cells, Done};
+use crate::done::{leaves, Done};
+use crate::pairs::{self, Numbering, Pairs};
+use crate::pairs::{BACKWARD_INPUT, FORWARD, FULL_BACKWARD, KINDS, RECV_B, RECV_F, SEND_B, SEND_F};
 use crate::timeline::Timeline;
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
@@ -41,20 +43,30 @@ pub fn simulate_unit_steps<'a>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
 ) -> Result<Timeline<'a>, Deadlock> {
+    match pairs::number(lowered.ranks.iter().flatten().flatten()) {
+        Numbering::Dense(pairs) => run(lowered, stage_to_rank, &pairs),
+        Numbering::Sparse(pairs) => run(lowered, stage_to_rank, &pairs),
+    }
+}
+
+/// [`simulate_unit_steps`] with the pairs of `lowered` numbered.
+fn run<'a, P: Pairs>(
+    lowered: &'a Schedule,
+    stage_to_rank: &[usize],
+    pairs: &P,
+) -> Result<Timeline<'a>, Deadlock> {
     let ranks = lowered.ranks.len();
-    let cells = Cells::new(lowered.ranks.iter().flatten().flatten());
     let sim = Deps {
         stage_to_rank,
         stages: stage_to_rank.len(),
         ranks,
-        cells: &cells,
+        pairs,
     };
     let mut state = State {
-        done: Done::new(cells.len()),
-        sent: vec![0; cells.len()],
-        head: vec![0; cells.len()],
+        done: Done::new(pairs.len() * KINDS),
+        sent: vec![0; pairs.len() * 2],
+        head: vec![0; pairs.len() * 2],
         next_waiter: vec![0; ranks],
-        ranks: ranks as u64,
     };
     // The step of every slot of `lowered`, rank after rank.
     let mut offsets = Vec::with_capacity(ranks + 1);
@@ -79,26 +91,30 @@ pub fn simulate_unit_steps<'a>(
             };
             let after = match sim.input(action, rank, &mut state) {
                 Input::Wait => break,
-                Input::After(key) => key,
+                Input::After(half) => half,
             };
-            // The first (step, pass, rank) place of this rank past both
-            // its previous action and its input.
-            let earliest = first_step[rank] * 2 * state.ranks + rank as u64;
-            let key = match after {
-                Some(input) => earliest.max(state.place_after(input, rank)),
-                None => earliest,
-            };
-            let step = key / (2 * state.ranks);
+            // The first half-step (pass) of this rank past both its
+            // previous action and its input.
+            let half = after.max(2 * first_step[rank]);
+            let step = half / 2;
             at[pos[rank]] = step as usize;
             steps = steps.max(step + 1);
             first_step[rank] = step + 1;
             pos[rank] += 1;
             for leaf in recorded(action) {
-                let Some(cell) = cells.of(leaf) else { continue };
-                state.done.insert(rank, cell);
-                if sim.sends_from(leaf, rank) && state.sent[cell] == 0 {
-                    state.sent[cell] = key + 1;
-                    state.wake(cell, &mut runnable);
+                let Some(k) = pairs::kind_slot(leaf.kind()) else {
+                    continue;
+                };
+                let Some(pair) = pairs.pair(leaf.stage(), leaf.microbatch_slot()) else {
+                    continue;
+                };
+                state.done.insert(rank, pair * KINDS + k);
+                if (k == SEND_F || k == SEND_B) && stage_to_rank.get(leaf.stage()) == Some(&rank) {
+                    let cell = pair * 2 + (k - SEND_F);
+                    if state.sent[cell] == 0 {
+                        state.sent[cell] = half + 1;
+                        state.wake(cell, &mut runnable);
+                    }
                 }
             }
         }
@@ -122,32 +138,17 @@ pub fn simulate_unit_steps<'a>(
 struct State {
     /// Which rank did which cell.
     done: Done,
-    /// Per send cell: 1 + the place (step, pass, rank) where the rank the
-    /// cell's stage is placed on did it first; 0 while it has not.
+    /// Per send (pair × 2 + 0 for SEND_F, 1 for SEND_B): 1 + the
+    /// half-step (step × 2 + pass) in which the rank its stage is placed
+    /// on did it first; 0 while it has not.
     sent: Vec<u64>,
-    /// Per send cell: 1 + the first rank waiting for it (0: none).
+    /// Per send: 1 + the first rank waiting for it (0: none).
     head: Vec<u32>,
-    /// Per rank: 1 + the next rank waiting for the same cell (0: none).
+    /// Per rank: 1 + the next rank waiting for the same send (0: none).
     next_waiter: Vec<u32>,
-    /// The number of ranks (places per pass).
-    ranks: u64,
 }
 
 impl State {
-    /// The first place of `rank` after place `input`: places are numbered
-    /// (step × 2 + pass) × ranks + rank, in the order the step-by-step
-    /// rule looks at them.
-    #[inline]
-    fn place_after(&self, input: u64, rank: usize) -> u64 {
-        let next = input + 1;
-        let base = next - next % self.ranks + rank as u64;
-        if base >= next {
-            base
-        } else {
-            base + self.ranks
-        }
-    }
-
     /// `rank` waits for send `cell`.
     fn wait(&mut self, rank: usize, cell: usize) {
         self.next_waiter[rank] = self.head[cell];
@@ -170,9 +171,9 @@ impl State {
 enum Input {
     /// Not there yet (a send not placed), or never: the rank waits.
     Wait,
-    /// There: nothing needed from another rank (`None`), or the place of
-    /// the latest send it needs.
-    After(Option<u64>),
+    /// There: the first half-step (step × 2 + pass) in which the rank
+    /// sees it (0 when nothing from another rank is needed).
+    After(u64),
 }
 
 /// The number of steps a timeline drawn as a schedule (one slot per step,
@@ -188,14 +189,14 @@ fn recorded(action: &Action) -> impl Iterator<Item = &Action> {
     leaves(action).iter().filter(|a| a.sub_actions().is_empty())
 }
 
-struct Deps<'a> {
+struct Deps<'a, P> {
     stage_to_rank: &'a [usize],
     stages: usize,
     ranks: usize,
-    cells: &'a Cells,
+    pairs: &'a P,
 }
 
-impl Deps<'_> {
+impl<P: Pairs> Deps<'_, P> {
     /// The rank of stage `s`, if it is placed on a rank that exists.
     #[inline]
     fn peer(&self, s: usize) -> Option<usize> {
@@ -203,14 +204,6 @@ impl Deps<'_> {
             .get(s)
             .copied()
             .filter(|&r| r < self.ranks)
-    }
-
-    /// Whether `rank` doing the simple `leaf` is the send a receive can
-    /// wait for: a SEND_F or SEND_B by the rank its stage is placed on.
-    #[inline]
-    fn sends_from(&self, leaf: &Action, rank: usize) -> bool {
-        matches!(leaf.kind(), ActionKind::SendF | ActionKind::SendB)
-            && self.stage_to_rank.get(leaf.stage()) == Some(&rank)
     }
 
     /// The input of `action` on `rank`: all its sub-actions' inputs (a
@@ -221,11 +214,11 @@ impl Deps<'_> {
         if action.sub_actions().is_empty() {
             return self.simple_input(action, rank, state);
         }
-        let mut latest = None;
+        let mut latest = 0;
         for sub in action.sub_actions() {
             match self.simple_input(sub, rank, state) {
                 Input::Wait => return Input::Wait,
-                Input::After(key) => latest = latest.max(key),
+                Input::After(half) => latest = latest.max(half),
             }
         }
         Input::After(latest)
@@ -236,34 +229,29 @@ impl Deps<'_> {
     /// this rank did before (the same rule as PyTorch's), else never runs.
     #[inline]
     fn simple_input(&self, action: &Action, rank: usize, state: &mut State) -> Input {
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let has = |s: usize, k: ActionKind| state.done.has(rank, self.cells.get(s, k, mb));
+        let (stage, mb) = (action.stage(), action.microbatch_slot());
+        let has = |s: usize, k: usize| {
+            self.pairs
+                .pair(s, mb)
+                .is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+        };
         let local = match action.kind() {
-            ActionKind::Forward => {
-                stage == 0 || has(stage, ActionKind::RecvF) || has(stage - 1, ActionKind::Forward)
-            }
+            ActionKind::Forward => stage == 0 || has(stage, RECV_F) || has(stage - 1, FORWARD),
             ActionKind::BackwardInput | ActionKind::FullBackward => {
                 stage + 1 >= self.stages
-                    || has(stage, ActionKind::RecvB)
-                    || has(stage + 1, ActionKind::BackwardInput)
-                    || has(stage + 1, ActionKind::FullBackward)
+                    || has(stage, RECV_B)
+                    || has(stage + 1, BACKWARD_INPUT)
+                    || has(stage + 1, FULL_BACKWARD)
             }
-            ActionKind::SendF => has(stage, ActionKind::Forward),
-            ActionKind::SendB => {
-                has(stage, ActionKind::BackwardInput) || has(stage, ActionKind::FullBackward)
-            }
+            ActionKind::SendF => has(stage, FORWARD),
+            ActionKind::SendB => has(stage, BACKWARD_INPUT) || has(stage, FULL_BACKWARD),
             ActionKind::RecvF => {
-                let send = stage
-                    .checked_sub(1)
-                    .and_then(|s| Some((self.peer(s)?, self.cells.get(s, ActionKind::SendF, mb)?)));
-                return self.remote(send, rank, state);
+                let Some(from) = stage.checked_sub(1) else {
+                    return Input::Wait;
+                };
+                return self.remote(from, mb, 0, rank, state);
             }
-            ActionKind::RecvB => {
-                let send = self
-                    .peer(stage + 1)
-                    .and_then(|p| Some((p, self.cells.get(stage + 1, ActionKind::SendB, mb)?)));
-                return self.remote(send, rank, state);
-            }
+            ActionKind::RecvB => return self.remote(stage + 1, mb, 1, rank, state),
             ActionKind::BackwardWeight
             | ActionKind::Unshard
             | ActionKind::Reshard
@@ -271,26 +259,29 @@ impl Deps<'_> {
             | ActionKind::OverlapFB => true,
         };
         if local {
-            Input::After(None)
+            Input::After(0)
         } else {
             // Only this rank's later actions could provide it: never.
             Input::Wait
         }
     }
 
-    /// A receive's input: `send` (its rank and cell) once placed; a
-    /// receive with no such send waits forever.
+    /// A receive's input: the send (`dir` 0: SEND_F, 1: SEND_B) of
+    /// microbatch slot `mb` by stage `from`'s rank, once placed; a receive
+    /// with no such rank waits forever.
     #[inline]
-    fn remote(&self, send: Option<(usize, usize)>, rank: usize, state: &mut State) -> Input {
-        let Some((_, cell)) = send else {
+    fn remote(&self, from: usize, mb: usize, dir: usize, rank: usize, state: &mut State) -> Input {
+        let (Some(peer), Some(pair)) = (self.peer(from), self.pairs.pair(from, mb)) else {
             return Input::Wait;
         };
+        let cell = pair * 2 + dir;
         match state.sent[cell] {
             0 => {
                 state.wait(rank, cell);
                 Input::Wait
             }
-            placed => Input::After(Some(placed - 1)),
+            // Seen in the same pass after the sender, else in the next.
+            placed => Input::After(placed - 1 + u64::from(rank <= peer)),
         }
     }
 }
