@@ -183,6 +183,21 @@ impl Action {
         }
     }
 
+    /// A simple action of `kind` on `stage` with this action's microbatch
+    /// (the send or receive a compute action's output needs).
+    #[inline]
+    pub(crate) fn with_stage_kind(&self, stage: usize, kind: ActionKind) -> Action {
+        match u32::try_from(stage) {
+            Ok(stage) => Action {
+                stage,
+                microbatch: self.microbatch,
+                kind,
+                sub_actions: None,
+            },
+            Err(_) => Action::new(stage, kind, self.microbatch()),
+        }
+    }
+
     /// A forward of `microbatch` on `stage`.
     pub fn forward(stage: usize, microbatch: usize) -> Action {
         Action::new(stage, ActionKind::Forward, Some(microbatch))
