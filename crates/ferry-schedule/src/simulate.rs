@@ -3,7 +3,7 @@
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Done};
+use crate::done::Done;
 use crate::pairs::{self, Numbering, Pairs};
 use crate::pairs::{BACKWARD_INPUT, FORWARD, FULL_BACKWARD, KINDS, RECV_B, RECV_F, SEND_B, SEND_F};
 use crate::timeline::Timeline;
@@ -84,40 +84,41 @@ fn run<'a, P: Pairs>(
     while let Some(rank) = runnable.pop() {
         let row = &lowered.ranks[rank];
         let at = &mut at[offsets[rank]..offsets[rank + 1]];
-        while let Some(slot) = row.get(pos[rank]) {
+        let mut i = pos[rank];
+        // The first half-step (step × 2 + pass) this rank's next action
+        // may take.
+        let mut earliest = 2 * first_step[rank];
+        while let Some(slot) = row.get(i) {
             let Some(action) = slot else {
-                pos[rank] += 1;
+                i += 1;
                 continue;
             };
-            let after = match sim.input(action, rank, &mut state) {
-                Input::Wait => break,
-                Input::After(half) => half,
-            };
-            // The first half-step (pass) of this rank past both its
-            // previous action and its input.
-            let half = after.max(2 * first_step[rank]);
-            let step = half / 2;
-            at[pos[rank]] = step as usize;
-            steps = steps.max(step + 1);
-            first_step[rank] = step + 1;
-            pos[rank] += 1;
-            for leaf in recorded(action) {
-                let Some(k) = pairs::kind_slot(leaf.kind()) else {
-                    continue;
+            let half = if action.sub_actions().is_empty() {
+                match sim.run_simple(action, rank, earliest, &mut state, &mut runnable) {
+                    Some(half) => half,
+                    None => break,
+                }
+            } else {
+                let after = match sim.input(action, rank, &mut state) {
+                    Input::Wait => break,
+                    Input::After(half) => half,
                 };
-                let Some(pair) = pairs.pair(leaf.stage(), leaf.microbatch_slot()) else {
-                    continue;
-                };
-                state.done.insert(rank, pair * KINDS + k);
-                if (k == SEND_F || k == SEND_B) && stage_to_rank.get(leaf.stage()) == Some(&rank) {
-                    let cell = pair * 2 + (k - SEND_F);
-                    if state.sent[cell] == 0 {
-                        state.sent[cell] = half + 1;
-                        state.wake(cell, &mut runnable);
+                let half = after.max(earliest);
+                for leaf in action.sub_actions() {
+                    if leaf.sub_actions().is_empty() {
+                        sim.record(leaf, rank, half, &mut state, &mut runnable);
                     }
                 }
-            }
+                half
+            };
+            let step = half / 2;
+            at[i] = step as usize;
+            earliest = 2 * (step + 1);
+            i += 1;
         }
+        pos[rank] = i;
+        first_step[rank] = earliest / 2;
+        steps = steps.max(first_step[rank]);
     }
     let waiting: Vec<(usize, Action)> = lowered
         .ranks
@@ -182,13 +183,6 @@ pub fn steps(timeline: &Schedule) -> usize {
     timeline.ranks.iter().map(Vec::len).max().unwrap_or(0)
 }
 
-/// What doing `action` records, as far as readiness can ever ask: its
-/// simple sub-actions, or itself when it is simple (a compound action
-/// never stands for a simple one).
-fn recorded(action: &Action) -> impl Iterator<Item = &Action> {
-    leaves(action).iter().filter(|a| a.sub_actions().is_empty())
-}
-
 struct Deps<'a, P> {
     stage_to_rank: &'a [usize],
     stages: usize,
@@ -204,6 +198,123 @@ impl<P: Pairs> Deps<'_, P> {
             .get(s)
             .copied()
             .filter(|&r| r < self.ranks)
+    }
+
+    /// Runs the simple `action` on `rank` if its input is there: records
+    /// it and returns its half-step, the first at or after `earliest` in
+    /// which the rank sees its input. `None`: the rank waits (registered
+    /// for the send it needs, if one can come).
+    #[inline(always)]
+    fn run_simple(
+        &self,
+        action: &Action,
+        rank: usize,
+        earliest: u64,
+        state: &mut State,
+        runnable: &mut Vec<usize>,
+    ) -> Option<u64> {
+        let (stage, mb) = (action.stage(), action.microbatch_slot());
+        let here = self.pairs.pair(stage, mb);
+        let has = |pair: Option<usize>, k: usize| {
+            pair.is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+        };
+        let below = || stage.checked_sub(1).and_then(|s| self.pairs.pair(s, mb));
+        let above = || self.pairs.pair(stage + 1, mb);
+        // The cell this action records, once it runs.
+        let (ready, cell) = match action.kind() {
+            ActionKind::Forward => (
+                stage == 0 || has(here, RECV_F) || has(below(), FORWARD),
+                FORWARD,
+            ),
+            kind @ (ActionKind::BackwardInput | ActionKind::FullBackward) => {
+                let ready = stage + 1 >= self.stages
+                    || has(here, RECV_B)
+                    || has(above(), BACKWARD_INPUT)
+                    || has(above(), FULL_BACKWARD);
+                let cell = if kind == ActionKind::FullBackward {
+                    FULL_BACKWARD
+                } else {
+                    BACKWARD_INPUT
+                };
+                (ready, cell)
+            }
+            ActionKind::SendF | ActionKind::SendB => {
+                let ready = if action.kind() == ActionKind::SendF {
+                    has(here, FORWARD)
+                } else {
+                    has(here, BACKWARD_INPUT) || has(here, FULL_BACKWARD)
+                };
+                if !ready {
+                    return None;
+                }
+                // Only the place of a send by its stage's rank is ever
+                // asked about (by the receive).
+                if let Some(p) = here.filter(|_| self.stage_to_rank.get(stage) == Some(&rank)) {
+                    let cell = p * 2 + usize::from(action.kind() == ActionKind::SendB);
+                    if state.sent[cell] == 0 {
+                        state.sent[cell] = earliest + 1;
+                        state.wake(cell, runnable);
+                    }
+                }
+                return Some(earliest);
+            }
+            ActionKind::RecvF | ActionKind::RecvB => {
+                let after = match self.simple_input(action, rank, state) {
+                    Input::Wait => return None,
+                    Input::After(after) => after,
+                };
+                let half = after.max(earliest);
+                let cell = if action.kind() == ActionKind::RecvF {
+                    RECV_F
+                } else {
+                    RECV_B
+                };
+                if let Some(p) = here {
+                    state.done.insert(rank, p * KINDS + cell);
+                }
+                return Some(half);
+            }
+            ActionKind::BackwardWeight
+            | ActionKind::Unshard
+            | ActionKind::Reshard
+            | ActionKind::ReduceGrad
+            | ActionKind::OverlapFB => return Some(earliest),
+        };
+        if !ready {
+            return None;
+        }
+        if let Some(p) = here {
+            state.done.insert(rank, p * KINDS + cell);
+        }
+        Some(earliest)
+    }
+
+    /// Records that `rank` did the simple `leaf` in half-step `half`: its
+    /// cell, and for a send by the rank its stage is placed on, the
+    /// half-step the receives wait for (waking the ranks waiting).
+    #[inline]
+    fn record(
+        &self,
+        leaf: &Action,
+        rank: usize,
+        half: u64,
+        state: &mut State,
+        runnable: &mut Vec<usize>,
+    ) {
+        let Some(k) = pairs::kind_slot(leaf.kind()) else {
+            return;
+        };
+        let Some(pair) = self.pairs.pair(leaf.stage(), leaf.microbatch_slot()) else {
+            return;
+        };
+        state.done.insert(rank, pair * KINDS + k);
+        if (k == SEND_F || k == SEND_B) && self.stage_to_rank.get(leaf.stage()) == Some(&rank) {
+            let cell = pair * 2 + (k - SEND_F);
+            if state.sent[cell] == 0 {
+                state.sent[cell] = half + 1;
+                state.wake(cell, runnable);
+            }
+        }
     }
 
     /// The input of `action` on `rank`: all its sub-actions' inputs (a
