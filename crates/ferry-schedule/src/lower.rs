@@ -59,7 +59,7 @@ pub enum LowerError {
 /// `stage_to_rank[s]` is the rank of stage `s`.
 pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
     let out_len = lowered_lengths(compute, stage_to_rank)?;
-    match pairs::number(compute.ranks.iter().flatten().flatten()) {
+    match pairs::number(compute) {
         Numbering::Dense(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
         Numbering::Sparse(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
     }

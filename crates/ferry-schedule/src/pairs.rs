@@ -11,7 +11,8 @@
 
 use std::collections::HashMap;
 
-use crate::action::{Action, ActionKind};
+use crate::action::ActionKind;
+use crate::csv::Schedule;
 use crate::done::leaves;
 
 /// Cells per pair (7 kinds, one spare so a cell is `pair * 8 + kind`).
@@ -46,7 +47,7 @@ pub(crate) const RECV_B: usize = 6;
 const DENSE_CELLS_PER_ACTION: usize = 64;
 
 /// Numbers (stage, microbatch slot) pairs: the slot is
-/// [`Action::microbatch_slot`] (0 for none). Every pair within one stage
+/// [`crate::Action::microbatch_slot`] (0 for none). Every pair within one stage
 /// of an action of the schedule, with that action's microbatch, has a
 /// number below [`Pairs::len`].
 pub(crate) trait Pairs {
@@ -97,20 +98,22 @@ pub(crate) enum Numbering {
     Sparse(Sparse),
 }
 
-/// Numbers the pairs of every action in `actions` (sub-actions included)
+/// Numbers the pairs of every action of `schedule` (sub-actions included)
 /// and their neighbour stages.
-pub(crate) fn number<'a>(actions: impl Iterator<Item = &'a Action> + Clone) -> Numbering {
+pub(crate) fn number(schedule: &Schedule) -> Numbering {
     let (mut stages, mut mbs, mut count) = (0usize, 0usize, 0usize);
-    for a in actions.clone() {
-        if a.sub_actions().is_empty() {
-            count += 1;
-            stages = stages.max(a.stage());
-            mbs = mbs.max(a.microbatch_slot());
-        } else {
-            for leaf in a.sub_actions() {
-                count += 1;
-                stages = stages.max(leaf.stage());
-                mbs = mbs.max(leaf.microbatch_slot());
+    for row in &schedule.ranks {
+        count += row.len();
+        for a in row.iter().flatten() {
+            if a.sub_actions().is_empty() {
+                stages = stages.max(a.stage());
+                mbs = mbs.max(a.microbatch_slot());
+            } else {
+                for leaf in a.sub_actions() {
+                    count += 1;
+                    stages = stages.max(leaf.stage());
+                    mbs = mbs.max(leaf.microbatch_slot());
+                }
             }
         }
     }
@@ -127,7 +130,7 @@ pub(crate) fn number<'a>(actions: impl Iterator<Item = &'a Action> + Clone) -> N
         return Numbering::Dense(Dense { stages, mbs });
     }
     let mut map = HashMap::new();
-    for a in actions {
+    for a in schedule.ranks.iter().flatten().flatten() {
         for leaf in leaves(a) {
             let (stage, mb) = (leaf.stage(), leaf.microbatch_slot());
             let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];

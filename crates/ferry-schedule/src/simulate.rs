@@ -43,7 +43,7 @@ pub fn simulate_unit_steps<'a>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
 ) -> Result<Timeline<'a>, Deadlock> {
-    match pairs::number(lowered.ranks.iter().flatten().flatten()) {
+    match pairs::number(lowered) {
         Numbering::Dense(pairs) => run(lowered, stage_to_rank, &pairs),
         Numbering::Sparse(pairs) => run(lowered, stage_to_rank, &pairs),
     }
@@ -258,21 +258,28 @@ impl<P: Pairs> Deps<'_, P> {
                 }
                 return Some(earliest);
             }
-            ActionKind::RecvF | ActionKind::RecvB => {
-                let after = match self.simple_input(action, rank, state) {
-                    Input::Wait => return None,
-                    Input::After(after) => after,
-                };
-                let half = after.max(earliest);
-                let cell = if action.kind() == ActionKind::RecvF {
-                    RECV_F
+            kind @ (ActionKind::RecvF | ActionKind::RecvB) => {
+                // The send of the peer stage, by the rank it is placed on;
+                // with no such send the receive waits forever.
+                let (from, dir, cell) = if kind == ActionKind::RecvF {
+                    (stage.checked_sub(1)?, 0, RECV_F)
                 } else {
-                    RECV_B
+                    (stage + 1, 1, RECV_B)
+                };
+                let peer = self.peer(from)?;
+                let send = self.pairs.pair(from, mb)? * 2 + dir;
+                let after = match state.sent[send] {
+                    0 => {
+                        state.wait(rank, send);
+                        return None;
+                    }
+                    // Seen in the same pass after the sender, else in the next.
+                    placed => placed - 1 + u64::from(rank <= peer),
                 };
                 if let Some(p) = here {
                     state.done.insert(rank, p * KINDS + cell);
                 }
-                return Some(half);
+                return Some(after.max(earliest));
             }
             ActionKind::BackwardWeight
             | ActionKind::Unshard
