@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 use crate::done::{leaves, Done, RankSet, Waiters};
-use crate::pairs::{self, Numbering, Pairs};
+use crate::pairs::{Extent, Numbering, Pairs};
 use crate::pairs::{BACKWARD_INPUT, FORWARD, FULL_BACKWARD, KINDS, RECV_B, RECV_F};
 
 pub mod defer;
@@ -58,27 +58,34 @@ pub enum LowerError {
 ///
 /// `stage_to_rank[s]` is the rank of stage `s`.
 pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
-    let out_len = lowered_lengths(compute, stage_to_rank)?;
-    match pairs::number(compute) {
+    let (out_len, extent) = lowered_lengths(compute, stage_to_rank)?;
+    match extent.number(compute) {
         Numbering::Dense(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
         Numbering::Sparse(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
     }
 }
 
 /// How many actions each rank's lowered list gets (its own, its sends and
-/// the receives posted to it, if every action runs); an error for an
-/// action whose stage is not placed.
-fn lowered_lengths(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Vec<usize>, LowerError> {
+/// the receives posted to it, if every action runs) and the extent of the
+/// pairs to number; an error for an action whose stage is not placed.
+fn lowered_lengths(
+    compute: &Schedule,
+    stage_to_rank: &[usize],
+) -> Result<(Vec<usize>, Extent), LowerError> {
     let stages = stage_to_rank.len();
     let ctx = Boundaries {
         stage_to_rank,
         stages,
     };
     let mut out_len: Vec<usize> = vec![0; compute.ranks.len()];
+    let mut extent = Extent::default();
     for (rank, row) in compute.ranks.iter().enumerate() {
+        extent.count += row.len();
         for action in row.iter().flatten() {
             out_len[rank] += 1;
+            extent.count += action.sub_actions().len();
             for leaf in leaves(action) {
+                extent.add(leaf);
                 if leaf.stage() >= stages {
                     return Err(LowerError::UnknownStage {
                         rank,
@@ -96,7 +103,7 @@ fn lowered_lengths(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Vec<us
             }
         }
     }
-    Ok(out_len)
+    Ok((out_len, extent))
 }
 
 /// [`add_send_recv`] with the pairs of `compute` numbered and the length of

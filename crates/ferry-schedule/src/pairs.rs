@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use crate::action::ActionKind;
+use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 use crate::done::leaves;
 
@@ -101,44 +101,67 @@ pub(crate) enum Numbering {
 /// Numbers the pairs of every action of `schedule` (sub-actions included)
 /// and their neighbour stages.
 pub(crate) fn number(schedule: &Schedule) -> Numbering {
-    let (mut stages, mut mbs, mut count) = (0usize, 0usize, 0usize);
+    let mut extent = Extent::default();
     for row in &schedule.ranks {
-        count += row.len();
+        extent.count += row.len();
         for a in row.iter().flatten() {
             if a.sub_actions().is_empty() {
-                stages = stages.max(a.stage());
-                mbs = mbs.max(a.microbatch_slot());
+                extent.add(a);
             } else {
                 for leaf in a.sub_actions() {
-                    count += 1;
-                    stages = stages.max(leaf.stage());
-                    mbs = mbs.max(leaf.microbatch_slot());
+                    extent.count += 1;
+                    extent.add(leaf);
                 }
             }
         }
     }
-    // Lookups reach one stage further than any action names.
-    let (stages, mbs) = (stages.saturating_add(2), mbs.saturating_add(1));
-    let limit = count
-        .saturating_mul(DENSE_CELLS_PER_ACTION)
-        .saturating_add(1 << 12);
-    let dense = stages
-        .checked_mul(mbs)
-        .and_then(|n| n.checked_mul(KINDS))
-        .is_some_and(|len| len <= limit);
-    if dense {
-        return Numbering::Dense(Dense { stages, mbs });
+    extent.number(schedule)
+}
+
+/// The largest stage and microbatch slot of a schedule's simple actions,
+/// gathered while walking it, and how many slots and leaves it has.
+#[derive(Default)]
+pub(crate) struct Extent {
+    stages: usize,
+    mbs: usize,
+    /// Slots and sub-actions walked (sizes the dense grid's limit).
+    pub(crate) count: usize,
+}
+
+impl Extent {
+    /// Takes the simple `leaf` into account.
+    #[inline]
+    pub(crate) fn add(&mut self, leaf: &Action) {
+        self.stages = self.stages.max(leaf.stage());
+        self.mbs = self.mbs.max(leaf.microbatch_slot());
     }
-    let mut map = HashMap::new();
-    for a in schedule.ranks.iter().flatten().flatten() {
-        for leaf in leaves(a) {
-            let (stage, mb) = (leaf.stage(), leaf.microbatch_slot());
-            let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];
-            for s in near.into_iter().flatten() {
-                let next = map.len();
-                map.entry((s, mb)).or_insert(next);
+
+    /// The numbering of `schedule`, every simple action of which was added.
+    pub(crate) fn number(self, schedule: &Schedule) -> Numbering {
+        // Lookups reach one stage further than any action names.
+        let (stages, mbs) = (self.stages.saturating_add(2), self.mbs.saturating_add(1));
+        let limit = self
+            .count
+            .saturating_mul(DENSE_CELLS_PER_ACTION)
+            .saturating_add(1 << 12);
+        let dense = stages
+            .checked_mul(mbs)
+            .and_then(|n| n.checked_mul(KINDS))
+            .is_some_and(|len| len <= limit);
+        if dense {
+            return Numbering::Dense(Dense { stages, mbs });
+        }
+        let mut map = HashMap::new();
+        for a in schedule.ranks.iter().flatten().flatten() {
+            for leaf in leaves(a) {
+                let (stage, mb) = (leaf.stage(), leaf.microbatch_slot());
+                let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];
+                for s in near.into_iter().flatten() {
+                    let next = map.len();
+                    map.entry((s, mb)).or_insert(next);
+                }
             }
         }
+        Numbering::Sparse(Sparse { map })
     }
-    Numbering::Sparse(Sparse { map })
 }
