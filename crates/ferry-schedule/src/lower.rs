@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 use crate::done::{leaves, Done, RankSet, Waiters};
+use crate::pairs::{self, BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
 use crate::pairs::{Extent, Numbering, Pairs};
-use crate::pairs::{BACKWARD_INPUT, FORWARD, FULL_BACKWARD, KINDS, RECV_B, RECV_F};
 
 pub mod defer;
 mod unshard;
@@ -166,7 +166,7 @@ fn in_rounds<P: Pairs>(
                     // What readiness asks about: a rank's own compute (or
                     // receive) leaves and the receives posted to it.
                     if leaf.sub_actions().is_empty() {
-                        if let Some(cell) = asked(leaf.kind()).and_then(|k| {
+                        if let Some(cell) = pairs::kind_slot(leaf.kind()).and_then(|k| {
                             Some(pairs.pair(leaf.stage(), leaf.microbatch_slot())? * KINDS + k)
                         }) {
                             done.insert(rank, cell);
@@ -215,20 +215,6 @@ fn in_rounds<P: Pairs>(
     Ok(Schedule::new(out))
 }
 
-/// The cell slot of a kind lowering's readiness asks about (F, B, I,
-/// RECV_F, RECV_B), if it is one.
-#[inline]
-fn asked(kind: ActionKind) -> Option<usize> {
-    match kind {
-        ActionKind::Forward => Some(FORWARD),
-        ActionKind::FullBackward => Some(FULL_BACKWARD),
-        ActionKind::BackwardInput => Some(BACKWARD_INPUT),
-        ActionKind::RecvF => Some(RECV_F),
-        ActionKind::RecvB => Some(RECV_B),
-        _ => None,
-    }
-}
-
 /// What an action's input can come from on its rank: nothing needed
 /// (`None`), or any one of up to three cells (slot within the pair, stage).
 #[inline]
@@ -238,14 +224,9 @@ fn needs(action: &Action, stages: usize) -> Option<([(usize, usize); 3], usize)>
         ActionKind::Forward if stage > 0 => {
             Some(([(RECV_F, stage), (FORWARD, stage - 1), (0, 0)], 2))
         }
-        ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < stages => Some((
-            [
-                (RECV_B, stage),
-                (BACKWARD_INPUT, stage + 1),
-                (FULL_BACKWARD, stage + 1),
-            ],
-            3,
-        )),
+        ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < stages => {
+            Some(([(RECV_B, stage), (BACKWARD, stage + 1), (0, 0)], 2))
+        }
         _ => None,
     }
 }

@@ -2,7 +2,7 @@
 //! unit-step simulator ([`crate::simulate_unit_steps`]): every (stage,
 //! microbatch) pair an action of the schedule can ask about gets a number,
 //! and each pair [`KINDS`] cells, one per kind readiness asks about (F,
-//! B, I, SEND_F, SEND_B, RECV_F, RECV_B).
+//! B or I, RECV_F, RECV_B).
 //!
 //! Pairs are numbered densely (stage × microbatch) when that grid is small
 //! enough for the schedule, else (e.g. microbatch numbers far apart) by a
@@ -15,18 +15,17 @@ use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 use crate::done::leaves;
 
-/// Cells per pair (7 kinds, one spare so a cell is `pair * 8 + kind`).
-pub(crate) const KINDS: usize = 8;
+/// Cells per pair: what readiness asks about, F, B or I (always asked
+/// together), RECV_F and RECV_B. (Sends are asked about by receives only,
+/// with their place: the simulator keeps them apart.)
+pub(crate) const KINDS: usize = 4;
 
 /// The cell of a kind readiness asks about, within its pair.
 #[inline]
 pub(crate) fn kind_slot(kind: ActionKind) -> Option<usize> {
     Some(match kind {
         ActionKind::Forward => FORWARD,
-        ActionKind::FullBackward => FULL_BACKWARD,
-        ActionKind::BackwardInput => BACKWARD_INPUT,
-        ActionKind::SendF => SEND_F,
-        ActionKind::SendB => SEND_B,
+        ActionKind::FullBackward | ActionKind::BackwardInput => BACKWARD,
         ActionKind::RecvF => RECV_F,
         ActionKind::RecvB => RECV_B,
         _ => return None,
@@ -35,12 +34,9 @@ pub(crate) fn kind_slot(kind: ActionKind) -> Option<usize> {
 
 /// Cell slots within a pair.
 pub(crate) const FORWARD: usize = 0;
-pub(crate) const FULL_BACKWARD: usize = 1;
-pub(crate) const BACKWARD_INPUT: usize = 2;
-pub(crate) const SEND_F: usize = 3;
-pub(crate) const SEND_B: usize = 4;
-pub(crate) const RECV_F: usize = 5;
-pub(crate) const RECV_B: usize = 6;
+pub(crate) const BACKWARD: usize = 1;
+pub(crate) const RECV_F: usize = 2;
+pub(crate) const RECV_B: usize = 3;
 
 /// Dense tables are used while they hold at most this many cells per
 /// action of the schedule (plus a constant).

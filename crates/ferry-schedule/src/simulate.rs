@@ -5,7 +5,7 @@ use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
 use crate::done::Done;
 use crate::pairs::{self, Numbering, Pairs};
-use crate::pairs::{BACKWARD_INPUT, FORWARD, FULL_BACKWARD, KINDS, RECV_B, RECV_F, SEND_B, SEND_F};
+use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
 use crate::timeline::Timeline;
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
@@ -226,23 +226,15 @@ impl<P: Pairs> Deps<'_, P> {
                 stage == 0 || has(here, RECV_F) || has(below(), FORWARD),
                 FORWARD,
             ),
-            kind @ (ActionKind::BackwardInput | ActionKind::FullBackward) => {
-                let ready = stage + 1 >= self.stages
-                    || has(here, RECV_B)
-                    || has(above(), BACKWARD_INPUT)
-                    || has(above(), FULL_BACKWARD);
-                let cell = if kind == ActionKind::FullBackward {
-                    FULL_BACKWARD
-                } else {
-                    BACKWARD_INPUT
-                };
-                (ready, cell)
-            }
+            ActionKind::BackwardInput | ActionKind::FullBackward => (
+                stage + 1 >= self.stages || has(here, RECV_B) || has(above(), BACKWARD),
+                BACKWARD,
+            ),
             ActionKind::SendF | ActionKind::SendB => {
                 let ready = if action.kind() == ActionKind::SendF {
                     has(here, FORWARD)
                 } else {
-                    has(here, BACKWARD_INPUT) || has(here, FULL_BACKWARD)
+                    has(here, BACKWARD)
                 };
                 if !ready {
                     return None;
@@ -308,18 +300,23 @@ impl<P: Pairs> Deps<'_, P> {
         state: &mut State,
         runnable: &mut Vec<usize>,
     ) {
-        let Some(k) = pairs::kind_slot(leaf.kind()) else {
-            return;
-        };
         let Some(pair) = self.pairs.pair(leaf.stage(), leaf.microbatch_slot()) else {
             return;
         };
-        state.done.insert(rank, pair * KINDS + k);
-        if (k == SEND_F || k == SEND_B) && self.stage_to_rank.get(leaf.stage()) == Some(&rank) {
-            let cell = pair * 2 + (k - SEND_F);
-            if state.sent[cell] == 0 {
-                state.sent[cell] = half + 1;
-                state.wake(cell, runnable);
+        match leaf.kind() {
+            kind @ (ActionKind::SendF | ActionKind::SendB) => {
+                if self.stage_to_rank.get(leaf.stage()) == Some(&rank) {
+                    let cell = pair * 2 + usize::from(kind == ActionKind::SendB);
+                    if state.sent[cell] == 0 {
+                        state.sent[cell] = half + 1;
+                        state.wake(cell, runnable);
+                    }
+                }
+            }
+            kind => {
+                if let Some(k) = pairs::kind_slot(kind) {
+                    state.done.insert(rank, pair * KINDS + k);
+                }
             }
         }
     }
@@ -356,13 +353,10 @@ impl<P: Pairs> Deps<'_, P> {
         let local = match action.kind() {
             ActionKind::Forward => stage == 0 || has(stage, RECV_F) || has(stage - 1, FORWARD),
             ActionKind::BackwardInput | ActionKind::FullBackward => {
-                stage + 1 >= self.stages
-                    || has(stage, RECV_B)
-                    || has(stage + 1, BACKWARD_INPUT)
-                    || has(stage + 1, FULL_BACKWARD)
+                stage + 1 >= self.stages || has(stage, RECV_B) || has(stage + 1, BACKWARD)
             }
             ActionKind::SendF => has(stage, FORWARD),
-            ActionKind::SendB => has(stage, BACKWARD_INPUT) || has(stage, FULL_BACKWARD),
+            ActionKind::SendB => has(stage, BACKWARD),
             ActionKind::RecvF => {
                 let Some(from) = stage.checked_sub(1) else {
                     return Input::Wait;
