@@ -7,7 +7,7 @@
 //! Pairs are numbered densely (stage × microbatch) when that grid is small
 //! enough for the schedule, else (e.g. microbatch numbers far apart) by a
 //! map of the pairs present. The work is written once, generic over
-//! [`Pairs`], so the dense case has no lookups and no checks.
+//! [`Pairs`], so the dense case hashes nothing.
 
 use std::collections::HashMap;
 
