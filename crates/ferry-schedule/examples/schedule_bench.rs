@@ -24,7 +24,7 @@
 use std::error::Error;
 use std::time::Instant;
 
-use ferry_schedule::{add_send_recv, simulate_unit_steps, steps, ScheduleKind};
+use ferry_schedule::{add_send_recv, simulate_unit_steps, ScheduleKind};
 use serde_json::{json, Value};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -124,7 +124,7 @@ fn one_rep(kind: ScheduleKind, ranks: usize, micro: usize) -> Result<Rep> {
         generate: (t1 - t0).as_secs_f64(),
         lower: (t2 - t1).as_secs_f64(),
         simulate: (t3 - t2).as_secs_f64(),
-        steps: steps(&timeline),
+        steps: timeline.steps(),
         actions,
     })
 }

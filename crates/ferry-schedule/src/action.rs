@@ -183,6 +183,21 @@ impl Action {
         }
     }
 
+    /// A simple action of `kind` on `stage` with this action's microbatch
+    /// (the send or receive a compute action's output needs).
+    #[inline]
+    pub(crate) fn with_stage_kind(&self, stage: usize, kind: ActionKind) -> Action {
+        match u32::try_from(stage) {
+            Ok(stage) => Action {
+                stage,
+                microbatch: self.microbatch,
+                kind,
+                sub_actions: None,
+            },
+            Err(_) => Action::new(stage, kind, self.microbatch()),
+        }
+    }
+
     /// A forward of `microbatch` on `stage`.
     pub fn forward(stage: usize, microbatch: usize) -> Action {
         Action::new(stage, ActionKind::Forward, Some(microbatch))
@@ -222,6 +237,13 @@ impl Action {
     #[inline]
     pub fn microbatch(&self) -> Option<usize> {
         (self.microbatch != NO_MICROBATCH).then_some(self.microbatch as usize)
+    }
+
+    /// The microbatch as a table index: 0 when the kind has none, else
+    /// the microbatch + 1 (the simulators' flat tables).
+    #[inline]
+    pub(crate) fn microbatch_slot(&self) -> usize {
+        self.microbatch.wrapping_add(1) as usize
     }
 
     /// The sub-actions of a compound action (empty for a simple one).

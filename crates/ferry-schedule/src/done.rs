@@ -1,128 +1,13 @@
 //! Bookkeeping shared by lowering ([`crate::lower::add_send_recv`]) and the
 //! unit-step simulator ([`crate::simulate::simulate_unit_steps`]): which
 //! rank has done which action, which blocked rank waits for which action,
-//! and sets of ranks, all in flat tables so that both run in time
-//! proportional to the number of actions (no hashing of actions).
-//!
-//! Only the kinds readiness ever asks about are kept: F, B, I, SEND_F,
-//! SEND_B, RECV_F and RECV_B.
+//! and sets of ranks, all in flat tables (indexed by [`crate::pairs`]) so
+//! that both run in time proportional to the number of actions (no hashing
+//! of actions).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use crate::action::{Action, ActionKind};
-
-/// The slot of a kind readiness asks about, if it is one.
-fn kind_slot(kind: ActionKind) -> Option<usize> {
-    Some(match kind {
-        ActionKind::Forward => 0,
-        ActionKind::FullBackward => 1,
-        ActionKind::BackwardInput => 2,
-        ActionKind::SendF => 3,
-        ActionKind::SendB => 4,
-        ActionKind::RecvF => 5,
-        ActionKind::RecvB => 6,
-        _ => return None,
-    })
-}
-const KINDS: usize = 7;
-
-/// Dense tables are used while they hold at most this many cells per
-/// action of the schedule (plus a constant); beyond (e.g. microbatch
-/// numbers far apart), a hash map numbers the keys present.
-const DENSE_CELLS_PER_ACTION: usize = 64;
-
-/// Numbers every (stage, kind, microbatch) key an action of one schedule
-/// can have: densely (stage × microbatch grid per kind) when that grid is
-/// small enough, else by a map of the keys the schedule's actions can
-/// name (their stage or a neighbour, any kind, their microbatch); any
-/// other key is never done.
-pub(crate) struct Cells {
-    len: usize,
-    dense: Option<(usize, usize)>,
-    sparse: HashMap<(usize, usize, Option<usize>), usize>,
-}
-
-impl Cells {
-    /// The cells of every action in `rows` (sub-actions included).
-    pub(crate) fn new<'a>(rows: impl Iterator<Item = &'a Action> + Clone) -> Cells {
-        let (mut stages, mut mbs, mut count) = (0usize, 0usize, 0usize);
-        for a in rows.clone() {
-            for leaf in leaves(a) {
-                count += 1;
-                stages = stages.max(leaf.stage().saturating_add(1));
-                if let Some(mb) = leaf.microbatch() {
-                    mbs = mbs.max(mb.saturating_add(2));
-                }
-            }
-        }
-        // Lookups reach one stage further than any action names.
-        let stages = stages.saturating_add(1);
-        let mbs = mbs.max(1);
-        let limit = count
-            .saturating_mul(DENSE_CELLS_PER_ACTION)
-            .saturating_add(1 << 12);
-        let dense_len = stages
-            .checked_mul(mbs)
-            .and_then(|n| n.checked_mul(KINDS))
-            .filter(|&len| len <= limit);
-        if let Some(len) = dense_len {
-            return Cells {
-                len,
-                dense: Some((stages, mbs)),
-                sparse: HashMap::new(),
-            };
-        }
-        // Every key readiness, lowering or recording can name from an
-        // action: any kind, on its stage or a neighbour, same microbatch.
-        let mut sparse = HashMap::new();
-        for a in rows {
-            for leaf in leaves(a) {
-                let (stage, mb) = (leaf.stage(), leaf.microbatch());
-                let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];
-                for s in near.into_iter().flatten() {
-                    for k in 0..KINDS {
-                        let next = sparse.len();
-                        sparse.entry((k, s, mb)).or_insert(next);
-                    }
-                }
-            }
-        }
-        Cells {
-            len: sparse.len(),
-            dense: None,
-            sparse,
-        }
-    }
-
-    /// How many cells there are.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The cell of (`stage`, `kind`, `mb`), if it can ever be done.
-    #[inline(always)]
-    pub(crate) fn get(&self, stage: usize, kind: ActionKind, mb: Option<usize>) -> Option<usize> {
-        let k = kind_slot(kind)?;
-        match self.dense {
-            Some((stages, mbs)) => {
-                let m = match mb {
-                    None => 0,
-                    Some(mb) => mb.checked_add(1).filter(|&m| m < mbs)?,
-                };
-                // Kinds of one (stage, microbatch) side by side, then
-                // microbatches: what one action looks up is close together.
-                (stage < stages).then(|| (stage * mbs + m) * KINDS + k)
-            }
-            None => self.sparse.get(&(k, stage, mb)).copied(),
-        }
-    }
-
-    /// The cell of a simple action.
-    #[inline]
-    pub(crate) fn of(&self, a: &Action) -> Option<usize> {
-        self.get(a.stage(), a.kind(), a.microbatch())
-    }
-}
+use crate::action::Action;
 
 /// The sub-actions of a compound action, or the action itself.
 #[inline]
@@ -164,8 +49,7 @@ impl Done {
 
     /// Whether `rank` did `cell`.
     #[inline]
-    pub(crate) fn has(&self, rank: usize, cell: Option<usize>) -> bool {
-        let Some(cell) = cell else { return false };
+    pub(crate) fn has_cell(&self, rank: usize, cell: usize) -> bool {
         self.first[cell] == rank as u32 + 1
             || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
     }

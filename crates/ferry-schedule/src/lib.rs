@@ -23,7 +23,9 @@
 //!   [`defer_recvs`], receives moved late with a deadlock-free rule.
 //! - [`simulate`]: [`simulate_unit_steps`], the unit-step simulator
 //!   (PyTorch's `_simulate_comms_compute`, plus UNSHARD, RESHARD,
-//!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection.
+//!   REDUCE_GRAD, OVERLAP_F_B) with [`Deadlock`] detection; it returns a
+//!   [`Timeline`] (the step of every action, drawn with
+//!   [`Timeline::to_schedule`]).
 //! - [`deadlock`]: [`check_deadlock`], rejects a lowered schedule that
 //!   cannot finish before it runs, naming the actions that wait on each
 //!   other (buffered or rendezvous sends, [`CommModel`]).
@@ -88,12 +90,14 @@ pub mod deadlock;
 mod done;
 pub mod generate;
 pub mod lower;
+mod pairs;
 pub mod placement;
 pub mod planner;
 pub mod simulate;
 pub mod svg;
 pub mod timed;
 pub mod timed_pictures;
+pub mod timeline;
 pub mod trace;
 pub mod validate;
 
@@ -110,5 +114,6 @@ pub use simulate::{simulate_unit_steps, steps, Deadlock};
 pub use svg::svg;
 pub use timed::{simulate_timed, RankStats, Span, TimedError, TimedRun, Waiting};
 pub use timed_pictures::{chrome_trace_timed, svg_timed};
+pub use timeline::Timeline;
 pub use trace::chrome_trace;
 pub use validate::{grid, validate, ValidationError};

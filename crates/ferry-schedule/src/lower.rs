@@ -13,7 +13,9 @@ use std::collections::HashMap;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Cells, Done, RankSet, Waiters};
+use crate::done::{leaves, Done, RankSet, Waiters};
+use crate::pairs::{self, BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
+use crate::pairs::{Extent, Numbering, Pairs};
 
 pub mod defer;
 mod unshard;
@@ -56,10 +58,34 @@ pub enum LowerError {
 ///
 /// `stage_to_rank[s]` is the rank of stage `s`.
 pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
+    let (out_len, extent) = lowered_lengths(compute, stage_to_rank)?;
+    match extent.number(compute) {
+        Numbering::Dense(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
+        Numbering::Sparse(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),
+    }
+}
+
+/// How many actions each rank's lowered list gets (its own, its sends and
+/// the receives posted to it, if every action runs) and the extent of the
+/// pairs to number; an error for an action whose stage is not placed.
+fn lowered_lengths(
+    compute: &Schedule,
+    stage_to_rank: &[usize],
+) -> Result<(Vec<usize>, Extent), LowerError> {
     let stages = stage_to_rank.len();
+    let ctx = Boundaries {
+        stage_to_rank,
+        stages,
+    };
+    let mut out_len: Vec<usize> = vec![0; compute.ranks.len()];
+    let mut extent = Extent::default();
     for (rank, row) in compute.ranks.iter().enumerate() {
+        extent.count += row.len();
         for action in row.iter().flatten() {
+            out_len[rank] += 1;
+            extent.count += action.sub_actions().len();
             for leaf in leaves(action) {
+                extent.add(leaf);
                 if leaf.stage() >= stages {
                     return Err(LowerError::UnknownStage {
                         rank,
@@ -68,24 +94,36 @@ pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Sche
                         stages,
                     });
                 }
+                if let Some((_, _, to)) = ctx.next(leaf) {
+                    out_len[rank] += 1;
+                    if let Some(n) = out_len.get_mut(to) {
+                        *n += 1;
+                    }
+                }
             }
         }
     }
+    Ok((out_len, extent))
+}
+
+/// [`add_send_recv`] with the pairs of `compute` numbered and the length of
+/// each lowered list known.
+fn in_rounds<P: Pairs>(
+    compute: &Schedule,
+    stage_to_rank: &[usize],
+    pairs: &P,
+    out_len: &[usize],
+) -> Result<Schedule, LowerError> {
     let ranks = compute.ranks.len();
-    let cells = Cells::new(compute.ranks.iter().flatten().flatten());
     let ctx = Boundaries {
         stage_to_rank,
-        stages,
-        cells: &cells,
+        stages: stage_to_rank.len(),
     };
-    let mut done = Done::new(cells.len());
-    let mut waiters = Waiters::new(cells.len(), ranks);
+    let mut done = Done::new(pairs.len() * KINDS);
+    let mut waiters = Waiters::new(pairs.len() * KINDS, ranks);
     let mut next = vec![0usize; ranks];
-    let mut out: Vec<Vec<Option<Action>>> = compute
-        .ranks
-        .iter()
-        .map(|row| Vec::with_capacity(2 * row.len()))
-        .collect();
+    let mut out: Vec<Vec<Option<Action>>> =
+        out_len.iter().map(|&n| Vec::with_capacity(n)).collect();
     // Ranks to look at in this round, and in the next. A rank whose next
     // action is not ready waits, without being looked at again, until a
     // rank puts what it needs on its rank (this round if that rank comes
@@ -104,11 +142,15 @@ pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Sche
         let mut cursor = 0;
         while let Some(rank) = current.take_from(cursor) {
             cursor = rank + 1;
-            if let Some(action) = &compute.ranks[rank][next[rank]] {
-                if !leaves(action).iter().all(|a| ctx.ready(a, rank, &done)) {
+            let row = &compute.ranks[rank];
+            if let Some(action) = &row[next[rank]] {
+                if !leaves(action)
+                    .iter()
+                    .all(|a| ready(a, rank, ctx.stages, pairs, &done))
+                {
                     waiters.block(rank);
                     for leaf in leaves(action) {
-                        ctx.wait(leaf, rank, &mut waiters);
+                        wait(leaf, rank, ctx.stages, pairs, &mut waiters);
                     }
                     continue;
                 }
@@ -120,27 +162,40 @@ pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Sche
                         following.insert(woken);
                     }
                 };
-                let mut record = |on: usize, a: &Action| {
-                    if a.sub_actions().is_empty() {
-                        if let Some(cell) = cells.of(a) {
-                            done.insert(on, cell);
-                            waiters.done(on, cell, &mut wake);
+                for leaf in leaves(action) {
+                    // What readiness asks about: a rank's own compute (or
+                    // receive) leaves and the receives posted to it.
+                    if leaf.sub_actions().is_empty() {
+                        if let Some(cell) = pairs::kind_slot(leaf.kind()).and_then(|k| {
+                            Some(pairs.pair(leaf.stage(), leaf.microbatch_slot())? * KINDS + k)
+                        }) {
+                            done.insert(rank, cell);
+                            waiters.done(rank, cell, &mut wake);
                         }
                     }
-                };
-                for leaf in leaves(action) {
-                    record(rank, leaf);
-                    if let Some((send, recv, to)) = ctx.comms(leaf) {
-                        record(rank, &send);
-                        record(to, &recv);
-                        out[rank].push(Some(send));
-                        out[to].push(Some(recv));
+                    if let Some((next_stage, recv_kind, to)) = ctx.next(leaf) {
+                        let send_kind = if recv_kind == ActionKind::RecvF {
+                            ActionKind::SendF
+                        } else {
+                            ActionKind::SendB
+                        };
+                        out[rank].push(Some(leaf.with_stage_kind(leaf.stage(), send_kind)));
+                        out[to].push(Some(leaf.with_stage_kind(next_stage, recv_kind)));
+                        let k = if recv_kind == ActionKind::RecvF {
+                            RECV_F
+                        } else {
+                            RECV_B
+                        };
+                        if let Some(pair) = pairs.pair(next_stage, leaf.microbatch_slot()) {
+                            done.insert(to, pair * KINDS + k);
+                            waiters.done(to, pair * KINDS + k, &mut wake);
+                        }
                     }
                 }
             }
             next[rank] += 1;
             progress = true;
-            if next[rank] < compute.ranks[rank].len() {
+            if next[rank] < row.len() {
                 following.insert(rank);
             } else {
                 left -= 1;
@@ -160,91 +215,66 @@ pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Sche
     Ok(Schedule::new(out))
 }
 
+/// What an action's input can come from on its rank: nothing needed
+/// (`None`), or any one of up to three cells (slot within the pair, stage).
+#[inline]
+fn needs(action: &Action, stages: usize) -> Option<([(usize, usize); 3], usize)> {
+    let stage = action.stage();
+    match action.kind() {
+        ActionKind::Forward if stage > 0 => {
+            Some(([(RECV_F, stage), (FORWARD, stage - 1), (0, 0)], 2))
+        }
+        ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < stages => {
+            Some(([(RECV_B, stage), (BACKWARD, stage + 1), (0, 0)], 2))
+        }
+        _ => None,
+    }
+}
+
+/// Whether an action's input is already on its rank.
+#[inline]
+fn ready<P: Pairs>(action: &Action, rank: usize, stages: usize, pairs: &P, done: &Done) -> bool {
+    let Some((cells, n)) = needs(action, stages) else {
+        return true;
+    };
+    let mb = action.microbatch_slot();
+    cells[..n].iter().any(|&(k, s)| {
+        pairs
+            .pair(s, mb)
+            .is_some_and(|p| done.has_cell(rank, p * KINDS + k))
+    })
+}
+
+/// Registers `rank` (blocked) as waiting for `action`'s input.
+fn wait<P: Pairs>(action: &Action, rank: usize, stages: usize, pairs: &P, waiters: &mut Waiters) {
+    if let Some((cells, n)) = needs(action, stages) {
+        let mb = action.microbatch_slot();
+        for &(k, s) in &cells[..n] {
+            waiters.wait(rank, rank, pairs.pair(s, mb).map(|p| p * KINDS + k));
+        }
+    }
+}
+
 struct Boundaries<'a> {
     stage_to_rank: &'a [usize],
     stages: usize,
-    cells: &'a Cells,
 }
 
 impl Boundaries<'_> {
-    /// The send, the receive and the receiving rank an action's output
-    /// needs, if it crosses ranks.
-    fn comms(&self, action: &Action) -> Option<(Action, Action, usize)> {
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let (next, send, recv) = match action.kind() {
-            ActionKind::Forward if stage + 1 < self.stages => {
-                (stage + 1, ActionKind::SendF, ActionKind::RecvF)
-            }
+    /// The stage an action's output goes to, its receive's kind and the
+    /// receiving rank, if it crosses ranks.
+    #[inline]
+    fn next(&self, action: &Action) -> Option<(usize, ActionKind, usize)> {
+        let stage = action.stage();
+        let (next, recv) = match action.kind() {
+            ActionKind::Forward if stage + 1 < self.stages => (stage + 1, ActionKind::RecvF),
             ActionKind::BackwardInput | ActionKind::FullBackward if stage > 0 => {
-                (stage - 1, ActionKind::SendB, ActionKind::RecvB)
+                (stage - 1, ActionKind::RecvB)
             }
             _ => return None,
         };
         let to = self.stage_to_rank[next];
-        (to != self.stage_to_rank[stage]).then(|| {
-            (
-                Action::new(stage, send, mb),
-                Action::new(next, recv, mb),
-                to,
-            )
-        })
-    }
-
-    /// What an action's input can come from on its rank: nothing needed
-    /// (`None`), or any one of up to three cells done on the rank.
-    fn needs(&self, action: &Action) -> Option<([Option<usize>; 3], usize)> {
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let cell = |s: usize, k: ActionKind| self.cells.get(s, k, mb);
-        match action.kind() {
-            ActionKind::Forward if stage > 0 => Some((
-                [
-                    cell(stage, ActionKind::RecvF),
-                    cell(stage - 1, ActionKind::Forward),
-                    None,
-                ],
-                2,
-            )),
-            ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < self.stages => {
-                Some((
-                    [
-                        cell(stage, ActionKind::RecvB),
-                        cell(stage + 1, ActionKind::BackwardInput),
-                        cell(stage + 1, ActionKind::FullBackward),
-                    ],
-                    3,
-                ))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether an action's input is already on its rank.
-    #[inline]
-    fn ready(&self, action: &Action, rank: usize, done: &Done) -> bool {
-        // The same rule as [`Boundaries::needs`], without building the list.
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let has = |s: usize, k: ActionKind| done.has(rank, self.cells.get(s, k, mb));
-        match action.kind() {
-            ActionKind::Forward => {
-                stage == 0 || has(stage, ActionKind::RecvF) || has(stage - 1, ActionKind::Forward)
-            }
-            ActionKind::BackwardInput | ActionKind::FullBackward => {
-                stage + 1 >= self.stages
-                    || has(stage, ActionKind::RecvB)
-                    || has(stage + 1, ActionKind::BackwardInput)
-                    || has(stage + 1, ActionKind::FullBackward)
-            }
-            _ => true,
-        }
-    }
-
-    /// Registers `rank` (blocked) as waiting for `action`'s input.
-    fn wait(&self, action: &Action, rank: usize, waiters: &mut Waiters) {
-        if let Some((cells, n)) = self.needs(action) {
-            for &cell in &cells[..n] {
-                waiters.wait(rank, rank, cell);
-            }
-        }
+        (to != self.stage_to_rank[stage]).then_some((next, recv, to))
     }
 }
 

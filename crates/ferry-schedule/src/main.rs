@@ -15,8 +15,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ferry_schedule::{
     add_send_recv, check_deadlock, chrome_trace, chrome_trace_timed, grid, plan, plan_table,
-    simulate_timed, simulate_unit_steps, steps, svg, svg_timed, validate, CostError, Costs,
-    PlanRequest, Schedule, ScheduleKind,
+    simulate_timed, simulate_unit_steps, svg, svg_timed, validate, CostError, Costs, PlanRequest,
+    Schedule, ScheduleKind,
 };
 
 /// Pipeline schedules: generate, check, simulate and draw them.
@@ -147,7 +147,7 @@ fn main() -> Result<()> {
             let timeline = simulate_unit_steps(&lowered, &placement)?;
             println!("{kind}: {ranks} ranks x {per_rank} stages, {microbatches} microbatches");
             print!("{}", grid(&compute, usize::MAX, 0));
-            println!("{} unit steps with comms", steps(&timeline));
+            println!("{} unit steps with comms", timeline.steps());
             if let Some(costs) = costs {
                 let run = simulate_timed(&lowered, &placement, &costs)?;
                 println!(
@@ -169,7 +169,7 @@ fn main() -> Result<()> {
                     trace.map(|p| (p, chrome_trace_timed(&run, 1000.0))),
                 );
             }
-            write_pictures(&timeline, svg_path, trace)
+            write_pictures(&timeline.to_schedule(), svg_path, trace)
         }
         Command::Check { csv, microbatches } => {
             let text = std::fs::read_to_string(&csv)
@@ -200,7 +200,7 @@ fn main() -> Result<()> {
                 placement.len(),
                 if has_comms { "" } else { " (lowered)" }
             );
-            println!("{} unit steps", steps(&timeline));
+            println!("{} unit steps", timeline.steps());
             Ok(())
         }
         Command::Compare {

@@ -3,7 +3,10 @@
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Cells, Done, RankSet, Waiters};
+use crate::done::Done;
+use crate::pairs::{self, Numbering, Pairs};
+use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
+use crate::timeline::Timeline;
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -22,159 +25,172 @@ pub struct Deadlock {
 /// or the previous local stage, ...), else idles; then idle ranks get a
 /// second chance in the same step. Unlike PyTorch's, it also runs
 /// UNSHARD, RESHARD and REDUCE_GRAD (local, always ready) and OVERLAP_F_B
-/// (ready when all its sub-actions are).
+/// (ready when all its sub-actions are). Idle slots of `lowered` are
+/// skipped.
 ///
-/// Returns the timeline (one row per rank, `None` for a stall); its
-/// number of steps is the longest row.
+/// Returns the [`Timeline`]: the step each action of `lowered` runs at
+/// ([`Timeline::to_schedule`] draws it as one slot per step, `None` for a
+/// stall); [`Timeline::steps`] is its number of steps.
 ///
-/// Runs in time proportional to the number of actions plus the number of
-/// steps, not steps × ranks: a rank whose next action is not ready waits,
-/// without being looked at again, until the action it needs is done; it is
-/// then put in the first pass, step by step and in rank order, in which the
-/// step-by-step rule above would have found it ready.
-pub fn simulate_unit_steps(
-    lowered: &Schedule,
+/// Runs in time proportional to the number of actions, whatever the
+/// number of steps: each action's place in the step-by-step order above
+/// (step, pass, rank) is computed from its rank's previous action and,
+/// for a receive, the place of the send it needs. A rank whose next
+/// action is a receive whose send is not placed yet waits, without being
+/// looked at again, until that send is placed. The only other inputs an
+/// action needs are on its own rank, done before it or never.
+pub fn simulate_unit_steps<'a>(
+    lowered: &'a Schedule,
     stage_to_rank: &[usize],
-) -> Result<Schedule, Deadlock> {
+) -> Result<Timeline<'a>, Deadlock> {
+    match pairs::number(lowered) {
+        Numbering::Dense(pairs) => run(lowered, stage_to_rank, &pairs),
+        Numbering::Sparse(pairs) => run(lowered, stage_to_rank, &pairs),
+    }
+}
+
+/// [`simulate_unit_steps`] with the pairs of `lowered` numbered.
+fn run<'a, P: Pairs>(
+    lowered: &'a Schedule,
+    stage_to_rank: &[usize],
+    pairs: &P,
+) -> Result<Timeline<'a>, Deadlock> {
     let ranks = lowered.ranks.len();
-    let rows: Vec<Vec<&Action>> = lowered
-        .ranks
-        .iter()
-        .map(|row| row.iter().flatten().collect())
-        .collect();
-    let cells = Cells::new(rows.iter().flatten().copied());
     let sim = Deps {
         stage_to_rank,
         stages: stage_to_rank.len(),
         ranks,
-        cells: &cells,
+        pairs,
     };
-    let mut done = Done::new(cells.len());
-    let mut waiters = Waiters::new(cells.len(), ranks);
-    let mut next = vec![0usize; ranks];
-    // The step each action runs at, per rank; the timeline is built from
-    // them at the end, each row allocated once.
-    let mut at: Vec<Vec<usize>> = rows
-        .iter()
-        .map(|row| Vec::with_capacity(row.len()))
-        .collect();
-    // Ranks to look at in the first pass of this step, in the second pass
-    // of this step, and in the first pass of the next step.
-    let (mut first, mut second, mut following) = (
-        RankSet::new(ranks),
-        RankSet::new(ranks),
-        RankSet::new(ranks),
-    );
-    let mut left = 0;
-    for (rank, row) in rows.iter().enumerate() {
-        if !row.is_empty() {
-            first.insert(rank);
-            left += 1;
-        }
+    let mut state = State {
+        done: Done::new(pairs.len() * KINDS),
+        sent: vec![0; pairs.len() * 2],
+        head: vec![0; pairs.len() * 2],
+        next_waiter: vec![0; ranks],
+    };
+    // The step of every slot of `lowered`, rank after rank.
+    let mut offsets = Vec::with_capacity(ranks + 1);
+    offsets.push(0);
+    for row in &lowered.ranks {
+        offsets.push(offsets[offsets.len() - 1] + row.len());
     }
-    let mut step = 0;
-    while left > 0 {
-        let mut progress = false;
-        for pass in [Pass::First, Pass::Second] {
-            let mut cursor = 0;
-            loop {
-                let set = match pass {
-                    Pass::First => &mut first,
-                    Pass::Second => &mut second,
+    let mut at = vec![crate::timeline::IDLE; offsets[ranks]];
+    // Per rank: the next slot, and the first step its next action may take.
+    let mut pos = vec![0usize; ranks];
+    let mut first_step = vec![0u64; ranks];
+    let mut steps = 0u64;
+    // Ranks that can go on, most recently woken last.
+    let mut runnable: Vec<usize> = (0..ranks).rev().collect();
+    while let Some(rank) = runnable.pop() {
+        let row = &lowered.ranks[rank];
+        let at = &mut at[offsets[rank]..offsets[rank + 1]];
+        let mut i = pos[rank];
+        // The first half-step (step × 2 + pass) this rank's next action
+        // may take.
+        let mut earliest = 2 * first_step[rank];
+        while let Some(slot) = row.get(i) {
+            let Some(action) = slot else {
+                i += 1;
+                continue;
+            };
+            let half = if action.sub_actions().is_empty() {
+                match sim.run_simple(action, rank, earliest, &mut state, &mut runnable) {
+                    Some(half) => half,
+                    None => break,
+                }
+            } else {
+                let after = match sim.input(action, rank, &mut state) {
+                    Input::Wait => break,
+                    Input::After(half) => half,
                 };
-                let Some(rank) = set.take_from(cursor) else {
-                    break;
-                };
-                cursor = rank + 1;
-                let action = rows[rank][next[rank]];
-                if !sim.ready(action, rank, &done) {
-                    waiters.block(rank);
-                    sim.wait(action, rank, &done, &mut waiters);
-                    continue;
+                let half = after.max(earliest);
+                for leaf in action.sub_actions() {
+                    if leaf.sub_actions().is_empty() {
+                        sim.record(leaf, rank, half, &mut state, &mut runnable);
+                    }
                 }
-                progress |= pass == Pass::First;
-                at[rank].push(step);
-                next[rank] += 1;
-                if next[rank] < rows[rank].len() {
-                    following.insert(rank);
-                } else {
-                    left -= 1;
-                }
-                // Record it, and wake the ranks that waited for it: a
-                // rank after this one in the same pass, a rank before it
-                // in this step's second pass (after the first) or the
-                // next step's first (after the second).
-                for leaf in recorded(action) {
-                    let Some(cell) = cells.of(leaf) else { continue };
-                    done.insert(rank, cell);
-                    waiters.done(rank, cell, |woken| match (pass, woken > rank) {
-                        (Pass::First, true) => first.insert(woken),
-                        (Pass::First, false) | (Pass::Second, true) => second.insert(woken),
-                        (Pass::Second, false) => following.insert(woken),
-                    });
-                }
-            }
+                half
+            };
+            let step = half / 2;
+            at[i] = step as usize;
+            earliest = 2 * (step + 1);
+            i += 1;
         }
-        if !progress {
-            let waiting = rows
-                .iter()
-                .enumerate()
-                .filter_map(|(r, row)| Some((r, (*row.get(next[r])?).clone())))
-                .collect();
-            return Err(Deadlock { step, waiting });
-        }
-        first.take_all(&mut following);
-        step += 1;
+        pos[rank] = i;
+        first_step[rank] = earliest / 2;
+        steps = steps.max(first_step[rank]);
     }
-    let timeline = rows
+    let waiting: Vec<(usize, Action)> = lowered
+        .ranks
         .iter()
-        .zip(&at)
-        .map(|(row, at)| {
-            let mut line = Vec::with_capacity(at.last().map_or(0, |&s| s + 1));
-            for (&action, &step) in row.iter().zip(at) {
-                line.resize(step, None);
-                line.push(Some(action.clone()));
-            }
-            line
-        })
+        .enumerate()
+        .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
         .collect();
-    Ok(Schedule::new(timeline))
+    if !waiting.is_empty() {
+        return Err(Deadlock {
+            step: steps as usize,
+            waiting,
+        });
+    }
+    Ok(Timeline::new(lowered, offsets, at, steps as usize))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    First,
-    Second,
+/// The tables of a simulation in progress.
+struct State {
+    /// Which rank did which cell.
+    done: Done,
+    /// Per send (pair × 2 + 0 for SEND_F, 1 for SEND_B): 1 + the
+    /// half-step (step × 2 + pass) in which the rank its stage is placed
+    /// on did it first; 0 while it has not.
+    sent: Vec<u64>,
+    /// Per send: 1 + the first rank waiting for it (0: none).
+    head: Vec<u32>,
+    /// Per rank: 1 + the next rank waiting for the same send (0: none).
+    next_waiter: Vec<u32>,
 }
 
-/// The number of steps a simulated timeline takes.
+impl State {
+    /// `rank` waits for send `cell`.
+    fn wait(&mut self, rank: usize, cell: usize) {
+        self.next_waiter[rank] = self.head[cell];
+        self.head[cell] = rank as u32 + 1;
+    }
+
+    /// Send `cell` was placed: every rank waiting for it can go on.
+    #[inline]
+    fn wake(&mut self, cell: usize, runnable: &mut Vec<usize>) {
+        let mut at = std::mem::take(&mut self.head[cell]);
+        while at != 0 {
+            let rank = at as usize - 1;
+            runnable.push(rank);
+            at = std::mem::take(&mut self.next_waiter[rank]);
+        }
+    }
+}
+
+/// What an action's input is.
+enum Input {
+    /// Not there yet (a send not placed), or never: the rank waits.
+    Wait,
+    /// There: the first half-step (step × 2 + pass) in which the rank
+    /// sees it (0 when nothing from another rank is needed).
+    After(u64),
+}
+
+/// The number of steps a timeline drawn as a schedule (one slot per step,
+/// as [`Timeline::to_schedule`] returns) takes: its longest row.
 pub fn steps(timeline: &Schedule) -> usize {
     timeline.ranks.iter().map(Vec::len).max().unwrap_or(0)
 }
 
-/// What doing `action` records, as far as readiness can ever ask: its
-/// simple sub-actions, or itself when it is simple (a compound action
-/// never stands for a simple one).
-fn recorded(action: &Action) -> impl Iterator<Item = &Action> {
-    leaves(action).iter().filter(|a| a.sub_actions().is_empty())
-}
-
-struct Deps<'a> {
+struct Deps<'a, P> {
     stage_to_rank: &'a [usize],
     stages: usize,
     ranks: usize,
-    cells: &'a Cells,
+    pairs: &'a P,
 }
 
-/// What a simple action needs: nothing, something never done, or any one
-/// of up to three (rank, cell) pairs done.
-enum Needs {
-    Nothing,
-    Never,
-    Any([(usize, Option<usize>); 3], usize),
-}
-
-impl Deps<'_> {
+impl<P: Pairs> Deps<'_, P> {
     /// The rank of stage `s`, if it is placed on a rank that exists.
     #[inline]
     fn peer(&self, s: usize) -> Option<usize> {
@@ -184,115 +200,200 @@ impl Deps<'_> {
             .filter(|&r| r < self.ranks)
     }
 
-    fn needs(&self, action: &Action, rank: usize) -> Needs {
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let cell = |s: usize, k: ActionKind| self.cells.get(s, k, mb);
-        let here = |s: usize, k: ActionKind| (rank, cell(s, k));
-        let peer = |s: usize| self.peer(s);
-        let none = (rank, None);
-        match action.kind() {
-            ActionKind::Forward if stage == 0 => Needs::Nothing,
-            ActionKind::Forward => Needs::Any(
-                [
-                    here(stage, ActionKind::RecvF),
-                    here(stage - 1, ActionKind::Forward),
-                    none,
-                ],
-                2,
+    /// Runs the simple `action` on `rank` if its input is there: records
+    /// it and returns its half-step, the first at or after `earliest` in
+    /// which the rank sees its input. `None`: the rank waits (registered
+    /// for the send it needs, if one can come).
+    #[inline(always)]
+    fn run_simple(
+        &self,
+        action: &Action,
+        rank: usize,
+        earliest: u64,
+        state: &mut State,
+        runnable: &mut Vec<usize>,
+    ) -> Option<u64> {
+        let (stage, mb) = (action.stage(), action.microbatch_slot());
+        let here = self.pairs.pair(stage, mb);
+        let has = |pair: Option<usize>, k: usize| {
+            pair.is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+        };
+        let below = || stage.checked_sub(1).and_then(|s| self.pairs.pair(s, mb));
+        let above = || self.pairs.pair(stage + 1, mb);
+        // The cell this action records, once it runs.
+        let (ready, cell) = match action.kind() {
+            ActionKind::Forward => (
+                stage == 0 || has(here, RECV_F) || has(below(), FORWARD),
+                FORWARD,
             ),
-            ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 >= self.stages => {
-                Needs::Nothing
+            ActionKind::BackwardInput | ActionKind::FullBackward => (
+                stage + 1 >= self.stages || has(here, RECV_B) || has(above(), BACKWARD),
+                BACKWARD,
+            ),
+            ActionKind::SendF | ActionKind::SendB => {
+                let ready = if action.kind() == ActionKind::SendF {
+                    has(here, FORWARD)
+                } else {
+                    has(here, BACKWARD)
+                };
+                if !ready {
+                    return None;
+                }
+                // Only the place of a send by its stage's rank is ever
+                // asked about (by the receive).
+                if let Some(p) = here.filter(|_| self.stage_to_rank.get(stage) == Some(&rank)) {
+                    let cell = p * 2 + usize::from(action.kind() == ActionKind::SendB);
+                    if state.sent[cell] == 0 {
+                        state.sent[cell] = earliest + 1;
+                        state.wake(cell, runnable);
+                    }
+                }
+                return Some(earliest);
             }
-            ActionKind::BackwardInput | ActionKind::FullBackward => Needs::Any(
-                [
-                    here(stage, ActionKind::RecvB),
-                    here(stage + 1, ActionKind::BackwardInput),
-                    here(stage + 1, ActionKind::FullBackward),
-                ],
-                3,
-            ),
-            ActionKind::SendF => Needs::Any([here(stage, ActionKind::Forward), none, none], 1),
-            ActionKind::SendB => Needs::Any(
-                [
-                    here(stage, ActionKind::BackwardInput),
-                    here(stage, ActionKind::FullBackward),
-                    none,
-                ],
-                2,
-            ),
-            ActionKind::RecvF => match stage.checked_sub(1).and_then(|s| Some((s, peer(s)?))) {
-                Some((s, p)) => Needs::Any([(p, cell(s, ActionKind::SendF)), none, none], 1),
-                None => Needs::Never,
-            },
-            ActionKind::RecvB => match peer(stage + 1) {
-                Some(p) => Needs::Any([(p, cell(stage + 1, ActionKind::SendB)), none, none], 1),
-                None => Needs::Never,
-            },
+            kind @ (ActionKind::RecvF | ActionKind::RecvB) => {
+                // The send of the peer stage, by the rank it is placed on;
+                // with no such send the receive waits forever.
+                let (from, dir, cell) = if kind == ActionKind::RecvF {
+                    (stage.checked_sub(1)?, 0, RECV_F)
+                } else {
+                    (stage + 1, 1, RECV_B)
+                };
+                let peer = self.peer(from)?;
+                let send = self.pairs.pair(from, mb)? * 2 + dir;
+                let after = match state.sent[send] {
+                    0 => {
+                        state.wait(rank, send);
+                        return None;
+                    }
+                    // Seen in the same pass after the sender, else in the next.
+                    placed => placed - 1 + u64::from(rank <= peer),
+                };
+                if let Some(p) = here {
+                    state.done.insert(rank, p * KINDS + cell);
+                }
+                return Some(after.max(earliest));
+            }
             ActionKind::BackwardWeight
             | ActionKind::Unshard
             | ActionKind::Reshard
             | ActionKind::ReduceGrad
-            | ActionKind::OverlapFB => Needs::Nothing,
+            | ActionKind::OverlapFB => return Some(earliest),
+        };
+        if !ready {
+            return None;
+        }
+        if let Some(p) = here {
+            state.done.insert(rank, p * KINDS + cell);
+        }
+        Some(earliest)
+    }
+
+    /// Records that `rank` did the simple `leaf` in half-step `half`: its
+    /// cell, and for a send by the rank its stage is placed on, the
+    /// half-step the receives wait for (waking the ranks waiting).
+    #[inline]
+    fn record(
+        &self,
+        leaf: &Action,
+        rank: usize,
+        half: u64,
+        state: &mut State,
+        runnable: &mut Vec<usize>,
+    ) {
+        let Some(pair) = self.pairs.pair(leaf.stage(), leaf.microbatch_slot()) else {
+            return;
+        };
+        match leaf.kind() {
+            kind @ (ActionKind::SendF | ActionKind::SendB) => {
+                if self.stage_to_rank.get(leaf.stage()) == Some(&rank) {
+                    let cell = pair * 2 + usize::from(kind == ActionKind::SendB);
+                    if state.sent[cell] == 0 {
+                        state.sent[cell] = half + 1;
+                        state.wake(cell, runnable);
+                    }
+                }
+            }
+            kind => {
+                if let Some(k) = pairs::kind_slot(kind) {
+                    state.done.insert(rank, pair * KINDS + k);
+                }
+            }
         }
     }
 
-    fn ready(&self, action: &Action, rank: usize, done: &Done) -> bool {
-        if !action.sub_actions().is_empty() {
-            return action
-                .sub_actions()
-                .iter()
-                .all(|a| self.ready(a, rank, done));
+    /// The input of `action` on `rank`: all its sub-actions' inputs (a
+    /// compound action), else its own. Registers the rank as waiting for
+    /// the first send missing.
+    #[inline]
+    fn input(&self, action: &Action, rank: usize, state: &mut State) -> Input {
+        if action.sub_actions().is_empty() {
+            return self.simple_input(action, rank, state);
         }
-        // The same rule as [`Deps::needs`], without building the list.
-        let (stage, mb) = (action.stage(), action.microbatch());
-        let has = |r: usize, s: usize, k: ActionKind| done.has(r, self.cells.get(s, k, mb));
-        match action.kind() {
-            ActionKind::Forward => {
-                stage == 0
-                    || has(rank, stage, ActionKind::RecvF)
-                    || has(rank, stage - 1, ActionKind::Forward)
+        let mut latest = 0;
+        for sub in action.sub_actions() {
+            match self.simple_input(sub, rank, state) {
+                Input::Wait => return Input::Wait,
+                Input::After(half) => latest = latest.max(half),
             }
+        }
+        Input::After(latest)
+    }
+
+    /// The input of a simple action: a receive needs the send of the rank
+    /// its peer stage is placed on; a compute or a send needs an action
+    /// this rank did before (the same rule as PyTorch's), else never runs.
+    #[inline]
+    fn simple_input(&self, action: &Action, rank: usize, state: &mut State) -> Input {
+        let (stage, mb) = (action.stage(), action.microbatch_slot());
+        let has = |s: usize, k: usize| {
+            self.pairs
+                .pair(s, mb)
+                .is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+        };
+        let local = match action.kind() {
+            ActionKind::Forward => stage == 0 || has(stage, RECV_F) || has(stage - 1, FORWARD),
             ActionKind::BackwardInput | ActionKind::FullBackward => {
-                stage + 1 >= self.stages
-                    || has(rank, stage, ActionKind::RecvB)
-                    || has(rank, stage + 1, ActionKind::BackwardInput)
-                    || has(rank, stage + 1, ActionKind::FullBackward)
+                stage + 1 >= self.stages || has(stage, RECV_B) || has(stage + 1, BACKWARD)
             }
-            ActionKind::SendF => has(rank, stage, ActionKind::Forward),
-            ActionKind::SendB => {
-                has(rank, stage, ActionKind::BackwardInput)
-                    || has(rank, stage, ActionKind::FullBackward)
+            ActionKind::SendF => has(stage, FORWARD),
+            ActionKind::SendB => has(stage, BACKWARD),
+            ActionKind::RecvF => {
+                let Some(from) = stage.checked_sub(1) else {
+                    return Input::Wait;
+                };
+                return self.remote(from, mb, 0, rank, state);
             }
-            ActionKind::RecvF => stage
-                .checked_sub(1)
-                .is_some_and(|s| self.peer(s).is_some_and(|p| has(p, s, ActionKind::SendF))),
-            ActionKind::RecvB => self
-                .peer(stage + 1)
-                .is_some_and(|p| has(p, stage + 1, ActionKind::SendB)),
+            ActionKind::RecvB => return self.remote(stage + 1, mb, 1, rank, state),
             ActionKind::BackwardWeight
             | ActionKind::Unshard
             | ActionKind::Reshard
             | ActionKind::ReduceGrad
             | ActionKind::OverlapFB => true,
+        };
+        if local {
+            Input::After(0)
+        } else {
+            // Only this rank's later actions could provide it: never.
+            Input::Wait
         }
     }
 
-    /// Registers `rank` (blocked at `action`) as waiting for whatever the
-    /// parts of `action` that are not ready need.
-    fn wait(&self, action: &Action, rank: usize, done: &Done, waiters: &mut Waiters) {
-        if !action.sub_actions().is_empty() {
-            for sub in action.sub_actions() {
-                self.wait(sub, rank, done, waiters);
+    /// A receive's input: the send (`dir` 0: SEND_F, 1: SEND_B) of
+    /// microbatch slot `mb` by stage `from`'s rank, once placed; a receive
+    /// with no such rank waits forever.
+    #[inline]
+    fn remote(&self, from: usize, mb: usize, dir: usize, rank: usize, state: &mut State) -> Input {
+        let (Some(peer), Some(pair)) = (self.peer(from), self.pairs.pair(from, mb)) else {
+            return Input::Wait;
+        };
+        let cell = pair * 2 + dir;
+        match state.sent[cell] {
+            0 => {
+                state.wait(rank, cell);
+                Input::Wait
             }
-            return;
-        }
-        if self.ready(action, rank, done) {
-            return;
-        }
-        if let Needs::Any(pairs, n) = self.needs(action, rank) {
-            for &(producer, cell) in &pairs[..n] {
-                waiters.wait(rank, producer, cell);
-            }
+            // Seen in the same pass after the sender, else in the next.
+            placed => Input::After(placed - 1 + u64::from(rank <= peer)),
         }
     }
 }

@@ -55,8 +55,8 @@ pub(crate) fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// A timeline (one slot per unit step, as [`crate::simulate_unit_steps`]
-/// returns, or any schedule) as a standalone SVG document: one
+/// A timeline (one slot per unit step, as [`crate::Timeline::to_schedule`]
+/// draws one, or any schedule) as a standalone SVG document: one
 /// `<g class="rank">` group per rank, top to bottom; in it one box per
 /// step, coloured by kind (F blue, B orange, I amber, W green,
 /// OVERLAP_F_B purple, sends and receives grey, UNSHARD/RESHARD/

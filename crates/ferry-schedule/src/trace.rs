@@ -18,8 +18,8 @@ pub(crate) fn colour(kind: ActionKind) -> &'static str {
     }
 }
 
-/// A unit-step timeline (one slot per step, as [`crate::simulate_unit_steps`]
-/// returns, or any schedule) as Chrome-trace JSON: one track (`tid`) per
+/// A unit-step timeline (one slot per step, as [`crate::Timeline::to_schedule`]
+/// draws one, or any schedule) as Chrome-trace JSON: one track (`tid`) per
 /// rank, one complete event per action named by its text (microbatch
 /// included), coloured by kind, `step_us` microseconds per step; idle
 /// steps leave gaps.

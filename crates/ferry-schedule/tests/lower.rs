@@ -103,7 +103,8 @@ fn every_generated_schedule_lowers_validates_and_simulates() {
                     ferry_schedule::validate(&lowered, micro)
                         .unwrap_or_else(|e| panic!("{shape} lowered: {e}"));
                     let timeline = simulate_unit_steps(&lowered, &placement)
-                        .unwrap_or_else(|e| panic!("{shape}: {e}"));
+                        .unwrap_or_else(|e| panic!("{shape}: {e}"))
+                        .to_schedule();
                     let run = timeline.ranks.iter().flatten().flatten().count();
                     let given = lowered.ranks.iter().flatten().flatten().count();
                     assert_eq!(run, given, "{shape}: every action runs once");
@@ -169,7 +170,8 @@ fn simulated_steps_match_pytorch() {
         let lowered = add_send_recv(&compute, &placement).expect("lowers");
         let timeline =
             simulate_unit_steps(&lowered, &placement).unwrap_or_else(|e| panic!("{shape}: {e}"));
-        assert_eq!(steps(&timeline), expected, "{shape}");
+        assert_eq!(timeline.steps(), expected, "{shape}");
+        assert_eq!(steps(&timeline.to_schedule()), expected, "{shape}");
         checked += 1;
     }
     assert!(checked >= 40, "{checked}");
@@ -187,7 +189,9 @@ fn simulator_runs_what_pytorch_refuses() {
             .expect("placement");
         let compute = kind.generate(2, per_rank, 4).expect("generates");
         let lowered = add_send_recv(&compute, &placement).expect("lowers");
-        let timeline = simulate_unit_steps(&lowered, &placement).expect("finishes");
+        let timeline = simulate_unit_steps(&lowered, &placement)
+            .expect("finishes")
+            .to_schedule();
         let run: usize = timeline.ranks.iter().flatten().flatten().count();
         let given: usize = lowered.ranks.iter().flatten().flatten().count();
         assert_eq!(run, given, "{kind}: every action runs once");

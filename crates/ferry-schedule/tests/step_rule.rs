@@ -244,7 +244,7 @@ fn published_schedules_lower_and_simulate_as_the_direct_rule() {
             );
             let lowered = lowered.expect("lowers");
             assert_eq!(
-                simulate_unit_steps(&lowered, &placement),
+                simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()),
                 simulate_directly(&lowered, &placement),
                 "{kind} {ranks}x{per_rank}x{micro}"
             );
@@ -310,8 +310,67 @@ fn lowerable() -> impl Strategy<Value = (Schedule, Vec<usize>)> {
     })
 }
 
+/// A lowerable schedule with some of its actions copied to other ranks
+/// (and idle slots added), so that one receive is often posted twice, from
+/// ranks in either order.
+fn with_copies() -> impl Strategy<Value = (Schedule, Vec<usize>)> {
+    lowerable().prop_flat_map(|(compute, placement)| {
+        let ranks = compute.ranks.len();
+        let copies = proptest::collection::vec(
+            (
+                0..ranks,
+                0usize..64,
+                0..ranks,
+                0usize..64,
+                proptest::bool::weighted(0.3),
+            ),
+            1..4,
+        );
+        (Just(compute), Just(placement), copies).prop_map(|(compute, placement, copies)| {
+            let mut rows = compute.ranks;
+            for (from, at, to, into, idle) in copies {
+                let Some(action) = rows[from].get(at % rows[from].len().max(1)).cloned() else {
+                    continue;
+                };
+                let into = into % (rows[to].len() + 1);
+                rows[to].insert(into, action);
+                if idle {
+                    rows[to].insert(0, None);
+                }
+            }
+            (Schedule::new(rows), placement)
+        })
+    })
+}
+
+#[test]
+fn a_receive_posted_twice_is_placed_by_its_first_post() {
+    // Stage 0 on rank 0, stage 1 on rank 1; rank 2 also runs 0F0 (a
+    // foreign stage), in round 0, and rank 0 in round 2: both post
+    // 1RECV_F0 to rank 1, which runs 1F0 after the first post (rank 2's),
+    // in round 1, before the second.
+    let compute = Schedule::from_csv(",,0F0\r\n1F0\r\n0F0\r\n").expect("parses");
+    let placement = [0, 1];
+    let lowered = add_send_recv(&compute, &placement);
+    assert_eq!(lowered, lower_directly(&compute, &placement));
+    let lowered = lowered.expect("lowers");
+    assert_eq!(
+        lowered.to_csv(),
+        "0F0,0SEND_F0\r\n1RECV_F0,1F0,1RECV_F0\r\n0F0,0SEND_F0\r\n"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn copied_actions_lower_and_simulate_as_the_direct_rule((compute, placement) in with_copies()) {
+        let lowered = add_send_recv(&compute, &placement);
+        prop_assert_eq!(&lowered, &lower_directly(&compute, &placement));
+        if let Ok(lowered) = lowered {
+            prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
+        }
+    }
 
     #[test]
     fn lowering_follows_the_direct_rule((compute, placement) in schedule()) {
@@ -325,7 +384,7 @@ proptest! {
         if extra == 1 {
             placement.push(lowered.ranks.len() + 1);
         }
-        prop_assert_eq!(simulate_unit_steps(&lowered, &placement), simulate_directly(&lowered, &placement));
+        prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
     }
 
     #[test]
@@ -333,7 +392,7 @@ proptest! {
         let lowered = add_send_recv(&compute, &placement);
         prop_assert_eq!(&lowered, &lower_directly(&compute, &placement));
         if let Ok(lowered) = lowered {
-            prop_assert_eq!(simulate_unit_steps(&lowered, &placement), simulate_directly(&lowered, &placement));
+            prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
         }
     }
 }

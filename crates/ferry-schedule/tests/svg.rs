@@ -73,7 +73,9 @@ fn svg_has_one_group_per_rank_and_every_action() {
             .expect("placement");
         let compute = kind.generate(ranks, per_rank, micro).expect("generates");
         let lowered = add_send_recv(&compute, &placement).expect("lowers");
-        let timeline = simulate_unit_steps(&lowered, &placement).expect("finishes");
+        let timeline = simulate_unit_steps(&lowered, &placement)
+            .expect("finishes")
+            .to_schedule();
         let doc = svg(&timeline);
         check_well_formed(&doc).unwrap_or_else(|e| panic!("{kind}: {e}"));
         assert!(doc.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));

@@ -179,7 +179,7 @@ fn unit_costs_never_exceed_the_unit_step_simulator() {
                 let unit = simulate_unit_steps(&lowered, &placement).expect("simulates");
                 let timed = simulate_timed(&lowered, &placement, &costs).expect("timed");
                 let name = format!("{kind} p={p} x{per_rank} m={m}");
-                let unit_step = steps_of(&unit);
+                let unit_step = steps_of(&unit.to_schedule());
                 for (rank, action, start, _) in timed.actions() {
                     if action.kind().is_compute() {
                         let step = unit_step[&(rank, action.to_string())];
@@ -189,7 +189,7 @@ fn unit_costs_never_exceed_the_unit_step_simulator() {
                         );
                     }
                 }
-                let unit_steps = unit.ranks.iter().map(Vec::len).max().unwrap_or(0);
+                let unit_steps = unit.steps();
                 assert!(timed.makespan <= unit_steps as f64, "{name}");
                 if matches!(
                     kind,

@@ -8,7 +8,9 @@ fn trace_has_every_action_on_its_rank_track() {
     let placement = kind.placement().stage_to_rank(8, 4).expect("placement");
     let compute = kind.generate(4, 2, 8).expect("generates");
     let lowered = add_send_recv(&compute, &placement).expect("lowers");
-    let timeline = simulate_unit_steps(&lowered, &placement).expect("runs");
+    let timeline = simulate_unit_steps(&lowered, &placement)
+        .expect("runs")
+        .to_schedule();
     let json: serde_json::Value =
         serde_json::from_str(&chrome_trace(&timeline, 10)).expect("valid JSON");
     let events = json["traceEvents"].as_array().expect("events");

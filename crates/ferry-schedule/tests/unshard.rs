@@ -165,7 +165,8 @@ fn every_generated_schedule_unshards_lowers_and_simulates() {
                             .unwrap_or_else(|e| panic!("{shape}: {e}"));
                         validate(&lowered, micro).unwrap_or_else(|e| panic!("{shape}: {e}"));
                         let timeline = simulate_unit_steps(&lowered, &placement)
-                            .unwrap_or_else(|e| panic!("{shape}: {e}"));
+                            .unwrap_or_else(|e| panic!("{shape}: {e}"))
+                            .to_schedule();
                         let run = timeline.ranks.iter().flatten().flatten().count();
                         let given = lowered.ranks.iter().flatten().flatten().count();
                         assert_eq!(run, given, "{shape}: every action runs once");

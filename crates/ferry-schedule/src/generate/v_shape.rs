@@ -17,7 +17,10 @@ pub(super) fn zbv_rank(ranks: usize, micro: usize, rank: usize) -> Vec<Option<Ac
     let padded = micro.max(2 * ranks - 1);
     let (chunk0, chunk1) = (rank, 2 * ranks - 1 - rank);
     let (mut f0, mut f1, mut b0, mut b1) = (0, 0, 0, 0);
-    let mut row: Vec<Option<Action>> = vec![None; rank];
+    // Idle steps, then F, I and W of every (padded) microbatch on both
+    // stages: allocated once.
+    let mut row: Vec<Option<Action>> = Vec::with_capacity(rank + 6 * padded);
+    row.resize(rank, None);
     for _ in 0..2 * (ranks - rank) - 1 {
         row.push(act(chunk0, F, f0));
         f0 += 1;

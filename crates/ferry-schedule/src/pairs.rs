@@ -1,0 +1,163 @@
+//! Flat tables for the lowering ([`crate::lower::add_send_recv`]) and the
+//! unit-step simulator ([`crate::simulate_unit_steps`]): every (stage,
+//! microbatch) pair an action of the schedule can ask about gets a number,
+//! and each pair [`KINDS`] cells, one per kind readiness asks about (F,
+//! B or I, RECV_F, RECV_B).
+//!
+//! Pairs are numbered densely (stage × microbatch) when that grid is small
+//! enough for the schedule, else (e.g. microbatch numbers far apart) by a
+//! map of the pairs present. The work is written once, generic over
+//! [`Pairs`], so the dense case hashes nothing.
+
+use std::collections::HashMap;
+
+use crate::action::{Action, ActionKind};
+use crate::csv::Schedule;
+use crate::done::leaves;
+
+/// Cells per pair: what readiness asks about, F, B or I (always asked
+/// together), RECV_F and RECV_B. (Sends are asked about by receives only,
+/// with their place: the simulator keeps them apart.)
+pub(crate) const KINDS: usize = 4;
+
+/// The cell of a kind readiness asks about, within its pair.
+#[inline]
+pub(crate) fn kind_slot(kind: ActionKind) -> Option<usize> {
+    Some(match kind {
+        ActionKind::Forward => FORWARD,
+        ActionKind::FullBackward | ActionKind::BackwardInput => BACKWARD,
+        ActionKind::RecvF => RECV_F,
+        ActionKind::RecvB => RECV_B,
+        _ => return None,
+    })
+}
+
+/// Cell slots within a pair.
+pub(crate) const FORWARD: usize = 0;
+pub(crate) const BACKWARD: usize = 1;
+pub(crate) const RECV_F: usize = 2;
+pub(crate) const RECV_B: usize = 3;
+
+/// Dense tables are used while they hold at most this many cells per
+/// action of the schedule (plus a constant).
+const DENSE_CELLS_PER_ACTION: usize = 64;
+
+/// Numbers (stage, microbatch slot) pairs: the slot is
+/// [`crate::Action::microbatch_slot`] (0 for none). Every pair within one stage
+/// of an action of the schedule, with that action's microbatch, has a
+/// number below [`Pairs::len`].
+pub(crate) trait Pairs {
+    /// The number of `stage`'s pair with microbatch slot `mb`, if it has one.
+    fn pair(&self, stage: usize, mb: usize) -> Option<usize>;
+    /// How many pairs there are.
+    fn len(&self) -> usize;
+}
+
+/// Pairs as a stage × microbatch grid.
+pub(crate) struct Dense {
+    stages: usize,
+    mbs: usize,
+}
+
+impl Pairs for Dense {
+    #[inline(always)]
+    fn pair(&self, stage: usize, mb: usize) -> Option<usize> {
+        (stage < self.stages && mb < self.mbs).then_some(stage * self.mbs + mb)
+    }
+
+    fn len(&self) -> usize {
+        self.stages * self.mbs
+    }
+}
+
+/// Pairs numbered by a map of those the schedule's actions can name.
+pub(crate) struct Sparse {
+    map: HashMap<(usize, usize), usize>,
+}
+
+impl Pairs for Sparse {
+    #[inline]
+    fn pair(&self, stage: usize, mb: usize) -> Option<usize> {
+        self.map.get(&(stage, mb)).copied()
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// The numbering for one schedule.
+pub(crate) enum Numbering {
+    /// A stage × microbatch grid.
+    Dense(Dense),
+    /// A map of the pairs present.
+    Sparse(Sparse),
+}
+
+/// Numbers the pairs of every action of `schedule` (sub-actions included)
+/// and their neighbour stages.
+pub(crate) fn number(schedule: &Schedule) -> Numbering {
+    let mut extent = Extent::default();
+    for row in &schedule.ranks {
+        extent.count += row.len();
+        for a in row.iter().flatten() {
+            if a.sub_actions().is_empty() {
+                extent.add(a);
+            } else {
+                for leaf in a.sub_actions() {
+                    extent.count += 1;
+                    extent.add(leaf);
+                }
+            }
+        }
+    }
+    extent.number(schedule)
+}
+
+/// The largest stage and microbatch slot of a schedule's simple actions,
+/// gathered while walking it, and how many slots and leaves it has.
+#[derive(Default)]
+pub(crate) struct Extent {
+    stages: usize,
+    mbs: usize,
+    /// Slots and sub-actions walked (sizes the dense grid's limit).
+    pub(crate) count: usize,
+}
+
+impl Extent {
+    /// Takes the simple `leaf` into account.
+    #[inline]
+    pub(crate) fn add(&mut self, leaf: &Action) {
+        self.stages = self.stages.max(leaf.stage());
+        self.mbs = self.mbs.max(leaf.microbatch_slot());
+    }
+
+    /// The numbering of `schedule`, every simple action of which was added.
+    pub(crate) fn number(self, schedule: &Schedule) -> Numbering {
+        // Lookups reach one stage further than any action names.
+        let (stages, mbs) = (self.stages.saturating_add(2), self.mbs.saturating_add(1));
+        let limit = self
+            .count
+            .saturating_mul(DENSE_CELLS_PER_ACTION)
+            .saturating_add(1 << 12);
+        let dense = stages
+            .checked_mul(mbs)
+            .and_then(|n| n.checked_mul(KINDS))
+            .is_some_and(|len| len <= limit);
+        if dense {
+            return Numbering::Dense(Dense { stages, mbs });
+        }
+        let mut map = HashMap::new();
+        for a in schedule.ranks.iter().flatten().flatten() {
+            for leaf in leaves(a) {
+                let (stage, mb) = (leaf.stage(), leaf.microbatch_slot());
+                let near = [stage.checked_sub(1), Some(stage), stage.checked_add(1)];
+                for s in near.into_iter().flatten() {
+                    let next = map.len();
+                    map.entry((s, mb)).or_insert(next);
+                }
+            }
+        }
+        Numbering::Sparse(Sparse { map })
+    }
+}
