@@ -164,22 +164,30 @@ mod tests {
 
     #[test]
     fn the_terminal_rendering_puts_every_action_at_its_time() {
-        // 1F1B, 2 ranks, 2 microbatches, F = 1, B = 2: rank 0 runs F0 F1
-        // at 0..2, waits for B0's gradient (stage 1 runs F0 1..2, B0 2..4),
-        // B0 at 4..6, then B1 8..10 after stage 1's F1 4..5 and B1 5..7...
+        // 1F1B, 2 ranks, 2 microbatches, F = 1, B = 2 (makespan 9):
+        // rank 0 runs F0 0..1, F1 1..2, B0 4..6, B1 7..9; rank 1 runs
+        // F0 1..2, B0 2..4, F1 4..5, B1 5..7.
         let r = run("F=1,B=2");
-        let picture = text(&r, r.makespan, r.makespan as usize, false);
-        let rows: Vec<&str> = picture.lines().collect();
-        assert_eq!(rows.len(), 2);
-        // One column per time unit: every rank's busy time is F + F + B + B.
-        for row in &rows {
-            let inside = row.split('|').nth(1).unwrap();
-            assert_eq!(inside.chars().count(), r.makespan as usize);
-            assert_eq!(inside.chars().filter(|c| *c != '.').count(), 6, "{row}");
-            assert!(inside.starts_with('F') || inside.starts_with('.'), "{row}");
-        }
-        assert!(rows[0].contains("F0F1"), "{picture}");
-        assert!(rows[1].starts_with("  rank 1 |.F0B0b"), "{picture}");
+        assert_eq!(r.makespan, 9.0);
+        // Two columns per time unit: labels, then the kind in lower case.
+        assert_eq!(
+            text(&r, r.makespan, 18, false),
+            "  rank 0 |F0F1....B0bb..B1bb|\n  rank 1 |..F0B0bbF1B1bb....|\n"
+        );
+        // One column per unit: a label is cut to the action's length.
+        assert_eq!(
+            text(&r, r.makespan, 9, false),
+            "  rank 0 |FF..B0.B1|\n  rank 1 |.FB0FB1..|\n"
+        );
+        // On a longer axis the run ends early, idle after.
+        assert_eq!(
+            text(&r, 18.0, 18, false),
+            "  rank 0 |FF..B0.B1.........|\n  rank 1 |.FB0FB1...........|\n"
+        );
+        // Colours: one escape where the kind changes, reset at the end.
+        let coloured = text(&r, r.makespan, 9, true);
+        assert!(coloured.starts_with("  rank 0 |\x1b[30;48;5;75mFF\x1b[0m..\x1b[30;48;5;209mB0"));
+        assert!(coloured.contains("B1\x1b[0m|\n"));
     }
 
     #[test]

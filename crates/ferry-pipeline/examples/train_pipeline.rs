@@ -23,8 +23,12 @@
 // Its main flow is unused when the pictures are unit-tested.
 #![cfg_attr(test, allow(dead_code))]
 
+// The model and the one-process run; the pictures; the progress bar.
+#[path = "train_pipeline/model.rs"]
 mod model;
+#[path = "train_pipeline/picture.rs"]
 mod picture;
+#[path = "train_pipeline/progress.rs"]
 mod progress;
 
 use std::io::IsTerminal;
