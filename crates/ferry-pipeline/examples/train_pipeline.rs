@@ -6,10 +6,10 @@
 //! Worker 0 drives: it builds the pipeline (each stage is built on its
 //! worker by the constructor registered there), runs `step` per batch,
 //! then `optimizer_step` and `zero_grad`, and prints the loss falling.
-//! The last step is traced: its measured timeline (the actual start and
-//! end of every action on every rank) is printed beside the simulator's
-//! prediction for the same per-action costs, and written as a Chrome trace
-//! (`--trace FILE`) and as an SVG of both (`--svg FILE`). Then the same
+//! The last steps are traced: the measured timeline (the actual start and
+//! end of every action on every rank) of the median one is printed beside
+//! the simulator's prediction for the same per-action costs, and written
+//! as a Chrome trace (`--trace FILE`) and as an SVG of both (`--svg FILE`). Then the same
 //! training runs in one process (same initial parameters, same batches) for
 //! the speedup and to show that both loss curves agree.
 //!
@@ -125,7 +125,11 @@ struct Run {
     step_ms: Vec<f64>,
     /// Of which `optimizer_step` and `zero_grad`.
     update_ms: Vec<f64>,
+    /// The median of the traced steps, and its step number (1-based).
     traced: Timeline,
+    traced_step: usize,
+    /// The makespans of all the traced steps (ms).
+    traced_ms: Vec<f64>,
     stage_to_rank: Vec<usize>,
 }
 
@@ -162,7 +166,11 @@ fn drive(args: &Args) -> Result<()> {
     report(args, kind, &run, &one_losses, &one_ms)
 }
 
-/// Trains on the pipeline; the last step is traced.
+/// How many of the last steps are traced (the median one is pictured: one
+/// step can be slowed down by anything else running on the machine).
+const TRACED: usize = 5;
+
+/// Trains on the pipeline; the last steps are traced.
 fn train_pipelined(
     args: &Args,
     kind: ScheduleKind,
@@ -185,11 +193,11 @@ fn train_pipelined(
     let mut losses = Vec::with_capacity(steps);
     let mut step_ms = Vec::with_capacity(steps);
     let mut update_ms = Vec::with_capacity(steps);
-    let mut traced = None;
+    let mut traced = Vec::new();
     let progress = Progress::new("pipeline  ", steps);
     for step in 0..steps {
         let (x, y) = task.batch(step);
-        pipeline.set_trace(step + 1 == steps);
+        pipeline.set_trace(step + TRACED >= steps);
         let started = Instant::now();
         let out = pipeline
             .step(&x, &y)
@@ -204,14 +212,25 @@ fn train_pipelined(
         let loss = out.losses.iter().sum::<f64>() / out.losses.len() as f64;
         losses.push(loss);
         progress.step(step + 1, loss);
-        traced = out.timeline.or(traced);
+        if let Some(timeline) = out.timeline {
+            traced.push((step + 1, timeline));
+        }
     }
     progress.finish();
+    let traced_ms = traced.iter().map(|(_, t)| t.makespan_ms()).collect();
+    traced.sort_by(|a, b| a.1.makespan_ms().total_cmp(&b.1.makespan_ms()));
+    let middle = traced.len() / 2;
+    let (traced_step, traced) = traced
+        .into_iter()
+        .nth(middle)
+        .context("the traced steps returned no timeline")?;
     Ok(Run {
         losses,
         step_ms,
         update_ms,
-        traced: traced.context("the last step was traced but returned no timeline")?,
+        traced,
+        traced_step,
+        traced_ms,
         stage_to_rank: pipeline.stage_to_rank().to_vec(),
     })
 }
@@ -262,8 +281,15 @@ fn report(
         .traced
         .simulated(&run.stage_to_rank)
         .context("simulating the traced step")?;
+    let traced = run.traced_step;
+    let all: Vec<String> = run.traced_ms.iter().map(|ms| format!("{ms:.1}")).collect();
     println!(
-        "  traced step {steps} ({kind}, {} microbatches): measured {:.2} ms (bubble {:.0}%), \
+        "  traced the last {} steps, from the first action's start to the last one's end: {} ms",
+        run.traced_ms.len(),
+        all.join(", ")
+    );
+    println!(
+        "  the median, step {traced} ({kind}, {} microbatches): measured {:.2} ms (bubble {:.0}%), \
          simulated from its own per-action costs {:.2} ms (bubble {:.0}%): measured/simulated {:.2}",
         args.microbatches,
         measured.makespan,
@@ -282,14 +308,14 @@ fn report(
     if let Some(path) = &args.trace {
         write(path, &run.traced.chrome_trace())?;
         println!(
-            "  wrote the Chrome trace of step {steps} to {} (open it in Perfetto)",
+            "  wrote the Chrome trace of step {traced} to {} (open it in Perfetto)",
             path.display()
         );
     }
     if let Some(path) = &args.svg {
         let titles = [
             format!(
-                "measured: step {steps}, {kind}, {:.2} ms",
+                "measured: step {traced}, {kind}, {:.2} ms (time in ms)",
                 measured.makespan
             ),
             format!(
