@@ -20,9 +20,6 @@
 //! (libtorch from the `.venv`: `LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV=.venv
 //! PATH=.venv/bin:$PATH`; `cargo xtask demo` runs it.)
 
-// Its main flow is unused when the pictures are unit-tested.
-#![cfg_attr(test, allow(dead_code))]
-
 // The model and the one-process run; the pictures; the progress bar.
 #[path = "train_pipeline/model.rs"]
 mod model;
