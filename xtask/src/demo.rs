@@ -55,7 +55,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     steps.step("train a pipelined model on 2 processes (ZBV)", || {
         let dir = root().join("target").join("demo");
         let mut c = example("run", PIPELINE);
-        c.args(["--", "--schedule", "zbv", "--steps", "100", "--trace"])
+        c.args(["--", "--schedule", "zbv", "--trace"])
             .arg(dir.join("pipeline-step.json"))
             .arg("--svg")
             .arg(dir.join("pipeline-step.svg"));
