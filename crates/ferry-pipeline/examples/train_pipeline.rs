@@ -301,6 +301,36 @@ fn report(
         simulated.bubble() * 100.0,
         measured.makespan / simulated.makespan.max(1e-9)
     );
+    let split = matches!(
+        kind,
+        ScheduleKind::InterleavedZeroBubble | ScheduleKind::ZbvZeroBubble
+    );
+    let costs: Vec<String> = run
+        .traced
+        .measured_costs()
+        .stage_overrides
+        .iter()
+        .map(|(stage, c)| {
+            if split {
+                let (f, i, w) = (c.forward, c.backward_input, c.backward_weight);
+                format!("stage {stage} F {f:.1} I {i:.1} W {w:.1}")
+            } else {
+                format!("stage {stage} F {:.1} B {:.1}", c.forward, c.backward)
+            }
+        })
+        .collect();
+    println!(
+        "  its action costs (median ms), which the simulation used: {}",
+        costs.join("; ")
+    );
+    // The order each rank runs its compute actions in (stage, kind,
+    // microbatch: `3W1` is stage 3's weight backward of microbatch 1).
+    let compute = kind.generate(WORKERS, args.stages / WORKERS, args.microbatches)?;
+    println!();
+    println!("  the schedule, each rank's compute actions in order (stage, kind, microbatch):");
+    for line in ferry_schedule::grid(&compute, usize::MAX, 0).lines() {
+        println!("  {line}");
+    }
     let axis = measured.makespan.max(simulated.makespan);
     let colour = std::io::stdout().is_terminal();
     println!();
