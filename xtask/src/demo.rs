@@ -5,7 +5,8 @@
 //!    local processes with distributed autograd and the
 //!    `DistributedOptimizer`, then the same run locally;
 //! 2. `ferry-pipeline`'s `train_pipeline`: a model of 4 stages trained on
-//!    2 worker processes with the ZBV (V-shaped, zero-bubble) schedule,
+//!    2 worker processes with the Interleaved1F1B schedule (`--schedule
+//!    zbv` on the example runs the V-shaped zero-bubble one),
 //!    then in one process; it prints the loss curves, the step times and
 //!    the speedup, and one measured step beside the simulator's prediction
 //!    for the same action costs, in the terminal and as an SVG
@@ -52,15 +53,18 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         }
         run(with_libtorch(&mut c))
     })?;
-    steps.step("train a pipelined model on 2 processes (ZBV)", || {
-        let dir = root().join("target").join("demo");
-        let mut c = example("run", PIPELINE);
-        c.args(["--", "--schedule", "zbv", "--trace"])
-            .arg(dir.join("pipeline-step.json"))
-            .arg("--svg")
-            .arg(dir.join("pipeline-step.svg"));
-        run(with_libtorch(&mut c))
-    })?;
+    steps.step(
+        "train a pipelined model on 2 processes (Interleaved1F1B)",
+        || {
+            let dir = root().join("target").join("demo");
+            let mut c = example("run", PIPELINE);
+            c.args(["--", "--schedule", "interleaved", "--trace"])
+                .arg(dir.join("pipeline-step.json"))
+                .arg("--svg")
+                .arg(dir.join("pipeline-step.svg"));
+            run(with_libtorch(&mut c))
+        },
+    )?;
     steps.summary();
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask demo [ARGS…]`: build in release and run `ferry-autograd`'s
 //!   `train` example (Listing 1 across 3 processes, then locally), then
-//!   `ferry-pipeline`'s `train_pipeline` (4 stages on 2 processes, ZBV,
+//!   `ferry-pipeline`'s `train_pipeline` (4 stages on 2 processes, Interleaved1F1B,
 //!   then in one process; a measured step beside its simulation);
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
@@ -35,7 +35,7 @@ commands:
   demo [ARGS...]    build in release and train the paper's Listing 1 across 3 local processes
                     (distributed autograd + DistributedOptimizer), then locally for comparison:
                     ferry-autograd's `train` example (ARGS are passed through, e.g. --steps 1000);
-                    then a pipelined model, 4 stages on 2 processes with the ZBV schedule, and the
+                    then a pipelined model, 4 stages on 2 processes with Interleaved1F1B, and the
                     same in one process: ferry-pipeline's `train_pipeline` example (loss curves,
                     step time and speedup, a measured step beside the simulator's prediction in
                     the terminal and in target/demo/pipeline-step.svg, its Chrome trace beside it)
