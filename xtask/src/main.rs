@@ -1,7 +1,9 @@
 //! Ferry's task runner: `cargo xtask <command>`.
 //!
 //! - `cargo xtask demo [ARGS…]`: build in release and run `ferry-autograd`'s
-//!   `train` example (Listing 1 across 3 processes, then locally);
+//!   `train` example (Listing 1 across 3 processes, then locally), then
+//!   `ferry-pipeline`'s `train_pipeline` (4 stages on 2 processes, Interleaved1F1B,
+//!   then in one process; a measured step beside its simulation);
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
@@ -32,7 +34,11 @@ usage: cargo xtask <command> [args]
 commands:
   demo [ARGS...]    build in release and train the paper's Listing 1 across 3 local processes
                     (distributed autograd + DistributedOptimizer), then locally for comparison:
-                    ferry-autograd's `train` example (ARGS are passed through, e.g. --steps 1000)
+                    ferry-autograd's `train` example (ARGS are passed through, e.g. --steps 1000);
+                    then a pipelined model, 4 stages on 2 processes with Interleaved1F1B, and the
+                    same in one process: ferry-pipeline's `train_pipeline` example (loss curves,
+                    step time and speedup, a measured step beside the simulator's prediction in
+                    the terminal and in target/demo/pipeline-step.svg, its Chrome trace beside it)
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
   bench [--quick]   criterion benches + Ferry vs peer tables (target/ferry-bench/):
                     RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and

@@ -9,8 +9,9 @@
 //! [`wire`] (the sans-IO wire format), [`transport`] (connections and tensor
 //! channels, embeddable alone), [`rpc`] (the agent) and [`rref`] (Remote
 //! References). With the `torch` feature, `tensor` (libtorch tensors,
-//! `ferry-tch`) and `autograd` (distributed autograd and the distributed
-//! optimizer, `ferry-autograd`) too. [`init_rpc`] starts the agent with
+//! `ferry-tch`), `autograd` (distributed autograd and the distributed
+//! optimizer, `ferry-autograd`) and `pipeline` (pipeline-parallel training,
+//! `ferry-pipeline`) too. [`init_rpc`] starts the agent with
 //! every layer installed.
 //! [`launch`] starts a group of local worker processes, like `torchrun` on
 //! one host.
@@ -44,8 +45,9 @@
 //! Everything a user calls is re-exported here: typed declarations
 //! ([`Function`], [`Method`], [`Schema`]), the free functions of [`rpc`]
 //! and [`rref`] (string-named calls for dynamic use), [`launch`], and with
-//! `torch` the `tensor` and `autograd` layers (`ferry::autograd::context`,
-//! `DistributedOptimizer`, ...).
+//! `torch` the `tensor`, `autograd` and `pipeline` layers
+//! (`ferry::autograd::context`, `DistributedOptimizer`,
+//! `ferry::pipeline::Pipeline`, ...).
 
 pub mod launch;
 
@@ -78,9 +80,19 @@ pub use ferry_tch as tensor;
 #[cfg(feature = "torch")]
 pub use ferry_autograd as autograd;
 
+/// Pipeline-parallel training: stages on their workers, any schedule
+/// (`ferry-pipeline`; feature `torch`).
+#[cfg(feature = "torch")]
+pub use ferry_pipeline as pipeline;
+
 /// Starts this process's worker with every layer installed (RRefs, and with
-/// the `torch` feature libtorch tensors and distributed autograd), then makes
-/// it the target of the free functions ([`rpc_sync`], [`remote`], ...).
+/// the `torch` feature libtorch tensors, distributed autograd and the
+/// pipeline layer), then makes it the target of the free functions
+/// ([`rpc_sync`], [`remote`], ...).
+///
+/// The pipeline layer installed here can build no stage: a worker that
+/// owns stages registers their constructors first, with
+/// `ferry::pipeline::install(&mut options, stages)`, and this keeps it.
 pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
     #[cfg(feature = "torch")]
     if !options
@@ -88,6 +100,10 @@ pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
         .has_layer::<ferry_autograd::DistAutogradContainer>()
     {
         ferry_autograd::install(&mut options);
+    }
+    #[cfg(feature = "torch")]
+    if !options.hooks.has_layer::<ferry_pipeline::PipelineHost>() {
+        ferry_pipeline::install(&mut options, ferry_pipeline::Stages::new());
     }
     if !options.hooks.has_layer::<ferry_rref::RRefContext>() {
         ferry_rref::install(&mut options);
