@@ -126,7 +126,7 @@ struct Config {
     /// step as SVG files into this directory.
     #[arg(long, value_name = "DIR")]
     svg: Option<PathBuf>,
-    /// Where to write the JSON result (stdout always gets it too).
+    /// Where to write the JSON result (stdout when absent).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
 }
@@ -558,9 +558,9 @@ fn main() -> Result<()> {
         "elapsed_s": t0.elapsed().as_secs_f64(),
     });
     let text = serde_json::to_string_pretty(&value)?;
-    if let Some(out) = &c.out {
-        std::fs::write(out, &text)?;
+    match &c.out {
+        Some(out) => std::fs::write(out, &text)?,
+        None => println!("{text}"),
     }
-    println!("{text}");
     Ok(())
 }
