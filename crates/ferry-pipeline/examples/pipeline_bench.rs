@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ferry_autograd::OptimizerKind;
 use ferry_pipeline::{Pipeline, Timeline};
-use ferry_rpc::RpcOptions;
+use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_schedule::ScheduleKind;
 use serde_json::{json, Value};
 
@@ -478,18 +478,36 @@ fn driver(c: &Config) -> Result<Value> {
 
 // ------------------------------------------------------------------ processes
 
+/// The driver tells the other worker that it is done with it (the other
+/// worker serves the pipeline until then, however long the bench takes).
+const DONE: Function<(), ()> = Function::new("pipeline_bench.done");
+/// The longest the other worker waits for [`DONE`] (the whole bench takes
+/// minutes; this only bounds a driver that died).
+const SERVE_LIMIT: Duration = Duration::from_secs(2 * 3600);
+
 /// One worker: `--threads` intra-op threads, RPC with the pipeline layer;
-/// rank 0 drives (writing the result to `part`), then both shut down.
+/// rank 0 drives (writing the result to `part`) and then tells rank 1 it
+/// is done; rank 1 serves until then. Then both shut down.
 fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
     tch::set_num_threads(c.threads);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let mut functions = Functions::new();
+    functions.add(DONE, move |()| {
+        let _ = done_tx.send(());
+    });
     let mut options = RpcOptions::from_env(format!("worker{rank}"))?
-        .rpc_timeout(Duration::from_secs_f64(c.rpc_timeout));
+        .rpc_timeout(Duration::from_secs_f64(c.rpc_timeout))
+        .functions(functions);
     ferry_pipeline::install(&mut options, model::stages());
     ferry_rpc::init_rpc(options)?;
     let result = if rank == 0 {
-        driver(c).and_then(|r| Ok(std::fs::write(part, serde_json::to_vec(&r)?)?))
+        let result = driver(c).and_then(|r| Ok(std::fs::write(part, serde_json::to_vec(&r)?)?));
+        let told = DONE.rpc_sync("worker1", ());
+        result.and(Ok(told?))
     } else {
-        Ok(())
+        done_rx
+            .recv_timeout(SERVE_LIMIT)
+            .map_err(|_| format!("worker0 did not finish the bench within {SERVE_LIMIT:?}").into())
     };
     ferry_rpc::shutdown()?;
     result
