@@ -8,7 +8,9 @@
 //! own process, both driven by the peer's `lighthouse_bench.py` through
 //! torchft's own client); and pipeline schedules (`ferry-schedule`'s
 //! example `schedule_bench` vs `benches/peers/pt_schedule.py`, in
-//! [`crate::schedule_bench`]).
+//! [`crate::schedule_bench`]); and pipeline-parallel training
+//! (`ferry-pipeline`'s example `pipeline_bench` vs the peer's
+//! `pt_pipeline.py`, in [`crate::pipeline_bench`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -115,6 +117,9 @@ pub(crate) enum Bench {
     /// `ferry-schedule` vs `torch.distributed.pipelining`
     /// ([`crate::schedule_bench`]).
     Schedule,
+    /// Pipeline-parallel training, `ferry-pipeline` vs
+    /// `torch.distributed.pipelining` ([`crate::pipeline_bench`]).
+    Pipeline,
 }
 
 impl Bench {
@@ -126,13 +131,14 @@ impl Bench {
             "autograd" => Some(Bench::Autograd),
             "lighthouse" => Some(Bench::Lighthouse),
             "schedule" => Some(Bench::Schedule),
+            "pipeline" => Some(Bench::Pipeline),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule";
+const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -246,8 +252,10 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         || o.runs(Bench::Lighthouse);
     // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
     // The schedule bench's peer script is in the repository: it needs no peers directory.
+    // So does the pipeline bench's Ferry side (ferry-pipeline links libtorch).
     let needs_venv = (peers.is_some() && side_by_side)
         || o.runs(Bench::Autograd)
+        || o.runs(Bench::Pipeline)
         || (!o.no_peer && o.runs(Bench::Schedule));
     if needs_venv && !o.table_only {
         steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
@@ -283,6 +291,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Schedule) {
         crate::schedule_bench::main(&mut steps, o)?;
+    }
+    if o.runs(Bench::Pipeline) {
+        crate::pipeline_bench::main(&mut steps, o, peers.as_deref())?;
     }
 
     steps.summary();
@@ -1571,7 +1582,8 @@ mod tests {
         assert!(Options::parse(&["--only".into()]).is_err());
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
-            format!("{err}").contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule}"),
+            format!("{err}")
+                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline}"),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
@@ -1589,6 +1601,10 @@ mod tests {
             .expect("valid");
         assert!(o.table_only && o.runs(Bench::Schedule) && !o.runs(Bench::Autograd));
         assert!(Options::default().runs(Bench::Schedule));
+        let o =
+            Options::parse(&["--only".into(), "pipeline".into(), "--quick".into()]).expect("valid");
+        assert!(o.quick && o.runs(Bench::Pipeline) && !o.runs(Bench::Schedule));
+        assert!(Options::default().runs(Bench::Pipeline));
         let err = Options::parse(&["--only".into(), "schedules".into()]).expect_err("unknown");
         assert!(
             format!("{err:#}").contains("lighthouse, schedule"),

@@ -9,7 +9,8 @@
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
 //!   tables against the PyTorch RPC peer (RPC latency, RRef overhead,
 //!   distributed autograd overhead), against torchft's lighthouse, and
-//!   pipeline schedules against `torch.distributed.pipelining`.
+//!   pipeline schedules and pipeline-parallel training against
+//!   `torch.distributed.pipelining`.
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
 //! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
@@ -18,6 +19,7 @@
 
 mod bench;
 mod demo;
+mod pipeline_bench;
 mod schedule_bench;
 mod setup;
 mod steps;
@@ -45,9 +47,10 @@ commands:
                     distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
                     (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft;
                     pipeline schedules (generate + lower + simulate) against
-                    torch.distributed.pipelining (benches/peers/pt_schedule.py)
+                    torch.distributed.pipelining (benches/peers/pt_schedule.py); pipeline-parallel
+                    training (ferry-pipeline) against torch.distributed.pipelining (pt_pipeline.py)
         [--no-criterion] [--no-peer] [--table-only]
-        [--only criterion|rpc|rref|autograd|lighthouse|schedule]
+        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
                      --only: run or tabulate just that benchmark)
   help              this text
