@@ -172,7 +172,13 @@ impl Handshake {
                     outcome: None,
                 }
             }
-            (State::AwaitChallenge, AuthMessage::Challenge { nonce: peer, tag: t }) => {
+            (
+                State::AwaitChallenge,
+                AuthMessage::Challenge {
+                    nonce: peer,
+                    tag: t,
+                },
+            ) => {
                 let expected = mac(&self.key, ACCEPT_LABEL, &self.nonce, &peer);
                 if expected.verify_slice(&t).is_err() {
                     return self.fail(None, AuthError::BadProof);

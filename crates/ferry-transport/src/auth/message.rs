@@ -220,6 +220,9 @@ mod tests {
         );
         let mut wrong_kind = AuthMessage::Accepted.encode();
         wrong_kind[5] = 0;
-        assert_eq!(AuthMessage::decode(&wrong_kind), Err(DecodeError::BadKind(0)));
+        assert_eq!(
+            AuthMessage::decode(&wrong_kind),
+            Err(DecodeError::BadKind(0))
+        );
     }
 }

@@ -4,7 +4,10 @@ use super::*;
 use crate::auth::Secret;
 
 fn key(s: &str) -> Key {
-    Secret::new(format!("{s:0>16}").into_bytes()).unwrap().key().clone()
+    Secret::new(format!("{s:0>16}").into_bytes())
+        .unwrap()
+        .key()
+        .clone()
 }
 
 /// Runs an honest exchange, returning both outcomes and the transcript.
