@@ -38,6 +38,16 @@
 //! # Ok(()) }
 //! ```
 
+/// The start of the reason of a [`TransportError::Handshake`] that failed
+/// authentication.
+pub const AUTH_FAILED: &str = "authentication failed";
+
+/// Whether `error` is a connection refused because its peer failed the
+/// authentication handshake (or this side did).
+pub fn is_auth_failure(error: &crate::TransportError) -> bool {
+    matches!(error, crate::TransportError::Handshake { reason, .. } if reason.starts_with(AUTH_FAILED))
+}
+
 mod handshake;
 mod io;
 pub mod message;

@@ -286,7 +286,7 @@ impl PeerConnection {
                 };
                 Some(proved.map_err(|e| TransportError::Handshake {
                     peer: peer_addr.clone(),
-                    reason: format!("authentication failed: {e}"),
+                    reason: format!("{}: {e}", crate::auth::AUTH_FAILED),
                 })?)
             }
             None => None,
