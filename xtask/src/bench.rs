@@ -1362,7 +1362,10 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
     // Ferry only: what the group's secret costs, on connection set-up and
     // per call once the handshake is done (should be nothing).
     if ferry.pointer("/auth").is_some() {
-        for (what, path) in [("connection set-up", "setup"), ("empty round trip", "round_trip")] {
+        for (what, path) in [
+            ("connection set-up", "setup"),
+            ("empty round trip", "round_trip"),
+        ] {
             for (label, key) in [("no secret", "none"), ("with secret", "secret")] {
                 specs.push(RowSpec::new(
                     format!("{what}, {label}, median"),
@@ -1398,7 +1401,8 @@ mod tests {
 
     #[test]
     fn auth_rows_show_set_up_and_round_trip_with_and_without_a_secret() {
-        let stats = |m: f64| json!({"setup": {"median_ms": m}, "round_trip": {"median_ms": m / 100.0}});
+        let stats =
+            |m: f64| json!({"setup": {"median_ms": m}, "round_trip": {"median_ms": m / 100.0}});
         let ferry = json!({"cells": [], "auth": {"none": stats(0.2), "secret": stats(0.3)}});
         let specs = rpc_latency_specs(&ferry, None);
         let rows = table::compare(&ferry, None, &specs);
