@@ -199,7 +199,44 @@ mod tests {
 
     fn parsed(args: &[&str]) -> (String, LighthouseOptions, u64) {
         let args = parse(args).expect("valid arguments");
-        (args.bind.clone(), args.options(), args.threads)
+        (
+            args.bind.clone(),
+            args.options().expect("valid access options"),
+            args.threads,
+        )
+    }
+
+    #[test]
+    fn tls_and_allow_list_flags() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls");
+        let cert = format!("{fixtures}/server.pem");
+        let key = format!("{fixtures}/server.key");
+        let (_, options, _) = parsed(&[
+            "--min-replicas",
+            "1",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--allow",
+            "10.0.0.0/8,127.0.0.1",
+        ]);
+        assert!(options.access.tls.is_some());
+        assert!(options.access.allow.allows("127.0.0.1".parse().unwrap()));
+        assert!(!options.access.allow.allows("192.168.1.1".parse().unwrap()));
+        // A certificate without its key, or a bad network, is a usage error.
+        assert!(parse(&["--min-replicas", "1", "--tls-cert", &cert]).is_err());
+        assert!(parse(&["--min-replicas", "1", "--allow", "10.0.0.0/40"]).is_err());
+        let missing = parse(&[
+            "--min-replicas",
+            "1",
+            "--tls-cert",
+            "/nonexistent.pem",
+            "--tls-key",
+            &key,
+        ])
+        .unwrap();
+        assert!(missing.options().is_err());
     }
 
     #[test]

@@ -10,17 +10,16 @@ fn key(s: &str) -> Key {
         .clone()
 }
 
+/// One side's outcome of a handshake, if it finished.
+type Outcome = Option<Result<SessionKey, AuthError>>;
+
 /// Runs an honest exchange, returning both outcomes and the transcript.
 fn exchange(
     a_key: Key,
     c_key: Key,
     a_nonce: [u8; 32],
     c_nonce: [u8; 32],
-) -> (
-    Option<Result<SessionKey, AuthError>>,
-    Option<Result<SessionKey, AuthError>>,
-    Vec<AuthMessage>,
-) {
+) -> (Outcome, Outcome, Vec<AuthMessage>) {
     let mut acceptor = Handshake::new(Role::Accept, a_key, a_nonce);
     let mut connector = Handshake::new(Role::Connect, c_key, c_nonce);
     assert!(acceptor.start().is_none());
