@@ -25,7 +25,7 @@
 //! in, messages out); [`accept`] and [`connect`] are its thin I/O shell.
 //!
 //! ```
-//! # async fn demo() -> Result<(), ferry_transport::auth::AuthError> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use ferry_transport::auth::{self, Secret};
 //! let secret = Secret::new(b"correct horse battery staple".to_vec())?;
 //! let (mut a, mut b) = tokio::io::duplex(256);
