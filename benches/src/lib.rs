@@ -15,6 +15,9 @@ use ferry::launch::{self, Role};
 use ferry::{Function, Functions, RawTensor, RpcOptions};
 use serde_json::{json, Value};
 
+mod auth_cost;
+pub use auth_cost::auth_cost;
+
 /// Parses a size argument: bytes, with an optional case-insensitive `B`,
 /// `KB`, `MB` or `GB` suffix (binary multiples, so `1KB` is 1024), and a
 /// fractional count allowed with a suffix (`1.5MB`).

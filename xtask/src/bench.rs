@@ -1370,6 +1370,23 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
         )
         .with_target(RPC_THROUGHPUT_TARGET),
     );
+    // Ferry only: what the group's secret costs, on connection set-up and
+    // per call once the handshake is done (should be nothing).
+    if ferry.pointer("/auth").is_some() {
+        for (what, path) in [
+            ("connection set-up", "setup"),
+            ("empty round trip", "round_trip"),
+        ] {
+            for (label, key) in [("no secret", "none"), ("with secret", "secret")] {
+                specs.push(RowSpec::new(
+                    format!("{what}, {label}, median"),
+                    "ms",
+                    Better::Lower,
+                    Metric::At(format!("/auth/{key}/{path}/median_ms")),
+                ));
+            }
+        }
+    }
     // Ferry only: how much one round trip of the largest tensor raised each
     // side's peak resident memory, in tensor sizes (bound: 1 + a constant).
     for side in ["caller", "callee"] {
@@ -1392,6 +1409,29 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn auth_rows_show_set_up_and_round_trip_with_and_without_a_secret() {
+        let stats =
+            |m: f64| json!({"setup": {"median_ms": m}, "round_trip": {"median_ms": m / 100.0}});
+        let ferry = json!({"cells": [], "auth": {"none": stats(0.2), "secret": stats(0.3)}});
+        let specs = rpc_latency_specs(&ferry, None);
+        let rows = table::compare(&ferry, None, &specs);
+        let auth: Vec<(&str, Option<f64>)> = rows
+            .iter()
+            .filter(|r| r.case.contains("secret"))
+            .map(|r| (r.case.as_str(), r.ferry))
+            .collect();
+        assert_eq!(
+            auth,
+            [
+                ("connection set-up, no secret, median", Some(0.2)),
+                ("connection set-up, with secret, median", Some(0.3)),
+                ("empty round trip, no secret, median", Some(0.002)),
+                ("empty round trip, with secret, median", Some(0.003)),
+            ]
+        );
+    }
 
     #[test]
     fn rpc_rows_follow_the_peer_schema() {

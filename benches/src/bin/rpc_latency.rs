@@ -5,7 +5,9 @@
 //!
 //! rank 0 = caller, rank 1 = callee. Per size: `rpc_sync` round-trip latency
 //! after warm-up (median/p10/p90/mean), the paper's 10 × `rpc_async` protocol,
-//! and empty-call throughput with 64 calls in flight.
+//! and empty-call throughput with 64 calls in flight; then what the group's
+//! secret costs (`auth`: connection set-up and a round trip on an
+//! established connection, with and without it).
 //!
 //! Usage: `rpc_latency [--quick] [--sizes 0 1KB 1MB 4MB] [--out PATH]`
 
@@ -192,6 +194,8 @@ fn caller(c: &Config) -> Result<Value> {
     }
     eprintln!("[ferry] throughput ...");
     let tput = measure_tput(c)?;
+    eprintln!("[ferry] authentication cost ...");
+    let auth = ferry_benches::auth_cost(c.quick)?;
     let peak_rss = match c.sizes.iter().copied().max() {
         Some(bytes) if bytes >= 100 << 20 => measure_peak_rss(bytes)?,
         _ => Value::Null,
@@ -205,6 +209,7 @@ fn caller(c: &Config) -> Result<Value> {
         "cells": cells,
         "throughput_empty": tput,
         "peak_rss": peak_rss,
+        "auth": auth,
     }))
 }
 

@@ -93,6 +93,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod access;
 pub mod collective;
 mod error;
 mod grpc;

@@ -156,6 +156,7 @@ impl Agent {
         endpoint.allocator = options.allocator.clone();
         endpoint.config = options.channel_config.clone();
         endpoint.keepalive = options.keepalive;
+        endpoint.auth = options.auth.clone();
         let inner = Arc::new(Inner {
             me,
             workers: rendezvous.workers,

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_transport::auth::Secret;
 use ferry_transport::{channel, Allocator, ChannelConfig, Keepalive, RawAllocator};
 use ferry_wire::{ChannelOffer, Limits, MessageKind, TransportOffer};
 
@@ -34,7 +35,10 @@ pub struct RpcOptions {
     pub local: LocalTopology,
     /// Address of the rendezvous store, hosted by rank 0.
     pub master_addr: SocketAddr,
-    /// IP this worker listens on for RPC (port chosen by the OS).
+    /// IP this worker listens on for RPC (port chosen by the OS): by
+    /// default only the address of the interface `MASTER_ADDR` routes
+    /// through (loopback when `MASTER_ADDR` is); `0.0.0.0` binds every
+    /// interface ([`listen_ip`](Self::listen_ip), `FERRY_LISTEN_IP`).
     pub listen_ip: IpAddr,
     /// Default per-call timeout; zero means none.
     pub rpc_timeout: Duration,
@@ -66,6 +70,13 @@ pub struct RpcOptions {
     /// reads it): the group rendezvous in this attempt's namespace, through
     /// the store torchrun's agent hosts when it says so.
     pub torchelastic: Option<TorchElastic>,
+    /// The group's shared secret (`FERRY_AUTH_SECRET`): with one, every
+    /// connection to this worker's RPC port, the rendezvous store rank 0
+    /// hosts, and the shared-memory and `mpt` set-up of each connection
+    /// authenticate the peer before a frame is read
+    /// ([`ferry_transport::auth`]). Every worker of the group needs the
+    /// same one.
+    pub auth: Option<Secret>,
 }
 
 impl RpcOptions {
@@ -77,10 +88,11 @@ impl RpcOptions {
         world_size: u32,
         master_addr: SocketAddr,
     ) -> Self {
+        // Only the interface the group is reached through, not every one.
         let listen_ip = if master_addr.ip().is_loopback() {
             master_addr.ip()
         } else {
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            crate::rendezvous::route_to(master_addr).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
         };
         Self {
             name: name.into(),
@@ -106,6 +118,7 @@ impl RpcOptions {
             allocator: Arc::new(RawAllocator),
             store: None,
             torchelastic: None,
+            auth: None,
         }
     }
 
@@ -117,7 +130,9 @@ impl RpcOptions {
     /// the channel; 0 sends every tensor over its channel) and
     /// `FERRY_MPT_LANES`; and the receive limits `FERRY_MAX_TENSOR_BYTES`,
     /// `FERRY_MAX_MESSAGE_TENSOR_BYTES` and `FERRY_FRAME_STALL_TIMEOUT_MS`
-    /// (see [`Limits`]).
+    /// (see [`Limits`]); `FERRY_AUTH_SECRET` (the group's shared secret,
+    /// [`auth`](Self::auth)) and `FERRY_LISTEN_IP` (see
+    /// [`listen_ip`](Self::listen_ip)).
     ///
     /// The names torchrun sets are read too: `LOCAL_RANK`,
     /// `LOCAL_WORLD_SIZE` and `GROUP_RANK` (the node's rank) fill
@@ -190,6 +205,16 @@ impl RpcOptions {
             opt_num("GROUP_RANK")?,
         )?;
         o.torchelastic = TorchElastic::from_vars(&lookup)?;
+        if let Some(s) = lookup(ferry_transport::auth::SECRET_ENV).filter(|s| !s.is_empty()) {
+            o.auth = Some(Secret::new(s.into_bytes()).map_err(|e| {
+                RpcError::Config(format!("{}: {e}", ferry_transport::auth::SECRET_ENV))
+            })?);
+        }
+        if let Some(ip) = lookup("FERRY_LISTEN_IP") {
+            o.listen_ip = ip.trim().parse().map_err(|_| {
+                RpcError::Config(format!("FERRY_LISTEN_IP is not an IP address: {ip:?}"))
+            })?;
+        }
         if let Some(ms) = lookup("FERRY_RPC_TIMEOUT_MS") {
             let ms: u64 = ms
                 .parse()
@@ -292,6 +317,19 @@ impl RpcOptions {
     /// Sets the receive hook.
     pub fn allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
         self.allocator = allocator;
+        self
+    }
+
+    /// Sets the group's shared secret (see [`auth`](Self::auth)).
+    pub fn auth_secret(mut self, secret: Secret) -> Self {
+        self.auth = Some(secret);
+        self
+    }
+
+    /// Listens for RPC on `ip` (`0.0.0.0` or `::`: every interface)
+    /// instead of only the interface `MASTER_ADDR` routes through.
+    pub fn listen_ip(mut self, ip: IpAddr) -> Self {
+        self.listen_ip = ip;
         self
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::store::{C10dStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+use crate::store::{C10dStore, PrefixStore, Store, StoreLimits, TcpStore, TcpStoreServer};
 use crate::{RpcError, RpcOptions, TorchElastic, WorkerInfo};
 
 /// Key namespace of the agent in the store.
@@ -39,12 +39,25 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
             None,
         ),
         None if o.rank == 0 => {
-            let server = TcpStoreServer::bind(o.master_addr).await?;
-            let client = TcpStore::connect(server.local_addr(), o.init_timeout).await?;
+            let server = TcpStoreServer::bind_authenticated(
+                o.master_addr,
+                StoreLimits::default(),
+                o.auth.clone(),
+            )
+            .await?;
+            let client = TcpStore::connect_authenticated(
+                server.local_addr(),
+                o.init_timeout,
+                o.auth.clone(),
+            )
+            .await?;
             (Arc::new(client), Some(server))
         }
         None => (
-            Arc::new(TcpStore::connect(o.master_addr, o.init_timeout).await?),
+            Arc::new(
+                TcpStore::connect_authenticated(o.master_addr, o.init_timeout, o.auth.clone())
+                    .await?,
+            ),
             None,
         ),
     };
@@ -189,7 +202,7 @@ fn check_unique(workers: &[WorkerInfo]) -> Result<(), RpcError> {
 }
 
 /// The local IP the kernel would use to reach `to` (no packet is sent).
-fn route_to(to: SocketAddr) -> Option<IpAddr> {
+pub(crate) fn route_to(to: SocketAddr) -> Option<IpAddr> {
     let bind: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0".parse().ok()?
     } else {

@@ -190,6 +190,16 @@ pub enum StoreError {
     /// for, or reported an error of its own (as text).
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The store and this client do not share the group's secret (see
+    /// [`ferry_transport::auth`]): one holds another secret, or only one
+    /// side has one.
+    #[error("authentication with the store at {addr} failed: {source}")]
+    Auth {
+        /// The store's address.
+        addr: String,
+        /// Why the handshake failed.
+        source: ferry_transport::auth::AuthError,
+    },
     /// The connection to the store is closed (the server went away or
     /// the client was shut down).
     #[error("the store connection is closed")]

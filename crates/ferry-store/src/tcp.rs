@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_transport::accept::AcceptBackoff;
+use ferry_transport::auth::{self, Secret, AUTH_TIMEOUT};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use futures::FutureExt;
@@ -172,6 +173,9 @@ pub(crate) struct Served {
     pub(crate) state: Arc<MemoryStore>,
     pub(crate) limits: StoreLimits,
     pub(crate) ledger: Mutex<Ledger>,
+    /// With a secret, every client proves it holds it before a byte of
+    /// its requests is read.
+    pub(crate) auth: Option<Secret>,
 }
 
 impl TcpStoreServer {
@@ -186,6 +190,20 @@ impl TcpStoreServer {
         addr: SocketAddr,
         limits: StoreLimits,
     ) -> Result<TcpStoreServer, StoreError> {
+        Self::bind_authenticated(addr, limits, None).await
+    }
+
+    /// [`bind_with`](Self::bind_with), where with `secret` every client
+    /// must first pass the [`auth`] handshake: one that fails (another
+    /// secret, none, a replayed handshake) is closed with a warning naming
+    /// its address before any request of it is read. torch's c10d
+    /// `TCPStore` clients know no secret, so a server with one serves
+    /// only Ferry's clients ([`TcpStore::connect_authenticated`]).
+    pub async fn bind_authenticated(
+        addr: SocketAddr,
+        limits: StoreLimits,
+        secret: Option<Secret>,
+    ) -> Result<TcpStoreServer, StoreError> {
         let io_err = |source| StoreError::Io {
             addr: addr.to_string(),
             source,
@@ -199,6 +217,7 @@ impl TcpStoreServer {
             state: state.clone(),
             limits,
             ledger: Mutex::new(Ledger::default()),
+            auth: secret,
         });
         let task = tokio::spawn(serve(listener, served, closed, failures_tx));
         debug!(%local_addr, "store server listening");
@@ -435,6 +454,18 @@ async fn serve_connection(
 ) {
     let first_request_by = Instant::now() + served.limits.first_request_timeout;
     let _ = stream.set_nodelay(true);
+    let mut stream = stream;
+    if let Some(secret) = &served.auth {
+        let mut watching = closed.clone();
+        let proved = tokio::select! {
+            () = closing(&mut watching) => return,
+            proved = auth::accept(&mut stream, secret.key(), AUTH_TIMEOUT) => proved,
+        };
+        if let Err(e) = proved {
+            warn!(%peer, error = %e, "refused a store client that failed authentication");
+            return;
+        }
+    }
     let (mut rd, wr) = stream.into_split();
     let mut head = [0u8; LENGTH_PREFIX_BYTES];
     let mut watching = closed.clone();
@@ -636,7 +667,27 @@ impl TcpStore {
     /// most `timeout`. `timeout` is also how long [`Store::get`] waits for
     /// a missing key.
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStore, StoreError> {
-        let stream = connect_with_retry(addr, timeout).await?;
+        Self::connect_authenticated(addr, timeout, None).await
+    }
+
+    /// [`connect`](Self::connect) to a server that authenticates its
+    /// clients ([`TcpStoreServer::bind_authenticated`]) with `secret`:
+    /// this client proves it holds the secret, and the server that it
+    /// does, before any request is sent.
+    pub async fn connect_authenticated(
+        addr: SocketAddr,
+        timeout: Duration,
+        secret: Option<Secret>,
+    ) -> Result<TcpStore, StoreError> {
+        let mut stream = connect_with_retry(addr, timeout).await?;
+        if let Some(secret) = &secret {
+            auth::connect(&mut stream, secret.key(), AUTH_TIMEOUT)
+                .await
+                .map_err(|source| StoreError::Auth {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+        }
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
         let shared = Arc::new(Shared::default());

@@ -55,6 +55,8 @@
 
 pub mod accept;
 mod alloc;
+#[cfg(not(loom))]
+pub mod auth;
 pub mod channel;
 mod cma;
 // Under `--cfg loom` (the model checks of the shared-memory ring) tokio has

@@ -4,8 +4,14 @@
 //! ```text
 //! ferry-lighthouse --min-replicas 2 [--bind [::]:29510] [--join-timeout-ms 60000]
 //!                  [--quorum-tick-ms 100] [--heartbeat-timeout-ms 5000]
-//!                  [--threads 1]
+//!                  [--threads 1] [--tls-cert CERT.pem --tls-key KEY.pem]
+//!                  [--allow 10.0.0.0/8,127.0.0.1]
 //! ```
+//!
+//! `--tls-cert`/`--tls-key` serve over TLS (clients connect with
+//! `https://` and must trust the certificate's CA); `--allow` closes
+//! connections from clients outside the listed networks unread, with a
+//! warning naming them (see `ferry_ft::access`).
 //!
 //! torchft's spellings (`--min_replicas`, `--join_timeout_ms`,
 //! `--quorum_tick_ms`, `--heartbeat_timeout_ms`) work too, and `--flag=value`
@@ -27,6 +33,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use ferry_ft::access::{Access, AccessError, AllowList, TlsIdentity};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
 use tracing_subscriber::EnvFilter;
 
@@ -79,22 +86,43 @@ struct Args {
     /// uses N worker threads.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     threads: u64,
+    /// Serve over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Accept clients only from these networks (comma-separated
+    /// ADDRESS/PREFIX; default: every client).
+    #[arg(long, value_name = "NETWORKS")]
+    allow: Option<AllowList>,
 }
 
 impl Args {
     /// The lighthouse's options these arguments ask for.
-    fn options(&self) -> LighthouseOptions {
-        LighthouseOptions::new(self.min_replicas)
+    fn options(&self) -> Result<LighthouseOptions, AccessError> {
+        let mut access = Access::default().with_allow(self.allow.clone().unwrap_or_default());
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            access = access.with_tls(TlsIdentity::from_files(cert, key)?);
+        }
+        Ok(LighthouseOptions::new(self.min_replicas)
             .with_join_timeout(Duration::from_millis(self.join_timeout_ms))
             .with_quorum_tick(Duration::from_millis(self.quorum_tick_ms))
             .with_heartbeat_timeout(Duration::from_millis(self.heartbeat_timeout_ms))
+            .with_access(access))
     }
 }
 
 fn main() -> ExitCode {
     // Help, version and bad arguments exit here (usage errors with code 2).
     let args = Args::parse();
-    let options = args.options();
+    let options = match args.options() {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("ferry-lighthouse: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let threads = usize::try_from(args.threads).unwrap_or(usize::MAX);
     let bind = args.bind;
 
@@ -171,7 +199,44 @@ mod tests {
 
     fn parsed(args: &[&str]) -> (String, LighthouseOptions, u64) {
         let args = parse(args).expect("valid arguments");
-        (args.bind.clone(), args.options(), args.threads)
+        (
+            args.bind.clone(),
+            args.options().expect("valid access options"),
+            args.threads,
+        )
+    }
+
+    #[test]
+    fn tls_and_allow_list_flags() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls");
+        let cert = format!("{fixtures}/server.pem");
+        let key = format!("{fixtures}/server.key");
+        let (_, options, _) = parsed(&[
+            "--min-replicas",
+            "1",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--allow",
+            "10.0.0.0/8,127.0.0.1",
+        ]);
+        assert!(options.access.tls.is_some());
+        assert!(options.access.allow.allows("127.0.0.1".parse().unwrap()));
+        assert!(!options.access.allow.allows("192.168.1.1".parse().unwrap()));
+        // A certificate without its key, or a bad network, is a usage error.
+        assert!(parse(&["--min-replicas", "1", "--tls-cert", &cert]).is_err());
+        assert!(parse(&["--min-replicas", "1", "--allow", "10.0.0.0/40"]).is_err());
+        let missing = parse(&[
+            "--min-replicas",
+            "1",
+            "--tls-cert",
+            "/nonexistent.pem",
+            "--tls-key",
+            &key,
+        ])
+        .unwrap();
+        assert!(missing.options().is_err());
     }
 
     #[test]

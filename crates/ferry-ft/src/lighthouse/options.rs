@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::access::Access;
+
 /// The lighthouse's knobs, as torchft's `LighthouseOpt` (which spells the
 /// durations in milliseconds: `join_timeout_ms`, `quorum_tick_ms`,
 /// `heartbeat_timeout_ms`).
@@ -18,6 +20,9 @@ pub struct LighthouseOptions {
     /// A replica is healthy while its last heartbeat is younger than this
     /// (torchft: 5 s).
     pub heartbeat_timeout: Duration,
+    /// Who may connect: TLS and the allowed client networks (default:
+    /// plain text, every client, as torchft).
+    pub access: Access,
 }
 
 impl LighthouseOptions {
@@ -30,7 +35,14 @@ impl LighthouseOptions {
             join_timeout: Duration::from_millis(60_000),
             quorum_tick: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_millis(5_000),
+            access: Access::default(),
         }
+    }
+
+    /// Sets [`access`](Self::access).
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
     }
 
     /// Sets [`join_timeout`](Self::join_timeout).

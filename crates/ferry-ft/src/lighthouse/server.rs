@@ -34,8 +34,6 @@ use tonic::codec::{Codec, EncodeBuf, Encoder, ProstCodec};
 use tonic::codegen::{http, Body, BoxFuture, Bytes, Service, StdError};
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 use tracing::{debug, debug_span, info, info_span, warn, Instrument};
 
@@ -79,6 +77,9 @@ pub enum LighthouseError {
     /// The server task panicked or was cancelled.
     #[error("lighthouse: server task ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// The TLS configuration was refused.
+    #[error("lighthouse: {0}")]
+    Access(#[from] crate::access::AccessError),
 }
 
 /// A running lighthouse: `torchft.LighthouseService` (`Quorum`, `Heartbeat`)
@@ -133,6 +134,8 @@ impl Lighthouse {
         };
         let listener = TcpListener::bind(&addr).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
+        let server = options.access.server()?;
+        let incoming = options.access.incoming(listener, "lighthouse");
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (quorums, _) = broadcast::channel(QUORUM_CHANNEL_CAPACITY);
@@ -157,14 +160,13 @@ impl Lighthouse {
             Routes::from(dashboard_router(Arc::clone(&shared))).add_service(LighthouseGrpc {
                 shared: Arc::clone(&shared),
             });
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut stop = shutdown_rx;
         let signal = async move {
             // Either `true` was sent or the `Lighthouse` is gone: stop.
             let _ = stop.wait_for(|stop| *stop).await;
         };
         let serve = tokio::spawn(
-            Server::builder()
+            server
                 .accept_http1(true)
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, signal)
@@ -190,10 +192,15 @@ impl Lighthouse {
         self.local_addr
     }
 
-    /// `http://` and [`local_addr`](Self::local_addr): what clients connect
+    /// `http://` (`https://` with TLS) and [`local_addr`](Self::local_addr): what clients connect
     /// to and browsers open.
     pub fn url(&self) -> String {
-        format!("http://{}", self.local_addr)
+        let scheme = if self.shared.opt.access.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.local_addr)
     }
 
     /// The options it runs with.

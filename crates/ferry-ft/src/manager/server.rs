@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, ToSocketAddrs};
+
+use crate::access::Access;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
@@ -106,6 +107,14 @@ pub struct ManagerOptions {
     pub data: String,
     /// What `Kill` does; [`exit_on_kill`] by default.
     pub on_kill: KillHook,
+    /// Who may connect to this manager: TLS and the allowed client
+    /// networks (default: plain text, every client, as torchft).
+    pub access: Access,
+    /// The CA certificate (PEM) of a lighthouse serving over TLS
+    /// (`https://` in [`lighthouse_addr`](Self::lighthouse_addr)); `None`:
+    /// the system's roots are not consulted, plain text or a trusted CA
+    /// must be given.
+    pub lighthouse_ca: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for ManagerOptions {
@@ -145,7 +154,21 @@ impl ManagerOptions {
             quorum_retries: 0,
             data: String::new(),
             on_kill: exit_on_kill(),
+            access: Access::default(),
+            lighthouse_ca: None,
         }
+    }
+
+    /// Sets [`access`](Self::access).
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// Sets [`lighthouse_ca`](Self::lighthouse_ca).
+    pub fn with_lighthouse_ca(mut self, ca_pem: Vec<u8>) -> Self {
+        self.lighthouse_ca = Some(ca_pem);
+        self
     }
 
     /// Sets [`hostname`](Self::hostname).
@@ -323,6 +346,19 @@ impl Manager {
             })?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true);
+        let lighthouse = match &options.lighthouse_ca {
+            Some(ca) => lighthouse
+                .tls_config(
+                    tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+                )
+                .map_err(|source| ManagerError::InvalidLighthouseAddress {
+                    replica_id: replica_id.clone(),
+                    address: options.lighthouse_addr.clone(),
+                    source,
+                })?,
+            None => lighthouse,
+        };
         let bind_error = |source| ManagerError::Bind {
             replica_id: replica_id.clone(),
             addr: addr.to_string(),
@@ -330,6 +366,14 @@ impl Manager {
         };
         let listener = TcpListener::bind(&addr).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
+        let mut server = options
+            .access
+            .server()
+            .map_err(|e| ManagerError::InvalidOptions {
+                replica_id: replica_id.clone(),
+                reason: e.to_string(),
+            })?;
+        let incoming = options.access.incoming(listener, "manager");
         let address = advertised_address(options.hostname.as_deref(), local_addr);
 
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -360,14 +404,13 @@ impl Manager {
         let heartbeat = tokio::spawn(
             run_heartbeats(Arc::clone(&shared), shutdown_rx.clone()).instrument(span.clone()),
         );
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let mut stop = shutdown_rx;
         let signal = async move {
             // Either `true` was sent or the `Manager` is gone: stop.
             let _ = stop.wait_for(|stop| *stop).await;
         };
         let serve = tokio::spawn(
-            Server::builder()
+            server
                 .add_service(ManagerServiceServer::new(GrpcService {
                     shared: Arc::clone(&shared),
                 }))

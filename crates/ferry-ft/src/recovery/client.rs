@@ -54,6 +54,10 @@ pub struct FetchOptions {
     /// The largest checkpoint accepted, in bytes (a bound on what a
     /// manifest can make this side allocate). Default 64 GiB.
     pub max_state_bytes: u64,
+    /// The group's shared secret, for a source whose checkpoint server
+    /// holds one ([`CheckpointServerOptions::auth`](super::CheckpointServerOptions::auth)).
+    /// Default none.
+    pub auth: Option<ferry_transport::auth::Secret>,
 }
 
 impl FetchOptions {
@@ -67,7 +71,14 @@ impl FetchOptions {
             io_timeout: Duration::from_secs(30),
             wait: Duration::from_secs(30),
             max_state_bytes: 64 << 30,
+            auth: None,
         }
+    }
+
+    /// Sets [`auth`](Self::auth).
+    pub fn with_auth_secret(mut self, secret: ferry_transport::auth::Secret) -> Self {
+        self.auth = Some(secret);
+        self
     }
 
     /// Sets [`lanes`](Self::lanes).
@@ -282,6 +293,7 @@ impl LaneContext {
     ) -> Result<PeerConnection, RecoveryError> {
         let mut endpoint = link::streaming_endpoint(&self.options.replica_id);
         endpoint.allocator = allocator;
+        endpoint.auth = self.options.auth.clone();
         link::connect(self.addr, &endpoint, self.options.connect_timeout)
             .await
             .map_err(|error| RecoveryError::SourceUnreachable {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use ferry_transport::auth::{is_auth_failure, Secret};
 use ferry_transport::{OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::Limits;
@@ -50,6 +51,11 @@ pub struct CheckpointServerOptions {
     /// Chunks handed to the socket per vectored write (at least 1).
     /// Default 4.
     pub window: usize,
+    /// The group's shared secret: with one, a healing replica must prove
+    /// it holds it ([`ferry_transport::auth`]) before a request of it is
+    /// read; one that fails is closed with a warning naming its address.
+    /// Default none.
+    pub auth: Option<Secret>,
 }
 
 impl CheckpointServerOptions {
@@ -61,7 +67,14 @@ impl CheckpointServerOptions {
             max_wait: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(300),
             window: 4,
+            auth: None,
         }
+    }
+
+    /// Sets [`auth`](Self::auth).
+    pub fn with_auth_secret(mut self, secret: Secret) -> Self {
+        self.auth = Some(secret);
+        self
     }
 
     /// Sets [`io_timeout`](Self::io_timeout).
@@ -338,6 +351,8 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     let options = &shared.options;
     let mut endpoint = link::streaming_endpoint(&options.replica_id);
     endpoint.limits = request_limits();
+    endpoint.auth = options.auth.clone();
+    let from = stream.peer_addr().ok();
     let conn = match tokio::time::timeout(
         options.io_timeout,
         PeerConnection::accept(stream, &endpoint),
@@ -345,6 +360,10 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     .await
     {
         Ok(Ok(conn)) => conn,
+        Ok(Err(error)) if is_auth_failure(&error) => {
+            warn!(peer = ?from, %error, "refused a healing replica that failed authentication");
+            return;
+        }
         Ok(Err(error)) => {
             debug!("handshake failed: {error}");
             return;

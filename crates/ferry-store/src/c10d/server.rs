@@ -299,6 +299,7 @@ mod tests {
             state: Arc::new(MemoryStore::default()),
             limits,
             ledger: Mutex::new(Ledger::default()),
+            auth: None,
         });
         Session::new(served, 1)
     }
@@ -478,6 +479,7 @@ mod tests {
                 ..StoreLimits::default()
             },
             ledger: Mutex::new(Ledger::default()),
+            auth: None,
         });
         let open = |conn| {
             let mut s = Session::new(served.clone(), conn);

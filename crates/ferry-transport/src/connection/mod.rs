@@ -68,6 +68,12 @@ pub struct Endpoint {
     pub config: ChannelConfig,
     /// TCP keepalive and `TCP_USER_TIMEOUT` of the connection's socket.
     pub keepalive: Keepalive,
+    /// The group's shared secret: with one, each side proves it holds it
+    /// ([`auth`](crate::auth)) before either reads a frame, and the
+    /// shared-memory socket and `mpt` lanes set up for the connection are
+    /// authenticated with the connection's session key. `None`: no
+    /// authentication (both ends must agree).
+    pub auth: Option<crate::auth::Secret>,
 }
 
 impl Endpoint {
@@ -83,6 +89,7 @@ impl Endpoint {
             allocator: Arc::new(RawAllocator),
             config: ChannelConfig::default(),
             keepalive: Keepalive::default(),
+            auth: None,
         }
     }
 
@@ -251,7 +258,7 @@ impl PeerConnection {
     }
 
     async fn establish(
-        stream: TcpStream,
+        mut stream: TcpStream,
         local: &Endpoint,
         role: Role,
     ) -> Result<Self, TransportError> {
@@ -267,6 +274,24 @@ impl PeerConnection {
         // A partitioned peer is noticed by the kernel within bounds.
         local.keepalive.apply(&stream).map_err(io_err)?;
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
+        // With a secret, nothing is read from the peer before it proved it
+        // holds the secret too.
+        let session = match &local.auth {
+            Some(secret) => {
+                let key = secret.key();
+                let t = crate::auth::AUTH_TIMEOUT;
+                let proved = match role {
+                    Role::Accept => crate::auth::accept(&mut stream, key, t).await,
+                    Role::Connect => crate::auth::connect(&mut stream, key, t).await,
+                };
+                Some(proved.map_err(|e| TransportError::Handshake {
+                    peer: peer_addr.clone(),
+                    reason: format!("{}: {e}", crate::auth::AUTH_FAILED),
+                })?)
+            }
+            None => None,
+        };
+        let session = session.map(|s| s.key());
         let (r, w) = stream.into_split();
         // Until the handshake is in, a frame may hold a handshake and nothing
         // more: a header announcing more is refused before its body is read.
@@ -298,7 +323,7 @@ impl PeerConnection {
                 let peer = read_handshake(&mut reader, &fail).await?;
                 let agreement = Agreement::compute(local, peer)?;
                 verify(&agreement.outgoing, &agreement.peer.selection)?;
-                let setup = connect_setup(&agreement, local, &fail).await?;
+                let setup = connect_setup(&agreement, local, session.as_ref(), &fail).await?;
                 (agreement, setup)
             }
             Role::Accept => {
@@ -330,7 +355,14 @@ impl PeerConnection {
                     .await?;
                 let setup = tokio::time::timeout(
                     SETUP_TIMEOUT,
-                    accept_setup(&agreement, shm_listener, lane_listener, nonce, &fail),
+                    accept_setup(
+                        &agreement,
+                        shm_listener,
+                        lane_listener,
+                        nonce,
+                        session.as_ref(),
+                        &fail,
+                    ),
                 )
                 .await
                 .map_err(|_| fail("the peer did not finish setting up its channels".into()))??;

@@ -15,7 +15,8 @@ use super::{
     property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_SHM_SOCKET,
     SETUP_TIMEOUT,
 };
-use crate::mpt::{connect_lanes, LaneListener};
+use crate::auth::{self, Key, AUTH_TIMEOUT};
+use crate::mpt::{connect_lanes_authenticated, LaneListener};
 use crate::shm::{recv_fds, send_fds, ShmLink};
 use crate::{channel, TransportError};
 
@@ -40,6 +41,7 @@ pub(super) struct Setup {
 pub(super) async fn connect_setup(
     agreement: &Agreement,
     local: &Endpoint,
+    session: Option<&Key>,
     fail: &impl Fn(String) -> TransportError,
 ) -> Result<Setup, TransportError> {
     let mut setup = Setup::default();
@@ -47,8 +49,17 @@ pub(super) async fn connect_setup(
     if agreement.needs_shm() {
         let socket = property(peer, PROP_SHM_SOCKET)
             .ok_or_else(|| fail("shared memory is selected but the peer named no socket".into()))?;
-        let stream = connect_abstract(socket)
+        let mut stream = connect_abstract(socket)
             .map_err(|e| fail(format!("connecting to {socket:?} failed: {e}")))?;
+        if let Some(key) = session {
+            auth::connect(&mut stream, key, AUTH_TIMEOUT)
+                .await
+                .map_err(|e| {
+                    fail(format!(
+                        "authenticating the shared-memory socket failed: {e}"
+                    ))
+                })?;
+        }
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut kinds = [0u8; 2];
         if agreement.transport == channel::SHM_TRANSPORT {
@@ -79,7 +90,9 @@ pub(super) async fn connect_setup(
             .and_then(|(a, n)| Some((a.parse::<SocketAddr>().ok()?, n.parse::<u64>().ok()?)))
             .ok_or_else(|| fail(format!("bad lane address {addr:?}")))?;
         let n = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
-        let mut lanes = connect_lanes(addr, nonce, 2 * n, SETUP_TIMEOUT).await?;
+        let mut lanes =
+            connect_lanes_authenticated(addr, nonce, 2 * n, SETUP_TIMEOUT, session.cloned())
+                .await?;
         let incoming = lanes.split_off(n);
         setup.lanes = Some((incoming, lanes));
     }
@@ -92,14 +105,31 @@ pub(super) async fn accept_setup(
     shm_listener: Option<UnixListener>,
     lane_listener: Option<LaneListener>,
     nonce: u64,
+    session: Option<&Key>,
     fail: &impl Fn(String) -> TransportError,
 ) -> Result<Setup, TransportError> {
     let mut setup = Setup::default();
     if let Some(listener) = shm_listener {
-        let (stream, _) = listener
-            .accept()
-            .await
-            .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
+        let stream = loop {
+            let (mut stream, _) = listener
+                .accept()
+                .await
+                .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
+            let Some(key) = session else { break stream };
+            // Only the peer of this connection holds its session key: any
+            // other process is dropped, and the wait for the peer goes on.
+            match auth::accept(&mut stream, key, AUTH_TIMEOUT).await {
+                Ok(_) => break stream,
+                Err(e) => {
+                    let who = stream.peer_cred().ok().and_then(|c| c.pid());
+                    tracing::warn!(
+                        pid = ?who,
+                        error = %e,
+                        "refused a shared-memory set-up connection that failed authentication"
+                    );
+                }
+            }
+        };
         let mut kinds = [0u8; 2];
         let (n, mut fds) = recv_fds(&stream, &mut kinds, 2 * ShmLink::FD_COUNT)
             .await
@@ -143,7 +173,7 @@ pub(super) async fn accept_setup(
                 ))
             })?;
         let mut lanes = listener
-            .accept(nonce, 2 * lanes_each, SETUP_TIMEOUT)
+            .accept_authenticated(nonce, 2 * lanes_each, SETUP_TIMEOUT, session)
             .await?;
         // The connecting side sends on the first half: that is our incoming.
         let outgoing = lanes.split_off(lanes_each);

@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::{LaneHello, HELLO_LEN, MAX_LANES};
+use crate::auth::{self, Key, AUTH_TIMEOUT};
 use crate::TransportError;
 
 /// Socket buffer size asked for on every lane (`SO_SNDBUF` and `SO_RCVBUF`),
@@ -54,6 +55,21 @@ impl LaneListener {
         lanes: usize,
         timeout: Duration,
     ) -> Result<Vec<TcpStream>, TransportError> {
+        self.accept_authenticated(nonce, lanes, timeout, None).await
+    }
+
+    /// [`accept`](Self::accept), where with `key` every connection must
+    /// first pass the [`auth`] handshake with it (the session key of the
+    /// connection the lanes belong to) before its hello is read; one that
+    /// fails is dropped with a warning naming its address, and the wait
+    /// goes on.
+    pub async fn accept_authenticated(
+        &self,
+        nonce: u64,
+        lanes: usize,
+        timeout: Duration,
+        key: Option<&Key>,
+    ) -> Result<Vec<TcpStream>, TransportError> {
         let peer = format!("mpt lane listener {}", self.local);
         check_lanes(&peer, lanes)?;
         let mut slots: Vec<Option<TcpStream>> = (0..lanes).map(|_| None).collect();
@@ -65,8 +81,15 @@ impl LaneListener {
                 tokio::select! {
                     accepted = self.inner.accept() => match accepted {
                         Ok((stream, from)) => {
+                            let key = key.cloned();
                             hellos.spawn(async move {
                                 let mut stream = stream;
+                                if let Some(key) = key {
+                                    if let Err(e) = auth::accept(&mut stream, &key, AUTH_TIMEOUT).await {
+                                        tracing::warn!(%from, error = %e, "mpt: refused a lane that failed authentication");
+                                        return Err(io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()));
+                                    }
+                                }
                                 let mut hello = [0u8; HELLO_LEN];
                                 stream.read_exact(&mut hello).await?;
                                 Ok((stream, from, hello))
@@ -131,6 +154,18 @@ pub async fn connect_lanes(
     lanes: usize,
     timeout: Duration,
 ) -> Result<Vec<TcpStream>, TransportError> {
+    connect_lanes_authenticated(addr, nonce, lanes, timeout, None).await
+}
+
+/// [`connect_lanes`], where with `key` each lane first passes the
+/// [`auth`] handshake with it before sending its hello.
+pub async fn connect_lanes_authenticated(
+    addr: SocketAddr,
+    nonce: u64,
+    lanes: usize,
+    timeout: Duration,
+    key: Option<Key>,
+) -> Result<Vec<TcpStream>, TransportError> {
     let peer = addr.to_string();
     check_lanes(&peer, lanes)?;
     let work = async {
@@ -141,9 +176,17 @@ pub async fn connect_lanes(
                 index: index as u32,
                 count: lanes as u32,
             };
+            let key = key.clone();
             set.spawn(async move {
                 let mut stream = TcpStream::connect(addr).await?;
                 tune(&stream)?;
+                if let Some(key) = key {
+                    auth::connect(&mut stream, &key, AUTH_TIMEOUT)
+                        .await
+                        .map_err(|e| {
+                            io::Error::new(io::ErrorKind::PermissionDenied, e.to_string())
+                        })?;
+                }
                 stream.write_all(&hello.encode()).await?;
                 Ok::<_, io::Error>((index, stream))
             });

@@ -72,7 +72,7 @@ use crate::TransportError;
 pub use ferry_wire::mpt_lane::{
     ChunkHeader, LaneError, LaneHello, CHUNK_HEADER_LEN, HELLO_LEN, LANE_MAGIC,
 };
-pub use lanes::{connect_lanes, LaneListener};
+pub use lanes::{connect_lanes, connect_lanes_authenticated, LaneListener};
 pub use recv::MptReceiver;
 pub use send::MptSender;
 

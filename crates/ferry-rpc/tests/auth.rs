@@ -1,0 +1,229 @@
+//! A group holding a shared secret lets no outsider in: a process with
+//! another secret, with none, or replaying a captured handshake cannot
+//! call a function, send any other message (an RRef's `remote` travels the
+//! same way), or read or write a rendezvous store key — each refused
+//! before a frame of it is read, with a warning naming its address — and
+//! the group serves on meanwhile. Real processes on 127.0.0.1; the
+//! outsider learns the victim's RPC address through a side store the test
+//! hosts (state, not time).
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferry_rpc::store::{Store, TcpStore, TcpStoreServer};
+use ferry_rpc::{Function, Functions, RpcOptions};
+use ferry_testkit::{worker_rank, world_wrapped_ok};
+use ferry_transport::auth::{self, AuthMessage, Secret};
+use ferry_transport::{Endpoint, PeerConnection};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+/// Plants a key in the group's store: if an outsider ever ran it, the
+/// key would be there.
+const PLANT: Function<String, ()> = Function::new("plant");
+
+const T: Duration = Duration::from_secs(30);
+const SIDE: &str = "FERRY_TEST_SIDE_STORE";
+
+fn group_secret() -> Secret {
+    Secret::new(b"the group's own secret, 32 bytes".to_vec()).unwrap()
+}
+
+fn side_store(rt: &tokio::runtime::Runtime) -> TcpStore {
+    let addr: SocketAddr = std::env::var(SIDE).unwrap().parse().unwrap();
+    rt.block_on(TcpStore::connect(addr, T)).unwrap()
+}
+
+fn log_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
+}
+
+/// Member `rank` of the group of 2 (the third process is the outsider).
+fn member(rank: u32) {
+    log_warnings();
+    let mut functions = Functions::new();
+    functions.add(ADD, |(a, b)| a + b);
+    functions.add(PLANT, |key: String| {
+        let agent = ferry_rpc::Agent::current().unwrap();
+        agent
+            .block_on(agent.store().set(&key, b"planted".to_vec()))
+            .unwrap();
+    });
+    let mut options = RpcOptions::from_env(format!("worker{rank}"))
+        .unwrap()
+        .functions(functions)
+        .init_timeout(T)
+        .auth_secret(group_secret());
+    options.world_size = 2;
+    ferry_rpc::init_rpc(options).unwrap();
+    let agent = ferry_rpc::agent().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let side = side_store(&rt);
+    if rank == 0 {
+        let me = agent.worker_addr(0u32).unwrap();
+        rt.block_on(side.set("rpc0", me.to_string().into_bytes()))
+            .unwrap();
+    } else {
+        // What a member sends in a handshake, as an eavesdropper on the
+        // wire would capture it.
+        rt.block_on(side.set("captured", captured_handshake()))
+            .unwrap();
+        // The group works before the outsider starts...
+        let r: i64 = ADD.rpc_sync(0u32, (1, 2)).unwrap();
+        assert_eq!(r, 3);
+    }
+    rt.block_on(side.wait(&["outsider/done".into()], T))
+        .unwrap();
+    if rank == 1 {
+        // ...and after it finished.
+        let r: i64 = ADD.rpc_sync(0u32, (3, 4)).unwrap();
+        println!("RESULT={r}");
+    }
+    let planted = agent
+        .block_on(agent.store().check(&["planted".into()]))
+        .unwrap();
+    println!("PLANTED={planted}");
+    ferry_rpc::shutdown().unwrap();
+}
+
+/// The bytes a member with the group's secret writes during a handshake
+/// (its hello and its proof).
+fn captured_handshake() -> Vec<u8> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (mut listener_side, mut member_side) = tokio::io::duplex(1024);
+        let s = group_secret();
+        let listener = async {
+            // A listener that records what it reads, as a sniffer would.
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 38];
+            listener_side.read_exact(&mut buf).await.unwrap();
+            seen.extend_from_slice(&buf);
+            let mut h = auth::Handshake::new(auth::Role::Accept, s.key().clone(), [5; 32]);
+            let (hello, _) = AuthMessage::decode(&buf).unwrap().unwrap();
+            let challenge = h.receive(hello).send.unwrap();
+            listener_side.write_all(&challenge.encode()).await.unwrap();
+            listener_side.read_exact(&mut buf).await.unwrap();
+            seen.extend_from_slice(&buf);
+            let (proof, _) = AuthMessage::decode(&buf).unwrap().unwrap();
+            let accepted = h.receive(proof).send.unwrap();
+            listener_side.write_all(&accepted.encode()).await.unwrap();
+            seen
+        };
+        let (seen, key) = tokio::join!(listener, auth::connect(&mut member_side, s.key(), T));
+        key.unwrap();
+        seen
+    })
+}
+
+/// Replays `captured` to `addr`: the listener answers with a challenge
+/// over a fresh nonce, refuses the replayed proof and closes.
+async fn replay(addr: SocketAddr, captured: &[u8]) {
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(captured).await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(T, raw.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back.len(), 6 + 64 + 6, "{back:?}");
+    assert_eq!(&back[back.len() - 6..], &AuthMessage::Refused.encode()[..]);
+}
+
+fn outsider() {
+    log_warnings();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let side = side_store(&rt);
+    let master: SocketAddr = format!("127.0.0.1:{}", std::env::var("MASTER_PORT").unwrap())
+        .parse()
+        .unwrap();
+    rt.block_on(async {
+        side.wait(&["rpc0".into(), "captured".into()], T)
+            .await
+            .unwrap();
+        let rpc0: SocketAddr = String::from_utf8(side.get("rpc0").await.unwrap())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let captured = side.get("captured").await.unwrap();
+        let wrong = Secret::new(b"a guess at the group's secret!!!".to_vec()).unwrap();
+
+        // The RPC port: another secret, none, a replayed handshake.
+        let mut with_wrong = Endpoint::new("worker1", 1);
+        with_wrong.auth = Some(wrong.clone());
+        let e = PeerConnection::connect(rpc0, &with_wrong)
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("authentication failed"), "{e}");
+        let refused = PeerConnection::connect(rpc0, &Endpoint::new("worker1", 1)).await;
+        assert!(refused.is_err());
+        replay(rpc0, &captured).await;
+
+        // The store: another secret, none, a replayed handshake.
+        let e = TcpStore::connect_authenticated(master, T, Some(wrong))
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("authentication"), "{e}");
+        let plain = TcpStore::connect(master, T).await.unwrap();
+        assert!(plain.set("planted", b"x".to_vec()).await.is_err());
+        let plain = TcpStore::connect(master, T).await.unwrap();
+        assert!(plain.get("ferry/rpc/worker/0").await.is_err());
+        replay(master, &captured).await;
+
+        println!("OUTSIDER=refused");
+        side.set("outsider/done", Vec::new()).await.unwrap();
+    });
+}
+
+#[test]
+fn an_outsider_cannot_call_or_touch_the_store_and_the_group_serves_on() {
+    const TEST: &str = "an_outsider_cannot_call_or_touch_the_store_and_the_group_serves_on";
+    // The parent hosts the side store (plain: it is the test's, not the group's).
+    static SIDE_ENV: OnceLock<&'static str> = OnceLock::new();
+    let parent = worker_rank(TEST).is_none();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _side = parent.then(|| {
+        let server = rt
+            .block_on(TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+        let env: &'static str =
+            Box::leak(format!("{SIDE}={}", server.local_addr()).into_boxed_str());
+        SIDE_ENV.set(env).unwrap();
+        server
+    });
+    let Some(outputs) = world_wrapped_ok(
+        TEST,
+        3,
+        |_| vec!["env", SIDE_ENV.get().unwrap()],
+        |rank| if rank < 2 { member(rank) } else { outsider() },
+    ) else {
+        return;
+    };
+    assert_eq!(outputs[2].values("OUTSIDER"), ["refused"]);
+    assert_eq!(outputs[1].values("RESULT"), ["7"]);
+    for o in &outputs[..2] {
+        assert_eq!(o.values("PLANTED"), ["false"]);
+    }
+    // Worker 0 warned about each refused connection, naming its address.
+    let log = &outputs[0].stderr;
+    let rpc = log
+        .lines()
+        .filter(|l| l.contains("rejected a connection") && l.contains("authentication failed"))
+        .collect::<Vec<_>>();
+    assert_eq!(rpc.len(), 3, "{log}");
+    assert!(rpc.iter().all(|l| l.contains("addr=127.0.0.1:")), "{log}");
+    let store = log
+        .lines()
+        .filter(|l| l.contains("refused a store client that failed authentication"))
+        .collect::<Vec<_>>();
+    assert_eq!(store.len(), 4, "{log}");
+    assert!(store.iter().all(|l| l.contains("peer=127.0.0.1:")), "{log}");
+}

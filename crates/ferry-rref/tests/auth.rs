@@ -1,0 +1,126 @@
+//! A group holding a shared secret: an outsider process with another
+//! secret, or none, cannot join it (so cannot call `remote`) and cannot
+//! open a connection to a worker to send an RRef message; the owner holds
+//! no RRef of its making, and a member creates and fetches an RRef on the
+//! same owner meanwhile. Three processes on 127.0.0.1; the outsider learns
+//! the owner's address through a side store the test hosts.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferry_rpc::store::{Store, TcpStore, TcpStoreServer};
+use ferry_rpc::{Function, Functions, RpcOptions};
+use ferry_rref::{RRef, RRefContext, RemoteExt};
+use ferry_testkit::{worker_rank, world_wrapped_ok};
+use ferry_transport::auth::Secret;
+use ferry_transport::{Endpoint, PeerConnection};
+
+const ADD: Function<(i64, i64), i64> = Function::new("add");
+const OWNED: Function<(), usize> = Function::new("owned");
+const T: Duration = Duration::from_secs(30);
+const SIDE: &str = "FERRY_TEST_SIDE_STORE";
+const TEST: &str = "an_outsider_cannot_create_an_rref_and_a_member_can";
+
+fn group_secret() -> Secret {
+    Secret::new(b"the group's own secret, 32 bytes".to_vec()).unwrap()
+}
+
+fn side(rt: &tokio::runtime::Runtime) -> TcpStore {
+    let addr: SocketAddr = std::env::var(SIDE).unwrap().parse().unwrap();
+    rt.block_on(TcpStore::connect(addr, T)).unwrap()
+}
+
+fn options(rank: u32, secret: Option<Secret>) -> RpcOptions {
+    let mut f = Functions::new();
+    f.add(ADD, |(a, b)| a + b);
+    f.add(OWNED, |()| {
+        RRefContext::current().unwrap().debug_info().num_owner_rrefs
+    });
+    let mut o = RpcOptions::from_env(format!("worker{rank}"))
+        .unwrap()
+        .functions(f)
+        .init_timeout(Duration::from_secs(5));
+    o.world_size = 2;
+    o.auth = secret;
+    o
+}
+
+fn member(rank: u32) {
+    let mut o = options(rank, Some(group_secret())).init_timeout(T);
+    let ctx = ferry_rref::install(&mut o);
+    ferry_rpc::init_rpc(o).unwrap();
+    let agent = ferry_rpc::agent().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let side = side(&rt);
+    if rank == 0 {
+        let me = agent.worker_addr(0u32).unwrap().to_string();
+        rt.block_on(side.set("owner", me.into_bytes())).unwrap();
+    }
+    rt.block_on(side.wait(&["outsider/done".into()], T))
+        .unwrap();
+    if rank == 1 {
+        // The owner holds nothing the outsider made...
+        assert_eq!(OWNED.rpc_sync(0u32, ()).unwrap(), 0);
+        // ...and a member's RRef works.
+        let r: RRef<i64> = ADD.remote("worker0", (2i64, 3i64)).unwrap();
+        assert_eq!(r.to_here().unwrap(), 5);
+        println!("OWNED_WHILE_HELD={}", OWNED.rpc_sync(0u32, ()).unwrap());
+        drop(r);
+    }
+    ferry_rpc::shutdown().unwrap();
+    assert!(ctx.leaked().is_empty());
+}
+
+fn outsider() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let side = side(&rt);
+    let wrong = Secret::new(b"a guess at the group's secret!!!".to_vec()).unwrap();
+    // Joining the group, as rank 1, fails at the store: no agent, no `remote`.
+    for secret in [Some(wrong.clone()), None] {
+        let mut o = options(1, secret);
+        let _ctx = ferry_rref::install(&mut o);
+        assert!(ferry_rpc::init_rpc(o).is_err());
+    }
+    rt.block_on(async {
+        side.wait(&["owner".into()], T).await.unwrap();
+        let owner: SocketAddr = String::from_utf8(side.get("owner").await.unwrap())
+            .unwrap()
+            .parse()
+            .unwrap();
+        // No connection to the owner to carry an RRef message on.
+        let mut e = Endpoint::new("worker1", 1);
+        e.auth = Some(wrong);
+        assert!(PeerConnection::connect(owner, &e).await.is_err());
+        assert!(PeerConnection::connect(owner, &Endpoint::new("worker1", 1))
+            .await
+            .is_err());
+        side.set("outsider/done", Vec::new()).await.unwrap();
+    });
+    println!("OUTSIDER=refused");
+}
+
+#[test]
+fn an_outsider_cannot_create_an_rref_and_a_member_can() {
+    static SIDE_ENV: OnceLock<&'static str> = OnceLock::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _side = worker_rank(TEST).is_none().then(|| {
+        let server = rt
+            .block_on(TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+        let env = format!("{SIDE}={}", server.local_addr());
+        SIDE_ENV.set(Box::leak(env.into_boxed_str())).unwrap();
+        server
+    });
+    let Some(outputs) = world_wrapped_ok(
+        TEST,
+        3,
+        |_| vec!["env", SIDE_ENV.get().unwrap()],
+        |rank| if rank < 2 { member(rank) } else { outsider() },
+    ) else {
+        return;
+    };
+    assert_eq!(outputs[2].values("OUTSIDER"), ["refused"]);
+    assert_eq!(outputs[1].values("OWNED_WHILE_HELD"), ["1"]);
+}

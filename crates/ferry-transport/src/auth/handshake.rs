@@ -1,0 +1,226 @@
+//! The handshake as a pure state machine: messages in, messages out.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use super::message::{AuthMessage, DecodeError, NONCE_LEN, TAG_LEN};
+use super::secret::{Key, SessionKey};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Label of the accepting side's proof.
+const ACCEPT_LABEL: &[u8] = b"ferry-auth/v1 accept";
+/// Label of the connecting side's proof.
+const CONNECT_LABEL: &[u8] = b"ferry-auth/v1 connect";
+/// Label of the session key.
+const SESSION_LABEL: &[u8] = b"ferry-auth/v1 session";
+
+/// Which end of the connection this side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that accepted the connection (it answers the hello).
+    Accept,
+    /// The side that opened the connection (it says hello first).
+    Connect,
+}
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The peer's bytes are not a handshake message (another protocol, or
+    /// a peer with no secret).
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// A valid message, at the wrong moment.
+    #[error("unexpected {got} while {expecting}")]
+    Unexpected {
+        /// What the handshake waited for.
+        expecting: &'static str,
+        /// What came.
+        got: &'static str,
+    },
+    /// The peer's proof does not match: it holds another secret, or
+    /// replays a proof made for another nonce.
+    #[error("the peer's proof does not match (another secret, or a replayed handshake)")]
+    BadProof,
+    /// The accepting side refused this side's proof.
+    #[error("the peer refused this side's proof (another secret?)")]
+    Refused,
+    /// The handshake did not finish in time.
+    #[error("the authentication handshake did not finish within {0:?}")]
+    Timeout(std::time::Duration),
+    /// A socket operation failed, or the peer closed the connection.
+    #[error("i/o error during the authentication handshake: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What to do after a message.
+#[derive(Debug)]
+pub struct Step {
+    /// A message to send now (before closing, if the handshake failed).
+    pub send: Option<AuthMessage>,
+    /// `Some(Ok(key))`: authenticated, frames may follow. `Some(Err(_))`:
+    /// failed, close the connection. `None`: wait for the next message.
+    pub outcome: Option<Result<SessionKey, AuthError>>,
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitHello,
+    AwaitChallenge,
+    AwaitProof { peer_nonce: [u8; NONCE_LEN] },
+    AwaitAccepted { session: SessionKey },
+    Finished,
+}
+
+impl State {
+    fn expecting(&self) -> &'static str {
+        match self {
+            State::AwaitHello => "awaiting a hello",
+            State::AwaitChallenge => "awaiting a challenge",
+            State::AwaitProof { .. } => "awaiting a proof",
+            State::AwaitAccepted { .. } => "awaiting the verdict",
+            State::Finished => "finished",
+        }
+    }
+}
+
+fn name(m: &AuthMessage) -> &'static str {
+    match m {
+        AuthMessage::Hello { .. } => "hello",
+        AuthMessage::Challenge { .. } => "challenge",
+        AuthMessage::Proof { .. } => "proof",
+        AuthMessage::Accepted => "accepted",
+        AuthMessage::Refused => "refused",
+    }
+}
+
+fn mac(key: &Key, label: &[u8], a: &[u8], b: &[u8]) -> HmacSha256 {
+    // HMAC takes keys of any length: this cannot fail.
+    let mut m = match HmacSha256::new_from_slice(key.bytes()) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC accepts keys of every length"),
+    };
+    m.update(label);
+    m.update(a);
+    m.update(b);
+    m
+}
+
+fn tag(key: &Key, label: &[u8], a: &[u8], b: &[u8]) -> [u8; TAG_LEN] {
+    mac(key, label, a, b).finalize().into_bytes().into()
+}
+
+/// One side's handshake (see the [module](super) docs for the exchange).
+#[derive(Debug)]
+pub struct Handshake {
+    role: Role,
+    key: Key,
+    nonce: [u8; NONCE_LEN],
+    state: State,
+}
+
+impl Handshake {
+    /// A handshake for `role` with key `key` and this side's fresh
+    /// `nonce` (never used twice).
+    pub fn new(role: Role, key: Key, nonce: [u8; NONCE_LEN]) -> Handshake {
+        let state = match role {
+            Role::Accept => State::AwaitHello,
+            Role::Connect => State::AwaitChallenge,
+        };
+        Handshake {
+            role,
+            key,
+            nonce,
+            state,
+        }
+    }
+
+    /// The message this side sends first: the connecting side's hello.
+    pub fn start(&self) -> Option<AuthMessage> {
+        match self.role {
+            Role::Connect => Some(AuthMessage::Hello { nonce: self.nonce }),
+            Role::Accept => None,
+        }
+    }
+
+    /// Whether the handshake ended (authenticated or failed).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.state, State::Finished)
+    }
+
+    fn fail(&mut self, send: Option<AuthMessage>, e: AuthError) -> Step {
+        self.state = State::Finished;
+        Step {
+            send,
+            outcome: Some(Err(e)),
+        }
+    }
+
+    /// Takes the peer's next message.
+    pub fn receive(&mut self, message: AuthMessage) -> Step {
+        let state = std::mem::replace(&mut self.state, State::Finished);
+        match (state, message) {
+            (State::AwaitHello, AuthMessage::Hello { nonce: peer }) => {
+                let t = tag(&self.key, ACCEPT_LABEL, &peer, &self.nonce);
+                self.state = State::AwaitProof { peer_nonce: peer };
+                Step {
+                    send: Some(AuthMessage::Challenge {
+                        nonce: self.nonce,
+                        tag: t,
+                    }),
+                    outcome: None,
+                }
+            }
+            (
+                State::AwaitChallenge,
+                AuthMessage::Challenge {
+                    nonce: peer,
+                    tag: t,
+                },
+            ) => {
+                let expected = mac(&self.key, ACCEPT_LABEL, &self.nonce, &peer);
+                if expected.verify_slice(&t).is_err() {
+                    return self.fail(None, AuthError::BadProof);
+                }
+                let session = SessionKey(tag(&self.key, SESSION_LABEL, &self.nonce, &peer));
+                self.state = State::AwaitAccepted { session };
+                Step {
+                    send: Some(AuthMessage::Proof {
+                        tag: tag(&self.key, CONNECT_LABEL, &peer, &self.nonce),
+                    }),
+                    outcome: None,
+                }
+            }
+            (State::AwaitProof { peer_nonce }, AuthMessage::Proof { tag: t }) => {
+                let expected = mac(&self.key, CONNECT_LABEL, &self.nonce, &peer_nonce);
+                if expected.verify_slice(&t).is_err() {
+                    return self.fail(Some(AuthMessage::Refused), AuthError::BadProof);
+                }
+                let session = SessionKey(tag(&self.key, SESSION_LABEL, &peer_nonce, &self.nonce));
+                Step {
+                    send: Some(AuthMessage::Accepted),
+                    outcome: Some(Ok(session)),
+                }
+            }
+            (State::AwaitAccepted { session }, AuthMessage::Accepted) => Step {
+                send: None,
+                outcome: Some(Ok(session)),
+            },
+            (State::AwaitAccepted { .. }, AuthMessage::Refused) => {
+                self.fail(None, AuthError::Refused)
+            }
+            (state, got) => {
+                let e = AuthError::Unexpected {
+                    expecting: state.expecting(),
+                    got: name(&got),
+                };
+                let send = matches!(self.role, Role::Accept).then_some(AuthMessage::Refused);
+                self.fail(send, e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

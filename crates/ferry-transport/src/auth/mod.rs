@@ -1,0 +1,59 @@
+//! Mutual authentication of a connection before anything else is read
+//! from it: HMAC-SHA256 challenge–response over fresh nonces in both
+//! directions, keyed by a secret every member of the group shares.
+//!
+//! Every listener Ferry opens (the RPC port, the rendezvous store, the
+//! shared-memory set-up socket, `mpt` lanes, ferry-ft's recovery server)
+//! runs [`accept`] on a fresh connection before it reads a single frame;
+//! the connecting side runs [`connect`]. The exchange (see [`message`]):
+//!
+//! 1. connecting side → `Hello { nonce_c }`
+//! 2. accepting side → `Challenge { nonce_s, HMAC(k, "accept" ‖ nonce_c ‖ nonce_s) }`
+//! 3. connecting side checks it, → `Proof { HMAC(k, "connect" ‖ nonce_s ‖ nonce_c) }`
+//! 4. accepting side checks it, → `Accepted` (or `Refused`, then closes)
+//!
+//! Neither the secret nor anything replayable crosses the wire: each side
+//! proves it knows the secret over the other side's fresh nonce, and the
+//! two proofs carry different labels, so one side's proof cannot be
+//! reflected back as the other's. Both ends then share a [`SessionKey`]
+//! (`HMAC(k, "session" ‖ nonce_c ‖ nonce_s)`) that authenticates the
+//! connections set up on behalf of this one (shared-memory socket,
+//! lanes): an outsider who did not take part in this handshake cannot
+//! slip into them.
+//!
+//! The protocol logic is [`Handshake`], a pure state machine (messages
+//! in, messages out); [`accept`] and [`connect`] are its thin I/O shell.
+//!
+//! ```
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use ferry_transport::auth::{self, Secret};
+//! let secret = Secret::new(b"correct horse battery staple".to_vec())?;
+//! let (mut a, mut b) = tokio::io::duplex(256);
+//! let timeout = std::time::Duration::from_secs(5);
+//! let (accepted, connected) = tokio::join!(
+//!     auth::accept(&mut a, secret.key(), timeout),
+//!     auth::connect(&mut b, secret.key(), timeout),
+//! );
+//! assert_eq!(accepted?, connected?);
+//! # Ok(()) }
+//! ```
+
+/// The start of the reason of a [`TransportError::Handshake`] that failed
+/// authentication.
+pub const AUTH_FAILED: &str = "authentication failed";
+
+/// Whether `error` is a connection refused because its peer failed the
+/// authentication handshake (or this side did).
+pub fn is_auth_failure(error: &crate::TransportError) -> bool {
+    matches!(error, crate::TransportError::Handshake { reason, .. } if reason.starts_with(AUTH_FAILED))
+}
+
+mod handshake;
+mod io;
+pub mod message;
+mod secret;
+
+pub use handshake::{AuthError, Handshake, Role, Step};
+pub use io::{accept, connect, AUTH_TIMEOUT};
+pub use message::{AuthMessage, DecodeError};
+pub use secret::{Key, Secret, SecretError, SessionKey, SECRET_ENV};
