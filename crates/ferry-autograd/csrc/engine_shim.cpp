@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -26,6 +27,24 @@ char* error_text(const char* what) {
   if (out != nullptr) std::memcpy(out, what, n + 1);
   return out;
 }
+
+// Runs `body` (which returns nullptr or an error text), turning any C++
+// exception into an error text for the caller to free: the error proper,
+// without the backtrace c10's `what()` appends.
+template <class F>
+char* guarded(const char* name, F&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    return error_text(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return error_text(e.what());
+  } catch (...) {
+    std::string text = std::string("unknown C++ exception in ") + name;
+    return error_text(text.c_str());
+  }
+}
+
 using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
@@ -41,6 +60,26 @@ struct Capture : torch::autograd::FunctionPreHook {
     return grads;
   }
   variable_list* out;
+};
+
+// Pre-hooks added to nodes, removed again (at the latest) on destruction.
+struct Hooks {
+  std::vector<std::pair<NodePtr, torch::autograd::FunctionPreHook*>> added;
+  void emplace_back(NodePtr node, torch::autograd::FunctionPreHook* hook) {
+    added.emplace_back(std::move(node), hook);
+  }
+  void remove() {
+    for (auto& [node, hook] : added) {
+      auto& hooks = node->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it)
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+    }
+    added.clear();
+  }
+  ~Hooks() { remove(); }
 };
 
 // What the input half of a split backward keeps for the weight half: the
@@ -107,28 +146,21 @@ const void* ferry_tensor_impl(const at::Tensor* t) { return t->unsafeGetTensorIm
 char* ferry_grad(const at::Tensor* const* roots, const at::Tensor* const* grad_outputs, int n,
                  const at::Tensor* const* inputs, int ninputs, int keep_graph,
                  at::Tensor** outputs) {
-  try {
-    std::vector<at::Tensor> r, g, in;
-    r.reserve(n);
-    g.reserve(n);
-    in.reserve(ninputs);
-    for (int i = 0; i < n; ++i) {
-      r.push_back(*roots[i]);
-      g.push_back(*grad_outputs[i]);
-    }
-    for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
-    auto res = torch::autograd::grad(r, in, g, keep_graph != 0, /*create_graph=*/false,
-                                     /*allow_unused=*/true);
-    for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
-    return nullptr;
-  } catch (const c10::Error& e) {
-    // The error proper, without the C++ backtrace `what()` appends.
-    return error_text(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return error_text(e.what());
-  } catch (...) {
-    return error_text("unknown C++ exception in ferry_grad");
-  }
+  return guarded("ferry_grad", [&]() -> char* {
+      std::vector<at::Tensor> r, g, in;
+      r.reserve(n);
+      g.reserve(n);
+      in.reserve(ninputs);
+      for (int i = 0; i < n; ++i) {
+        r.push_back(*roots[i]);
+        g.push_back(*grad_outputs[i]);
+      }
+      for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
+      auto res = torch::autograd::grad(r, in, g, keep_graph != 0, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+      for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
+      return nullptr;
+  });
 }
 
 // Calls `push(state, leaf)` once for every leaf tensor (one with an
@@ -137,42 +169,35 @@ char* ferry_grad(const at::Tensor* const* roots, const at::Tensor* const* grad_o
 // leaves included. Each leaf is a new tensor for the callee to own.
 char* ferry_leaves(const at::Tensor* const* roots, int n, void* state,
                    void (*push)(void* state, at::Tensor* leaf)) {
-  try {
-    std::unordered_set<torch::autograd::Node*> seen;
-    std::unordered_set<const void*> leaves;
-    std::vector<torch::autograd::Node*> stack;
-    auto visit = [&](torch::autograd::Node* node) {
-      if (node == nullptr || !seen.insert(node).second) return;
-      if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-        if (leaves.insert(acc->variable.unsafeGetTensorImpl()).second)
-          push(state, new at::Tensor(acc->variable));
-      } else {
-        stack.push_back(node);
+  return guarded("ferry_leaves", [&]() -> char* {
+      std::unordered_set<torch::autograd::Node*> seen;
+      std::unordered_set<const void*> leaves;
+      std::vector<torch::autograd::Node*> stack;
+      auto visit = [&](torch::autograd::Node* node) {
+        if (node == nullptr || !seen.insert(node).second) return;
+        if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+          if (leaves.insert(acc->variable.unsafeGetTensorImpl()).second)
+            push(state, new at::Tensor(acc->variable));
+        } else {
+          stack.push_back(node);
+        }
+      };
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor& root = *roots[i];
+        if (!root.defined() || !root.requires_grad()) continue;
+        if (root.grad_fn()) {
+          visit(root.grad_fn().get());
+        } else if (leaves.insert(root.unsafeGetTensorImpl()).second) {
+          push(state, new at::Tensor(root));
+        }
       }
-    };
-    for (int i = 0; i < n; ++i) {
-      const at::Tensor& root = *roots[i];
-      if (!root.defined() || !root.requires_grad()) continue;
-      if (root.grad_fn()) {
-        visit(root.grad_fn().get());
-      } else if (leaves.insert(root.unsafeGetTensorImpl()).second) {
-        push(state, new at::Tensor(root));
+      while (!stack.empty()) {
+        torch::autograd::Node* node = stack.back();
+        stack.pop_back();
+        for (const auto& edge : node->next_edges()) visit(edge.function.get());
       }
-    }
-    while (!stack.empty()) {
-      torch::autograd::Node* node = stack.back();
-      stack.pop_back();
-      for (const auto& edge : node->next_edges()) visit(edge.function.get());
-    }
-    return nullptr;
-  } catch (const c10::Error& e) {
-    // The error proper, without the C++ backtrace `what()` appends.
-    return error_text(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return error_text(e.what());
-  } catch (...) {
-    return error_text("unknown C++ exception in ferry_leaves");
-  }
+      return nullptr;
+  });
 }
 
 // The input half of a split backward (zero-bubble schedules' I): writes to
@@ -188,93 +213,74 @@ char* ferry_backward_input(const at::Tensor* const* roots, const at::Tensor* con
                            const at::Tensor* const* params, int nparams, at::Tensor** outputs,
                            void** split) {
   *split = nullptr;
-  std::vector<std::pair<NodePtr, torch::autograd::FunctionPreHook*>> hooked;
-  auto unhook = [&]() {
-    for (auto& [node, hook] : hooked) {
-      auto& hooks = node->pre_hooks();
-      for (auto it = hooks.begin(); it != hooks.end(); ++it)
-        if (it->get() == hook) {
-          hooks.erase(it);
-          break;
-        }
-    }
-    hooked.clear();
-  };
+  // The capture hooks come off when this scope ends, by return or throw.
+  Hooks hooked;
   auto state = std::make_unique<Split>();
-  try {
-    std::vector<at::Tensor> r, g, in;
-    for (int i = 0; i < n; ++i) {
-      r.push_back(*roots[i]);
-      g.push_back(*grad_outputs[i]);
-    }
-    for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
-    auto nodes = reachable(r);
-    // The accumulators of the parameters and of the inputs.
-    std::unordered_set<Node*> param_acc, input_acc;
-    for (int i = 0; i < nparams; ++i) {
-      auto edge = torch::autograd::impl::gradient_edge(*params[i]);
-      if (edge.function) param_acc.insert(edge.function.get());
-    }
-    for (const auto& t : in) {
-      auto edge = torch::autograd::impl::gradient_edge(t);
-      if (edge.function) input_acc.insert(edge.function.get());
-    }
-    // The input pass runs exactly the nodes that lead to an input (Q).
-    auto on_input_path = leading_to(nodes, input_acc);
-    auto to_params = leading_to(nodes, param_acc);
-    // Capture nodes: on the input path, with an edge leaving it towards a
-    // parameter. Once a path leaves Q it never comes back (a node leading
-    // back would lead to an input), so every parameter gradient flows out
-    // of Q through these edges, unless a root outside Q reaches a
-    // parameter, or a parameter is itself a root or an input.
-    bool capturable = true;
-    std::vector<Node*> weight_nodes;
-    for (Node* node : nodes) {
-      if (!on_input_path.count(node)) continue;
-      for (const auto& e : node->next_edges())
-        if (e.function && !on_input_path.count(e.function.get()) &&
-            (param_acc.count(e.function.get()) || to_params.count(e.function.get()))) {
-          weight_nodes.push_back(node);
-          break;
-        }
-    }
-    for (const auto& root : r) {
-      Node* fn = root.grad_fn().get();
-      if (fn == nullptr && param_acc.count(torch::autograd::impl::gradient_edge(root).function.get()))
-        capturable = false;
-      if (fn != nullptr && !on_input_path.count(fn) && (to_params.count(fn) || param_acc.count(fn)))
-        capturable = false;
-    }
-    for (Node* acc : param_acc)
-      if (input_acc.count(acc)) capturable = false;
-    if (weight_nodes.empty()) capturable = false;
-    if (capturable) {
-      state->input_path = on_input_path;
-      state->grads.resize(weight_nodes.size());
-      for (size_t i = 0; i < weight_nodes.size(); ++i) {
-        NodePtr node = weight_nodes[i]->getptr();
-        auto hook = std::make_unique<Capture>(&state->grads[i]);
-        hooked.emplace_back(node, hook.get());
-        node->add_pre_hook(std::move(hook));
-        state->nodes.push_back(node);
+  return guarded("ferry_backward_input", [&]() -> char* {
+      std::vector<at::Tensor> r, g, in;
+      for (int i = 0; i < n; ++i) {
+        r.push_back(*roots[i]);
+        g.push_back(*grad_outputs[i]);
       }
-    }
-    auto res = torch::autograd::grad(r, in, g, /*retain_graph=*/true, /*create_graph=*/false,
-                                     /*allow_unused=*/true);
-    unhook();
-    for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
-    if (capturable) *split = state.release();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    unhook();
-    return error_text(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    unhook();
-    return error_text(e.what());
-  } catch (...) {
-    unhook();
-    return error_text("unknown C++ exception in ferry_backward_input");
-  }
+      for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
+      auto nodes = reachable(r);
+      // The accumulators of the parameters and of the inputs.
+      std::unordered_set<Node*> param_acc, input_acc;
+      for (int i = 0; i < nparams; ++i) {
+        auto edge = torch::autograd::impl::gradient_edge(*params[i]);
+        if (edge.function) param_acc.insert(edge.function.get());
+      }
+      for (const auto& t : in) {
+        auto edge = torch::autograd::impl::gradient_edge(t);
+        if (edge.function) input_acc.insert(edge.function.get());
+      }
+      // The input pass runs exactly the nodes that lead to an input (Q).
+      auto on_input_path = leading_to(nodes, input_acc);
+      auto to_params = leading_to(nodes, param_acc);
+      // Capture nodes: on the input path, with an edge leaving it towards a
+      // parameter. Once a path leaves Q it never comes back (a node leading
+      // back would lead to an input), so every parameter gradient flows out
+      // of Q through these edges, unless a root outside Q reaches a
+      // parameter, or a parameter is itself a root or an input.
+      bool capturable = true;
+      std::vector<Node*> weight_nodes;
+      for (Node* node : nodes) {
+        if (!on_input_path.count(node)) continue;
+        for (const auto& e : node->next_edges())
+          if (e.function && !on_input_path.count(e.function.get()) &&
+              (param_acc.count(e.function.get()) || to_params.count(e.function.get()))) {
+            weight_nodes.push_back(node);
+            break;
+          }
+      }
+      for (const auto& root : r) {
+        Node* fn = root.grad_fn().get();
+        if (fn == nullptr && param_acc.count(torch::autograd::impl::gradient_edge(root).function.get()))
+          capturable = false;
+        if (fn != nullptr && !on_input_path.count(fn) && (to_params.count(fn) || param_acc.count(fn)))
+          capturable = false;
+      }
+      for (Node* acc : param_acc)
+        if (input_acc.count(acc)) capturable = false;
+      if (weight_nodes.empty()) capturable = false;
+      if (capturable) {
+        state->input_path = on_input_path;
+        state->grads.resize(weight_nodes.size());
+        for (size_t i = 0; i < weight_nodes.size(); ++i) {
+          NodePtr node = weight_nodes[i]->getptr();
+          auto hook = std::make_unique<Capture>(&state->grads[i]);
+          hooked.emplace_back(node, hook.get());
+          node->add_pre_hook(std::move(hook));
+          state->nodes.push_back(node);
+        }
+      }
+      auto res = torch::autograd::grad(r, in, g, /*retain_graph=*/true, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+      hooked.remove();
+      for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
+      if (capturable) *split = state.release();
+      return nullptr;
+  });
 }
 
 // The weight half (W) from a capture of ferry_backward_input: writes the
@@ -285,39 +291,33 @@ char* ferry_backward_input(const at::Tensor* const* roots, const at::Tensor* con
 char* ferry_backward_weight(void* split, const at::Tensor* const* params, int nparams,
                             at::Tensor** outputs) {
   std::unique_ptr<Split> state(static_cast<Split*>(split));
-  try {
-    torch::autograd::edge_list outs;
-    for (int i = 0; i < nparams; ++i) outs.push_back(torch::autograd::impl::gradient_edge(*params[i]));
-    torch::autograd::edge_list roots;
-    variable_list grads;
-    for (size_t i = 0; i < state->nodes.size(); ++i) {
-      auto& node = state->nodes[i];
-      // Assigned in place: `set_next_edge` would re-check topological
-      // numbers, which an emptied edge does not change.
-      for (auto& e : node->next_edges())
-        if (e.function && state->input_path.count(e.function.get())) e = Edge();
-      const auto& captured = state->grads[i];
-      for (size_t k = 0; k < captured.size(); ++k)
-        if (captured[k].defined()) {
-          roots.emplace_back(node, static_cast<uint32_t>(k));
-          grads.push_back(captured[k]);
-        }
-    }
-    variable_list res;
-    if (!roots.empty())
-      res = torch::autograd::Engine::get_default_engine().execute(
-          roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
-          outs);
-    for (int i = 0; i < nparams; ++i)
-      outputs[i] = new at::Tensor(res.empty() ? at::Tensor() : res[i]);
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return error_text(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return error_text(e.what());
-  } catch (...) {
-    return error_text("unknown C++ exception in ferry_backward_weight");
-  }
+  return guarded("ferry_backward_weight", [&]() -> char* {
+      torch::autograd::edge_list outs;
+      for (int i = 0; i < nparams; ++i) outs.push_back(torch::autograd::impl::gradient_edge(*params[i]));
+      torch::autograd::edge_list roots;
+      variable_list grads;
+      for (size_t i = 0; i < state->nodes.size(); ++i) {
+        auto& node = state->nodes[i];
+        // Assigned in place: `set_next_edge` would re-check topological
+        // numbers, which an emptied edge does not change.
+        for (auto& e : node->next_edges())
+          if (e.function && state->input_path.count(e.function.get())) e = Edge();
+        const auto& captured = state->grads[i];
+        for (size_t k = 0; k < captured.size(); ++k)
+          if (captured[k].defined()) {
+            roots.emplace_back(node, static_cast<uint32_t>(k));
+            grads.push_back(captured[k]);
+          }
+      }
+      variable_list res;
+      if (!roots.empty())
+        res = torch::autograd::Engine::get_default_engine().execute(
+            roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
+            outs);
+      for (int i = 0; i < nparams; ++i)
+        outputs[i] = new at::Tensor(res.empty() ? at::Tensor() : res[i]);
+      return nullptr;
+  });
 }
 
 // Frees a capture of ferry_backward_input that will not be used.

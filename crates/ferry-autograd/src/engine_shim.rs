@@ -75,6 +75,17 @@ fn own(t: *mut AtTensor) -> Tensor {
     unsafe { Tensor::from_ptr(t as *mut torch_sys::C_tensor) }
 }
 
+/// Takes ownership of the tensors the shim wrote to `out`; an undefined
+/// one (an unreached input) becomes `None`.
+fn owned_outputs(out: Vec<*mut AtTensor>) -> Vec<Option<Tensor>> {
+    out.into_iter()
+        .map(|p| {
+            let t = own(p);
+            t.defined().then_some(t)
+        })
+        .collect()
+}
+
 /// The identity of a tensor: its TensorImpl, shared by its shallow clones.
 pub(crate) fn tensor_id(t: &Tensor) -> usize {
     // SAFETY: `t` is a live tch tensor.
@@ -116,13 +127,7 @@ pub(crate) fn grad(
             out.as_mut_ptr(),
         )
     })?;
-    Ok(out
-        .into_iter()
-        .map(|p| {
-            let t = own(p);
-            t.defined().then_some(t)
-        })
-        .collect())
+    Ok(owned_outputs(out))
 }
 
 /// What the input half of a split backward captured for the weight half
@@ -180,13 +185,7 @@ pub(crate) fn backward_input(
             &mut split,
         )
     })?;
-    let grads = out
-        .into_iter()
-        .map(|p| {
-            let t = own(p);
-            t.defined().then_some(t)
-        })
-        .collect();
+    let grads = owned_outputs(out);
     Ok((grads, (!split.is_null()).then_some(Captured(split))))
 }
 
@@ -202,13 +201,7 @@ pub(crate) fn backward_weight(
     // SAFETY: `split` is an unfreed capture, which the call frees; live
     // tensors; one output slot per parameter.
     check(unsafe { ferry_backward_weight(split, p.as_ptr(), p.len() as c_int, out.as_mut_ptr()) })?;
-    Ok(out
-        .into_iter()
-        .map(|p| {
-            let t = own(p);
-            t.defined().then_some(t)
-        })
-        .collect())
+    Ok(owned_outputs(out))
 }
 
 /// The leaf tensors (those with an AccumulateGrad node) that a backward

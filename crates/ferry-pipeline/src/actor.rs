@@ -349,7 +349,7 @@ impl RankActor {
                 saved.root_positions = vec![0];
                 slot.saved.insert(mb, saved);
             } else {
-                run.outputs.push((mb as u32, Packet::detached(&output)));
+                run.outputs.push((mb as u32, Packet::detached(output)));
             }
             return Ok(());
         }
@@ -363,7 +363,7 @@ impl RankActor {
             slot.saved.insert(mb, saved);
         }
         drop(slots);
-        let packet = Packet::detached(&output);
+        let packet = Packet::detached(output);
         if self.is_local(stage + 1) {
             // Same worker: handed over in memory.
             let (bytes, tensors) = packet.into_parts();

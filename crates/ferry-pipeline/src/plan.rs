@@ -135,12 +135,7 @@ pub(crate) fn plan(
         }
     }
     validate(&schedule, microbatches)?;
-    let has_comms = schedule
-        .ranks
-        .iter()
-        .flatten()
-        .flatten()
-        .any(|a| a.kind().is_comm());
+    let has_comms = schedule.has_comms();
     let lowered = if has_comms {
         check_sends(&schedule, &stage_to_rank)?;
         schedule

@@ -17,9 +17,9 @@ pub(crate) struct Packet {
 
 impl Packet {
     /// Packs a flattened value, its tensors detached from their graphs.
-    pub(crate) fn detached(flat: &ferry_tch::tree::Flat) -> Packet {
+    pub(crate) fn detached(flat: ferry_tch::tree::Flat) -> Packet {
         Packet {
-            bytes: flat.bytes.clone(),
+            bytes: flat.bytes,
             tensors: flat
                 .tensors
                 .iter()

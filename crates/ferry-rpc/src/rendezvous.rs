@@ -34,10 +34,21 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
     let (base, server): (Arc<dyn Store>, Option<TcpStoreServer>) = match &o.store {
         Some(s) => (s.clone(), None),
         // torchrun's agent (node rank 0's) hosts a c10d store for its workers.
-        None if agent_store => (
-            Arc::new(C10dStore::connect(o.master_addr, o.init_timeout).await?),
-            None,
-        ),
+        None if agent_store => {
+            if o.auth.is_some() {
+                // torch's store knows no secret: only the RPC ports are
+                // authenticated (docs/reference/authentication.md).
+                tracing::warn!(
+                    store = %o.master_addr,
+                    "an auth secret is set, but torchrun's agent store cannot authenticate: \
+                     the rendezvous keys are unprotected, the RPC ports are"
+                );
+            }
+            (
+                Arc::new(C10dStore::connect(o.master_addr, o.init_timeout).await?),
+                None,
+            )
+        }
         None if o.rank == 0 => {
             let server = TcpStoreServer::bind_authenticated(
                 o.master_addr,

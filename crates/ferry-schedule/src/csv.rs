@@ -48,6 +48,24 @@ impl Schedule {
         Schedule { ranks }
     }
 
+    /// Whether any rank has a send or a receive (a lowered schedule), as
+    /// against a compute-only one.
+    ///
+    /// ```
+    /// use ferry_schedule::Schedule;
+    ///
+    /// assert!(!Schedule::from_csv("0F0,0B0\n")?.has_comms());
+    /// assert!(Schedule::from_csv("0F0,0SEND_F0\n1RECV_F0\n")?.has_comms());
+    /// # Ok::<(), ferry_schedule::CsvError>(())
+    /// ```
+    pub fn has_comms(&self) -> bool {
+        self.ranks
+            .iter()
+            .flatten()
+            .flatten()
+            .any(|a| a.kind().is_comm())
+    }
+
     /// The schedule as PyTorch's `_dump_csv` writes it.
     pub fn to_csv(&self) -> String {
         let mut out = String::new();

@@ -179,12 +179,7 @@ fn main() -> Result<()> {
             let (placement, highest) = infer(&schedule)?;
             let microbatches = microbatches.unwrap_or(highest + 1);
             validate(&schedule, microbatches)?;
-            let has_comms = schedule
-                .ranks
-                .iter()
-                .flatten()
-                .flatten()
-                .any(|a| a.kind().is_comm());
+            let has_comms = schedule.has_comms();
             let lowered = if has_comms {
                 schedule
             } else {

@@ -229,12 +229,7 @@ pub fn simulate_timed(
 ) -> Result<TimedRun, TimedError> {
     costs.check()?;
     check_placement(schedule, stage_to_rank)?;
-    let has_comms = schedule
-        .ranks
-        .iter()
-        .flatten()
-        .flatten()
-        .any(|a| a.kind().is_comm());
+    let has_comms = schedule.has_comms();
     let schedule = schedule.clone();
     Sim::new(&schedule, stage_to_rank, costs, !has_comms)?.run(schedule)
 }

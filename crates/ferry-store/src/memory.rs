@@ -126,20 +126,26 @@ impl MemoryStore {
 
     /// Compare-and-set as c10d's server does it: an empty `expected`
     /// matches an absent key (and a key holding an empty value); returns
-    /// the value held afterwards. Wakes the waiters of `key` when it stores.
-    pub(crate) fn swap_if_c10d(&self, key: &str, expected: &[u8], desired: Vec<u8>) -> Vec<u8> {
+    /// the value held afterwards and whether this call stored it. Wakes the
+    /// waiters of `key` when it stores.
+    pub(crate) fn swap_if_c10d(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: Vec<u8>,
+    ) -> (Vec<u8>, bool) {
         let waiters = {
             let mut state = self.state.lock();
             match state.map.get(key) {
                 None if expected.is_empty() => {}
-                None => return expected.to_vec(),
+                None => return (expected.to_vec(), false),
                 Some(c) if c.as_slice() == expected => {}
-                Some(c) => return c.clone(),
+                Some(c) => return (c.clone(), false),
             }
             state.store(key, desired.clone())
         };
         wake(waiters);
-        desired
+        (desired, true)
     }
 
     /// Appends `value` to the value of `key` (absent: empty) and wakes its

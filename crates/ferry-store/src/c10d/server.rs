@@ -137,11 +137,9 @@ impl Session {
                 desired,
             } => {
                 let len = desired.len();
-                let now = self.write(&key, len, || {
-                    let now = state.swap_if_c10d(&key, &expected, desired.clone());
-                    let stored = now == desired;
-                    (now, stored)
-                })?;
+                // Only a swap that stores is charged (a key that already
+                // held `desired` while `expected` differed stores nothing).
+                let now = self.write(&key, len, || state.swap_if_c10d(&key, &expected, desired))?;
                 Step::Reply(Reply::Value(now))
             }
             Query::Get { key } => Step::Reply(Reply::Value(state.value(&key).unwrap_or_default())),

@@ -154,11 +154,12 @@ impl AuthMessage {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn any_message() -> impl Strategy<Value = AuthMessage> {
+    /// Any message (also the handshake's property tests draw from it).
+    pub(crate) fn any_message() -> impl Strategy<Value = AuthMessage> {
         prop_oneof![
             any::<[u8; 32]>().prop_map(|nonce| AuthMessage::Hello { nonce }),
             (any::<[u8; 32]>(), any::<[u8; 32]>())

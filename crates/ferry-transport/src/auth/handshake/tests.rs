@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::auth::message::tests::any_message;
 use crate::auth::Secret;
 
 fn key(s: &str) -> Key {
@@ -109,17 +110,6 @@ fn a_refusal_fails_the_connecting_side() {
     connector.receive(challenge);
     let step = connector.receive(AuthMessage::Refused);
     assert!(matches!(step.outcome, Some(Err(AuthError::Refused))));
-}
-
-fn any_message() -> impl Strategy<Value = AuthMessage> {
-    prop_oneof![
-        any::<[u8; 32]>().prop_map(|nonce| AuthMessage::Hello { nonce }),
-        (any::<[u8; 32]>(), any::<[u8; 32]>())
-            .prop_map(|(nonce, tag)| AuthMessage::Challenge { nonce, tag }),
-        any::<[u8; 32]>().prop_map(|tag| AuthMessage::Proof { tag }),
-        Just(AuthMessage::Accepted),
-        Just(AuthMessage::Refused),
-    ]
 }
 
 proptest! {
