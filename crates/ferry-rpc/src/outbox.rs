@@ -16,12 +16,19 @@
 //! and the writer task hands one queued before that to its `refused`
 //! callback. Either way the connection and the other messages on it are
 //! untouched (the peer would have closed the connection on reading it).
+//!
+//! Likewise a message with a tensor that no selected channel carries (say
+//! two workers on different hosts that offer only the same-host channels)
+//! is refused by [`Outbox::send`] with the typed selection error once the
+//! connection is established, instead of failing the connection's writer.
+//! (One queued before the handshake is in still fails the write.)
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use ferry_transport::selection::{Selection, SelectionError};
 use ferry_transport::{FrameWriter, OutgoingMessage, PeerWriter, TransportError};
-use ferry_wire::{Limits, WireError};
+use ferry_wire::{Device, Limits, WireError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Mutex, Notify};
 
@@ -51,6 +58,9 @@ struct SharedWriter {
     /// The peer's limits, set when the connection is established (before
     /// `writer`).
     peer_limits: OnceLock<Limits>,
+    /// The channels selected for the tensors this side sends, set with
+    /// `peer_limits`.
+    selection: OnceLock<Selection>,
     /// Messages queued and not yet written.
     queued: AtomicUsize,
     /// A write failed: the connection is broken.
@@ -75,6 +85,10 @@ pub(crate) enum SendError {
     /// The message is over the peer's limits (which one, by how much);
     /// nothing was written and the connection is intact.
     TooLarge(WireError),
+    /// A tensor of the message has no channel to the peer (no channel both
+    /// offer serves its device with equal descriptors); nothing was
+    /// written and the connection is intact.
+    NoChannel(SelectionError),
 }
 
 /// A new outbox and the queue its writer task drains.
@@ -83,6 +97,7 @@ pub(crate) fn outbox(runtime: Handle) -> (Outbox, OutboxQueue) {
     let shared = Arc::new(SharedWriter {
         writer: Arc::new(Mutex::new(None)),
         peer_limits: OnceLock::new(),
+        selection: OnceLock::new(),
         queued: AtomicUsize::new(0),
         failed: AtomicBool::new(false),
         error: parking_lot::Mutex::new(None),
@@ -134,6 +149,7 @@ impl Outbox {
         let checked = match self.shared.peer_limits.get() {
             Some(limits) => {
                 message.check(limits).map_err(SendError::TooLarge)?;
+                self.shared.routable(&message)?;
                 true
             }
             None => false,
@@ -171,6 +187,9 @@ impl Outbox {
             if let Err(e) = message.check(limits) {
                 return Ok(Err(SendError::TooLarge(e)));
             }
+            if let Err(e) = self.shared.routable(&message) {
+                return Ok(Err(e));
+            }
         }
         let shared = self.shared.clone();
         let write = Box::pin(async move {
@@ -195,6 +214,21 @@ impl Outbox {
 }
 
 impl SharedWriter {
+    /// Whether every tensor of `message` has a selected channel to the
+    /// peer (always, before the connection is established).
+    fn routable(&self, message: &OutgoingMessage) -> Result<(), SendError> {
+        let Some(selection) = self.selection.get() else {
+            return Ok(());
+        };
+        for t in &message.tensors {
+            // The receiver allocates every destination on its CPU.
+            selection
+                .channel_for(t.descriptor().device, Device::Cpu)
+                .map_err(SendError::NoChannel)?;
+        }
+        Ok(())
+    }
+
     /// Records a failed write: the connection is broken. The writer task
     /// reports it (`drain` returns it) unless a direct sender takes it.
     fn fail(&self, error: TransportError) {
@@ -212,6 +246,7 @@ impl OutboxQueue {
     /// Installs the established connection's writer (and the peer's limits
     /// it knows from the handshake).
     pub(crate) async fn install(&self, writer: FrameWriter<PeerWriter>) {
+        let _ = self.shared.selection.set(writer.selection().clone());
         if let Some(limits) = writer.peer_limits() {
             let _ = self.shared.peer_limits.set(limits);
         }
