@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use ferry_rpc::{Function, Functions, RpcError, RpcOptions};
-use ferry_testkit::{hosts, world_across_hosts, world_wrapped, worker_rank, Output};
+use ferry_testkit::{hosts, worker_rank, world_across_hosts, world_wrapped, Output};
 use ferry_transport::channel::{self, NotSameHost};
 use ferry_transport::{RawTensor, TransportError};
 use ferry_wire::DType;
@@ -125,7 +125,10 @@ fn exchange_and_report(rank: u32, world: u32) {
     }
     let agent = ferry_rpc::agent().unwrap();
     for peer in (0..world).filter(|&p| p != rank) {
-        let link = agent.link_info(peer).unwrap().expect("a connection was made");
+        let link = agent
+            .link_info(peer)
+            .unwrap()
+            .expect("a connection was made");
         let out: Vec<&str> = link.outgoing.iter().map(|c| c.channel.as_str()).collect();
         let inc: Vec<&str> = link.incoming.iter().map(|c| c.channel.as_str()).collect();
         println!(
@@ -163,7 +166,11 @@ fn assert_same_host_paths_ruled_out(outputs: &[Output], why: [(&str, NotSameHost
         .collect();
     for (rank, o) in outputs.iter().enumerate() {
         let offered = one(o, "OFFERED");
-        assert_eq!(offered, here.join(","), "rank {rank} offers what this host does");
+        assert_eq!(
+            offered,
+            here.join(","),
+            "rank {rank} offers what this host does"
+        );
         assert!(offered.split(',').any(|c| c == channel::SHM), "{offered}");
     }
     for (key, why) in why {
@@ -171,7 +178,11 @@ fn assert_same_host_paths_ruled_out(outputs: &[Output], why: [(&str, NotSameHost
         if a == "not offered" && b == "not offered" {
             continue;
         }
-        assert_eq!(channel::not_same_host(&a, &b), Some(why), "{key}: {a} vs {b}");
+        assert_eq!(
+            channel::not_same_host(&a, &b),
+            Some(why),
+            "{key}: {a} vs {b}"
+        );
     }
 }
 
@@ -218,10 +229,7 @@ fn across_hosts_the_default_link_is_mpt_over_tcp() {
 
 #[test]
 fn across_hosts_a_forced_inline_channel_goes_over_tcp() {
-    cross_host_link(
-        "across_hosts_a_forced_inline_channel_goes_over_tcp",
-        &TCP,
-    );
+    cross_host_link("across_hosts_a_forced_inline_channel_goes_over_tcp", &TCP);
 }
 
 /// Three hosts on a bridge: every pair of workers selects `mpt`.
@@ -238,7 +246,11 @@ fn three_hosts_on_a_bridge_all_select_mpt() {
     all_succeeded(TEST, &outputs);
     for (rank, o) in outputs.iter().enumerate() {
         for peer in (0..3).filter(|&p| p != rank) {
-            assert_eq!(one(o, &format!("LINK{peer}")), "tcp/mpt/mpt", "{rank}->{peer}");
+            assert_eq!(
+                one(o, &format!("LINK{peer}")),
+                "tcp/mpt/mpt",
+                "{rank}->{peer}"
+            );
         }
     }
 }
@@ -258,7 +270,11 @@ fn same_host_paths_forced_across_hosts_fail_clearly() {
         let peer = 1 - rank;
         let s: i64 = ADD.rpc_sync(peer, (rank as i64, 1)).unwrap();
         assert_eq!(s, rank as i64 + 1);
-        let link = ferry_rpc::agent().unwrap().link_info(peer).unwrap().unwrap();
+        let link = ferry_rpc::agent()
+            .unwrap()
+            .link_info(peer)
+            .unwrap()
+            .unwrap();
         println!("TRANSPORT={}", link.transport);
         println!("CHANNELS={}", link.outgoing.len() + link.incoming.len());
         // A tensor in the call: refused before it leaves.

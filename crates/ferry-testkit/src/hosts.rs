@@ -190,7 +190,11 @@ impl Anchor {
     /// Starts `unshare <flags> sh -c <script> anchor <args>` and waits until
     /// its shell runs inside the new namespaces and says `ready`.
     fn start(flags: &[&str], script: &str, args: &[&str]) -> Result<Anchor, HostsError> {
-        let step = format!("unshare {} sh -c '{script}' anchor {}", flags.join(" "), args.join(" "));
+        let step = format!(
+            "unshare {} sh -c '{script}' anchor {}",
+            flags.join(" "),
+            args.join(" ")
+        );
         let setup = |reason: String| HostsError::Setup {
             step: step.clone(),
             reason,
@@ -302,7 +306,10 @@ impl std::fmt::Debug for Hosts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hosts")
             .field("count", &self.hosts.len())
-            .field("anchors", &self.hosts.iter().map(Anchor::pid).collect::<Vec<_>>())
+            .field(
+                "anchors",
+                &self.hosts.iter().map(Anchor::pid).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -503,7 +510,10 @@ mod tests {
                 "{addrs}"
             );
             assert!(on(&hosts, h, "ip -o link show lo").contains("UP"));
-            assert_eq!(on(&hosts, h, "cat /proc/sys/kernel/hostname"), hosts.name(h));
+            assert_eq!(
+                on(&hosts, h, "cat /proc/sys/kernel/hostname"),
+                hosts.name(h)
+            );
             // Its own /proc: only the host's processes (its anchor, `sh`, `ls` and `wc`).
             let pids = on(&hosts, h, "ls -d /proc/[0-9]* | wc -l");
             assert!(pids.parse::<u32>().unwrap() <= 4, "{pids} processes seen");

@@ -65,7 +65,11 @@ fn ranks_are_placed_on_their_hosts() {
         .collect();
     let parent = namespaces();
     for k in 0..KINDS.len() {
-        assert_eq!(ns[0][k], ns[1][k], "ranks 0 and 1 share host 0's {}", KINDS[k]);
+        assert_eq!(
+            ns[0][k], ns[1][k],
+            "ranks 0 and 1 share host 0's {}",
+            KINDS[k]
+        );
         assert_ne!(ns[0][k], ns[2][k], "hosts 0 and 1 share a {}", KINDS[k]);
         for (rank, n) in ns.iter().enumerate() {
             assert_ne!(n[k], parent[k], "rank {rank} is in the test's {}", KINDS[k]);

@@ -275,9 +275,13 @@ mod tests {
         let a = shm("b1", 1, 2);
         assert_eq!(not_same_host(&a, &shm("b2", 1, 2)), Some(NotSameHost::Boot));
         assert_eq!(not_same_host(&a, &shm("b2", 5, 6)), Some(NotSameHost::Boot));
-        assert_eq!(not_same_host(&a, &shm("b1", 5, 6)), Some(NotSameHost::Network));
+        assert_eq!(
+            not_same_host(&a, &shm("b1", 5, 6)),
+            Some(NotSameHost::Network)
+        );
         assert_eq!(not_same_host(&a, &shm("b1", 1, 6)), Some(NotSameHost::Pid));
-        let cma = |pid: u32, user: u32, uid: u32| format!("b1/pid:[{pid}]/user:[{user}]/uid={uid}/gid=0");
+        let cma =
+            |pid: u32, user: u32, uid: u32| format!("b1/pid:[{pid}]/user:[{user}]/uid={uid}/gid=0");
         let c = cma(1, 2, 0);
         assert_eq!(not_same_host(&c, &cma(1, 3, 0)), Some(NotSameHost::User));
         assert_eq!(not_same_host(&c, &cma(1, 2, 1000)), Some(NotSameHost::Ids));
@@ -285,10 +289,7 @@ mod tests {
         // The same-host domain of an older build (no PID namespace).
         assert_eq!(not_same_host(&a, "b1/net:[1]"), Some(NotSameHost::Form));
         assert_eq!(not_same_host("b1/x", "b1/y"), Some(NotSameHost::Form));
-        assert_eq!(
-            NotSameHost::Pid.to_string(),
-            "different PID namespaces"
-        );
+        assert_eq!(NotSameHost::Pid.to_string(), "different PID namespaces");
     }
 
     #[test]

@@ -227,7 +227,11 @@ fn log_same_host_ruled_out(local: &Endpoint, peer: &Handshake) {
             offers
                 .iter()
                 .find(|o| o.name == name)
-                .and_then(|o| o.devices.iter().find(|d| d.device == ferry_wire::Device::Cpu))
+                .and_then(|o| {
+                    o.devices
+                        .iter()
+                        .find(|d| d.device == ferry_wire::Device::Cpu)
+                })
                 .map(|d| d.descriptor.clone())
         };
         if let (Some(a), Some(b)) = (descriptor(&local.channels), descriptor(&peer.channels)) {
