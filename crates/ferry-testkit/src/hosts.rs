@@ -9,6 +9,7 @@
 //! veth links with addresses of the test's own ([`SUBNET`]`.{h+1}/24` for
 //! host `h`, loopback up in each):
 //!
+//! - one host: no link, its address on loopback;
 //! - two hosts: one veth pair, one end in each host;
 //! - three or more: a veth pair from each host to a bridge in a namespace
 //!   of its own (the "switch").
@@ -381,6 +382,9 @@ impl Hosts {
                     "addr add {}/24 dev {LINK}\nlink set {LINK} up\n",
                     set.address(h)
                 ));
+            } else {
+                // A lone host still has its address (on loopback).
+                script.push_str(&format!("addr add {}/32 dev lo\n", set.address(h)));
             }
             run("nsenter", &[&net, "ip", "-batch", "-"], Some(&script))?;
         }
@@ -540,6 +544,15 @@ mod tests {
                     .into_owned()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_lone_host_has_its_address_on_loopback() {
+        let Some(hosts) = hosts_or_skip(1, "a_lone_host_has_its_address_on_loopback") else {
+            return;
+        };
+        let addrs = on(&hosts, 0, "ip -4 -o addr show dev lo");
+        assert!(addrs.contains("10.77.1.1/32"), "{addrs}");
     }
 
     #[test]
