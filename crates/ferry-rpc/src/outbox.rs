@@ -19,9 +19,8 @@
 //!
 //! Likewise a message with a tensor that no selected channel carries (say
 //! two workers on different hosts that offer only the same-host channels)
-//! is refused by [`Outbox::send`] with the typed selection error once the
-//! connection is established, instead of failing the connection's writer.
-//! (One queued before the handshake is in still fails the write.)
+//! is refused with the typed selection error, by [`Outbox::send`] or by
+//! the writer task, instead of failing the connection's writer.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -88,6 +87,16 @@ pub(crate) enum SendError {
     /// A tensor of the message has no channel to the peer (no channel both
     /// offer serves its device with equal descriptors); nothing was
     /// written and the connection is intact.
+    NoChannel(SelectionError),
+}
+
+/// Why the writer task kept a queued message back (nothing of it was
+/// written; the connection is intact).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Over the peer's limits.
+    TooLarge(WireError),
+    /// A tensor of it has no channel to the peer.
     NoChannel(SelectionError),
 }
 
@@ -257,11 +266,12 @@ impl OutboxQueue {
     /// connection's pending releases when `releases` fires) until every
     /// [`Outbox`] is dropped, then shuts the write side down. Returns the
     /// first write error. A queued message over the peer's limits goes to
-    /// `refused` instead, which may give a message to send in its place.
+    /// `refused` instead, which may give a message to send in its place;
+    /// so does one with a tensor no selected channel carries.
     pub(crate) async fn drain(
         mut self,
         releases: ferry_transport::ReleaseSignal,
-        refused: impl Fn(OutgoingMessage, WireError) -> Option<OutgoingMessage>,
+        refused: impl Fn(OutgoingMessage, Refusal) -> Option<OutgoingMessage>,
     ) -> Result<(), TransportError> {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
@@ -279,9 +289,15 @@ impl OutboxQueue {
                 },
             };
             let limits = self.shared.peer_limits.get();
+            let shared = &self.shared;
             let mut admit = |m: OutgoingMessage| match limits.map(|l| m.check(l)) {
-                Some(Err(e)) => batch.extend(refused(m, e)),
-                _ => batch.push(m),
+                Some(Err(e)) => batch.extend(refused(m, Refusal::TooLarge(e))),
+                _ => match shared.routable(&m) {
+                    Err(SendError::NoChannel(e)) => {
+                        batch.extend(refused(m, Refusal::NoChannel(e)));
+                    }
+                    _ => batch.push(m),
+                },
             };
             let mut taken = 0;
             if let Some(m) = first {

@@ -259,7 +259,8 @@ fn three_hosts_on_a_bridge_all_select_mpt() {
 /// and `cma` channels) across hosts: the frames fall back to TCP, calls
 /// without tensors work, and a call or a result with a tensor fails at
 /// once with the typed selection error (the connection stays up) instead
-/// of hanging.
+/// of hanging, whether it was queued before the connection was made or
+/// sent on it.
 #[test]
 fn same_host_paths_forced_across_hosts_fail_clearly() {
     const TEST: &str = "same_host_paths_forced_across_hosts_fail_clearly";
@@ -268,6 +269,19 @@ fn same_host_paths_forced_across_hosts_fail_clearly() {
         o.transports = channel::parse_transports("shm").unwrap();
         ferry_rpc::init_rpc(o).unwrap();
         let peer = 1 - rank;
+        let tensor_call = || {
+            let err = IDENTITY_MANY
+                .rpc_sync(peer, vec![sample(DType::F32, &[1000], 1)])
+                .unwrap_err();
+            assert!(
+                matches!(err, RpcError::Transport(TransportError::Selection(_))),
+                "{err:?}"
+            );
+            err
+        };
+        // A tensor in the first call, queued while the connection is made:
+        // the writer task refuses it before it leaves.
+        println!("QUEUED={}", tensor_call());
         let s: i64 = ADD.rpc_sync(peer, (rank as i64, 1)).unwrap();
         assert_eq!(s, rank as i64 + 1);
         let link = ferry_rpc::agent()
@@ -277,15 +291,9 @@ fn same_host_paths_forced_across_hosts_fail_clearly() {
             .unwrap();
         println!("TRANSPORT={}", link.transport);
         println!("CHANNELS={}", link.outgoing.len() + link.incoming.len());
-        // A tensor in the call: refused before it leaves.
-        let err = IDENTITY_MANY
-            .rpc_sync(peer, vec![sample(DType::F32, &[1000], 1)])
-            .unwrap_err();
-        println!("ERROR={err}");
-        assert!(
-            matches!(err, RpcError::Transport(TransportError::Selection(_))),
-            "{err:?}"
-        );
+        // A tensor in a call on the established connection: refused by
+        // the send itself.
+        println!("SENT={}", tensor_call());
         // A tensor in the result: the caller gets a remote error.
         let err = MAKE_TENSOR.rpc_sync(peer, 10).unwrap_err();
         assert!(matches!(err, RpcError::Remote { .. }), "{err:?}");
@@ -303,7 +311,8 @@ fn same_host_paths_forced_across_hosts_fail_clearly() {
     for o in &outputs {
         assert_eq!(one(o, "TRANSPORT"), "tcp");
         assert_eq!(one(o, "CHANNELS"), "0");
-        assert_eq!(one(o, "ERROR"), no_channel);
+        assert_eq!(one(o, "QUEUED"), no_channel);
+        assert_eq!(one(o, "SENT"), no_channel);
         let remote = one(o, "REMOTE");
         assert!(
             remote.contains(&format!("the result was not sent: {no_channel}")),

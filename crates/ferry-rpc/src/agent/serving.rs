@@ -368,7 +368,7 @@ impl Inner {
 }
 
 /// An error reply carrying `failure`.
-fn error_reply(request_id: u64, failure: Failure) -> OutgoingMessage {
+pub(super) fn error_reply(request_id: u64, failure: Failure) -> OutgoingMessage {
     OutgoingMessage {
         kind: MessageKind::ERROR,
         flags: Flags::REPLY,
