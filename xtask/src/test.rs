@@ -142,7 +142,7 @@ pub(crate) fn main() -> Result<()> {
     })?;
     // Separate hosts (namespaces joined by veth) for the cross-host tests.
     steps.step_with("setup: iproute2 (Debian)", || {
-        ensure_debian_package("iproute2", "/usr/sbin/ip")
+        ensure_debian_package("iproute2", "/sbin/ip")
     })?;
     steps.step_with("setup: util-linux (Debian)", || {
         ensure_debian_package("util-linux", "/usr/bin/nsenter")

@@ -16,6 +16,13 @@
 //!     assert_eq!(outputs[1].values("RANK_SEEN"), ["1"]);
 //! }
 //! ```
+//!
+//! Cross-host tests place ranks on separate "hosts" on one machine (their
+//! own network, IPC, PID, UTS and mount namespaces, joined by veth; see
+//! [`hosts`]) with [`world_on_hosts`] / [`world_across_hosts`], which print
+//! `SKIPPED` with the reason where hosts cannot be made; with
+//! [`CROSS_HOST_ENV`]`=1`, [`world`] and the others put every rank on a
+//! host of its own, which runs a whole suite across hosts.
 #![allow(clippy::unwrap_used)]
 
 use std::io::Read;
