@@ -63,7 +63,8 @@ const CROSS_HOST_PATHS: &[CrossHostPath] = &[
 
 /// Why workers cannot be run on separate hosts here (`None`: they can):
 /// it takes root, `ip` (iproute2), `unshare` and `nsenter` (util-linux),
-/// and a kernel that grants new network, IPC and PID namespaces. The tests
+/// and a kernel that grants new network, IPC, PID, UTS and mount
+/// namespaces. The tests
 /// themselves check the same at run time (`ferry_testkit::hosts`).
 fn cross_host_unavailable() -> Option<String> {
     let euid = std::process::Command::new("id").arg("-u").output().ok();
@@ -83,7 +84,18 @@ fn cross_host_unavailable() -> Option<String> {
             return Some(format!("`{tool} {arg}` does not run (install {package})"));
         }
     }
-    let probe = ["--net", "--ipc", "--pid", "--fork", "true"];
+    // The namespaces a host gets (`ferry_testkit::hosts`).
+    let probe = [
+        "--net",
+        "--ipc",
+        "--pid",
+        "--uts",
+        "--mount",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "true",
+    ];
     let out = cmd("unshare", &probe).output();
     match out {
         Ok(o) if o.status.success() => None,

@@ -42,8 +42,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 
 /// The first three octets of the hosts' addresses: host `h` has
-/// `10.77.1.{h+1}/24`. (The partition test in `ferry-rpc` uses `10.77.0.x`;
-/// the namespaces keep them apart anyway.)
+/// `10.77.1.{h+1}/24` (each set in namespaces of its own, so sets made at
+/// once never meet).
 pub const SUBNET: [u8; 3] = [10, 77, 1];
 
 /// Most hosts one set holds (addresses `.1` to `.250`).
@@ -101,9 +101,9 @@ pub enum HostsError {
 
 /// Whether this process can make hosts, and if not, precisely why: it
 /// lacks `CAP_SYS_ADMIN` or `CAP_NET_ADMIN` (not root), `ip` (iproute2) or
-/// `unshare`/`nsenter` (util-linux) are missing, or the kernel refuses new
-/// network, IPC or PID namespaces (e.g. `EPERM` in a container). Checked
-/// once per process.
+/// `unshare`/`nsenter` (util-linux) are missing, or the kernel refuses the
+/// namespaces a host gets (e.g. `EPERM` in a container). Checked once per
+/// process.
 pub fn availability() -> Result<(), HostsError> {
     static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
     CHECK
@@ -165,9 +165,10 @@ fn check() -> Result<(), String> {
             Err(e) => return Err(format!("cannot run `{tool}`: {e}")),
         }
     }
-    let probe = ["--net", "--ipc", "--pid", "--fork", "true"];
+    // The namespaces a host gets, as it gets them.
+    let probe: Vec<&str> = HOST_NAMESPACES.iter().copied().chain(["true"]).collect();
     let out = Command::new("unshare")
-        .args(probe)
+        .args(&probe)
         .output()
         .map_err(|e| format!("cannot run `unshare`: {e}"))?;
     if !out.status.success() {
