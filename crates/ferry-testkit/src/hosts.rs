@@ -463,7 +463,7 @@ mod tests {
     fn hosts_or_skip(count: usize, test: &str) -> Option<Hosts> {
         match Hosts::create(count) {
             Ok(h) => Some(h),
-            Err(HostsError::Unavailable(why)) => {
+            Err(why @ HostsError::Unavailable(_)) => {
                 println!("SKIPPED {test}: {why}");
                 None
             }

@@ -148,7 +148,7 @@ pub fn world_on_hosts(
     }
     let set = match Hosts::create(hosts) {
         Ok(set) => set,
-        Err(HostsError::Unavailable(why)) => {
+        Err(why @ HostsError::Unavailable(_)) => {
             println!("SKIPPED {test}: {why}");
             eprintln!("SKIPPED {test}: {why}");
             return None;
