@@ -6,6 +6,7 @@ use crate::csv::Schedule;
 use crate::done::Done;
 use crate::pairs::{self, Numbering, Pairs};
 use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
+use crate::prefetch;
 use crate::timeline::Timeline;
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
@@ -89,12 +90,14 @@ fn run<'a, P: Pairs>(
         // may take.
         let mut earliest = 2 * first_step[rank];
         while let Some(slot) = row.get(i) {
+            prefetch::ahead(row, i);
+            prefetch::ahead(at, i);
             let Some(action) = slot else {
                 i += 1;
                 continue;
             };
-            let half = if action.sub_actions().is_empty() {
-                match sim.run_simple(action, rank, earliest, &mut state, &mut runnable) {
+            let half = if let Some(parts) = action.simple_parts() {
+                match sim.run_simple(parts, rank, earliest, &mut state, &mut runnable) {
                     Some(half) => half,
                     None => break,
                 }
@@ -207,13 +210,12 @@ impl<P: Pairs> Deps<'_, P> {
     #[inline(always)]
     fn run_simple(
         &self,
-        action: &Action,
+        (stage, kind, mb): (usize, ActionKind, usize),
         rank: usize,
         earliest: u64,
         state: &mut State,
         runnable: &mut Vec<usize>,
     ) -> Option<u64> {
-        let (stage, mb) = (action.stage(), action.microbatch_slot());
         let here = self.pairs.pair(stage, mb);
         let has = |pair: Option<usize>, k: usize| {
             pair.is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
@@ -221,7 +223,7 @@ impl<P: Pairs> Deps<'_, P> {
         let below = || stage.checked_sub(1).and_then(|s| self.pairs.pair(s, mb));
         let above = || self.pairs.pair(stage + 1, mb);
         // The cell this action records, once it runs.
-        let (ready, cell) = match action.kind() {
+        let (ready, cell) = match kind {
             ActionKind::Forward => (
                 stage == 0 || has(here, RECV_F) || has(below(), FORWARD),
                 FORWARD,
@@ -231,7 +233,7 @@ impl<P: Pairs> Deps<'_, P> {
                 BACKWARD,
             ),
             ActionKind::SendF | ActionKind::SendB => {
-                let ready = if action.kind() == ActionKind::SendF {
+                let ready = if kind == ActionKind::SendF {
                     has(here, FORWARD)
                 } else {
                     has(here, BACKWARD)
@@ -242,7 +244,7 @@ impl<P: Pairs> Deps<'_, P> {
                 // Only the place of a send by its stage's rank is ever
                 // asked about (by the receive).
                 if let Some(p) = here.filter(|_| self.stage_to_rank.get(stage) == Some(&rank)) {
-                    let cell = p * 2 + usize::from(action.kind() == ActionKind::SendB);
+                    let cell = p * 2 + usize::from(kind == ActionKind::SendB);
                     if state.sent[cell] == 0 {
                         state.sent[cell] = earliest + 1;
                         state.wake(cell, runnable);
