@@ -1,9 +1,8 @@
-//! Bookkeeping shared by lowering ([`crate::lower::add_send_recv`]) and the
-//! unit-step simulator ([`crate::simulate::simulate_unit_steps`]): which
-//! rank has done which action, which blocked rank waits for which action,
-//! and sets of ranks, all in flat tables (indexed by [`crate::pairs`]) so
-//! that both run in time proportional to the number of actions (no hashing
-//! of actions).
+//! Bookkeeping of lowering ([`crate::lower::add_send_recv`]): which rank
+//! has done which action, which blocked rank waits for which action, and
+//! sets of ranks, all in flat tables (indexed by [`crate::pairs`]) so that
+//! it runs in time proportional to the number of actions (no hashing of
+//! actions). The unit-step simulator keeps its own per-pair table.
 
 use std::collections::HashSet;
 
@@ -19,46 +18,10 @@ pub(crate) fn leaves(action: &Action) -> &[Action] {
     }
 }
 
-/// Which rank has done which cell: the first rank to do a cell is kept in
-/// a flat table, any other rank doing the same cell (only in a malformed
-/// schedule) in a set beside it.
-pub(crate) struct Done {
-    first: Vec<u32>,
-    others: HashSet<(usize, usize)>,
-}
-
-impl Done {
-    pub(crate) fn new(cells: usize) -> Done {
-        Done {
-            first: vec![0; cells],
-            others: HashSet::new(),
-        }
-    }
-
-    /// Records that `rank` did `cell`.
-    #[inline]
-    pub(crate) fn insert(&mut self, rank: usize, cell: usize) {
-        let tag = rank as u32 + 1;
-        let slot = &mut self.first[cell];
-        if *slot == 0 {
-            *slot = tag;
-        } else if *slot != tag {
-            self.others.insert((rank, cell));
-        }
-    }
-
-    /// Whether `rank` did `cell`.
-    #[inline]
-    pub(crate) fn has_cell(&self, rank: usize, cell: usize) -> bool {
-        self.first[cell] == rank as u32 + 1
-            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
-    }
-}
-
-/// Lowering's board: which rank has done which cell (as [`Done`]) and
-/// which blocked ranks wait for which cell, the two kept side by side per
-/// cell so that looking a cell up and waking its waiters touch one cache
-/// line. The waiters of a cell are a list threaded through one vector.
+/// Lowering's board: which rank has done which cell (the first in a flat
+/// table, any other beside it) and which blocked ranks wait for which
+/// cell, the two kept side by side per cell so that looking a cell up and
+/// waking its waiters touch one cache line. The waiters of a cell are a list threaded through one vector.
 pub(crate) struct Board {
     /// Per cell: 1 + the first rank that did it, and 1 + the index of the
     /// newest entry waiting for it (0: none, for both).
@@ -113,7 +76,7 @@ impl Board {
     /// Records that `producer` did `cell`: every rank waiting for that is
     /// unblocked and passed to `wake`, in the order they registered
     /// (newest first).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record(&mut self, producer: usize, cell: usize, mut wake: impl FnMut(usize)) {
         let tag = producer as u32 + 1;
         let slot = &mut self.cells[cell];

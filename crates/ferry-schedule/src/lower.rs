@@ -85,26 +85,48 @@ fn lowered_lengths(
         for action in row.iter().flatten() {
             out_len[rank] += 1;
             extent.count += action.sub_actions().len();
-            for leaf in leaves(action) {
-                extent.add(leaf);
-                if leaf.stage() >= stages {
-                    return Err(LowerError::UnknownStage {
-                        rank,
-                        action: action.clone(),
-                        stage: leaf.stage(),
-                        stages,
-                    });
-                }
-                if let Some((_, _, to)) = ctx.next(leaf.stage(), leaf.kind()) {
-                    out_len[rank] += 1;
-                    if let Some(n) = out_len.get_mut(to) {
-                        *n += 1;
-                    }
+            if let Some((stage, kind, mb)) = action.simple_parts() {
+                extent.stages = extent.stages.max(stage);
+                extent.mbs = extent.mbs.max(mb);
+                count_leaf(&ctx, &mut out_len, rank, action, stage, kind)?;
+            } else {
+                for sub in leaves(action) {
+                    extent.add(sub);
+                    count_leaf(&ctx, &mut out_len, rank, action, sub.stage(), sub.kind())?;
                 }
             }
         }
     }
     Ok((out_len, extent))
+}
+
+/// Counts the send and the receive a leaf (`stage`, `kind`) of `action`,
+/// on `rank`, adds to the lowered lists; an error if its stage is not
+/// placed.
+#[inline(always)]
+fn count_leaf(
+    ctx: &Boundaries<'_>,
+    out_len: &mut [usize],
+    rank: usize,
+    action: &Action,
+    stage: usize,
+    kind: ActionKind,
+) -> Result<(), LowerError> {
+    if stage >= ctx.stages {
+        return Err(LowerError::UnknownStage {
+            rank,
+            action: action.clone(),
+            stage,
+            stages: ctx.stages,
+        });
+    }
+    if let Some((_, _, to)) = ctx.next(stage, kind) {
+        out_len[rank] += 1;
+        if let Some(n) = out_len.get_mut(to) {
+            *n += 1;
+        }
+    }
+    Ok(())
 }
 
 /// [`add_send_recv`] with the pairs of `compute` numbered and the length of
@@ -202,18 +224,20 @@ impl<P: Pairs> Rounds<'_, P> {
     fn place(&mut self, action: &Action, rank: usize) -> bool {
         match action.simple_parts() {
             Some(parts) => {
-                if !self.ready(parts, rank) {
+                let here = self.pairs.pair(parts.0, parts.2);
+                if !self.ready(parts, here, rank) {
                     self.board.block(rank);
                     self.wait(parts, rank);
                     return false;
                 }
                 prefetch::push_ahead(&mut self.out[rank]);
                 self.out[rank].push(Some(Action::from_parts(parts.0, parts.1, parts.2)));
-                self.emit(parts, rank);
+                self.emit(parts, here, rank);
             }
             None => {
                 let leaves = || action.sub_actions().iter().filter_map(Action::simple_parts);
-                if !leaves().all(|parts| self.ready(parts, rank)) {
+                let here = |(stage, _, mb): Parts| self.pairs.pair(stage, mb);
+                if !leaves().all(|parts| self.ready(parts, here(parts), rank)) {
                     self.board.block(rank);
                     for parts in leaves() {
                         self.wait(parts, rank);
@@ -222,24 +246,25 @@ impl<P: Pairs> Rounds<'_, P> {
                 }
                 self.out[rank].push(Some(action.clone()));
                 for parts in leaves() {
-                    self.emit(parts, rank);
+                    self.emit(parts, self.pairs.pair(parts.0, parts.2), rank);
                 }
             }
         }
         true
     }
 
-    /// Whether the input of a leaf is already on `rank`.
-    #[inline]
-    fn ready(&self, (stage, kind, mb): Parts, rank: usize) -> bool {
-        let Some(cells) = needs(stage, kind, self.ctx.stages) else {
+    /// Whether the input of a leaf, whose pair is `here`, is already on
+    /// `rank`: its receive, else the output of the neighbour stage.
+    #[inline(always)]
+    fn ready(&self, (stage, kind, mb): Parts, here: Option<usize>, rank: usize) -> bool {
+        let Some([(k_here, _), (k_other, other)]) = needs(stage, kind, self.ctx.stages) else {
             return true;
         };
-        cells.iter().any(|&(k, s)| {
-            self.pairs
-                .pair(s, mb)
-                .is_some_and(|p| self.board.has_cell(rank, p * KINDS + k))
-        })
+        here.is_some_and(|p| self.board.has_cell(rank, p * KINDS + k_here))
+            || self
+                .pairs
+                .pair(other, mb)
+                .is_some_and(|p| self.board.has_cell(rank, p * KINDS + k_other))
     }
 
     /// Registers `rank` (blocked) as waiting for a leaf's input.
@@ -252,12 +277,12 @@ impl<P: Pairs> Rounds<'_, P> {
         }
     }
 
-    /// Records a leaf placed on `rank`: the cell readiness asks about, and
+    /// Records a leaf placed on `rank` (its pair is `here`): the cell
+    /// readiness asks about, and
     /// where its output crosses ranks, its send here and the receive
     /// posted to the receiving rank (recorded there).
-    #[inline]
-    fn emit(&mut self, (stage, kind, mb): Parts, rank: usize) {
-        let here = self.pairs.pair(stage, mb);
+    #[inline(always)]
+    fn emit(&mut self, (stage, kind, mb): Parts, here: Option<usize>, rank: usize) {
         if let (Some(k), Some(pair)) = (pairs::kind_slot(kind), here) {
             self.record(rank, pair * KINDS + k, rank);
         }
@@ -297,7 +322,8 @@ impl<P: Pairs> Rounds<'_, P> {
 }
 
 /// What a leaf's input can come from on its rank: nothing needed
-/// (`None`), or either of two cells (slot within the pair, stage).
+/// (`None`), or either of two cells (slot within the pair, stage): its
+/// own receive (the leaf's stage) or the neighbour stage's output.
 #[inline]
 fn needs(stage: usize, kind: ActionKind, stages: usize) -> Option<[(usize, usize); 2]> {
     match kind {

@@ -101,8 +101,9 @@ pub(crate) fn number(schedule: &Schedule) -> Numbering {
     for row in &schedule.ranks {
         extent.count += row.len();
         for a in row.iter().flatten() {
-            if a.sub_actions().is_empty() {
-                extent.add(a);
+            if let Some((stage, _, mb)) = a.simple_parts() {
+                extent.stages = extent.stages.max(stage);
+                extent.mbs = extent.mbs.max(mb);
             } else {
                 for leaf in a.sub_actions() {
                     extent.count += 1;
@@ -118,8 +119,8 @@ pub(crate) fn number(schedule: &Schedule) -> Numbering {
 /// gathered while walking it, and how many slots and leaves it has.
 #[derive(Default)]
 pub(crate) struct Extent {
-    stages: usize,
-    mbs: usize,
+    pub(crate) stages: usize,
+    pub(crate) mbs: usize,
     /// Slots and sub-actions walked (sizes the dense grid's limit).
     pub(crate) count: usize,
 }
