@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::pairs::{self, Numbering, Pairs};
+use crate::pairs::{self, Grid, Numbering, Pairs};
 use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
 use crate::prefetch;
 use crate::timeline::{Step, Timeline};
@@ -47,27 +47,40 @@ pub fn simulate_unit_steps<'a>(
 ) -> Result<Timeline<'a>, Deadlock> {
     // A run takes at most one step per action (every step runs one): with
     // fewer slots than `u32::MAX`, every step fits in 32 bits.
-    let narrow = lowered
-        .ranks
-        .iter()
-        .map(Vec::len)
-        .sum::<usize>()
+    let slots = lowered.ranks.iter().map(Vec::len).sum::<usize>();
+    let narrow = slots
         .checked_add(1)
         .is_some_and(|n| u32::try_from(n).is_ok());
-    match (pairs::number(lowered), narrow) {
+    // Pairs on a grid of the placed stages, grown while the run goes:
+    // no pass over the schedule first.
+    let grid = Grid::new(stage_to_rank.len(), slots);
+    let run_on_grid = if narrow {
+        run::<_, u32>(lowered, stage_to_rank, &grid)
+    } else {
+        run::<_, usize>(lowered, stage_to_rank, &grid)
+    };
+    if let Ok(result) = run_on_grid {
+        return result;
+    }
+    // An action on a stage the placement lacks, or microbatch numbers far
+    // apart: number the pairs the schedule's actions name, and run again.
+    let (Ok(result) | Err(result)) = match (pairs::number(lowered), narrow) {
         (Numbering::Dense(pairs), true) => run::<_, u32>(lowered, stage_to_rank, &pairs),
         (Numbering::Dense(pairs), false) => run::<_, usize>(lowered, stage_to_rank, &pairs),
         (Numbering::Sparse(pairs), true) => run::<_, u32>(lowered, stage_to_rank, &pairs),
         (Numbering::Sparse(pairs), false) => run::<_, usize>(lowered, stage_to_rank, &pairs),
     }
+    .map_err(|never| match never {});
+    result
 }
 
-/// [`simulate_unit_steps`] with the pairs of `lowered` numbered.
+/// [`simulate_unit_steps`] with the pairs of `lowered` numbered by
+/// `pairs`; `Err` if they cannot number one of its actions.
 fn run<'a, P: Pairs, S: Step>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
     pairs: &P,
-) -> Result<Timeline<'a>, Deadlock> {
+) -> Result<Result<Timeline<'a>, Deadlock>, P::Miss> {
     let ranks = lowered.ranks.len();
     let sim = Deps {
         stage_to_rank,
@@ -104,11 +117,19 @@ fn run<'a, P: Pairs, S: Step>(
                 continue;
             };
             let half = if let Some(parts) = action.simple_parts() {
+                if let Some(len) = pairs.cover(parts.0, parts.2)? {
+                    state.grow(len);
+                }
                 match sim.run_simple(parts, rank, earliest, &mut state, &mut runnable) {
                     Some(half) => half,
                     None => break,
                 }
             } else {
+                for leaf in action.sub_actions() {
+                    if let Some(len) = pairs.cover(leaf.stage(), leaf.microbatch_slot())? {
+                        state.grow(len);
+                    }
+                }
                 let after = match sim.input(action, rank, &mut state) {
                     Input::Wait => break,
                     Input::After(half) => half,
@@ -137,17 +158,17 @@ fn run<'a, P: Pairs, S: Step>(
         .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
         .collect();
     if !waiting.is_empty() {
-        return Err(Deadlock {
+        return Ok(Err(Deadlock {
             step: steps as usize,
             waiting,
-        });
+        }));
     }
-    Ok(Timeline::new(
+    Ok(Ok(Timeline::new(
         lowered,
         offsets,
         S::steps(at),
         steps as usize,
-    ))
+    )))
 }
 
 /// The tables of a simulation in progress.
@@ -185,6 +206,12 @@ impl State {
             others: HashSet::new(),
             next_waiter: vec![0; ranks],
         }
+    }
+
+    /// Makes room for `pairs` pairs (numbers never change as it grows).
+    #[cold]
+    fn grow(&mut self, pairs: usize) {
+        self.pairs.resize(pairs, PairState::default());
     }
 
     /// Records that `rank` did `cell` (pair × [`KINDS`] + kind slot).
