@@ -136,22 +136,36 @@ const NO_MICROBATCH: u32 = u32::MAX;
 /// (a compound action's stage and microbatch come from its first
 /// sub-action).
 ///
-/// An action is small (24 bytes, and `Option<Action>` too) because a
-/// simulated timeline holds one slot per rank per step: stage numbers go
-/// up to [`MAX_STAGE`] and microbatch numbers up to [`MAX_MICROBATCH`]
-/// (parsing refuses larger ones with a [`ParseActionError`]).
+/// An action is small (16 bytes, and `Option<Action>` too) because
+/// schedules and simulated timelines hold one per rank per step: stage
+/// numbers go up to [`MAX_STAGE`] and microbatch numbers up to
+/// [`MAX_MICROBATCH`] (parsing refuses larger ones with a
+/// [`ParseActionError`]).
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Action {
-    stage: u32,
-    /// The microbatch, or [`NO_MICROBATCH`].
-    microbatch: u32,
+pub struct Action(Repr);
+
+/// How an action is stored: a simple action inline; the sub-actions of a
+/// compound one (rare) behind one thin pointer, so that simple actions,
+/// the many, stay at 16 bytes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    /// Any action without sub-actions.
+    Simple {
+        stage: u32,
+        /// The microbatch, or [`NO_MICROBATCH`].
+        microbatch: u32,
+        kind: ActionKind,
+    },
+    /// A compound action with at least one sub-action. Its stage is the
+    /// first sub-action's and it names no microbatch, so neither is stored.
+    Compound(Box<Compound>),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Compound {
     kind: ActionKind,
-    /// The sub-actions of a compound action; `None` when there are none
-    /// (never an empty list, so that equality follows the sub-actions).
-    // A thin pointer (8 bytes) rather than a `Vec` or a boxed slice (24 or
-    // 16): compound actions are rare, timeline slots are many.
-    #[allow(clippy::box_collection)]
-    sub_actions: Option<Box<Vec<Action>>>,
+    /// Never empty (an empty list makes a [`Repr::Simple`]).
+    sub_actions: Vec<Action>,
 }
 
 impl Action {
@@ -175,26 +189,29 @@ impl Action {
                     panic!("microbatch {mb} is above the largest, {MAX_MICROBATCH}")
                 }),
         };
-        Action {
+        Action(Repr::Simple {
             stage,
             microbatch,
             kind,
-            sub_actions: None,
-        }
+        })
     }
 
-    /// A simple action of `kind` on `stage` with this action's microbatch
-    /// (the send or receive a compute action's output needs).
+    /// The simple action of [`Action::simple_parts`]: `stage`, `kind` and
+    /// the microbatch slot ([`Action::microbatch_slot`]).
     #[inline]
-    pub(crate) fn with_stage_kind(&self, stage: usize, kind: ActionKind) -> Action {
+    pub(crate) fn from_parts(stage: usize, kind: ActionKind, microbatch_slot: usize) -> Action {
+        let microbatch = (microbatch_slot as u32).wrapping_sub(1);
         match u32::try_from(stage) {
-            Ok(stage) => Action {
+            Ok(stage) => Action(Repr::Simple {
                 stage,
-                microbatch: self.microbatch,
+                microbatch,
                 kind,
-                sub_actions: None,
-            },
-            Err(_) => Action::new(stage, kind, self.microbatch()),
+            }),
+            Err(_) => Action::new(
+                stage,
+                kind,
+                (microbatch != NO_MICROBATCH).then_some(microbatch as usize),
+            ),
         }
     }
 
@@ -213,48 +230,82 @@ impl Action {
     /// Its stage is the first sub-action's (0 if there is none), and it
     /// names no microbatch; only the sub-actions are printed.
     pub fn compound(kind: ActionKind, sub_actions: Vec<Action>) -> Action {
-        Action {
-            stage: sub_actions.first().map_or(0, |a| a.stage),
-            microbatch: NO_MICROBATCH,
-            kind,
-            sub_actions: (!sub_actions.is_empty()).then(|| Box::new(sub_actions)),
+        if sub_actions.is_empty() {
+            return Action(Repr::Simple {
+                stage: 0,
+                microbatch: NO_MICROBATCH,
+                kind,
+            });
         }
+        Action(Repr::Compound(Box::new(Compound { kind, sub_actions })))
     }
 
     /// The stage this action runs on.
     #[inline]
     pub fn stage(&self) -> usize {
-        self.stage as usize
+        match &self.0 {
+            Repr::Simple { stage, .. } => *stage as usize,
+            Repr::Compound(c) => c.sub_actions[0].stage(),
+        }
     }
 
     /// The action's kind.
     #[inline]
     pub fn kind(&self) -> ActionKind {
-        self.kind
+        match &self.0 {
+            Repr::Simple { kind, .. } => *kind,
+            Repr::Compound(c) => c.kind,
+        }
     }
 
     /// The microbatch, if the kind has one.
     #[inline]
     pub fn microbatch(&self) -> Option<usize> {
-        (self.microbatch != NO_MICROBATCH).then_some(self.microbatch as usize)
+        match &self.0 {
+            Repr::Simple { microbatch, .. } if *microbatch != NO_MICROBATCH => {
+                Some(*microbatch as usize)
+            }
+            _ => None,
+        }
     }
 
     /// The microbatch as a table index: 0 when the kind has none, else
     /// the microbatch + 1 (the simulators' flat tables).
     #[inline]
     pub(crate) fn microbatch_slot(&self) -> usize {
-        self.microbatch.wrapping_add(1) as usize
+        match &self.0 {
+            Repr::Simple { microbatch, .. } => microbatch.wrapping_add(1) as usize,
+            Repr::Compound(_) => 0,
+        }
+    }
+
+    /// The stage, kind and microbatch slot ([`Action::microbatch_slot`])
+    /// of a simple action; `None` for a compound one (the hot loops read
+    /// all three at once).
+    #[inline]
+    pub(crate) fn simple_parts(&self) -> Option<(usize, ActionKind, usize)> {
+        match &self.0 {
+            Repr::Simple {
+                stage,
+                microbatch,
+                kind,
+            } => Some((*stage as usize, *kind, microbatch.wrapping_add(1) as usize)),
+            Repr::Compound(_) => None,
+        }
     }
 
     /// The sub-actions of a compound action (empty for a simple one).
     #[inline]
     pub fn sub_actions(&self) -> &[Action] {
-        self.sub_actions.as_deref().map_or(&[], Vec::as_slice)
+        match &self.0 {
+            Repr::Simple { .. } => &[],
+            Repr::Compound(c) => &c.sub_actions,
+        }
     }
 
     /// Whether this is a compound action (printed with parentheses).
     pub fn is_compound(&self) -> bool {
-        self.sub_actions.is_some() || self.kind.is_compound()
+        matches!(self.0, Repr::Compound(_)) || self.kind().is_compound()
     }
 }
 
@@ -262,7 +313,7 @@ impl fmt::Debug for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Action")
             .field("stage", &self.stage())
-            .field("kind", &self.kind)
+            .field("kind", &self.kind())
             .field("microbatch", &self.microbatch())
             .field("sub_actions", &self.sub_actions())
             .finish()
@@ -279,9 +330,9 @@ impl fmt::Display for Action {
                 }
                 write!(f, "{sub}")?;
             }
-            return write!(f, "){}", self.kind);
+            return write!(f, "){}", self.kind());
         }
-        write!(f, "{}{}", self.stage, self.kind)?;
+        write!(f, "{}{}", self.stage(), self.kind())?;
         if let Some(mb) = self.microbatch() {
             write!(f, "{mb}")?;
         }

@@ -1,9 +1,8 @@
-//! Bookkeeping shared by lowering ([`crate::lower::add_send_recv`]) and the
-//! unit-step simulator ([`crate::simulate::simulate_unit_steps`]): which
-//! rank has done which action, which blocked rank waits for which action,
-//! and sets of ranks, all in flat tables (indexed by [`crate::pairs`]) so
-//! that both run in time proportional to the number of actions (no hashing
-//! of actions).
+//! Bookkeeping of lowering ([`crate::lower::add_send_recv`]): which rank
+//! has done which action, which blocked rank waits for which action, and
+//! sets of ranks, all in flat tables (indexed by [`crate::pairs`]) so that
+//! it runs in time proportional to the number of actions (no hashing of
+//! actions). The unit-step simulator keeps its own per-pair table.
 
 use std::collections::HashSet;
 
@@ -19,46 +18,16 @@ pub(crate) fn leaves(action: &Action) -> &[Action] {
     }
 }
 
-/// Which rank has done which cell: the first rank to do a cell is kept in
-/// a flat table, any other rank doing the same cell (only in a malformed
-/// schedule) in a set beside it.
-pub(crate) struct Done {
-    first: Vec<u32>,
+/// Lowering's board: which rank has done which cell (the first in a flat
+/// table, any other beside it) and which blocked ranks wait for which
+/// cell, the two kept side by side per cell so that looking a cell up and
+/// waking its waiters touch one cache line. The waiters of a cell are a list threaded through one vector.
+pub(crate) struct Board {
+    /// Per cell: 1 + the first rank that did it, and 1 + the index of the
+    /// newest entry waiting for it (0: none, for both).
+    cells: Vec<[u32; 2]>,
+    /// Any other rank that did a cell (only in a malformed schedule).
     others: HashSet<(usize, usize)>,
-}
-
-impl Done {
-    pub(crate) fn new(cells: usize) -> Done {
-        Done {
-            first: vec![0; cells],
-            others: HashSet::new(),
-        }
-    }
-
-    /// Records that `rank` did `cell`.
-    #[inline]
-    pub(crate) fn insert(&mut self, rank: usize, cell: usize) {
-        let tag = rank as u32 + 1;
-        let slot = &mut self.first[cell];
-        if *slot == 0 {
-            *slot = tag;
-        } else if *slot != tag {
-            self.others.insert((rank, cell));
-        }
-    }
-
-    /// Whether `rank` did `cell`.
-    #[inline]
-    pub(crate) fn has_cell(&self, rank: usize, cell: usize) -> bool {
-        self.first[cell] == rank as u32 + 1
-            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
-    }
-}
-
-/// Blocked ranks, each waiting for one or more (rank, cell) pairs: a list
-/// per cell, threaded through one vector.
-pub(crate) struct Waiters {
-    head: Vec<u32>,
     /// (waiting rank, the rank whose doing the cell wakes it, the rank's
     /// block count when it registered, next entry + 1).
     entries: Vec<(u32, u32, u32, u32)>,
@@ -68,14 +37,22 @@ pub(crate) struct Waiters {
     blocked: Vec<bool>,
 }
 
-impl Waiters {
-    pub(crate) fn new(cells: usize, ranks: usize) -> Waiters {
-        Waiters {
-            head: vec![0; cells],
+impl Board {
+    pub(crate) fn new(cells: usize, ranks: usize) -> Board {
+        Board {
+            cells: vec![[0; 2]; cells],
+            others: HashSet::new(),
             entries: Vec::new(),
             epoch: vec![0; ranks],
             blocked: vec![false; ranks],
         }
+    }
+
+    /// Whether `rank` did `cell`.
+    #[inline]
+    pub(crate) fn has_cell(&self, rank: usize, cell: usize) -> bool {
+        self.cells[cell][0] == rank as u32 + 1
+            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
     }
 
     /// Marks `rank` blocked (a new block: earlier registrations go stale).
@@ -91,20 +68,24 @@ impl Waiters {
             rank as u32,
             producer as u32,
             self.epoch[rank],
-            self.head[cell],
+            self.cells[cell][1],
         ));
-        self.head[cell] = self.entries.len() as u32;
+        self.cells[cell][1] = self.entries.len() as u32;
     }
 
-    /// `producer` did `cell`: every rank waiting for that is unblocked and
-    /// passed to `wake`, in the order they registered (newest first).
-    #[inline]
-    pub(crate) fn done(&mut self, producer: usize, cell: usize, mut wake: impl FnMut(usize)) {
-        let mut at = self.head[cell];
-        if at == 0 {
-            return;
+    /// Records that `producer` did `cell`: every rank waiting for that is
+    /// unblocked and passed to `wake`, in the order they registered
+    /// (newest first).
+    #[inline(always)]
+    pub(crate) fn record(&mut self, producer: usize, cell: usize, mut wake: impl FnMut(usize)) {
+        let tag = producer as u32 + 1;
+        let slot = &mut self.cells[cell];
+        if slot[0] == 0 {
+            slot[0] = tag;
+        } else if slot[0] != tag {
+            self.others.insert((producer, cell));
         }
-        self.head[cell] = 0;
+        let mut at = std::mem::take(&mut slot[1]);
         while at != 0 {
             let (rank, from, epoch, next) = self.entries[at as usize - 1];
             let (rank_i, live) = (rank as usize, self.epoch[rank as usize] == epoch);
@@ -114,8 +95,8 @@ impl Waiters {
                     wake(rank_i);
                 } else {
                     // Another rank's doing of the cell: keep waiting.
-                    self.entries[at as usize - 1].3 = self.head[cell];
-                    self.head[cell] = at;
+                    self.entries[at as usize - 1].3 = self.cells[cell][1];
+                    self.cells[cell][1] = at;
                 }
             }
             at = next;

@@ -93,6 +93,7 @@ pub mod lower;
 mod pairs;
 pub mod placement;
 pub mod planner;
+mod prefetch;
 pub mod simulate;
 pub mod svg;
 pub mod timed;

@@ -13,9 +13,10 @@ use std::collections::HashMap;
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::{leaves, Done, RankSet, Waiters};
+use crate::done::{leaves, Board, RankSet};
 use crate::pairs::{self, BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
 use crate::pairs::{Extent, Numbering, Pairs};
+use crate::prefetch;
 
 pub mod defer;
 mod unshard;
@@ -84,26 +85,48 @@ fn lowered_lengths(
         for action in row.iter().flatten() {
             out_len[rank] += 1;
             extent.count += action.sub_actions().len();
-            for leaf in leaves(action) {
-                extent.add(leaf);
-                if leaf.stage() >= stages {
-                    return Err(LowerError::UnknownStage {
-                        rank,
-                        action: action.clone(),
-                        stage: leaf.stage(),
-                        stages,
-                    });
-                }
-                if let Some((_, _, to)) = ctx.next(leaf) {
-                    out_len[rank] += 1;
-                    if let Some(n) = out_len.get_mut(to) {
-                        *n += 1;
-                    }
+            if let Some((stage, kind, mb)) = action.simple_parts() {
+                extent.stages = extent.stages.max(stage);
+                extent.mbs = extent.mbs.max(mb);
+                count_leaf(&ctx, &mut out_len, rank, action, stage, kind)?;
+            } else {
+                for sub in leaves(action) {
+                    extent.add(sub);
+                    count_leaf(&ctx, &mut out_len, rank, action, sub.stage(), sub.kind())?;
                 }
             }
         }
     }
     Ok((out_len, extent))
+}
+
+/// Counts the send and the receive a leaf (`stage`, `kind`) of `action`,
+/// on `rank`, adds to the lowered lists; an error if its stage is not
+/// placed.
+#[inline(always)]
+fn count_leaf(
+    ctx: &Boundaries<'_>,
+    out_len: &mut [usize],
+    rank: usize,
+    action: &Action,
+    stage: usize,
+    kind: ActionKind,
+) -> Result<(), LowerError> {
+    if stage >= ctx.stages {
+        return Err(LowerError::UnknownStage {
+            rank,
+            action: action.clone(),
+            stage,
+            stages: ctx.stages,
+        });
+    }
+    if let Some((_, _, to)) = ctx.next(stage, kind) {
+        out_len[rank] += 1;
+        if let Some(n) = out_len.get_mut(to) {
+            *n += 1;
+        }
+    }
+    Ok(())
 }
 
 /// [`add_send_recv`] with the pairs of `compute` numbered and the length of
@@ -115,88 +138,46 @@ fn in_rounds<P: Pairs>(
     out_len: &[usize],
 ) -> Result<Schedule, LowerError> {
     let ranks = compute.ranks.len();
-    let ctx = Boundaries {
-        stage_to_rank,
-        stages: stage_to_rank.len(),
+    let mut l = Rounds {
+        ctx: Boundaries {
+            stage_to_rank,
+            stages: stage_to_rank.len(),
+        },
+        pairs,
+        board: Board::new(pairs.len() * KINDS, ranks),
+        out: out_len.iter().map(|&n| Vec::with_capacity(n)).collect(),
+        current: RankSet::new(ranks),
+        following: RankSet::new(ranks),
     };
-    let mut done = Done::new(pairs.len() * KINDS);
-    let mut waiters = Waiters::new(pairs.len() * KINDS, ranks);
     let mut next = vec![0usize; ranks];
-    let mut out: Vec<Vec<Option<Action>>> =
-        out_len.iter().map(|&n| Vec::with_capacity(n)).collect();
     // Ranks to look at in this round, and in the next. A rank whose next
     // action is not ready waits, without being looked at again, until a
     // rank puts what it needs on its rank (this round if that rank comes
     // before it, else the next): the same order as looking at every rank
     // in every round, in time proportional to the number of actions.
-    let (mut current, mut following) = (RankSet::new(ranks), RankSet::new(ranks));
     let mut left = 0;
     for (rank, row) in compute.ranks.iter().enumerate() {
         if !row.is_empty() {
-            current.insert(rank);
+            l.current.insert(rank);
             left += 1;
         }
     }
     while left > 0 {
         let mut progress = false;
         let mut cursor = 0;
-        while let Some(rank) = current.take_from(cursor) {
+        while let Some(rank) = l.current.take_from(cursor) {
             cursor = rank + 1;
             let row = &compute.ranks[rank];
+            prefetch::ahead(row, next[rank]);
             if let Some(action) = &row[next[rank]] {
-                if !leaves(action)
-                    .iter()
-                    .all(|a| ready(a, rank, ctx.stages, pairs, &done))
-                {
-                    waiters.block(rank);
-                    for leaf in leaves(action) {
-                        wait(leaf, rank, ctx.stages, pairs, &mut waiters);
-                    }
+                if !l.place(action, rank) {
                     continue;
-                }
-                out[rank].push(Some(action.clone()));
-                let mut wake = |woken: usize| {
-                    if woken > rank {
-                        current.insert(woken);
-                    } else {
-                        following.insert(woken);
-                    }
-                };
-                for leaf in leaves(action) {
-                    // What readiness asks about: a rank's own compute (or
-                    // receive) leaves and the receives posted to it.
-                    if leaf.sub_actions().is_empty() {
-                        if let Some(cell) = pairs::kind_slot(leaf.kind()).and_then(|k| {
-                            Some(pairs.pair(leaf.stage(), leaf.microbatch_slot())? * KINDS + k)
-                        }) {
-                            done.insert(rank, cell);
-                            waiters.done(rank, cell, &mut wake);
-                        }
-                    }
-                    if let Some((next_stage, recv_kind, to)) = ctx.next(leaf) {
-                        let send_kind = if recv_kind == ActionKind::RecvF {
-                            ActionKind::SendF
-                        } else {
-                            ActionKind::SendB
-                        };
-                        out[rank].push(Some(leaf.with_stage_kind(leaf.stage(), send_kind)));
-                        out[to].push(Some(leaf.with_stage_kind(next_stage, recv_kind)));
-                        let k = if recv_kind == ActionKind::RecvF {
-                            RECV_F
-                        } else {
-                            RECV_B
-                        };
-                        if let Some(pair) = pairs.pair(next_stage, leaf.microbatch_slot()) {
-                            done.insert(to, pair * KINDS + k);
-                            waiters.done(to, pair * KINDS + k, &mut wake);
-                        }
-                    }
                 }
             }
             next[rank] += 1;
             progress = true;
             if next[rank] < row.len() {
-                following.insert(rank);
+                l.following.insert(rank);
             } else {
                 left -= 1;
             }
@@ -210,48 +191,147 @@ fn in_rounds<P: Pairs>(
                 .collect();
             return Err(LowerError::Stuck { waiting });
         }
-        current.take_all(&mut following);
+        let Rounds {
+            current, following, ..
+        } = &mut l;
+        current.take_all(following);
     }
-    Ok(Schedule::new(out))
+    Ok(Schedule::new(l.out))
 }
 
-/// What an action's input can come from on its rank: nothing needed
-/// (`None`), or any one of up to three cells (slot within the pair, stage).
-#[inline]
-fn needs(action: &Action, stages: usize) -> Option<([(usize, usize); 3], usize)> {
-    let stage = action.stage();
-    match action.kind() {
-        ActionKind::Forward if stage > 0 => {
-            Some(([(RECV_F, stage), (FORWARD, stage - 1), (0, 0)], 2))
+/// The stage, kind and microbatch slot of a simple action
+/// ([`Action::simple_parts`]).
+type Parts = (usize, ActionKind, usize);
+
+/// Lowering in progress: the lists built so far, what each rank has, who
+/// waits for what, and the ranks to look at.
+struct Rounds<'a, P> {
+    ctx: Boundaries<'a>,
+    pairs: &'a P,
+    board: Board,
+    out: Vec<Vec<Option<Action>>>,
+    current: RankSet,
+    following: RankSet,
+}
+
+impl<P: Pairs> Rounds<'_, P> {
+    /// Places `action`, the next of `rank`, with its sends and the
+    /// receives they post, if its input is on the rank; else registers the
+    /// rank as waiting and returns false. The sub-actions of a compound
+    /// action are its leaves (a nested compound one needs and does
+    /// nothing).
+    #[inline]
+    fn place(&mut self, action: &Action, rank: usize) -> bool {
+        match action.simple_parts() {
+            Some(parts) => {
+                let here = self.pairs.pair(parts.0, parts.2);
+                if !self.ready(parts, here, rank) {
+                    self.board.block(rank);
+                    self.wait(parts, rank);
+                    return false;
+                }
+                prefetch::push_ahead(&mut self.out[rank]);
+                self.out[rank].push(Some(Action::from_parts(parts.0, parts.1, parts.2)));
+                self.emit(parts, here, rank);
+            }
+            None => {
+                let leaves = || action.sub_actions().iter().filter_map(Action::simple_parts);
+                let here = |(stage, _, mb): Parts| self.pairs.pair(stage, mb);
+                if !leaves().all(|parts| self.ready(parts, here(parts), rank)) {
+                    self.board.block(rank);
+                    for parts in leaves() {
+                        self.wait(parts, rank);
+                    }
+                    return false;
+                }
+                self.out[rank].push(Some(action.clone()));
+                for parts in leaves() {
+                    self.emit(parts, self.pairs.pair(parts.0, parts.2), rank);
+                }
+            }
         }
+        true
+    }
+
+    /// Whether the input of a leaf, whose pair is `here`, is already on
+    /// `rank`: its receive, else the output of the neighbour stage.
+    #[inline(always)]
+    fn ready(&self, (stage, kind, mb): Parts, here: Option<usize>, rank: usize) -> bool {
+        let Some([(k_here, _), (k_other, other)]) = needs(stage, kind, self.ctx.stages) else {
+            return true;
+        };
+        here.is_some_and(|p| self.board.has_cell(rank, p * KINDS + k_here))
+            || self
+                .pairs
+                .pair(other, mb)
+                .is_some_and(|p| self.board.has_cell(rank, p * KINDS + k_other))
+    }
+
+    /// Registers `rank` (blocked) as waiting for a leaf's input.
+    fn wait(&mut self, (stage, kind, mb): Parts, rank: usize) {
+        if let Some(cells) = needs(stage, kind, self.ctx.stages) {
+            for (k, s) in cells {
+                let cell = self.pairs.pair(s, mb).map(|p| p * KINDS + k);
+                self.board.wait(rank, rank, cell);
+            }
+        }
+    }
+
+    /// Records a leaf placed on `rank` (its pair is `here`): the cell
+    /// readiness asks about, and
+    /// where its output crosses ranks, its send here and the receive
+    /// posted to the receiving rank (recorded there).
+    #[inline(always)]
+    fn emit(&mut self, (stage, kind, mb): Parts, here: Option<usize>, rank: usize) {
+        if let (Some(k), Some(pair)) = (pairs::kind_slot(kind), here) {
+            self.record(rank, pair * KINDS + k, rank);
+        }
+        if let Some((next_stage, recv_kind, to)) = self.ctx.next(stage, kind) {
+            let (send_kind, k) = if recv_kind == ActionKind::RecvF {
+                (ActionKind::SendF, RECV_F)
+            } else {
+                (ActionKind::SendB, RECV_B)
+            };
+            self.out[rank].push(Some(Action::from_parts(stage, send_kind, mb)));
+            prefetch::push_ahead(&mut self.out[to]);
+            self.out[to].push(Some(Action::from_parts(next_stage, recv_kind, mb)));
+            if let Some(pair) = self.pairs.pair(next_stage, mb) {
+                self.record(to, pair * KINDS + k, rank);
+            }
+        }
+    }
+
+    /// `by` did `cell` while `rank` was placing: the ranks waiting for it
+    /// go on, in this round if they come after `rank`, else in the next.
+    #[inline]
+    fn record(&mut self, by: usize, cell: usize, rank: usize) {
+        let Rounds {
+            board,
+            current,
+            following,
+            ..
+        } = self;
+        board.record(by, cell, |woken| {
+            if woken > rank {
+                current.insert(woken);
+            } else {
+                following.insert(woken);
+            }
+        });
+    }
+}
+
+/// What a leaf's input can come from on its rank: nothing needed
+/// (`None`), or either of two cells (slot within the pair, stage): its
+/// own receive (the leaf's stage) or the neighbour stage's output.
+#[inline]
+fn needs(stage: usize, kind: ActionKind, stages: usize) -> Option<[(usize, usize); 2]> {
+    match kind {
+        ActionKind::Forward if stage > 0 => Some([(RECV_F, stage), (FORWARD, stage - 1)]),
         ActionKind::BackwardInput | ActionKind::FullBackward if stage + 1 < stages => {
-            Some(([(RECV_B, stage), (BACKWARD, stage + 1), (0, 0)], 2))
+            Some([(RECV_B, stage), (BACKWARD, stage + 1)])
         }
         _ => None,
-    }
-}
-
-/// Whether an action's input is already on its rank.
-#[inline]
-fn ready<P: Pairs>(action: &Action, rank: usize, stages: usize, pairs: &P, done: &Done) -> bool {
-    let Some((cells, n)) = needs(action, stages) else {
-        return true;
-    };
-    let mb = action.microbatch_slot();
-    cells[..n].iter().any(|&(k, s)| {
-        pairs
-            .pair(s, mb)
-            .is_some_and(|p| done.has_cell(rank, p * KINDS + k))
-    })
-}
-
-/// Registers `rank` (blocked) as waiting for `action`'s input.
-fn wait<P: Pairs>(action: &Action, rank: usize, stages: usize, pairs: &P, waiters: &mut Waiters) {
-    if let Some((cells, n)) = needs(action, stages) {
-        let mb = action.microbatch_slot();
-        for &(k, s) in &cells[..n] {
-            waiters.wait(rank, rank, pairs.pair(s, mb).map(|p| p * KINDS + k));
-        }
     }
 }
 
@@ -261,12 +341,11 @@ struct Boundaries<'a> {
 }
 
 impl Boundaries<'_> {
-    /// The stage an action's output goes to, its receive's kind and the
-    /// receiving rank, if it crosses ranks.
+    /// The stage the output of a leaf (`stage`, `kind`) goes to, its
+    /// receive's kind and the receiving rank, if it crosses ranks.
     #[inline]
-    fn next(&self, action: &Action) -> Option<(usize, ActionKind, usize)> {
-        let stage = action.stage();
-        let (next, recv) = match action.kind() {
+    fn next(&self, stage: usize, kind: ActionKind) -> Option<(usize, ActionKind, usize)> {
+        let (next, recv) = match kind {
             ActionKind::Forward if stage + 1 < self.stages => (stage + 1, ActionKind::RecvF),
             ActionKind::BackwardInput | ActionKind::FullBackward if stage > 0 => {
                 (stage - 1, ActionKind::RecvB)

@@ -9,6 +9,7 @@
 //! map of the pairs present. The work is written once, generic over
 //! [`Pairs`], so the dense case hashes nothing.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use crate::action::{Action, ActionKind};
@@ -47,10 +48,20 @@ const DENSE_CELLS_PER_ACTION: usize = 64;
 /// of an action of the schedule, with that action's microbatch, has a
 /// number below [`Pairs::len`].
 pub(crate) trait Pairs {
+    /// Why [`Pairs::cover`] cannot number a pair.
+    type Miss;
     /// The number of `stage`'s pair with microbatch slot `mb`, if it has one.
     fn pair(&self, stage: usize, mb: usize) -> Option<usize>;
     /// How many pairs there are.
     fn len(&self) -> usize;
+    /// Makes sure the pairs an action of `stage` with microbatch slot `mb`
+    /// asks about are numbered: the new [`Pairs::len`] if it grew, `None`
+    /// if they were already. A numbering made from the whole schedule
+    /// already covers every action of it.
+    #[inline(always)]
+    fn cover(&self, _stage: usize, _mb: usize) -> Result<Option<usize>, Self::Miss> {
+        Ok(None)
+    }
 }
 
 /// Pairs as a stage × microbatch grid.
@@ -60,6 +71,8 @@ pub(crate) struct Dense {
 }
 
 impl Pairs for Dense {
+    type Miss = std::convert::Infallible;
+
     #[inline(always)]
     fn pair(&self, stage: usize, mb: usize) -> Option<usize> {
         (stage < self.stages && mb < self.mbs).then_some(stage * self.mbs + mb)
@@ -76,6 +89,8 @@ pub(crate) struct Sparse {
 }
 
 impl Pairs for Sparse {
+    type Miss = std::convert::Infallible;
+
     #[inline]
     fn pair(&self, stage: usize, mb: usize) -> Option<usize> {
         self.map.get(&(stage, mb)).copied()
@@ -83,6 +98,97 @@ impl Pairs for Sparse {
 
     fn len(&self) -> usize {
         self.map.len()
+    }
+}
+
+/// A little fewer than the actions of a lowered schedule that name one
+/// (stage, microbatch) pair (F, B or I and W, with their sends and
+/// receives): sizes a [`Grid`] at first, a little too large rather than
+/// too small.
+const LOWERED_ACTIONS_PER_PAIR: usize = 5;
+
+/// Pairs on a grid of the placement's stages (and one more) by
+/// microbatch slots, microbatch-major so that the grid grows as larger
+/// slots appear without renumbering: the unit-step simulator's numbering,
+/// which needs no pass over the schedule before it runs. It cannot number
+/// an action on a stage the placement lacks, nor microbatch numbers so far
+/// apart that the grid would outgrow the dense limit ([`Uncovered`]).
+pub(crate) struct Grid {
+    /// Stages placed (actions on others are not covered).
+    placed: usize,
+    /// Stages on the grid: those placed and the one after.
+    stages: usize,
+    /// Microbatch slots on the grid so far.
+    mbs: Cell<usize>,
+    /// The most cells the grid may have.
+    limit: usize,
+}
+
+/// An action a [`Grid`] cannot number.
+#[derive(Debug)]
+pub(crate) struct Uncovered;
+
+impl Grid {
+    /// A grid for a schedule of `slots` slots over `placed` stages, sized
+    /// at first for the microbatches such a lowered schedule usually has
+    /// (a forward, a backward, a send and a receive of each, or so, per
+    /// stage), so that it seldom grows.
+    pub(crate) fn new(placed: usize, slots: usize) -> Grid {
+        let stages = placed.saturating_add(1);
+        let limit = slots
+            .saturating_mul(DENSE_CELLS_PER_ACTION)
+            .saturating_add(1 << 12);
+        let guess = (slots / stages / LOWERED_ACTIONS_PER_PAIR).saturating_add(1);
+        let fits = guess
+            .checked_mul(stages)
+            .and_then(|n| n.checked_mul(KINDS))
+            .is_some_and(|cells| cells <= limit);
+        Grid {
+            placed,
+            stages,
+            mbs: Cell::new(if fits { guess } else { 0 }),
+            limit,
+        }
+    }
+}
+
+impl Pairs for Grid {
+    type Miss = Uncovered;
+
+    #[inline(always)]
+    fn pair(&self, stage: usize, mb: usize) -> Option<usize> {
+        (stage < self.stages && mb < self.mbs.get()).then_some(mb * self.stages + stage)
+    }
+
+    fn len(&self) -> usize {
+        self.stages * self.mbs.get()
+    }
+
+    #[inline(always)]
+    fn cover(&self, stage: usize, mb: usize) -> Result<Option<usize>, Uncovered> {
+        if stage >= self.placed {
+            return Err(Uncovered);
+        }
+        if mb < self.mbs.get() {
+            return Ok(None);
+        }
+        let fits = |mbs: usize| {
+            mbs.checked_mul(self.stages)
+                .and_then(|n| n.checked_mul(KINDS))
+                .is_some_and(|cells| cells <= self.limit)
+        };
+        let needed = mb.checked_add(1).ok_or(Uncovered)?;
+        let mbs = self.mbs.get();
+        let grown = needed.max(mbs.saturating_add(mbs / 2));
+        let mbs = if fits(grown) {
+            grown
+        } else if fits(needed) {
+            needed
+        } else {
+            return Err(Uncovered);
+        };
+        self.mbs.set(mbs);
+        Ok(Some(self.len()))
     }
 }
 
@@ -101,8 +207,9 @@ pub(crate) fn number(schedule: &Schedule) -> Numbering {
     for row in &schedule.ranks {
         extent.count += row.len();
         for a in row.iter().flatten() {
-            if a.sub_actions().is_empty() {
-                extent.add(a);
+            if let Some((stage, _, mb)) = a.simple_parts() {
+                extent.stages = extent.stages.max(stage);
+                extent.mbs = extent.mbs.max(mb);
             } else {
                 for leaf in a.sub_actions() {
                     extent.count += 1;
@@ -118,8 +225,8 @@ pub(crate) fn number(schedule: &Schedule) -> Numbering {
 /// gathered while walking it, and how many slots and leaves it has.
 #[derive(Default)]
 pub(crate) struct Extent {
-    stages: usize,
-    mbs: usize,
+    pub(crate) stages: usize,
+    pub(crate) mbs: usize,
     /// Slots and sub-actions walked (sizes the dense grid's limit).
     pub(crate) count: usize,
 }

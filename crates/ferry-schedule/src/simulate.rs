@@ -1,12 +1,14 @@
 //! The unit-step simulator: one action per rank per step, sends and
 //! receives included, blocking on missing inputs.
 
+use std::collections::HashSet;
+
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::Done;
-use crate::pairs::{self, Numbering, Pairs};
+use crate::pairs::{self, Grid, Numbering, Pairs};
 use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
-use crate::timeline::Timeline;
+use crate::prefetch;
+use crate::timeline::{Step, Timeline};
 
 /// A lowered schedule that cannot finish: every unfinished rank waits.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,18 +45,42 @@ pub fn simulate_unit_steps<'a>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
 ) -> Result<Timeline<'a>, Deadlock> {
-    match pairs::number(lowered) {
-        Numbering::Dense(pairs) => run(lowered, stage_to_rank, &pairs),
-        Numbering::Sparse(pairs) => run(lowered, stage_to_rank, &pairs),
+    // A run takes at most one step per action (every step runs one): with
+    // fewer slots than `u32::MAX`, every step fits in 32 bits.
+    let slots = lowered.ranks.iter().map(Vec::len).sum::<usize>();
+    let narrow = slots
+        .checked_add(1)
+        .is_some_and(|n| u32::try_from(n).is_ok());
+    // Pairs on a grid of the placed stages, grown while the run goes:
+    // no pass over the schedule first.
+    let grid = Grid::new(stage_to_rank.len(), slots);
+    let run_on_grid = if narrow {
+        run::<_, u32>(lowered, stage_to_rank, &grid)
+    } else {
+        run::<_, usize>(lowered, stage_to_rank, &grid)
+    };
+    if let Ok(result) = run_on_grid {
+        return result;
     }
+    // An action on a stage the placement lacks, or microbatch numbers far
+    // apart: number the pairs the schedule's actions name, and run again.
+    let (Ok(result) | Err(result)) = match (pairs::number(lowered), narrow) {
+        (Numbering::Dense(pairs), true) => run::<_, u32>(lowered, stage_to_rank, &pairs),
+        (Numbering::Dense(pairs), false) => run::<_, usize>(lowered, stage_to_rank, &pairs),
+        (Numbering::Sparse(pairs), true) => run::<_, u32>(lowered, stage_to_rank, &pairs),
+        (Numbering::Sparse(pairs), false) => run::<_, usize>(lowered, stage_to_rank, &pairs),
+    }
+    .map_err(|never| match never {});
+    result
 }
 
-/// [`simulate_unit_steps`] with the pairs of `lowered` numbered.
-fn run<'a, P: Pairs>(
+/// [`simulate_unit_steps`] with the pairs of `lowered` numbered by
+/// `pairs`; `Err` if they cannot number one of its actions.
+fn run<'a, P: Pairs, S: Step>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
     pairs: &P,
-) -> Result<Timeline<'a>, Deadlock> {
+) -> Result<Result<Timeline<'a>, Deadlock>, P::Miss> {
     let ranks = lowered.ranks.len();
     let sim = Deps {
         stage_to_rank,
@@ -62,19 +88,14 @@ fn run<'a, P: Pairs>(
         ranks,
         pairs,
     };
-    let mut state = State {
-        done: Done::new(pairs.len() * KINDS),
-        sent: vec![0; pairs.len() * 2],
-        head: vec![0; pairs.len() * 2],
-        next_waiter: vec![0; ranks],
-    };
+    let mut state = State::new(pairs.len(), ranks);
     // The step of every slot of `lowered`, rank after rank.
     let mut offsets = Vec::with_capacity(ranks + 1);
     offsets.push(0);
     for row in &lowered.ranks {
         offsets.push(offsets[offsets.len() - 1] + row.len());
     }
-    let mut at = vec![crate::timeline::IDLE; offsets[ranks]];
+    let mut at = vec![S::of(0); offsets[ranks]];
     // Per rank: the next slot, and the first step its next action may take.
     let mut pos = vec![0usize; ranks];
     let mut first_step = vec![0u64; ranks];
@@ -89,16 +110,26 @@ fn run<'a, P: Pairs>(
         // may take.
         let mut earliest = 2 * first_step[rank];
         while let Some(slot) = row.get(i) {
+            prefetch::ahead(row, i);
+            prefetch::ahead(at, i);
             let Some(action) = slot else {
                 i += 1;
                 continue;
             };
-            let half = if action.sub_actions().is_empty() {
-                match sim.run_simple(action, rank, earliest, &mut state, &mut runnable) {
+            let half = if let Some(parts) = action.simple_parts() {
+                if let Some(len) = pairs.cover(parts.0, parts.2)? {
+                    state.grow(len);
+                }
+                match sim.run_simple(parts, rank, earliest, &mut state, &mut runnable) {
                     Some(half) => half,
                     None => break,
                 }
             } else {
+                for leaf in action.sub_actions() {
+                    if let Some(len) = pairs.cover(leaf.stage(), leaf.microbatch_slot())? {
+                        state.grow(len);
+                    }
+                }
                 let after = match sim.input(action, rank, &mut state) {
                     Input::Wait => break,
                     Input::After(half) => half,
@@ -112,7 +143,7 @@ fn run<'a, P: Pairs>(
                 half
             };
             let step = half / 2;
-            at[i] = step as usize;
+            at[i] = S::of(step);
             earliest = 2 * (step + 1);
             i += 1;
         }
@@ -127,44 +158,110 @@ fn run<'a, P: Pairs>(
         .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
         .collect();
     if !waiting.is_empty() {
-        return Err(Deadlock {
+        return Ok(Err(Deadlock {
             step: steps as usize,
             waiting,
-        });
+        }));
     }
-    Ok(Timeline::new(lowered, offsets, at, steps as usize))
+    Ok(Ok(Timeline::new(
+        lowered,
+        offsets,
+        S::steps(at),
+        steps as usize,
+    )))
 }
 
 /// The tables of a simulation in progress.
 struct State {
-    /// Which rank did which cell.
-    done: Done,
-    /// Per send (pair × 2 + 0 for SEND_F, 1 for SEND_B): 1 + the
-    /// half-step (step × 2 + pass) in which the rank its stage is placed
-    /// on did it first; 0 while it has not.
-    sent: Vec<u64>,
-    /// Per send: 1 + the first rank waiting for it (0: none).
-    head: Vec<u32>,
+    /// Per pair, everything the simulation knows of it, in one place so
+    /// that an action's lookups touch one cache line (the tables outgrow
+    /// the core's cache on large schedules).
+    pairs: Vec<PairState>,
+    /// Any other rank that did a cell (rank, pair × [`KINDS`] + kind slot),
+    /// besides the first one kept in [`PairState::done`] (only in a
+    /// malformed schedule).
+    others: HashSet<(usize, usize)>,
     /// Per rank: 1 + the next rank waiting for the same send (0: none).
     next_waiter: Vec<u32>,
 }
 
+/// What the simulation knows of one (stage, microbatch) pair.
+#[derive(Clone, Copy, Default)]
+struct PairState {
+    /// Per cell (F, B or I, RECV_F, RECV_B): 1 + the first rank that did
+    /// it; 0 while none has.
+    done: [u32; KINDS],
+    /// Per send (0: SEND_F, 1: SEND_B): 1 + the first rank waiting for it
+    /// (0: none).
+    head: [u32; 2],
+    /// Per send: 1 + the half-step (step × 2 + pass) in which the rank
+    /// its stage is placed on did it first; 0 while it has not.
+    sent: [u64; 2],
+}
+
 impl State {
-    /// `rank` waits for send `cell`.
-    fn wait(&mut self, rank: usize, cell: usize) {
-        self.next_waiter[rank] = self.head[cell];
-        self.head[cell] = rank as u32 + 1;
+    fn new(pairs: usize, ranks: usize) -> State {
+        State {
+            pairs: vec![PairState::default(); pairs],
+            others: HashSet::new(),
+            next_waiter: vec![0; ranks],
+        }
     }
 
-    /// Send `cell` was placed: every rank waiting for it can go on.
+    /// Makes room for `pairs` pairs (numbers never change as it grows).
+    #[cold]
+    fn grow(&mut self, pairs: usize) {
+        self.pairs.resize(pairs, PairState::default());
+    }
+
+    /// Records that `rank` did `cell` (pair × [`KINDS`] + kind slot).
     #[inline]
-    fn wake(&mut self, cell: usize, runnable: &mut Vec<usize>) {
-        let mut at = std::mem::take(&mut self.head[cell]);
+    fn insert(&mut self, rank: usize, cell: usize) {
+        let tag = rank as u32 + 1;
+        let slot = &mut self.pairs[cell / KINDS].done[cell % KINDS];
+        if *slot == 0 {
+            *slot = tag;
+        } else if *slot != tag {
+            self.others.insert((rank, cell));
+        }
+    }
+
+    /// Whether `rank` did `cell`.
+    #[inline]
+    fn has_cell(&self, rank: usize, cell: usize) -> bool {
+        self.pairs[cell / KINDS].done[cell % KINDS] == rank as u32 + 1
+            || (!self.others.is_empty() && self.others.contains(&(rank, cell)))
+    }
+
+    /// Where send `send` (pair × 2 + direction) was placed (see
+    /// [`PairState::sent`]).
+    #[inline]
+    fn sent(&self, send: usize) -> u64 {
+        self.pairs[send / 2].sent[send % 2]
+    }
+
+    /// Places send `send` in half-step `half`, if it was not placed yet:
+    /// every rank waiting for it can go on.
+    #[inline]
+    fn place_send(&mut self, send: usize, half: u64, runnable: &mut Vec<usize>) {
+        let pair = &mut self.pairs[send / 2];
+        if pair.sent[send % 2] != 0 {
+            return;
+        }
+        pair.sent[send % 2] = half + 1;
+        let mut at = std::mem::take(&mut pair.head[send % 2]);
         while at != 0 {
             let rank = at as usize - 1;
             runnable.push(rank);
             at = std::mem::take(&mut self.next_waiter[rank]);
         }
+    }
+
+    /// `rank` waits for send `send`.
+    fn wait(&mut self, rank: usize, send: usize) {
+        let head = &mut self.pairs[send / 2].head[send % 2];
+        self.next_waiter[rank] = *head;
+        *head = rank as u32 + 1;
     }
 }
 
@@ -207,21 +304,20 @@ impl<P: Pairs> Deps<'_, P> {
     #[inline(always)]
     fn run_simple(
         &self,
-        action: &Action,
+        (stage, kind, mb): (usize, ActionKind, usize),
         rank: usize,
         earliest: u64,
         state: &mut State,
         runnable: &mut Vec<usize>,
     ) -> Option<u64> {
-        let (stage, mb) = (action.stage(), action.microbatch_slot());
         let here = self.pairs.pair(stage, mb);
         let has = |pair: Option<usize>, k: usize| {
-            pair.is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+            pair.is_some_and(|p| state.has_cell(rank, p * KINDS + k))
         };
         let below = || stage.checked_sub(1).and_then(|s| self.pairs.pair(s, mb));
         let above = || self.pairs.pair(stage + 1, mb);
         // The cell this action records, once it runs.
-        let (ready, cell) = match action.kind() {
+        let (ready, cell) = match kind {
             ActionKind::Forward => (
                 stage == 0 || has(here, RECV_F) || has(below(), FORWARD),
                 FORWARD,
@@ -231,7 +327,7 @@ impl<P: Pairs> Deps<'_, P> {
                 BACKWARD,
             ),
             ActionKind::SendF | ActionKind::SendB => {
-                let ready = if action.kind() == ActionKind::SendF {
+                let ready = if kind == ActionKind::SendF {
                     has(here, FORWARD)
                 } else {
                     has(here, BACKWARD)
@@ -242,11 +338,8 @@ impl<P: Pairs> Deps<'_, P> {
                 // Only the place of a send by its stage's rank is ever
                 // asked about (by the receive).
                 if let Some(p) = here.filter(|_| self.stage_to_rank.get(stage) == Some(&rank)) {
-                    let cell = p * 2 + usize::from(action.kind() == ActionKind::SendB);
-                    if state.sent[cell] == 0 {
-                        state.sent[cell] = earliest + 1;
-                        state.wake(cell, runnable);
-                    }
+                    let cell = p * 2 + usize::from(kind == ActionKind::SendB);
+                    state.place_send(cell, earliest, runnable);
                 }
                 return Some(earliest);
             }
@@ -260,7 +353,7 @@ impl<P: Pairs> Deps<'_, P> {
                 };
                 let peer = self.peer(from)?;
                 let send = self.pairs.pair(from, mb)? * 2 + dir;
-                let after = match state.sent[send] {
+                let after = match state.sent(send) {
                     0 => {
                         state.wait(rank, send);
                         return None;
@@ -269,7 +362,7 @@ impl<P: Pairs> Deps<'_, P> {
                     placed => placed - 1 + u64::from(rank <= peer),
                 };
                 if let Some(p) = here {
-                    state.done.insert(rank, p * KINDS + cell);
+                    state.insert(rank, p * KINDS + cell);
                 }
                 return Some(after.max(earliest));
             }
@@ -283,7 +376,7 @@ impl<P: Pairs> Deps<'_, P> {
             return None;
         }
         if let Some(p) = here {
-            state.done.insert(rank, p * KINDS + cell);
+            state.insert(rank, p * KINDS + cell);
         }
         Some(earliest)
     }
@@ -307,15 +400,12 @@ impl<P: Pairs> Deps<'_, P> {
             kind @ (ActionKind::SendF | ActionKind::SendB) => {
                 if self.stage_to_rank.get(leaf.stage()) == Some(&rank) {
                     let cell = pair * 2 + usize::from(kind == ActionKind::SendB);
-                    if state.sent[cell] == 0 {
-                        state.sent[cell] = half + 1;
-                        state.wake(cell, runnable);
-                    }
+                    state.place_send(cell, half, runnable);
                 }
             }
             kind => {
                 if let Some(k) = pairs::kind_slot(kind) {
-                    state.done.insert(rank, pair * KINDS + k);
+                    state.insert(rank, pair * KINDS + k);
                 }
             }
         }
@@ -348,7 +438,7 @@ impl<P: Pairs> Deps<'_, P> {
         let has = |s: usize, k: usize| {
             self.pairs
                 .pair(s, mb)
-                .is_some_and(|p| state.done.has_cell(rank, p * KINDS + k))
+                .is_some_and(|p| state.has_cell(rank, p * KINDS + k))
         };
         let local = match action.kind() {
             ActionKind::Forward => stage == 0 || has(stage, RECV_F) || has(stage - 1, FORWARD),
@@ -387,7 +477,7 @@ impl<P: Pairs> Deps<'_, P> {
             return Input::Wait;
         };
         let cell = pair * 2 + dir;
-        match state.sent[cell] {
+        match state.sent(cell) {
             0 => {
                 state.wait(rank, cell);
                 Input::Wait

@@ -4,8 +4,57 @@
 use crate::action::Action;
 use crate::csv::Schedule;
 
-/// The step of an idle slot of the lowered schedule (it runs at none).
-pub(crate) const IDLE: usize = usize::MAX;
+/// The step of every slot of a lowered schedule, rank after rank (an idle
+/// slot's entry is never read): 32 bits each when every step fits, which
+/// halves what the simulator writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Steps {
+    /// Steps below `u32::MAX`.
+    Narrow(Vec<u32>),
+    /// Any step.
+    Wide(Vec<usize>),
+}
+
+impl Steps {
+    /// The step of slot `i`.
+    #[inline]
+    fn get(&self, i: usize) -> usize {
+        match self {
+            Steps::Narrow(at) => at[i] as usize,
+            Steps::Wide(at) => at[i],
+        }
+    }
+}
+
+/// One entry of [`Steps`]: `u32` or `usize`.
+pub(crate) trait Step: Copy {
+    /// The entry for `step` (which fits: the simulator picks the width).
+    fn of(step: u64) -> Self;
+    /// The entries as [`Steps`].
+    fn steps(at: Vec<Self>) -> Steps;
+}
+
+impl Step for u32 {
+    #[inline]
+    fn of(step: u64) -> u32 {
+        step as u32
+    }
+
+    fn steps(at: Vec<u32>) -> Steps {
+        Steps::Narrow(at)
+    }
+}
+
+impl Step for usize {
+    #[inline]
+    fn of(step: u64) -> usize {
+        step as usize
+    }
+
+    fn steps(at: Vec<usize>) -> Steps {
+        Steps::Wide(at)
+    }
+}
 
 /// A simulated run of a lowered schedule: the step every action of it
 /// runs at, per rank, kept beside the schedule it borrows (one number per
@@ -33,9 +82,8 @@ pub struct Timeline<'a> {
     lowered: &'a Schedule,
     /// Where each rank's slots start in `at` (one more entry at the end).
     offsets: Vec<usize>,
-    /// The step of every slot of `lowered`, rank after rank ([`IDLE`] for
-    /// an idle slot).
-    at: Vec<usize>,
+    /// The step of every slot of `lowered`, rank after rank.
+    at: Steps,
     steps: usize,
 }
 
@@ -43,7 +91,7 @@ impl<'a> Timeline<'a> {
     pub(crate) fn new(
         lowered: &'a Schedule,
         offsets: Vec<usize>,
-        at: Vec<usize>,
+        at: Steps,
         steps: usize,
     ) -> Timeline<'a> {
         Timeline {
@@ -74,13 +122,13 @@ impl<'a> Timeline<'a> {
     /// step (increasing); nothing for a rank that does not exist.
     pub fn rank(&self, rank: usize) -> impl Iterator<Item = (usize, &'a Action)> + '_ {
         let row = self.lowered.ranks.get(rank).map_or(&[][..], Vec::as_slice);
-        let at = match self.offsets.get(rank..rank + 2) {
-            Some(&[start, end]) => &self.at[start..end],
-            _ => &[],
+        let start = match self.offsets.get(rank..rank + 2) {
+            Some(&[start, _]) => start,
+            _ => 0,
         };
         row.iter()
-            .zip(at)
-            .filter_map(|(slot, &step)| Some((step, slot.as_ref()?)))
+            .enumerate()
+            .filter_map(move |(i, slot)| Some((self.at.get(start + i), slot.as_ref()?)))
     }
 
     /// The run drawn as a schedule: one slot per step on every rank,

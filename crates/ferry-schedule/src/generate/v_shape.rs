@@ -66,6 +66,10 @@ pub(super) fn zbv_rank(ranks: usize, micro: usize, rank: usize) -> Vec<Option<Ac
     }
     row.extend((w1..b1).map(|mb| act(chunk1, W, mb)));
     row.extend((w0..b0).map(|mb| act(chunk0, W, mb)));
+    if padded == micro {
+        // No padding microbatch was scheduled: nothing to drop.
+        return row;
+    }
     row.into_iter()
         .map(|slot| slot.filter(|a| a.microbatch().is_some_and(|mb| mb < micro)))
         .collect()
