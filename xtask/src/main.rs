@@ -25,6 +25,7 @@ mod setup;
 mod steps;
 mod table;
 mod test;
+mod ucx_bindings;
 #[cfg(test)]
 mod tidy;
 
@@ -53,6 +54,8 @@ commands:
         [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
                      --only: run or tabulate just that benchmark)
+  ucx-bindings      regenerate ferry-transport's UCX bindings (src/ucx/sys.rs) with bindgen
+                    against libucx-dev's headers (installs libucx-dev, libclang-dev, bindgen-cli)
   help              this text
 ";
 
@@ -74,6 +77,10 @@ fn run() -> Result<()> {
             test::main()
         }
         "bench" => bench::main(&bench::Options::parse(&rest)?),
+        "ucx-bindings" => {
+            no_args("ucx-bindings", &rest)?;
+            ucx_bindings::main()
+        }
         "" | "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
