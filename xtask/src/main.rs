@@ -25,9 +25,9 @@ mod setup;
 mod steps;
 mod table;
 mod test;
-mod ucx_bindings;
 #[cfg(test)]
 mod tidy;
+mod ucx_bindings;
 
 use anyhow::{bail, Result};
 

@@ -429,15 +429,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let Some(link) = self.channels.ucx.as_ref() else {
             return Err(self.bad_record("ucx record on a connection without ucx"));
         };
-        let bytes = dest.as_mut_bytes();
-        let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
-        // SAFETY: the bytes are the destination's, which moves into the
-        // request (a boxed buffer's bytes do not move with the box) and
-        // stays owned by it until UCX completed or cancelled it.
-        let pending = unsafe { link.recv(seq, ptr, len, dest) }?;
+        let len = dest.as_mut_bytes().len();
+        let pending = {
+            let ptr = dest.as_mut_bytes().as_mut_ptr();
+            // SAFETY: the bytes are the destination's, which moves into the
+            // request (a boxed buffer's bytes do not move with the box) and
+            // stays owned by it until UCX completed or cancelled it.
+            unsafe { link.recv(seq, ptr, len, Box::new(dest)) }?
+        };
         let stall = self.limits.frame_stall_timeout;
-        let (dest, got) = match tokio::time::timeout(stall, pending.done()).await {
-            Ok(r) => r?,
+        let (dest, got) = match tokio::time::timeout(stall, pending).await {
+            Ok(r) => {
+                let (keep, got) = r?;
+                let dest = keep.downcast::<Box<dyn RecvBuffer>>().map_err(|_| {
+                    TransportError::Alloc("a UCX receive returned another buffer".into())
+                })?;
+                (*dest, got)
+            }
             Err(_) => {
                 return Err(TransportError::Stalled {
                     peer: self.peer.clone(),

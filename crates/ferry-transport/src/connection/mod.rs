@@ -184,11 +184,11 @@ pub type PeerConnection = Connection<PeerReader, PeerWriter>;
 mod setup;
 mod stream;
 
-use setup::{accept_setup, bind_abstract, connect_setup, fresh_nonce};
 #[cfg(feature = "ucx")]
 use crate::ucx::UcxWorker;
 #[cfg(not(feature = "ucx"))]
 use no_ucx::UcxWorker;
+use setup::{accept_setup, bind_abstract, connect_setup, fresh_nonce};
 
 /// Stand-ins for a build without the `ucx` feature: never constructed.
 #[cfg(not(feature = "ucx"))]
@@ -367,25 +367,25 @@ impl PeerConnection {
         let nonce = fresh_nonce();
         // The connecting side offers UCX only with a worker whose address
         // it can send; a worker that cannot be created drops the offers.
+        #[cfg_attr(not(feature = "ucx"), allow(unused_mut))]
         let mut ucx_worker: Option<UcxWorker> = None;
         #[cfg(feature = "ucx")]
-        let narrowed;
-        #[cfg(feature = "ucx")]
-        let local = if role == Role::Connect && local.offers_ucx() {
+        let narrowed: Option<Endpoint> = if role == Role::Connect && local.offers_ucx() {
             match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
                 Ok(w) => {
                     ucx_worker = Some(w);
-                    local
+                    None
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "UCX offers withdrawn from this connection");
-                    narrowed = local.without_ucx();
-                    &narrowed
+                    Some(local.without_ucx())
                 }
             }
         } else {
-            local
+            None
         };
+        #[cfg(feature = "ucx")]
+        let local: &Endpoint = narrowed.as_ref().unwrap_or(local);
         let (agreement, setup) = match role {
             Role::Connect => {
                 let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
@@ -428,7 +428,10 @@ impl PeerConnection {
                     None
                 };
                 if agreement.needs_ucx() {
-                    ucx_worker = Some(UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin)?);
+                    ucx_worker = Some(UcxWorker::new(
+                        local.config.ucx_tls.as_deref(),
+                        local.config.ucx_spin,
+                    )?);
                 }
                 writer
                     .write(&handshake_message(local.handshake(
@@ -479,7 +482,9 @@ impl PeerConnection {
                 Some(worker.connect(address, &name)?)
             }
             _ if needs_ucx => {
-                return Err(fail("ucx is selected but this side has no UCX worker".into()))
+                return Err(fail(
+                    "ucx is selected but this side has no UCX worker".into(),
+                ))
             }
             _ => None,
         };

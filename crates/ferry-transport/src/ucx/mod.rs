@@ -31,8 +31,8 @@
 //!   (UCX reads them); [`ChannelConfig::ucx_tls`](crate::ChannelConfig)
 //!   (the RPC layer's `FERRY_UCX_TLS`) sets `UCX_TLS` for Ferry's context.
 
-pub mod sys;
 mod stream;
+pub mod sys;
 mod worker;
 
 use std::collections::HashMap;
@@ -151,7 +151,8 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     }
     // SAFETY: zeroed is a valid ucp_params_t (a plain C struct).
     let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
-    params.field_mask = (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64;
+    params.field_mask =
+        (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64;
     params.features = (sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_WAKEUP) as u64;
     params.mt_workers_shared = 1;
     let mut handle: sys::ucp_context_h = std::ptr::null_mut();

@@ -42,7 +42,7 @@ pub struct UcxReader {
     buf: Vec<u8>,
     pos: usize,
     end: usize,
-    posted: Option<Pending<Vec<u8>>>,
+    posted: Option<Pending>,
     eof: bool,
     tcp: OwnedReadHalf,
     tcp_closed: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -113,16 +113,19 @@ impl AsyncRead for UcxReader {
                 let tag = FRAME_TAG | this.seq;
                 // SAFETY: `buf` owns the bytes and moves into the request
                 // (a Vec's heap memory does not move with it).
-                let posted = unsafe { this.link.recv(tag, ptr, CHUNK, buf) };
+                let posted = unsafe { this.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
                 this.posted = Some(posted.map_err(to_io)?);
             }
             let Some(posted) = this.posted.as_mut() else {
                 continue;
             };
             match posted.poll_done(cx) {
-                Poll::Ready(Ok((buf, len))) => {
+                Poll::Ready(Ok((keep, len))) => {
                     this.posted = None;
-                    this.buf = buf;
+                    this.buf = keep
+                        .downcast::<Vec<u8>>()
+                        .map(|b| *b)
+                        .map_err(|_| io::Error::other("a UCX receive returned another buffer"))?;
                     this.seq += 1;
                     this.pos = 0;
                     this.end = len;

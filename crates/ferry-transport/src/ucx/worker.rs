@@ -69,7 +69,11 @@ impl Completion {
     }
 }
 
-unsafe extern "C" fn send_done(_request: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
+unsafe extern "C" fn send_done(
+    _request: *mut c_void,
+    status: sys::ucs_status_t,
+    user: *mut c_void,
+) {
     // SAFETY: `user` is the `Completion` of a request that keeps it alive
     // (in its `Pending` or in the in-flight list) until the request is freed.
     let c = unsafe { &*(user as *const Completion) };
@@ -245,8 +249,9 @@ impl Drop for Shared {
 }
 
 fn is_request(ptr: *mut c_void) -> bool {
-    // UCS_PTR_IS_ERR: the top 255 addresses are status codes; null is UCS_OK.
-    !ptr.is_null() && (ptr as usize) < (-(sys::UCS_ERR_LAST as isize)) as usize
+    // UCS_PTR_IS_ERR: addresses from (uintptr_t)UCS_ERR_LAST up are status
+    // codes; null is UCS_OK.
+    !ptr.is_null() && (ptr as usize) < (sys::UCS_ERR_LAST as isize) as usize
 }
 
 fn ptr_status(ptr: *mut c_void) -> sys::ucs_status_t {
@@ -338,7 +343,10 @@ impl UcxWorker {
         // SAFETY: a live worker; out-parameters.
         let status = unsafe { api.ucp_worker_get_address(worker, &mut addr, &mut len) };
         if status != sys::UCS_OK {
-            return Err(unavailable("reading the UCX worker's address failed", status));
+            return Err(unavailable(
+                "reading the UCX worker's address failed",
+                status,
+            ));
         }
         // SAFETY: UCX returned `len` bytes at `addr`, released right after.
         let address = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
@@ -382,18 +390,25 @@ impl UcxWorker {
         let api = shared.api;
         {
             let mut state = shared.lock();
+            // No peer failure handling mode: in UCX 1.13 it rules out the
+            // shared-memory transports (none has a peer failure handler),
+            // so on one host the link would fall back to UCX's TCP. The
+            // peer's exit is noticed on the connection's TCP socket instead
+            // (the `ucx` transport's reader watches it) and by the frame
+            // stall timeout. The error handler still reports what UCX
+            // reports.
             // SAFETY: zeroed is a valid parameter block.
             let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
             params.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64;
             params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
-            params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+            params.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
             params.err_handler.cb = Some(ep_failed);
             params.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
             let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
-            // SAFETY: a live worker; the address bytes outlive the call
-            // (UCX unpacks them); the handler's argument outlives the ep.
+            // SAFETY: a live worker; the address bytes outlive the call (UCX
+            // unpacks them); the handler's argument outlives the endpoint.
             let status = unsafe { api.ucp_ep_create(state.worker, &params, &mut ep) };
             if status != sys::UCS_OK {
                 return Err(TransportError::Channel {
@@ -518,18 +533,17 @@ impl UcxLink {
         len: usize,
     ) -> Result<Posted, TransportError> {
         let completion = Arc::new(Completion::default());
-        // SAFETY: zeroed is a valid info and parameter block.
-        let mut info: sys::ucp_tag_recv_info_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
+        // SAFETY: zeroed is a valid parameter block.
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        // Always a request, and the callback reports the length (UCX 1.13
+        // leaves the receive information of an immediate completion unset).
         param.op_attr_mask = (sys::UCP_OP_ATTR_FIELD_CALLBACK
             | sys::UCP_OP_ATTR_FIELD_USER_DATA
             | sys::UCP_OP_ATTR_FIELD_DATATYPE
-            | sys::UCP_OP_ATTR_FIELD_RECV_INFO) as u32;
+            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL) as u32;
         param.cb.recv = Some(recv_done);
         param.user_data = Arc::as_ptr(&completion) as *mut c_void;
         param.datatype = contig();
-        param.recv_info.tag_info = &mut info;
         // SAFETY: a live worker under the lock; the caller keeps the bytes.
         let req = unsafe {
             self.shared.api.ucp_tag_recv_nbx(
@@ -545,7 +559,10 @@ impl UcxLink {
             return Err(self.error("posting a UCX receive failed", ptr_status(req)));
         }
         if req.is_null() {
-            return Ok(Posted::Done(sys::UCS_OK, info.length));
+            return Err(self.error(
+                "UCX completed a receive without a request",
+                sys::UCS_ERR_INVALID_PARAM,
+            ));
         }
         Ok(Posted::Request(req, completion))
     }
@@ -589,13 +606,13 @@ impl UcxLink {
     /// # Safety
     /// `ptr..ptr+len` must be owned by `keep`, writable, and stay valid
     /// while it lives (moving `keep` must not move the bytes).
-    pub(crate) unsafe fn recv<K: Send + 'static>(
+    pub(crate) unsafe fn recv(
         &self,
         tag: u64,
         ptr: *mut u8,
         len: usize,
-        keep: K,
-    ) -> Result<Pending<K>, TransportError> {
+        keep: Box<dyn Any + Send>,
+    ) -> Result<Pending, TransportError> {
         if let Some(e) = self.failure() {
             return Err(e);
         }
@@ -633,25 +650,28 @@ fn contig() -> sys::ucp_datatype_t {
 }
 
 /// A posted receive, owning its buffer until UCX is done with it.
-pub(crate) struct Pending<K: Send + 'static> {
+pub(crate) struct Pending {
     link: UcxLink,
     request: *mut c_void,
     completion: Option<Arc<Completion>>,
     early: Option<(sys::ucs_status_t, usize)>,
-    keep: Option<K>,
+    keep: Option<Box<dyn Any + Send>>,
     spun: bool,
 }
 
 // SAFETY: the request pointer is only used under the link's lock.
-unsafe impl<K: Send + 'static> Send for Pending<K> {}
+unsafe impl Send for Pending {}
+// SAFETY: nothing is reachable through a shared reference (every method
+// takes `&mut self`).
+unsafe impl Sync for Pending {}
 
-impl<K: Send + 'static> Pending<K> {
+impl Pending {
     /// Polls for completion: `Ready` with the buffer and the received
     /// length, or an error (UCX's status, or the link's failure).
     pub(crate) fn poll_done(
         &mut self,
         cx: &mut TaskContext<'_>,
-    ) -> Poll<Result<(K, usize), TransportError>> {
+    ) -> Poll<Result<(Box<dyn Any + Send>, usize), TransportError>> {
         let shared = &self.link.shared;
         let mut result = self.early.take();
         if result.is_none() {
@@ -708,14 +728,16 @@ impl<K: Send + 'static> Pending<K> {
             None => Poll::Ready(Err(self.link.error("a UCX receive finished twice", status))),
         }
     }
+}
 
-    /// Waits for completion.
-    pub(crate) async fn done(mut self) -> Result<(K, usize), TransportError> {
-        std::future::poll_fn(|cx| self.poll_done(cx)).await
+impl std::future::Future for Pending {
+    type Output = Result<(Box<dyn Any + Send>, usize), TransportError>;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_done(cx)
     }
 }
 
-impl<K: Send + 'static> Drop for Pending<K> {
+impl Drop for Pending {
     fn drop(&mut self) {
         let Some(completion) = self.completion.take() else {
             return;
