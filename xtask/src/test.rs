@@ -29,6 +29,17 @@ const LINK_COMBINATIONS: &[(&str, &str)] = &[
     ("shm", "shm"),
     ("shm", "mpt"),
 ];
+/// (transport, channel, `UCX_TLS`) runs of the RPC suite built with the
+/// `ucx` feature: the `ucx` channel, then the `ucx` transport, each over
+/// UCX's TCP and over its shared-memory transports.
+const UCX_COMBINATIONS: &[(&str, &str, &str)] = &[
+    ("tcp", "ucx", "tcp"),
+    ("tcp", "ucx", "shm,self"),
+    ("ucx", "inline", "tcp"),
+    ("ucx", "inline", "shm,self"),
+];
+/// UCX's library, loaded at run time by the `ucx` feature.
+const LIBUCP: &str = "/usr/lib/x86_64-linux-gnu/libucp.so.0";
 
 /// `--workspace` plus one `--exclude` per crate in [`LIBTORCH_CRATES`].
 pub(crate) fn workspace_args() -> Vec<&'static str> {
@@ -58,6 +69,44 @@ fn with(prefix: &[&'static str], rest: &[&'static str]) -> Vec<&'static str> {
     args
 }
 
+/// The UCX tests (`ferry-transport`'s `tests/ucx.rs` and unit tests), then
+/// the RPC suite once per [`UCX_COMBINATIONS`], all built with the `ucx`
+/// feature. `runner` is `nextest run --profile P` or `test`.
+fn ucx_tests(steps: &mut Steps, runner: &[&'static str]) -> Result<()> {
+    if !std::path::Path::new(LIBUCP).exists() {
+        eprintln!("\n(UCX tests skipped: {LIBUCP} is missing and could not be installed)");
+        return Ok(());
+    }
+    steps.step("ucx: ferry-transport with feature ucx", || {
+        let mut args = runner.to_vec();
+        args.extend(["-p", "ferry-transport", "--features", "ucx", "--lib", "--test", "ucx"]);
+        run(&mut cargo(&args))
+    })?;
+    for (transport, channel, tls) in UCX_COMBINATIONS {
+        steps.step(
+            &format!("rpc suite over transport {transport}, channel {channel}, UCX_TLS={tls}"),
+            || {
+                let mut args = runner.to_vec();
+                args.extend(["-p", "ferry-rpc", "--features", "ucx", "--test", "rpc"]);
+                let mut c = cargo(&args);
+                if runner[0] == "nextest" {
+                    c.args([
+                        "-E",
+                        "not test(cma_across_user_namespaces_falls_back_to_shm)",
+                    ]);
+                } else {
+                    c.args(["--", "--skip", "cma_across_user_namespaces_falls_back_to_shm"]);
+                }
+                run(c.env("FERRY_TRANSPORTS", transport)
+                    .env("FERRY_CHANNELS", channel)
+                    .env("FERRY_SMALL_TENSOR_BYTES", "0")
+                    .env("UCX_TLS", tls))
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// Runs every CI step; stops at the first failure.
 pub(crate) fn main() -> Result<()> {
     let mut steps = Steps::default();
@@ -67,6 +116,11 @@ pub(crate) fn main() -> Result<()> {
     // The lighthouse dashboard's test drives headless Chromium.
     steps.step_with("setup: chromium (Debian)", || {
         ensure_debian_package("chromium", "/usr/bin/chromium")
+    })?;
+    // UCX's run-time library for the `ucx` channel and transport (without
+    // it their tests say they skipped).
+    steps.step_with("setup: libucx0 (Debian)", || {
+        ensure_debian_package("libucx0", LIBUCP)
     })?;
     // torchft 0.2.0's own clients and managers talk to Ferry's lighthouse
     // and managers in ferry-ft's interop tests.
@@ -83,6 +137,23 @@ pub(crate) fn main() -> Result<()> {
             &["clippy"],
             &["--all-targets", "--", "-D", "warnings"],
         )))
+    })?;
+    steps.step("clippy (feature ucx)", || {
+        run(&mut cargo(&[
+            "clippy",
+            "-p",
+            "ferry-transport",
+            "-p",
+            "ferry-rpc",
+            "-p",
+            "ferry",
+            "--features",
+            "ferry/ucx",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
     })?;
     if has_cargo_tool("nextest") {
         let ci = is_ci();
@@ -117,11 +188,13 @@ pub(crate) fn main() -> Result<()> {
                 },
             )?;
         }
+        ucx_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
     } else {
         eprintln!("\n(cargo-nextest not installed: using `cargo test`, doctests included)");
         steps.step("tests + doctests (cargo test)", || {
             run(&mut cargo(&with(&["test"], &[])))
         })?;
+        ucx_tests(&mut steps, &["test"])?;
     }
     // The shared-memory ring's lock-free protocol, model-checked.
     steps.step("loom (shm ring)", || {
