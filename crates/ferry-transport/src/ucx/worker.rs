@@ -759,3 +759,103 @@ impl Drop for Pending {
         shared.progress(&mut state);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{UcxLink, UcxWorker};
+
+    /// Two workers of this process connected to each other, or `None`
+    /// (with the reason printed) where UCX does not load.
+    fn linked(tls: &str) -> Option<(UcxLink, UcxLink)> {
+        if let Err(reason) = super::super::viability() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let spin = Duration::from_micros(20);
+        let a = UcxWorker::new(Some(tls), spin).unwrap();
+        let b = UcxWorker::new(Some(tls), spin).unwrap();
+        let (addr_a, addr_b) = (a.address().to_vec(), b.address().to_vec());
+        Some((a.connect(&addr_b, "b").unwrap(), b.connect(&addr_a, "a").unwrap()))
+    }
+
+    /// Owns bytes and says when it is dropped.
+    struct Watched {
+        bytes: Vec<u8>,
+        dropped: Arc<AtomicBool>,
+    }
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_send_keeps_its_bytes_until_ucx_completes_it() {
+        let Some((a, b)) = linked("shm,self") else {
+            return;
+        };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let len = 16 << 20;
+        let w = Watched {
+            bytes: (0..len).map(|i| i as u8).collect(),
+            dropped: dropped.clone(),
+        };
+        let ptr = w.bytes.as_ptr();
+        // SAFETY: `w` owns the bytes and is kept with the request.
+        unsafe { a.send_kept(5, ptr, len, Box::new(w)) }.unwrap();
+        // A rendezvous send cannot complete before the receiver posts.
+        assert!(!dropped.load(Ordering::SeqCst));
+        assert_eq!(a.in_flight(), 1);
+        let mut dest = vec![0u8; len];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let pending = unsafe { b.recv(5, dptr, len, Box::new(dest)) }.unwrap();
+        let (keep, got) = pending.await.unwrap();
+        assert_eq!(got, len);
+        let dest = keep.downcast::<Vec<u8>>().unwrap();
+        assert!(dest.iter().enumerate().all(|(i, &x)| x == i as u8));
+        // The sender's progress task completes the send and lets it go.
+        while !dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_receive_is_cancelled_and_its_buffer_kept_until_then() {
+        let Some((a, b)) = linked("tcp") else {
+            return;
+        };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let mut w = Watched {
+            bytes: vec![0u8; 64],
+            dropped: dropped.clone(),
+        };
+        let ptr = w.bytes.as_mut_ptr();
+        // SAFETY: `w` owns the bytes and moves into the request.
+        let pending = unsafe { b.recv(9, ptr, 64, Box::new(w)) }.unwrap();
+        drop(pending);
+        // Cancelled: the buffer is released once UCX reported it done.
+        while !dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        // The message with that tag goes to the next receive, whole.
+        let msg = vec![42u8; 64];
+        let mptr = msg.as_ptr();
+        // SAFETY: `msg` owns the bytes and is kept with the request.
+        unsafe { a.send_kept(9, mptr, 64, Box::new(msg)) }.unwrap();
+        let mut dest = vec![0u8; 64];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: as above.
+        let (keep, got) = unsafe { b.recv(9, dptr, 64, Box::new(dest)) }
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(got, 64);
+        assert_eq!(*keep.downcast::<Vec<u8>>().unwrap(), vec![42u8; 64]);
+    }
+}
