@@ -79,7 +79,15 @@ fn ucx_tests(steps: &mut Steps, runner: &[&'static str]) -> Result<()> {
     }
     steps.step("ucx: ferry-transport with feature ucx", || {
         let mut args = runner.to_vec();
-        args.extend(["-p", "ferry-transport", "--features", "ucx", "--lib", "--test", "ucx"]);
+        args.extend([
+            "-p",
+            "ferry-transport",
+            "--features",
+            "ucx",
+            "--lib",
+            "--test",
+            "ucx",
+        ]);
         run(&mut cargo(&args))
     })?;
     for (transport, channel, tls) in UCX_COMBINATIONS {
@@ -95,9 +103,14 @@ fn ucx_tests(steps: &mut Steps, runner: &[&'static str]) -> Result<()> {
                         "not test(cma_across_user_namespaces_falls_back_to_shm)",
                     ]);
                 } else {
-                    c.args(["--", "--skip", "cma_across_user_namespaces_falls_back_to_shm"]);
+                    c.args([
+                        "--",
+                        "--skip",
+                        "cma_across_user_namespaces_falls_back_to_shm",
+                    ]);
                 }
-                run(c.env("FERRY_TRANSPORTS", transport)
+                run(c
+                    .env("FERRY_TRANSPORTS", transport)
                     .env("FERRY_CHANNELS", channel)
                     .env("FERRY_SMALL_TENSOR_BYTES", "0")
                     .env("UCX_TLS", tls))

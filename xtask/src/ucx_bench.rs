@@ -42,7 +42,14 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(
         let mut client = Command::new(PERFTEST);
         client.arg("127.0.0.1");
         args(&mut client);
-        client.args(["-t", test, "-s", &size.to_string(), "-n", &iters.to_string()]);
+        client.args([
+            "-t",
+            test,
+            "-s",
+            &size.to_string(),
+            "-n",
+            &iters.to_string(),
+        ]);
         let o = client.output().context("running ucx_perftest")?;
         if o.status.success() {
             out = Some(String::from_utf8_lossy(&o.stdout).into_owned());
@@ -181,11 +188,14 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
     }
     let mut ucx_us = 0.0;
     let mut shm_us = 0.0;
-    steps.step("rpc_sync (empty): transport ucx (shm) vs Ferry's shm", || {
-        ucx_us = rpc_sync("ucx", Some("shm"))?;
-        shm_us = rpc_sync("shm", None)?;
-        Ok(())
-    })?;
+    steps.step(
+        "rpc_sync (empty): transport ucx (shm) vs Ferry's shm",
+        || {
+            ucx_us = rpc_sync("ucx", Some("shm"))?;
+            shm_us = rpc_sync("shm", None)?;
+            Ok(())
+        },
+    )?;
     rows.push(format!(
         "empty rpc_sync round trip   over ucx (UCX shm) {ucx_us:.2} us   over Ferry's shm {shm_us:.2} us   ucx/shm {:.2} (target <= 1) {}",
         ucx_us / shm_us,

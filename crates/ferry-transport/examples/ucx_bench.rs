@@ -173,7 +173,13 @@ async fn bandwidth(a: &Args, port: u16, size: usize) -> Result<f64, Error> {
 fn spawn_server(a: &Args, spin_us: u64) -> Result<(std::process::Child, u16), Error> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
-        .args(["--serve", "--tls", &a.tls, "--spin-us", &spin_us.to_string()])
+        .args([
+            "--serve",
+            "--tls",
+            &a.tls,
+            "--spin-us",
+            &spin_us.to_string(),
+        ])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();

@@ -80,12 +80,9 @@ async fn exchange(channels: &str, transports: &str, tls: &str, transport: &str, 
     let send = async { client.writer.write_batch(&batch).await.unwrap() };
     let recv = async {
         let mut got = Vec::new();
-        for i in 0..3 {
+        for (i, want) in expected.iter().enumerate() {
             let m: Mixed = decode(server.reader.read().await.unwrap().unwrap());
-            assert!(
-                m == expected[i],
-                "message {i} over {chosen}/{transport} differs"
-            );
+            assert!(&m == want, "message {i} over {chosen}/{transport} differs");
             got.push(m);
         }
         got

@@ -139,8 +139,9 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     // 9 GB/s at 4 MiB). `UCX_RNDV_SCHEME` in the environment still wins.
     if std::env::var_os("UCX_RNDV_SCHEME").is_none() {
         // SAFETY: `config` is live; both strings are NUL-terminated.
-        let status =
-            unsafe { api.ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"put_zcopy".as_ptr()) };
+        let status = unsafe {
+            api.ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"put_zcopy".as_ptr())
+        };
         if status != sys::UCS_OK {
             tracing::debug!(status = %status_text(api, status), "UCX refuses RNDV_SCHEME=put_zcopy");
         }

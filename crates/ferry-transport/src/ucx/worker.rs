@@ -47,7 +47,7 @@ pub(crate) struct Completion {
 
 impl Completion {
     fn complete(&self, status: sys::ucs_status_t, len: usize) {
-        self.status.store(status as i8, Ordering::Relaxed);
+        self.status.store(status, Ordering::Relaxed);
         self.len.store(len, Ordering::Relaxed);
         self.done.store(true, Ordering::Release);
         let waker = self.lock_waker().take();
@@ -60,7 +60,7 @@ impl Completion {
     }
     fn result(&self) -> (sys::ucs_status_t, usize) {
         (
-            self.status.load(Ordering::Relaxed) as sys::ucs_status_t,
+            self.status.load(Ordering::Relaxed),
             self.len.load(Ordering::Relaxed),
         )
     }
@@ -215,8 +215,8 @@ impl Drop for Shared {
         if !state.ep.is_null() {
             // SAFETY: zeroed is a valid parameter block; the endpoint is live.
             let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS as u32;
-            param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE as u32;
+            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
             // SAFETY: the endpoint is live and closed once.
             let req = unsafe { api.ucp_ep_close_nbx(state.ep, &param) };
             if is_request(req) {
@@ -312,10 +312,10 @@ impl UcxWorker {
         params.field_mask =
             (sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE | sys::UCP_WORKER_PARAM_FIELD_EVENTS) as u64;
         params.thread_mode = sys::UCS_THREAD_MODE_SERIALIZED;
-        params.events = (sys::UCP_WAKEUP_TAG_SEND
+        params.events = sys::UCP_WAKEUP_TAG_SEND
             | sys::UCP_WAKEUP_TAG_RECV
             | sys::UCP_WAKEUP_TX
-            | sys::UCP_WAKEUP_RX) as u32;
+            | sys::UCP_WAKEUP_RX;
         let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
         // SAFETY: a live context; out-parameter.
         let status = unsafe { api.ucp_worker_create(ctx.handle, &params, &mut worker) };
@@ -500,9 +500,9 @@ impl UcxLink {
         let completion = Arc::new(Completion::default());
         // SAFETY: zeroed is a valid parameter block.
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        param.op_attr_mask = (sys::UCP_OP_ATTR_FIELD_CALLBACK
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
             | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FIELD_DATATYPE) as u32;
+            | sys::UCP_OP_ATTR_FIELD_DATATYPE;
         param.cb.send = Some(send_done);
         param.user_data = Arc::as_ptr(&completion) as *mut c_void;
         param.datatype = contig();
@@ -537,10 +537,10 @@ impl UcxLink {
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         // Always a request, and the callback reports the length (UCX 1.13
         // leaves the receive information of an immediate completion unset).
-        param.op_attr_mask = (sys::UCP_OP_ATTR_FIELD_CALLBACK
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
             | sys::UCP_OP_ATTR_FIELD_USER_DATA
             | sys::UCP_OP_ATTR_FIELD_DATATYPE
-            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL) as u32;
+            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
         param.cb.recv = Some(recv_done);
         param.user_data = Arc::as_ptr(&completion) as *mut c_void;
         param.datatype = contig();
@@ -649,6 +649,10 @@ fn contig() -> sys::ucp_datatype_t {
     ((1u64) << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64
 }
 
+/// A finished receive: its buffer (the `keep` it was posted with) and the
+/// length UCX wrote.
+pub(crate) type Received = (Box<dyn Any + Send>, usize);
+
 /// A posted receive, owning its buffer until UCX is done with it.
 pub(crate) struct Pending {
     link: UcxLink,
@@ -671,7 +675,7 @@ impl Pending {
     pub(crate) fn poll_done(
         &mut self,
         cx: &mut TaskContext<'_>,
-    ) -> Poll<Result<(Box<dyn Any + Send>, usize), TransportError>> {
+    ) -> Poll<Result<Received, TransportError>> {
         let shared = &self.link.shared;
         let mut result = self.early.take();
         if result.is_none() {
@@ -731,7 +735,7 @@ impl Pending {
 }
 
 impl std::future::Future for Pending {
-    type Output = Result<(Box<dyn Any + Send>, usize), TransportError>;
+    type Output = Result<Received, TransportError>;
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         self.get_mut().poll_done(cx)
     }
@@ -779,7 +783,10 @@ mod tests {
         let a = UcxWorker::new(Some(tls), spin).unwrap();
         let b = UcxWorker::new(Some(tls), spin).unwrap();
         let (addr_a, addr_b) = (a.address().to_vec(), b.address().to_vec());
-        Some((a.connect(&addr_b, "b").unwrap(), b.connect(&addr_a, "a").unwrap()))
+        Some((
+            a.connect(&addr_b, "b").unwrap(),
+            b.connect(&addr_a, "a").unwrap(),
+        ))
     }
 
     /// Owns bytes and says when it is dropped.
