@@ -40,6 +40,9 @@ pub struct UcxReader {
     link: UcxLink,
     seq: u64,
     buf: Vec<u8>,
+    /// The buffer of the next receive, posted as soon as one completes so
+    /// the next chunk lands straight in it.
+    spare: Vec<u8>,
     pos: usize,
     end: usize,
     posted: Option<Pending>,
@@ -53,7 +56,8 @@ impl UcxReader {
         UcxReader {
             link,
             seq: 0,
-            buf: vec![0u8; CHUNK],
+            buf: Vec::new(),
+            spare: Vec::new(),
             pos: 0,
             end: 0,
             posted: None,
@@ -61,6 +65,19 @@ impl UcxReader {
             tcp,
             tcp_closed: None,
         }
+    }
+
+    /// Posts the receive of chunk `seq` into the spare buffer.
+    fn post(&mut self) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.spare);
+        buf.resize(CHUNK, 0);
+        let ptr = buf.as_mut_ptr();
+        let tag = FRAME_TAG | self.seq;
+        // SAFETY: `buf` owns the bytes and moves into the request (a Vec's
+        // heap memory does not move with it).
+        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
+        self.posted = Some(posted.map_err(to_io)?);
+        Ok(())
     }
 
     /// The TCP connection beside: it carries nothing after the handshake,
@@ -107,14 +124,7 @@ impl AsyncRead for UcxReader {
                 return Poll::Ready(Ok(()));
             }
             if this.posted.is_none() {
-                let mut buf = std::mem::take(&mut this.buf);
-                buf.resize(CHUNK, 0);
-                let ptr = buf.as_mut_ptr();
-                let tag = FRAME_TAG | this.seq;
-                // SAFETY: `buf` owns the bytes and moves into the request
-                // (a Vec's heap memory does not move with it).
-                let posted = unsafe { this.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
-                this.posted = Some(posted.map_err(to_io)?);
+                this.post()?;
             }
             let Some(posted) = this.posted.as_mut() else {
                 continue;
@@ -122,15 +132,18 @@ impl AsyncRead for UcxReader {
             match posted.poll_done(cx) {
                 Poll::Ready(Ok((keep, len))) => {
                     this.posted = None;
-                    this.buf = keep
+                    let done = keep
                         .downcast::<Vec<u8>>()
                         .map(|b| *b)
                         .map_err(|_| io::Error::other("a UCX receive returned another buffer"))?;
+                    this.spare = std::mem::replace(&mut this.buf, done);
                     this.seq += 1;
                     this.pos = 0;
                     this.end = len;
                     if len == 0 {
                         this.eof = true;
+                    } else {
+                        this.post()?;
                     }
                 }
                 Poll::Ready(Err(e)) => {

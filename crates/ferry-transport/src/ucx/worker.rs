@@ -69,24 +69,15 @@ impl Completion {
     }
 }
 
-unsafe extern "C" fn send_done(
-    _request: *mut c_void,
-    status: sys::ucs_status_t,
-    user: *mut c_void,
-) {
-    // SAFETY: `user` is the `Completion` of a request that keeps it alive
-    // (in its `Pending` or in the in-flight list) until the request is freed.
-    let c = unsafe { &*(user as *const Completion) };
-    c.complete(status, 0);
-}
-
 unsafe extern "C" fn recv_done(
     _request: *mut c_void,
     status: sys::ucs_status_t,
     info: *const sys::ucp_tag_recv_info_t,
     user: *mut c_void,
 ) {
-    // SAFETY: as in `send_done`; `info` is valid for the call when non-null.
+    // SAFETY: `user` is the `Completion` of a request that keeps it alive
+    // (in its `Pending` or in the in-flight list) until the request is
+    // freed; `info` is valid for the call when non-null.
     let c = unsafe { &*(user as *const Completion) };
     let len = if info.is_null() {
         0
@@ -111,7 +102,9 @@ unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys
 /// A request UCX has not completed, with what it owns.
 struct Inflight {
     request: *mut c_void,
-    completion: Arc<Completion>,
+    /// `None`: a send posted without a callback, checked with
+    /// `ucp_request_check_status`.
+    completion: Option<Arc<Completion>>,
     /// What UCX reads or writes, dropped only once the request is done.
     _keep: Box<dyn Any + Send>,
 }
@@ -183,10 +176,15 @@ impl Shared {
         }
         let api = self.api;
         state.inflight.retain(|f| {
-            if !f.completion.is_done() {
-                return true;
-            }
-            let (status, _) = f.completion.result();
+            let status = match &f.completion {
+                Some(c) if !c.is_done() => return true,
+                Some(c) => c.result().0,
+                // SAFETY: a live request of this worker, under the lock.
+                None => match unsafe { api.ucp_request_check_status(f.request) } {
+                    sys::UCS_INPROGRESS => return true,
+                    status => status,
+                },
+            };
             if status != sys::UCS_OK && status != sys::UCS_ERR_CANCELED {
                 tracing::debug!(status = %status_text(api, status), "a UCX send failed");
             }
@@ -463,14 +461,6 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Where a posted operation stands.
-enum Posted {
-    /// UCX completed it in the call.
-    Done(sys::ucs_status_t, usize),
-    /// A request to wait for.
-    Request(*mut c_void, Arc<Completion>),
-}
-
 impl UcxLink {
     /// Why the link failed, if it did.
     pub(crate) fn failure(&self) -> Option<TransportError> {
@@ -485,42 +475,6 @@ impl UcxLink {
         }
     }
 
-    /// Posts a tagged send of `len` bytes at `ptr`.
-    ///
-    /// # Safety
-    /// The bytes must stay valid until the request completes (the caller
-    /// hands their owner to [`Self::keep_until_done`] or a [`Pending`]).
-    unsafe fn post_send(
-        &self,
-        state: &mut State,
-        tag: u64,
-        ptr: *const u8,
-        len: usize,
-    ) -> Result<Posted, TransportError> {
-        let completion = Arc::new(Completion::default());
-        // SAFETY: zeroed is a valid parameter block.
-        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
-            | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FIELD_DATATYPE;
-        param.cb.send = Some(send_done);
-        param.user_data = Arc::as_ptr(&completion) as *mut c_void;
-        param.datatype = contig();
-        // SAFETY: a live endpoint under the lock; the caller keeps the bytes.
-        let ptr = unsafe {
-            self.shared
-                .api
-                .ucp_tag_send_nbx(state.ep, ptr as *const c_void, len, tag, &param)
-        };
-        if is_error_ptr(ptr) {
-            return Err(self.error("posting a UCX send failed", ptr_status(ptr)));
-        }
-        if ptr.is_null() {
-            return Ok(Posted::Done(sys::UCS_OK, len));
-        }
-        Ok(Posted::Request(ptr, completion))
-    }
-
     /// Posts a tagged receive of at most `len` bytes into `ptr`.
     ///
     /// # Safety
@@ -531,7 +485,7 @@ impl UcxLink {
         tag: u64,
         ptr: *mut u8,
         len: usize,
-    ) -> Result<Posted, TransportError> {
+    ) -> Result<(*mut c_void, Arc<Completion>), TransportError> {
         let completion = Arc::new(Completion::default());
         // SAFETY: zeroed is a valid parameter block.
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -564,7 +518,7 @@ impl UcxLink {
                 sys::UCS_ERR_INVALID_PARAM,
             ));
         }
-        Ok(Posted::Request(req, completion))
+        Ok((req, completion))
     }
 
     /// Sends `len` bytes at `ptr` with `tag`, fire and forget: `keep`
@@ -583,14 +537,28 @@ impl UcxLink {
             return Err(e);
         }
         let mut state = self.shared.lock();
-        // SAFETY: `keep` owns the bytes; it goes to the in-flight list.
-        match unsafe { self.post_send(&mut state, tag, ptr, len)? } {
-            Posted::Done(..) => {}
-            Posted::Request(request, completion) => state.inflight.push(Inflight {
+        // No callback: nobody waits for a fire-and-forget send; the sweep
+        // checks its status.
+        // SAFETY: zeroed is a valid parameter block.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE;
+        param.datatype = contig();
+        // SAFETY: a live endpoint under the lock; `keep` owns the bytes and
+        // goes to the in-flight list until UCX is done with them.
+        let request = unsafe {
+            self.shared
+                .api
+                .ucp_tag_send_nbx(state.ep, ptr as *const c_void, len, tag, &param)
+        };
+        if is_error_ptr(request) {
+            return Err(self.error("posting a UCX send failed", ptr_status(request)));
+        }
+        if !request.is_null() {
+            state.inflight.push(Inflight {
                 request,
-                completion,
+                completion: None,
                 _keep: keep,
-            }),
+            });
         }
         Ok(())
     }
@@ -618,28 +586,15 @@ impl UcxLink {
         }
         let mut state = self.shared.lock();
         // SAFETY: `keep` owns the bytes and travels with the request.
-        let posted = unsafe { self.post_recv(&mut state, tag, ptr, len)? };
-        Ok(match posted {
-            Posted::Done(status, len) => Pending {
-                link: self.clone(),
-                request: std::ptr::null_mut(),
-                completion: None,
-                early: Some((status, len)),
-                keep: Some(keep),
-                spun: false,
-            },
-            Posted::Request(request, completion) => {
-                state.waiters.push(Arc::downgrade(&completion));
-                state.waiters.retain(|w| w.strong_count() > 0);
-                Pending {
-                    link: self.clone(),
-                    request,
-                    completion: Some(completion),
-                    early: None,
-                    keep: Some(keep),
-                    spun: false,
-                }
-            }
+        let (request, completion) = unsafe { self.post_recv(&mut state, tag, ptr, len)? };
+        state.waiters.retain(|w| w.strong_count() > 0);
+        state.waiters.push(Arc::downgrade(&completion));
+        Ok(Pending {
+            link: self.clone(),
+            request,
+            completion: Some(completion),
+            keep: Some(keep),
+            spun: false,
         })
     }
 }
@@ -658,7 +613,6 @@ pub(crate) struct Pending {
     link: UcxLink,
     request: *mut c_void,
     completion: Option<Arc<Completion>>,
-    early: Option<(sys::ucs_status_t, usize)>,
     keep: Option<Box<dyn Any + Send>>,
     spun: bool,
 }
@@ -677,52 +631,52 @@ impl Pending {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Result<Received, TransportError>> {
         let shared = &self.link.shared;
-        let mut result = self.early.take();
-        if result.is_none() {
-            let Some(c) = self.completion.clone() else {
-                return Poll::Ready(Err(TransportError::Channel {
-                    channel: channel::UCX,
-                    peer: shared.peer.clone(),
-                    reason: "a UCX receive was polled after it finished".into(),
-                }));
-            };
-            if !c.is_done() {
-                if !self.spun {
-                    self.spun = true;
-                    let until = Instant::now() + shared.spin;
-                    loop {
-                        if let Ok(mut state) = shared.state.try_lock() {
-                            // SAFETY: a live worker, under the lock.
-                            unsafe { shared.api.ucp_worker_progress(state.worker) };
-                            if c.is_done() {
-                                shared.progress(&mut state);
-                            }
+        let Some(c) = self.completion.clone() else {
+            return Poll::Ready(Err(TransportError::Channel {
+                channel: channel::UCX,
+                peer: shared.peer.clone(),
+                reason: "a UCX receive was polled after it finished".into(),
+            }));
+        };
+        if !c.is_done() {
+            if !self.spun {
+                // A bounded spin on progress, once per wait.
+                self.spun = true;
+                let until = Instant::now() + shared.spin;
+                loop {
+                    if let Ok(mut state) = shared.state.try_lock() {
+                        // SAFETY: a live worker, under the lock.
+                        unsafe { shared.api.ucp_worker_progress(state.worker) };
+                        if c.is_done() {
+                            shared.progress(&mut state);
                         }
-                        if c.is_done() || Instant::now() >= until {
-                            break;
-                        }
-                        std::hint::spin_loop();
                     }
-                }
-                if !c.is_done() {
-                    *c.lock_waker() = Some(cx.waker().clone());
-                    if !c.is_done() {
-                        if let Some(e) = shared.failure() {
-                            return Poll::Ready(Err(e));
-                        }
-                        return Poll::Pending;
+                    if c.is_done() || Instant::now() >= until {
+                        break;
                     }
+                    std::hint::spin_loop();
                 }
             }
-            self.spun = false;
-            result = Some(c.result());
-            let request = std::mem::replace(&mut self.request, std::ptr::null_mut());
-            self.completion = None;
+            if !c.is_done() {
+                *c.lock_waker() = Some(cx.waker().clone());
+                if !c.is_done() {
+                    if let Some(e) = shared.failure() {
+                        return Poll::Ready(Err(e));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.spun = false;
+        let result = c.result();
+        let request = std::mem::replace(&mut self.request, std::ptr::null_mut());
+        self.completion = None;
+        {
             let _state = shared.lock();
             // SAFETY: completed; freed once, under the lock.
             unsafe { shared.api.ucp_request_free(request) };
         }
-        let (status, len) = result.unwrap_or((sys::UCS_OK, 0));
+        let (status, len) = result;
         let keep = self.keep.take();
         if status != sys::UCS_OK {
             return Poll::Ready(Err(self.link.error("a UCX receive failed", status)));
@@ -757,7 +711,7 @@ impl Drop for Pending {
         // it with UCS_ERR_CANCELED, or the data arrived first).
         state.inflight.push(Inflight {
             request: self.request,
-            completion,
+            completion: Some(completion),
             _keep: Box::new(keep),
         });
         shared.progress(&mut state);
