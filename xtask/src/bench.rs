@@ -1636,12 +1636,16 @@ mod tests {
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
             format!("{err}")
-                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline}"),
+                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx}"),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
         assert!(o.runs(Bench::Autograd) && !o.runs(Bench::Rref) && !o.runs(Bench::Criterion));
         assert!(Options::default().runs(Bench::Autograd));
+        // `ucx` runs only when asked for.
+        assert!(!Options::default().runs(Bench::Ucx));
+        let o = Options::parse(&["--only".into(), "ucx".into()]).expect("valid");
+        assert!(o.runs(Bench::Ucx) && !o.runs(Bench::Rpc));
         let o = Options::parse(&["--only".into(), "lighthouse".into()]).expect("valid");
         assert!(o.runs(Bench::Lighthouse) && !o.runs(Bench::Autograd) && !o.runs(Bench::Rpc));
         assert!(Options::default().runs(Bench::Lighthouse));
