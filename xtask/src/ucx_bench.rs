@@ -75,12 +75,13 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(
     Ok((cols[1], cols[5]))
 }
 
-/// Ferry's `ucx_bench` for `tls`.
-fn ferry(tls: &str) -> Result<Value> {
+/// Ferry's `ucx_bench` for `tls`, over `channel` and `transport`.
+fn ferry(tls: &str, channel: &str, transport: &str) -> Result<Value> {
     let exe = release_binary("examples/ucx_bench");
     let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
     let o = Command::new(&exe)
         .args(["--tls", tls, "--sizes", &sizes.join(",")])
+        .args(["--channel", channel, "--transport", transport])
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", exe.display()))?;
@@ -156,7 +157,7 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
             }
             cell = json!({
                 "ucx_perftest": {"latency_us": lat, "bandwidth_mb_s": bw},
-                "ferry": ferry(tls)?,
+                "ferry": ferry(tls, "ucx", "ucx")?,
             });
             Ok(())
         })?;
@@ -186,6 +187,37 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
         ));
         result[tls] = cell;
     }
+    // One host: the same measurement over Ferry's own same-host channels,
+    // which sets the `ucx` channel's priority below or above them.
+    let mut same_host = json!({});
+    steps.step("same host: cma and shm channels (shm transport)", || {
+        for ch in ["cma", "shm"] {
+            same_host[ch] = ferry("shm", ch, "shm")?;
+        }
+        Ok(())
+    })?;
+    for size in SIZES {
+        let key = size.to_string();
+        let get = |v: &Value| v["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0);
+        let u = get(&result["shm"]["ferry"]);
+        let (c, m) = (get(&same_host["cma"]), get(&same_host["shm"]));
+        rows.push(format!(
+            "same host, {:>3} MiB: ucx (UCX shm) {u:.1} MB/s, cma {c:.1} MB/s, shm {m:.1} MB/s: {} wins",
+            size >> 20,
+            [("ucx", u), ("cma", c), ("shm", m)]
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or("none", |w| w.0)
+        ));
+    }
+    let lat = |v: &Value| v["latency_us"].as_f64().unwrap_or(0.0);
+    rows.push(format!(
+        "same host, one-way 8 B: ucx {:.2} us, cma {:.2} us, shm {:.2} us (each over its transport)",
+        lat(&result["shm"]["ferry"]),
+        lat(&same_host["cma"]),
+        lat(&same_host["shm"])
+    ));
+    result["same_host"] = same_host;
     let mut ucx_us = 0.0;
     let mut shm_us = 0.0;
     steps.step(

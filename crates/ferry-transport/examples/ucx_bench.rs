@@ -10,7 +10,12 @@
 //!   one 8-byte tensor that the server echoes, with the configured spin
 //!   and with none (the worker's event fd at once).
 //!
-//! Usage: `ucx_bench [--tls shm] [--sizes 4194304,67108864] [--iters 20000]`
+//! `--channel` and `--transport` measure another channel the same way
+//! (`cma` or `shm` over the `shm` transport: the same-host comparison that
+//! sets the `ucx` channel's priority).
+//!
+//! Usage: `ucx_bench [--tls shm] [--channel ucx] [--transport ucx]
+//! [--sizes 4194304,67108864] [--iters 20000]`
 //! (`--serve` is the server side, which the client starts itself). Prints
 //! one JSON object.
 #![allow(clippy::unwrap_used)]
@@ -30,6 +35,8 @@ const ACK: u64 = 1 << 62;
 struct Args {
     serve: bool,
     tls: String,
+    channel: String,
+    transport: String,
     spin_us: u64,
     sizes: Vec<usize>,
     iters: usize,
@@ -40,6 +47,8 @@ fn args() -> Result<Args, Error> {
     let mut a = Args {
         serve: false,
         tls: "shm".into(),
+        channel: "ucx".into(),
+        transport: "ucx".into(),
         spin_us: ferry_transport::DEFAULT_UCX_SPIN.as_micros() as u64,
         sizes: vec![4 << 20, 64 << 20],
         iters: 20_000,
@@ -51,6 +60,8 @@ fn args() -> Result<Args, Error> {
         match arg.as_str() {
             "--serve" => a.serve = true,
             "--tls" => a.tls = value()?,
+            "--channel" => a.channel = value()?,
+            "--transport" => a.transport = value()?,
             "--spin-us" => a.spin_us = value()?.parse()?,
             "--iters" => a.iters = value()?.parse()?,
             "--bytes-per-run" => a.bytes_per_run = value()?.parse()?,
@@ -68,8 +79,8 @@ fn args() -> Result<Args, Error> {
 
 fn endpoint(a: &Args, spin_us: u64) -> Result<Endpoint, Error> {
     let mut e = Endpoint::new(if a.serve { "server" } else { "client" }, 0);
-    e.channels = channel::parse_channels("ucx")?;
-    e.transports = channel::parse_transports("ucx")?;
+    e.channels = channel::parse_channels(&a.channel)?;
+    e.transports = channel::parse_transports(&a.transport)?;
     e.config.small_tensor_bytes = 0;
     e.config.ucx_tls = Some(a.tls.clone());
     e.config.ucx_spin = Duration::from_micros(spin_us);
@@ -115,8 +126,16 @@ async fn serve(a: Args) -> Result<(), Error> {
 async fn connect(a: &Args, port: u16, spin_us: u64) -> Result<PeerConnection, Error> {
     let addr = format!("127.0.0.1:{port}").parse()?;
     let conn = PeerConnection::connect(addr, &endpoint(a, spin_us)?).await?;
-    assert_eq!(conn.transport, "ucx");
-    assert_eq!(conn.outgoing_channels()[0].channel, "ucx");
+    if conn.transport != a.transport || conn.outgoing_channels()[0].channel != a.channel {
+        return Err(format!(
+            "asked for transport {} and channel {}, got {} and {:?}",
+            a.transport,
+            a.channel,
+            conn.transport,
+            conn.outgoing_channels()
+        )
+        .into());
+    }
     Ok(conn)
 }
 
@@ -215,7 +234,9 @@ async fn client(a: Args) -> Result<(), Error> {
     let _ = child.wait();
     let lat_nospin = lat_nospin?;
     println!(
-        "{{\"tls\": \"{}\", \"spin_us\": {}, \"bandwidth_mb_s\": {{{}}}, \"latency_us\": {lat:.3}, \"latency_us_no_spin\": {lat_nospin:.3}}}",
+        "{{\"channel\": \"{}\", \"transport\": \"{}\", \"tls\": \"{}\", \"spin_us\": {}, \"bandwidth_mb_s\": {{{}}}, \"latency_us\": {lat:.3}, \"latency_us_no_spin\": {lat_nospin:.3}}}",
+        a.channel,
+        a.transport,
         a.tls,
         a.spin_us,
         bw.join(", ")
