@@ -294,6 +294,23 @@ impl Drop for StopOnDrop {
 pub(crate) struct UcxWorker {
     shared: Arc<Shared>,
     address: Vec<u8>,
+    /// Whether UCX's transports may include one with peer failure
+    /// detection (see [`UcxWorker::connect`]).
+    peer_mode: bool,
+}
+
+/// Whether a `UCX_TLS` list (`None`: UCX's default, every transport) names
+/// a transport other than the shared-memory ones, which have no peer
+/// failure detection in UCX 1.13.
+fn may_detect_peer_failure(tls: Option<&str>) -> bool {
+    tls.is_none_or(|list| {
+        list.split(',').map(str::trim).any(|t| {
+            !matches!(
+                t.trim_start_matches('^'),
+                "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | ""
+            )
+        })
+    })
 }
 
 impl UcxWorker {
@@ -366,7 +383,13 @@ impl UcxWorker {
         if let Some(s) = Arc::get_mut(&mut shared) {
             s.efd = Some(fd);
         }
-        Ok(UcxWorker { shared, address })
+        let env_tls = std::env::var("UCX_TLS").ok();
+        let peer_mode = may_detect_peer_failure(tls.or(env_tls.as_deref()));
+        Ok(UcxWorker {
+            shared,
+            address,
+            peer_mode,
+        })
     }
 
     /// The worker's address, for the peer.
@@ -381,33 +404,53 @@ impl UcxWorker {
         peer_address: &[u8],
         peer: &str,
     ) -> Result<UcxLink, TransportError> {
-        let UcxWorker { mut shared, .. } = self;
+        let UcxWorker {
+            mut shared,
+            peer_mode,
+            ..
+        } = self;
         if let Some(s) = Arc::get_mut(&mut shared) {
             s.peer = peer.to_owned();
         }
         let api = shared.api;
         {
             let mut state = shared.lock();
-            // No peer failure handling mode: in UCX 1.13 it rules out the
-            // shared-memory transports (none has a peer failure handler),
-            // so on one host the link would fall back to UCX's TCP. The
-            // peer's exit is noticed on the connection's TCP socket instead
-            // (the `ucx` transport's reader watches it) and by the frame
-            // stall timeout. The error handler still reports what UCX
-            // reports.
-            // SAFETY: zeroed is a valid parameter block.
-            let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-            params.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64;
-            params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
-            params.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
-            params.err_handler.cb = Some(ep_failed);
-            params.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
+            // Peer failure handling where UCX's transports have it (its TCP
+            // and network transports): without it, UCX 1.13 aborts the
+            // process (an assertion in `ucp_ep_set_failed`) when a peer's
+            // TCP endpoint fails. Its shared-memory transports have none:
+            // with only those, the endpoint goes without (the peer's exit is
+            // noticed on the connection's TCP socket, which the `ucx`
+            // transport's reader watches, and by the frame stall timeout).
+            let modes: &[sys::ucp_err_handling_mode_t] = if peer_mode {
+                &[
+                    sys::UCP_ERR_HANDLING_MODE_PEER,
+                    sys::UCP_ERR_HANDLING_MODE_NONE,
+                ]
+            } else {
+                &[sys::UCP_ERR_HANDLING_MODE_NONE]
+            };
+            let mut status = sys::UCS_ERR_UNREACHABLE;
             let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
-            // SAFETY: a live worker; the address bytes outlive the call (UCX
-            // unpacks them); the handler's argument outlives the endpoint.
-            let status = unsafe { api.ucp_ep_create(state.worker, &params, &mut ep) };
+            for &mode in modes {
+                // SAFETY: zeroed is a valid parameter block.
+                let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
+                params.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                    as u64;
+                params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
+                params.err_mode = mode;
+                params.err_handler.cb = Some(ep_failed);
+                params.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
+                // SAFETY: a live worker; the address bytes outlive the call
+                // (UCX unpacks them); the handler's argument outlives the
+                // endpoint.
+                status = unsafe { api.ucp_ep_create(state.worker, &params, &mut ep) };
+                if status != sys::UCS_ERR_UNREACHABLE {
+                    break;
+                }
+            }
             if status != sys::UCS_OK {
                 return Err(TransportError::Channel {
                     channel: channel::UCX,
