@@ -43,7 +43,7 @@ const MAX_IOV: usize = 512;
 /// Read buffer: small frames are read many at a time.
 const READ_BUFFER: usize = 64 << 10;
 /// Default for [`ChannelConfig::ucx_spin`].
-pub const DEFAULT_UCX_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+pub const DEFAULT_UCX_SPIN: std::time::Duration = crate::shm::SPIN_BUDGET;
 /// Default for [`ChannelConfig::small_tensor_bytes`].
 pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
 /// Tensors at least this large are pulled by `cma` off the async runtime's

@@ -36,11 +36,14 @@ pub enum PeerWriter {
 }
 
 impl PeerReader {
-    /// See [`ShmReader::yield_before_spin`]; nothing on TCP, whose reads
-    /// do not spin.
+    /// See [`ShmReader::yield_before_spin`] (the `ucx` transport's reader
+    /// does the same); nothing on TCP, whose reads do not spin.
     pub fn yield_before_spin(&mut self) {
-        if let PeerReader::Shm(r, _) = self {
-            r.yield_before_spin();
+        match self {
+            PeerReader::Shm(r, _) => r.yield_before_spin(),
+            #[cfg(feature = "ucx")]
+            PeerReader::Ucx(r) => r.yield_before_spin(),
+            PeerReader::Tcp(_) => {}
         }
     }
 }

@@ -49,9 +49,19 @@ pub struct UcxReader {
     eof: bool,
     tcp: OwnedReadHalf,
     tcp_closed: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Yield to the tokio scheduler once before the next wait spins.
+    yield_first: bool,
 }
 
 impl UcxReader {
+    /// The next time a read finds no chunk, yield to the tokio scheduler
+    /// once before spinning (like [`ShmReader::yield_before_spin`]
+    /// (crate::shm::ShmReader::yield_before_spin)): a task this reader's
+    /// last message woke runs first, on this thread.
+    pub fn yield_before_spin(&mut self) {
+        self.yield_first = true;
+    }
+
     pub(crate) fn new(link: UcxLink, tcp: OwnedReadHalf) -> Self {
         UcxReader {
             link,
@@ -64,6 +74,7 @@ impl UcxReader {
             eof: false,
             tcp,
             tcp_closed: None,
+            yield_first: false,
         }
     }
 
@@ -129,6 +140,10 @@ impl AsyncRead for UcxReader {
             let Some(posted) = this.posted.as_mut() else {
                 continue;
             };
+            if std::mem::take(&mut this.yield_first) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             match posted.poll_done(cx) {
                 Poll::Ready(Ok((keep, len))) => {
                     this.posted = None;

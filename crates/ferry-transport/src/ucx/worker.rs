@@ -22,7 +22,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
@@ -657,6 +657,7 @@ pub(crate) struct Pending {
     request: *mut c_void,
     completion: Option<Arc<Completion>>,
     keep: Option<Box<dyn Any + Send>>,
+    /// Whether this wait has spun already.
     spun: bool,
 }
 
@@ -682,11 +683,14 @@ impl Pending {
             }));
         };
         if !c.is_done() {
+            // A bounded spin on progress, once per wait, the way the `shm`
+            // transport's rings wait: rounds of checks with the CPU yielded
+            // to the OS in between, so a thread with work on this core (often
+            // the one about to answer) runs first; then sleep until the
+            // progress task wakes this one.
             if !self.spun {
-                // A bounded spin on progress, once per wait.
                 self.spun = true;
-                let until = Instant::now() + shared.spin;
-                loop {
+                crate::shm::spin_until(shared.spin, || {
                     if let Ok(mut state) = shared.state.try_lock() {
                         // SAFETY: a live worker, under the lock.
                         unsafe { shared.api.ucp_worker_progress(state.worker) };
@@ -694,11 +698,8 @@ impl Pending {
                             shared.progress(&mut state);
                         }
                     }
-                    if c.is_done() || Instant::now() >= until {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
+                    c.is_done()
+                });
             }
             if !c.is_done() {
                 *c.lock_waker() = Some(cx.waker().clone());
