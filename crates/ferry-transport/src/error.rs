@@ -91,7 +91,7 @@ pub enum TransportError {
     #[error(transparent)]
     Wire(#[from] WireError),
     /// A library a transport or channel needs is not usable in this
-    /// process (e.g. "UCX not available: <the dynamic loader's error>").
+    /// process (e.g. `UCX not available: <the dynamic loader's error>`).
     #[error("{what} not available: {reason}")]
     Unavailable {
         /// What is missing, e.g. "UCX".

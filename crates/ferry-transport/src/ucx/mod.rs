@@ -4,8 +4,8 @@
 //!   (bindgen against Debian's UCX 1.13 headers, C enums as integer
 //!   constants) and checked in. `libucp.so.0` is loaded at run time
 //!   ([`api`]): a build needs neither UCX nor libclang, and a host without
-//!   UCX gets [`TransportError::Unavailable`] ("UCX not available: <dlopen
-//!   error>").
+//!   UCX gets [`TransportError::Unavailable`]
+//!   (`UCX not available: <dlopen error>`).
 //! - **One worker per connection.** Each side of a connection that selects
 //!   `ucx` creates a UCP worker; the worker addresses travel in Ferry's
 //!   handshake ([`ferry_wire::Handshake::ucx_address`]), which runs after
@@ -21,12 +21,21 @@
 //!   connection's [`Allocator`](crate::Allocator) returns, and sends from
 //!   the tensor's own memory. A buffer stays owned by its request until UCX
 //!   completes it: a request dropped early is cancelled and kept, with its
-//!   buffer, until UCX reports it done ([`worker`]).
+//!   buffer, until UCX reports it done.
 //! - **Progress.** A waiting task spins on `ucp_worker_progress` for a
-//!   short bounded time ([`ChannelConfig::ucx_spin`](crate::ChannelConfig)),
-//!   then sleeps; a progress task per connection arms the worker
-//!   (`ucp_worker_arm`) and sleeps on its event fd under tokio (`AsyncFd`),
-//!   with a backstop timer, and wakes the tasks whose requests completed.
+//!   short bounded time ([`ChannelConfig::ucx_spin`](crate::ChannelConfig),
+//!   rounds of checks with the CPU yielded to the OS in between, like the
+//!   `shm` rings), then sleeps; a progress task per connection arms the
+//!   worker (`ucp_worker_arm`) and sleeps on its event fd under tokio
+//!   (`AsyncFd`), with a backstop timer, and wakes the tasks whose requests
+//!   completed. Rendezvous goes by put (`RNDV_SCHEME=put_zcopy`, unless
+//!   `UCX_RNDV_SCHEME` is set): its last step is a message to the
+//!   receiver, which wakes a receiver asleep on its event fd.
+//! - **Peer failure.** Endpoints ask for UCX's peer-failure handling where
+//!   its transports may include a network one (UCX 1.13 aborts on a failed
+//!   TCP peer without it), and go without where `UCX_TLS` names only
+//!   shared-memory transports (which have none); the `ucx` transport's
+//!   reader watches the connection's TCP socket for the peer's exit.
 //! - **UCX's own transports.** `UCX_*` environment variables pass through
 //!   (UCX reads them); [`ChannelConfig::ucx_tls`](crate::ChannelConfig)
 //!   (the RPC layer's `FERRY_UCX_TLS`) sets `UCX_TLS` for Ferry's context.

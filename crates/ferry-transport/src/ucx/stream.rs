@@ -55,9 +55,9 @@ pub struct UcxReader {
 
 impl UcxReader {
     /// The next time a read finds no chunk, yield to the tokio scheduler
-    /// once before spinning (like [`ShmReader::yield_before_spin`]
-    /// (crate::shm::ShmReader::yield_before_spin)): a task this reader's
-    /// last message woke runs first, on this thread.
+    /// once before spinning (like
+    /// [`ShmReader::yield_before_spin`](crate::shm::ShmReader::yield_before_spin)):
+    /// a task this reader's last message woke runs first, on this thread.
     pub fn yield_before_spin(&mut self) {
         self.yield_first = true;
     }
