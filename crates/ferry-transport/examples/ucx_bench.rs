@@ -128,11 +128,13 @@ async fn connect(a: &Args, port: u16, spin_us: u64) -> Result<PeerConnection, Er
     let conn = PeerConnection::connect(addr, &endpoint(a, spin_us)?).await?;
     if conn.transport != a.transport || conn.outgoing_channels()[0].channel != a.channel {
         return Err(format!(
-            "asked for transport {} and channel {}, got {} and {:?}",
+            "asked for transport {} and channel {}, got {} and {:?} (peer offers {:?} {:?})",
             a.transport,
             a.channel,
             conn.transport,
-            conn.outgoing_channels()
+            conn.outgoing_channels(),
+            conn.peer.transports,
+            conn.peer.channels
         )
         .into());
     }
@@ -199,6 +201,7 @@ fn spawn_server(a: &Args, spin_us: u64) -> Result<(std::process::Child, u16), Er
             "--spin-us",
             &spin_us.to_string(),
         ])
+        .args(["--channel", &a.channel, "--transport", &a.transport])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();
