@@ -11,11 +11,19 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     if let Ok(action) = text.parse::<Action>() {
         let printed = action.to_string();
-        assert_eq!(printed.parse::<Action>().as_ref(), Ok(&action), "{printed:?}");
+        assert_eq!(
+            printed.parse::<Action>().as_ref(),
+            Ok(&action),
+            "{printed:?}"
+        );
     }
     if let Ok(Some(action)) = Action::parse_slot(&text) {
         let printed = action.to_string();
-        assert_eq!(Action::parse_slot(&printed), Ok(Some(action)), "{printed:?}");
+        assert_eq!(
+            Action::parse_slot(&printed),
+            Ok(Some(action)),
+            "{printed:?}"
+        );
     }
     if let Ok(schedule) = Schedule::from_csv(&text) {
         let csv = schedule.to_csv();

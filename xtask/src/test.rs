@@ -6,7 +6,7 @@ use crate::setup::{
     ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
     with_libtorch,
 };
-use crate::steps::{cargo, is_ci, run, Steps};
+use crate::steps::{cargo, cmd, is_ci, run, succeeds, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -40,6 +40,93 @@ const UCX_COMBINATIONS: &[(&str, &str, &str)] = &[
 ];
 /// UCX's library, loaded at run time by the `ucx` feature.
 const LIBUCP: &str = "/usr/lib/x86_64-linux-gnu/libucp.so.0";
+
+/// A path between hosts the RPC suite runs over with every rank on a host
+/// of its own (`FERRY_TEST_CROSS_HOST=1`, see `ferry_testkit::hosts`).
+struct CrossHostPath {
+    /// Its name in the step's title.
+    name: &'static str,
+    /// The environment that selects it (besides `FERRY_TEST_CROSS_HOST`).
+    env: &'static [(&'static str, &'static str)],
+    /// Extra cargo arguments (e.g. a feature the path needs).
+    cargo_args: &'static [&'static str],
+}
+
+/// The cross-host paths: `mpt` is what selection picks between hosts by
+/// default (`cma` and `shm` ruled out by their domains), `tcp` forces the
+/// tensors inline on the TCP connection, and `ucx` runs frames and tensors
+/// over UCX's TCP (built with the `ucx` feature).
+const CROSS_HOST_PATHS: &[CrossHostPath] = &[
+    CrossHostPath {
+        name: "mpt",
+        env: &[],
+        cargo_args: &[],
+    },
+    CrossHostPath {
+        name: "tcp",
+        env: &[("FERRY_CHANNELS", "inline")],
+        cargo_args: &[],
+    },
+    // UCX over TCP: frames over the `ucx` transport, tensors over the
+    // `ucx` channel (UCX's shared-memory transports are not viable across
+    // these hosts).
+    CrossHostPath {
+        name: "ucx (UCX over TCP)",
+        env: &[
+            ("FERRY_CHANNELS", "ucx"),
+            ("FERRY_TRANSPORTS", "ucx"),
+            ("UCX_TLS", "tcp"),
+        ],
+        cargo_args: &["--features", "ferry-rpc/ucx"],
+    },
+];
+
+/// Why workers cannot be run on separate hosts here (`None`: they can):
+/// it takes root, `ip` (iproute2), `unshare` and `nsenter` (util-linux),
+/// and a kernel that grants new network, IPC, PID, UTS and mount
+/// namespaces. The tests
+/// themselves check the same at run time (`ferry_testkit::hosts`).
+fn cross_host_unavailable() -> Option<String> {
+    let euid = std::process::Command::new("id").arg("-u").output().ok();
+    let euid = euid.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if euid.as_deref() != Some("0") {
+        return Some(format!(
+            "not root (euid {}): namespaces and veth links need root",
+            euid.as_deref().unwrap_or("unknown")
+        ));
+    }
+    for (tool, arg, package) in [
+        ("ip", "-V", "iproute2"),
+        ("unshare", "--version", "util-linux"),
+        ("nsenter", "--version", "util-linux"),
+    ] {
+        if !succeeds(&mut cmd(tool, &[arg])) {
+            return Some(format!("`{tool} {arg}` does not run (install {package})"));
+        }
+    }
+    // The namespaces a host gets (`ferry_testkit::hosts`).
+    let probe = [
+        "--net",
+        "--ipc",
+        "--pid",
+        "--uts",
+        "--mount",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "true",
+    ];
+    let out = cmd("unshare", &probe).output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "`unshare {}` failed: {}",
+            probe.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("cannot run `unshare`: {e}")),
+    }
+}
 
 /// `--workspace` plus one `--exclude` per crate in [`LIBTORCH_CRATES`].
 pub(crate) fn workspace_args() -> Vec<&'static str> {
@@ -141,6 +228,13 @@ pub(crate) fn main() -> Result<()> {
         ensure_venv()?;
         ensure_torchft()
     })?;
+    // Separate hosts (namespaces joined by veth) for the cross-host tests.
+    steps.step_with("setup: iproute2 (Debian)", || {
+        ensure_debian_package("iproute2", "/sbin/ip")
+    })?;
+    steps.step_with("setup: util-linux (Debian)", || {
+        ensure_debian_package("util-linux", "/usr/bin/nsenter")
+    })?;
     steps.step("fmt", || {
         run(&mut cargo(&["fmt", "--all", "--", "--check"]))
             .context("code is not formatted: run `cargo fmt --all`")
@@ -202,6 +296,40 @@ pub(crate) fn main() -> Result<()> {
             )?;
         }
         ucx_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
+        // The suite again with every rank on a host of its own, over each
+        // cross-host path (`tests/cross_host.rs` ran in the run above: it
+        // asserts the selected link and that `cma`/`shm` are ruled out).
+        match cross_host_unavailable() {
+            Some(why) => steps.step_with("rpc suite across hosts", || {
+                eprintln!("    cannot run workers on separate hosts here: {why}");
+                eprintln!("    (tests/cross_host.rs printed SKIPPED with the same reason)");
+                Ok("skipped")
+            })?,
+            None => {
+                for path in CROSS_HOST_PATHS {
+                    steps.step(
+                        &format!("rpc suite across hosts over {}", path.name),
+                        || {
+                            let mut c =
+                                cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"]);
+                            c.args(path.cargo_args)
+                                .args(["--profile", profile])
+                                // It asserts a same-host fallback.
+                                .args([
+                                    "-E",
+                                    "not test(cma_across_user_namespaces_falls_back_to_shm)",
+                                ])
+                                .env("FERRY_TEST_CROSS_HOST", "1")
+                                .env("FERRY_SMALL_TENSOR_BYTES", "0");
+                            for (k, v) in path.env {
+                                c.env(k, v);
+                            }
+                            run(&mut c)
+                        },
+                    )?;
+                }
+            }
+        }
     } else {
         eprintln!("\n(cargo-nextest not installed: using `cargo test`, doctests included)");
         steps.step("tests + doctests (cargo test)", || {

@@ -4,6 +4,11 @@
 //! with `https://` and trust the certificate's CA) and an allow-list of
 //! client networks ([`AllowList`]; a connection from elsewhere is closed
 //! before a byte of it is read, with a warning naming its address).
+//! Ferry's own clients of those servers (the rank's
+//! [`ManagerClient`](crate::manager::ManagerClient), the manager's client
+//! to the lighthouse) connect over TLS with a [`ClientTls`]: the CA
+//! certificate to trust and, optionally, the name the server's
+//! certificate must carry.
 //!
 //! ```
 //! use ferry_ft::access::{Access, AllowList};
@@ -24,7 +29,7 @@ use std::str::FromStr;
 
 use futures::stream::Stream;
 use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
 use tracing::warn;
 
 /// Why an allow-list or TLS material was refused.
@@ -175,6 +180,148 @@ impl fmt::Debug for TlsIdentity {
     }
 }
 
+/// The environment variable naming the PEM file of the CA certificate
+/// Ferry's gRPC clients trust (see [`ClientTls::from_env`]).
+pub const TLS_CA_ENV: &str = "FERRY_FT_TLS_CA";
+/// The environment variable naming the server name to check the server's
+/// certificate against (see [`ClientTls::from_env`]).
+pub const TLS_DOMAIN_ENV: &str = "FERRY_FT_TLS_DOMAIN";
+
+/// What a Ferry gRPC client trusts when it connects over TLS to a
+/// lighthouse or manager serving with a [`TlsIdentity`]: the CA
+/// certificate that signed the server's (the system's roots are not
+/// consulted), and the name the certificate must carry when it is not the
+/// address's host (e.g. `localhost` for `https://127.0.0.1:29510`).
+///
+/// ```
+/// use ferry_ft::access::ClientTls;
+///
+/// # let ca_pem = Vec::new();
+/// let tls = ClientTls::new(ca_pem).with_domain("lighthouse.internal");
+/// assert_eq!(tls.domain.as_deref(), Some("lighthouse.internal"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA certificate(s) to trust (PEM).
+    pub ca_pem: Vec<u8>,
+    /// The name to check the server's certificate against (`None`: the
+    /// address's host).
+    pub domain: Option<String>,
+}
+
+impl ClientTls {
+    /// Trusts the CA certificate(s) in `ca_pem`.
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Self {
+        ClientTls {
+            ca_pem: ca_pem.into(),
+            domain: None,
+        }
+    }
+
+    /// Sets [`domain`](Self::domain).
+    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Trusts the CA certificate(s) in the PEM file `ca`.
+    pub fn from_file(ca: &Path) -> Result<Self, AccessError> {
+        let ca_pem = std::fs::read(ca).map_err(|source| AccessError::Read {
+            path: ca.display().to_string(),
+            source,
+        })?;
+        Ok(ClientTls::new(ca_pem))
+    }
+
+    /// From the environment: the CA file named by `FERRY_FT_TLS_CA` and
+    /// the name in `FERRY_FT_TLS_DOMAIN` (optional); `None` without
+    /// `FERRY_FT_TLS_CA` (plain text, torchft's default).
+    pub fn from_env() -> Result<Option<Self>, AccessError> {
+        let Some(ca) = std::env::var_os(TLS_CA_ENV).filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let mut tls = ClientTls::from_file(Path::new(&ca))?;
+        if let Some(domain) = std::env::var(TLS_DOMAIN_ENV).ok().filter(|d| !d.is_empty()) {
+            tls = tls.with_domain(domain);
+        }
+        Ok(Some(tls))
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        match &self.domain {
+            Some(d) => config.domain_name(d.clone()),
+            None => config,
+        }
+    }
+}
+
+/// Why a client endpoint could not be made from an address.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// Not a URI tonic takes.
+    #[error("not a valid address: {0}")]
+    Invalid(#[source] tonic::transport::Error),
+    /// An `https://` address, but no CA certificate to trust was given.
+    #[error("an https:// address needs a CA certificate to trust (ClientTls, or {TLS_CA_ENV})")]
+    HttpsWithoutTls,
+    /// A CA certificate was given for a plain `http://` address.
+    #[error("TLS is configured but the address is plain http:// (use https:// or host:port)")]
+    TlsOverHttp,
+    /// tonic refused the TLS configuration.
+    #[error("TLS configuration refused: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// A client endpoint for `address`: over TLS trusting `tls` when given
+/// (`host:port` then means `https://host:port`), plain text otherwise
+/// (`host:port` means `http://host:port`). The URI the endpoint uses is
+/// returned with it.
+pub(crate) fn client_endpoint(
+    address: &str,
+    tls: Option<&ClientTls>,
+) -> Result<(Endpoint, String), EndpointError> {
+    let uri = match (address.split_once("://"), tls) {
+        (None, Some(_)) => format!("https://{address}"),
+        (None, None) => format!("http://{address}"),
+        (Some((scheme, _)), Some(_)) if scheme.eq_ignore_ascii_case("http") => {
+            return Err(EndpointError::TlsOverHttp)
+        }
+        (Some((scheme, _)), None) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(EndpointError::HttpsWithoutTls)
+        }
+        (Some(_), _) => address.to_owned(),
+    };
+    let endpoint = Endpoint::from_shared(uri.clone()).map_err(EndpointError::Invalid)?;
+    let endpoint = match tls {
+        Some(t) => endpoint
+            .tls_config(t.config())
+            .map_err(EndpointError::Tls)?,
+        None => endpoint,
+    };
+    Ok((endpoint, uri))
+}
+
+/// The TLS failure in `error`'s chain (an untrusted certificate, a name
+/// that does not match, a peer that does not speak TLS), as rustls words
+/// it; `None` when the error is not about TLS.
+pub(crate) fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        // An `io::Error` hides the error it wraps from `source()`.
+        if let Some(inner) = e.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// Who may talk to a server: TLS, and the client networks allowed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Access {
@@ -260,5 +407,27 @@ mod tests {
         assert!(list.allows("127.0.0.1".parse().unwrap()));
         assert!(!list.allows("127.0.0.2".parse().unwrap()));
         assert_eq!(list.networks()[1].to_string(), "fd00::/8");
+    }
+
+    #[test]
+    fn client_addresses_take_the_scheme_tls_asks_for() {
+        let uri = |a: &str, tls: Option<&ClientTls>| client_endpoint(a, tls).map(|(_, u)| u);
+        let tls = ClientTls::new(Vec::new());
+        assert_eq!(uri("host:1", None).unwrap(), "http://host:1");
+        assert_eq!(uri("http://host:1", None).unwrap(), "http://host:1");
+        assert_eq!(uri("host:1", Some(&tls)).unwrap(), "https://host:1");
+        assert_eq!(uri("https://host:1", Some(&tls)).unwrap(), "https://host:1");
+        assert!(matches!(
+            uri("https://host:1", None),
+            Err(EndpointError::HttpsWithoutTls)
+        ));
+        assert!(matches!(
+            uri("HTTP://host:1", Some(&tls)),
+            Err(EndpointError::TlsOverHttp)
+        ));
+        assert!(matches!(
+            uri("http://ho st:1", None),
+            Err(EndpointError::Invalid(_))
+        ));
     }
 }

@@ -1,14 +1,13 @@
 //! gRPC helpers shared by the lighthouse and the manager: the deadline check
-//! torchft's servers apply to quorum requests, client endpoints from
-//! torchft-style addresses, error chains for messages, and the end of a
-//! server's graceful shutdown.
+//! torchft's servers apply to quorum requests, error chains for messages,
+//! and the end of a server's graceful shutdown (client endpoints from
+//! torchft-style addresses are `access::client_endpoint`).
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::task::{JoinError, JoinHandle};
 use tonic::metadata::MetadataMap;
-use tonic::transport::Endpoint;
 use tracing::warn;
 
 /// How long a server's `shutdown` waits for open connections to finish.
@@ -66,21 +65,6 @@ pub(crate) fn parse_grpc_timeout(text: &str) -> Option<Duration> {
     })
 }
 
-/// `address` with `http://` in front when it names no scheme (torchft's
-/// addresses carry one; `host:port` is accepted too).
-pub(crate) fn with_scheme(address: &str) -> String {
-    if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    }
-}
-
-/// A client endpoint for `address` (see [`with_scheme`]).
-pub(crate) fn endpoint(address: &str) -> Result<Endpoint, tonic::transport::Error> {
-    Endpoint::from_shared(with_scheme(address))
-}
-
 /// An error and its sources, joined with ": " (a source whose text is
 /// already there is skipped).
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
@@ -121,12 +105,5 @@ mod tests {
     fn error_chains_skip_repeats() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(error_chain(&io), "refused");
-    }
-
-    #[test]
-    fn schemes() {
-        assert_eq!(with_scheme("host:1"), "http://host:1");
-        assert_eq!(with_scheme("http://host:1"), "http://host:1");
-        assert_eq!(with_scheme("https://host:1"), "https://host:1");
     }
 }

@@ -18,6 +18,10 @@
 //! - `ManagerServer` → Ferry's [`Lighthouse`]: two torchft managers, asked
 //!   by torchft's `ManagerClient`, form quorums through Ferry's lighthouse,
 //!   which reports them as members with their addresses.
+//! - Access control: torchft's `LighthouseClient` is served by a lighthouse
+//!   whose allow-list holds its network and refused by one whose does
+//!   not; it cannot reach a lighthouse serving TLS by `https://` or
+//!   `http://` (its extension's tonic is built without TLS).
 //!
 //! Set-up: `cargo xtask bench` installs torchft into `.venv`
 //! (`xtask/src/setup.rs`, `ensure_torchft`). Without `.venv/bin/python` or
@@ -30,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ferry_ft::access::Access;
 use ferry_ft::lighthouse::{HeartbeatStatus, Lighthouse};
 use ferry_ft::manager::{compute_quorum_results, Manager, ManagerClient, QuorumResult};
 use ferry_ft::proto::{Quorum, QuorumMember};
@@ -37,7 +42,7 @@ use serde_json::{json, Value};
 
 use common::{
     connect, lighthouse_options, start_lighthouse, start_manager, stop_lighthouse, stop_manager,
-    store,
+    store, Pki,
 };
 
 /// Bound on the Python program (importing torch alone takes seconds).
@@ -828,4 +833,65 @@ async fn torchft_manager_servers_form_quorums_with_ferrys_lighthouse() {
     );
 
     stop_lighthouse(lighthouse).await;
+}
+
+/// For each `label=address` argument: a `LighthouseClient` with a 2 s
+/// connect timeout heartbeats as `replica_{label}`; prints each outcome
+/// (`"ok"` or the exception's text) under `"results"`.
+const ACCESS_MAIN: &str = r#"
+results = {}
+for arg in sys.argv[1:]:
+    label, addr = arg.split("=", 1)
+    try:
+        client = LighthouseClient(addr, connect_timeout=timedelta(seconds=2))
+        client.heartbeat(f"replica_{label}", timeout=timedelta(seconds=5))
+        results[label] = "ok"
+    except Exception as e:
+        results[label] = repr(e)
+print(json.dumps({"torchft": version, "results": results, "errors": []}))
+"#;
+
+/// What torchft's clients can use against Ferry's access control: a
+/// lighthouse allowing 127.0.0.0/8 serves torchft's `LighthouseClient`;
+/// one allowing only 10.0.0.0/8 closes its connections unread (the call
+/// fails, the lighthouse saw no heartbeat); one serving TLS is out of its
+/// reach with an `https://` address (torchft's tonic has no TLS and speaks
+/// plain HTTP/2 to it) and with `http://`. Ferry's side: each lighthouse's
+/// heartbeats are exactly the ones that got through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torchft_client_gets_through_the_allow_list_but_not_tls() {
+    let Some(python) = venv_python() else {
+        return;
+    };
+    let with = |access: Access| start_lighthouse(lighthouse_options(1).with_access(access));
+    let allowed = with(Access::default().with_allow("127.0.0.0/8".parse().expect("net"))).await;
+    let outside = with(Access::default().with_allow("10.0.0.0/8".parse().expect("net"))).await;
+    let pki = Pki::new();
+    let tls = with(Access::default().with_tls(pki.server)).await;
+    let port = tls.local_addr().port();
+    let args = vec![
+        format!("allowed={}", allowed.url()),
+        format!("outside={}", outside.url()),
+        format!("https=https://127.0.0.1:{port}"),
+        format!("http=http://127.0.0.1:{port}"),
+    ];
+    let Some((result, _)) = run_python(&python, "LighthouseClient", &[ACCESS_MAIN], &args).await
+    else {
+        return;
+    };
+    let results = &result["results"];
+    assert_eq!(results["allowed"], "ok", "{result}");
+    for refused in ["outside", "https", "http"] {
+        let outcome = results[refused].as_str().expect("an outcome");
+        assert_ne!(outcome, "ok", "{refused}: {result}");
+    }
+    assert_eq!(
+        heartbeat_ids(&allowed.status().heartbeats),
+        ["replica_allowed"]
+    );
+    assert!(outside.status().heartbeats.is_empty());
+    assert!(tls.status().heartbeats.is_empty());
+    for lighthouse in [allowed, outside, tls] {
+        stop_lighthouse(lighthouse).await;
+    }
 }

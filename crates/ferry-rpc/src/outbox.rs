@@ -16,12 +16,18 @@
 //! and the writer task hands one queued before that to its `refused`
 //! callback. Either way the connection and the other messages on it are
 //! untouched (the peer would have closed the connection on reading it).
+//!
+//! Likewise a message with a tensor that no selected channel carries (say
+//! two workers on different hosts that offer only the same-host channels)
+//! is refused with the typed selection error, by [`Outbox::send`] or by
+//! the writer task, instead of failing the connection's writer.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use ferry_transport::selection::{Selection, SelectionError};
 use ferry_transport::{FrameWriter, OutgoingMessage, PeerWriter, TransportError};
-use ferry_wire::{Limits, WireError};
+use ferry_wire::{Device, Limits, WireError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Mutex, Notify};
 
@@ -51,6 +57,9 @@ struct SharedWriter {
     /// The peer's limits, set when the connection is established (before
     /// `writer`).
     peer_limits: OnceLock<Limits>,
+    /// The channels selected for the tensors this side sends, set with
+    /// `peer_limits`.
+    selection: OnceLock<Selection>,
     /// Messages queued and not yet written.
     queued: AtomicUsize,
     /// A write failed: the connection is broken.
@@ -75,6 +84,20 @@ pub(crate) enum SendError {
     /// The message is over the peer's limits (which one, by how much);
     /// nothing was written and the connection is intact.
     TooLarge(WireError),
+    /// A tensor of the message has no channel to the peer (no channel both
+    /// offer serves its device with equal descriptors); nothing was
+    /// written and the connection is intact.
+    NoChannel(SelectionError),
+}
+
+/// Why the writer task kept a queued message back (nothing of it was
+/// written; the connection is intact).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Over the peer's limits.
+    TooLarge(WireError),
+    /// A tensor of it has no channel to the peer.
+    NoChannel(SelectionError),
 }
 
 /// A new outbox and the queue its writer task drains.
@@ -83,6 +106,7 @@ pub(crate) fn outbox(runtime: Handle) -> (Outbox, OutboxQueue) {
     let shared = Arc::new(SharedWriter {
         writer: Arc::new(Mutex::new(None)),
         peer_limits: OnceLock::new(),
+        selection: OnceLock::new(),
         queued: AtomicUsize::new(0),
         failed: AtomicBool::new(false),
         error: parking_lot::Mutex::new(None),
@@ -134,6 +158,7 @@ impl Outbox {
         let checked = match self.shared.peer_limits.get() {
             Some(limits) => {
                 message.check(limits).map_err(SendError::TooLarge)?;
+                self.shared.routable(&message)?;
                 true
             }
             None => false,
@@ -171,6 +196,9 @@ impl Outbox {
             if let Err(e) = message.check(limits) {
                 return Ok(Err(SendError::TooLarge(e)));
             }
+            if let Err(e) = self.shared.routable(&message) {
+                return Ok(Err(e));
+            }
         }
         let shared = self.shared.clone();
         let write = Box::pin(async move {
@@ -195,6 +223,21 @@ impl Outbox {
 }
 
 impl SharedWriter {
+    /// Whether every tensor of `message` has a selected channel to the
+    /// peer (always, before the connection is established).
+    fn routable(&self, message: &OutgoingMessage) -> Result<(), SendError> {
+        let Some(selection) = self.selection.get() else {
+            return Ok(());
+        };
+        for t in &message.tensors {
+            // The receiver allocates every destination on its CPU.
+            selection
+                .channel_for(t.descriptor().device, Device::Cpu)
+                .map_err(SendError::NoChannel)?;
+        }
+        Ok(())
+    }
+
     /// Records a failed write: the connection is broken. The writer task
     /// reports it (`drain` returns it) unless a direct sender takes it.
     fn fail(&self, error: TransportError) {
@@ -212,6 +255,7 @@ impl OutboxQueue {
     /// Installs the established connection's writer (and the peer's limits
     /// it knows from the handshake).
     pub(crate) async fn install(&self, writer: FrameWriter<PeerWriter>) {
+        let _ = self.shared.selection.set(writer.selection().clone());
         if let Some(limits) = writer.peer_limits() {
             let _ = self.shared.peer_limits.set(limits);
         }
@@ -222,11 +266,12 @@ impl OutboxQueue {
     /// connection's pending releases when `releases` fires) until every
     /// [`Outbox`] is dropped, then shuts the write side down. Returns the
     /// first write error. A queued message over the peer's limits goes to
-    /// `refused` instead, which may give a message to send in its place.
+    /// `refused` instead, which may give a message to send in its place;
+    /// so does one with a tensor no selected channel carries.
     pub(crate) async fn drain(
         mut self,
         releases: ferry_transport::ReleaseSignal,
-        refused: impl Fn(OutgoingMessage, WireError) -> Option<OutgoingMessage>,
+        refused: impl Fn(OutgoingMessage, Refusal) -> Option<OutgoingMessage>,
     ) -> Result<(), TransportError> {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
@@ -244,9 +289,15 @@ impl OutboxQueue {
                 },
             };
             let limits = self.shared.peer_limits.get();
+            let shared = &self.shared;
             let mut admit = |m: OutgoingMessage| match limits.map(|l| m.check(l)) {
-                Some(Err(e)) => batch.extend(refused(m, e)),
-                _ => batch.push(m),
+                Some(Err(e)) => batch.extend(refused(m, Refusal::TooLarge(e))),
+                _ => match shared.routable(&m) {
+                    Err(SendError::NoChannel(e)) => {
+                        batch.extend(refused(m, Refusal::NoChannel(e)));
+                    }
+                    _ => batch.push(m),
+                },
             };
             let mut taken = 0;
             if let Some(m) = first {

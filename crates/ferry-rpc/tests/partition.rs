@@ -5,26 +5,21 @@
 //! both workers' graceful shutdown ends with `Join` within its bounds
 //! instead of blocking for the kernel's ~15 minutes.
 //!
-//! The namespaces get unique names and are removed by a guard, also when
-//! the test fails. Where `ip netns add` is not permitted (not root, no
-//! `CAP_SYS_ADMIN`), the test prints why and skips.
+//! The two workers run on two hosts of `ferry_testkit::hosts` (their own
+//! network, IPC and PID namespaces, joined by a veth pair), removed by the
+//! harness also when the test fails. Where hosts cannot be made (not root,
+//! no `ip`/`unshare`), the test prints why and skips.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 use std::time::Duration;
 
 use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions};
-use ferry_testkit::{worker_rank, world_wrapped};
+use ferry_testkit::hosts::LINK;
+use ferry_testkit::world_across_hosts;
 use ferry_transport::Keepalive;
 
 const TEST: &str = "a_partition_fails_calls_and_shutdown_within_bounds";
-const SUBNET: &str = "10.77.0";
-
-/// Two network namespaces joined by a veth pair, removed on drop.
-struct Partition {
-    namespaces: [String; 2],
-    links: [String; 2],
-}
 
 fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
@@ -42,92 +37,6 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-impl Partition {
-    /// `Err` (with the reason) only if the first namespace cannot be made:
-    /// the test is then skipped. Any later step failing is a test failure.
-    fn create() -> Result<Partition, String> {
-        remove_stale();
-        let id = std::process::id();
-        let p = Partition {
-            namespaces: [format!("ferry-part-{id}-a"), format!("ferry-part-{id}-b")],
-            links: [format!("fy{id}a"), format!("fy{id}b")],
-        };
-        ip(&["netns", "add", &p.namespaces[0]])?;
-        // From here on the guard removes whatever was made.
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &p.namespaces[1]])?;
-            ip(&[
-                "link",
-                "add",
-                &p.links[0],
-                "netns",
-                &p.namespaces[0],
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &p.links[1],
-                "netns",
-                &p.namespaces[1],
-            ])?;
-            for side in 0..2 {
-                let ns = &p.namespaces[side];
-                let addr = format!("{SUBNET}.{}/24", side + 1);
-                ip(&["-n", ns, "addr", "add", &addr, "dev", &p.links[side]])?;
-                ip(&["-n", ns, "link", "set", &p.links[side], "up"])?;
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            }
-            Ok(())
-        };
-        setup().expect("setting up the namespaces failed");
-        Ok(p)
-    }
-
-    /// How rank `r` is started: in its namespace, with the store's address
-    /// there and the name of its end of the link.
-    fn wrapper(&self, r: u32) -> Vec<&'static str> {
-        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        vec![
-            "ip",
-            "netns",
-            "exec",
-            leak(self.namespaces[r as usize].clone()),
-            "env",
-            leak(format!("MASTER_ADDR={SUBNET}.1")),
-            leak(format!("FERRY_TEST_LINK={}", self.links[r as usize])),
-        ]
-    }
-}
-
-/// Removes the namespaces of earlier runs whose test process is gone (a
-/// run killed by a signal could not drop its guard).
-fn remove_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        let Some(pid) = name
-            .strip_prefix("ferry-part-")
-            .and_then(|rest| rest.split('-').next())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        // Removing a namespace removes its end of the veth pair, and the pair.
-        for ns in &self.namespaces {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
 const ADD: Function<(i64, i64), i64> = Function::new("add");
 const CUT: Function<(), ()> = Function::new("cut");
 
@@ -136,8 +45,7 @@ fn options(rank: u32) -> RpcOptions {
     f.add(ADD, |(a, b)| a + b);
     // Brings this worker's end of the link down: the partition.
     f.add_fallible(CUT, |()| -> Result<(), BoxError> {
-        let link = std::env::var("FERRY_TEST_LINK")?;
-        Ok(ip(&["link", "set", &link, "down"])?)
+        Ok(ip(&["link", "set", LINK, "down"])?)
     });
     RpcOptions::from_env(format!("worker{rank}"))
         .unwrap()
@@ -185,23 +93,7 @@ fn body(rank: u32) {
 
 #[test]
 fn a_partition_fails_calls_and_shutdown_within_bounds() {
-    let partition = match worker_rank(TEST) {
-        Some(_) => None,
-        None => match Partition::create() {
-            Ok(p) => Some(p),
-            Err(why) => {
-                println!("SKIPPED {TEST}: `ip netns add` is not permitted here ({why})");
-                eprintln!("SKIPPED {TEST}: `ip netns add` is not permitted here ({why})");
-                return;
-            }
-        },
-    };
-    let Some(outputs) = world_wrapped(
-        TEST,
-        2,
-        |r| partition.as_ref().expect("the parent").wrapper(r),
-        body,
-    ) else {
+    let Some(outputs) = world_across_hosts(TEST, 2, body) else {
         return;
     };
     for (rank, o) in outputs.iter().enumerate() {
@@ -227,7 +119,6 @@ fn a_partition_fails_calls_and_shutdown_within_bounds() {
         cut_off.starts_with("graceful shutdown failed: "),
         "{cut_off}"
     );
-    drop(partition);
 }
 
 #[test]

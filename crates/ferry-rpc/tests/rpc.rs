@@ -1,5 +1,8 @@
 //! Multi-process tests of the agent: 4 worker processes on 127.0.0.1 unless
-//! said otherwise, each running the same test function as its rank.
+//! said otherwise, each running the same test function as its rank. With
+//! `FERRY_TEST_CROSS_HOST=1` every rank runs on a host of its own
+//! (`ferry_testkit::hosts`), rendezvous at host 0's address: the xtask runs
+//! the suite so over each cross-host path.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
@@ -809,20 +812,29 @@ fn the_harness_reports_a_failing_rank() {
 }
 
 /// The transport and channel the environment asks for (the xtask runs this
-/// suite once per combination), or the defaults: the first offered.
+/// suite once per combination), or the defaults: the first offered. Across
+/// hosts (`FERRY_TEST_CROSS_HOST=1`: every rank on a host of its own) the
+/// same-host ones cannot qualify: the best of the others, TCP for frames.
 fn expected_link() -> (String, String) {
     use ferry_transport::channel;
-    let transports = match std::env::var("FERRY_TRANSPORTS") {
+    let mut transports = match std::env::var("FERRY_TRANSPORTS") {
         Ok(list) => channel::parse_transports(&list).unwrap(),
         Err(_) => channel::default_transports(),
     };
-    let channels = match std::env::var("FERRY_CHANNELS") {
+    let mut channels = match std::env::var("FERRY_CHANNELS") {
         Ok(list) => channel::parse_channels(&list).unwrap(),
         Err(_) => channel::default_channels(),
     };
+    if ferry_testkit::cross_host_requested() {
+        channels.retain(|c| c.name != channel::CMA && c.name != channel::SHM);
+        transports.retain(|t| t.name != channel::SHM_TRANSPORT);
+    }
     let best_channel = channels.iter().max_by_key(|c| c.priority).unwrap();
-    let best_transport = transports.iter().max_by_key(|t| t.priority).unwrap();
-    (best_transport.name.clone(), best_channel.name.clone())
+    let best_transport = transports
+        .iter()
+        .max_by_key(|t| t.priority)
+        .map_or(channel::TCP, |t| t.name.as_str());
+    (best_transport.to_string(), best_channel.name.clone())
 }
 
 /// One message with tensors of many sizes (from empty to 12 MiB), and views.
@@ -840,7 +852,7 @@ fn many_sizes(seed: u8) -> Vec<RawTensor> {
 
 #[test]
 fn links_use_the_configured_transport_and_channel() {
-    world_ok(
+    let outputs = world_ok(
         "links_use_the_configured_transport_and_channel",
         3,
         |rank| {
@@ -870,9 +882,18 @@ fn links_use_the_configured_transport_and_channel() {
                 assert_eq!(link.incoming[0].channel, channel, "channel from {peer}");
             }
             println!("LINK={transport}/{channel}");
+            println!("HOST={:?}", ferry_testkit::this_host());
             ferry_rpc::shutdown().unwrap();
         },
     );
+    let Some(outputs) = outputs else { return };
+    let (transport, channel) = expected_link();
+    for (rank, o) in outputs.iter().enumerate() {
+        assert_eq!(o.values("LINK"), [format!("{transport}/{channel}")]);
+        // Across hosts, each rank on its own.
+        let host = ferry_testkit::cross_host_requested().then_some(rank);
+        assert_eq!(o.values("HOST"), [format!("{host:?}")]);
+    }
 }
 
 /// A tensor of this many bytes makes its receiver exit while allocating the

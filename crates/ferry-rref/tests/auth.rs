@@ -1,9 +1,11 @@
 //! A group holding a shared secret: an outsider process with another
-//! secret, or none, cannot join it (so cannot call `remote`) and cannot
-//! open a connection to a worker to send an RRef message; the owner holds
-//! no RRef of its making, and a member creates and fetches an RRef on the
+//! secret, with none, or replaying a member's captured handshake cannot
+//! join it (so cannot call `remote`) and cannot open a connection to a
+//! worker to send an RRef message (create or fork); the owner holds no
+//! RRef of its making, and a member creates and fetches an RRef on the
 //! same owner meanwhile. Three processes on 127.0.0.1; the outsider learns
-//! the owner's address through a side store the test hosts.
+//! the owner's address and the captured handshake through a side store
+//! the test hosts.
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
@@ -14,8 +16,9 @@ use ferry_rpc::store::{Store, TcpStore, TcpStoreServer};
 use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_rref::{RRef, RRefContext, RemoteExt};
 use ferry_testkit::{worker_rank, world_wrapped_ok};
-use ferry_transport::auth::Secret;
+use ferry_transport::auth::{self, AuthMessage, Secret};
 use ferry_transport::{Endpoint, PeerConnection};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ADD: Function<(i64, i64), i64> = Function::new("add");
 const OWNED: Function<(), usize> = Function::new("owned");
@@ -57,6 +60,10 @@ fn member(rank: u32) {
     if rank == 0 {
         let me = agent.worker_addr(0u32).unwrap().to_string();
         rt.block_on(side.set("owner", me.into_bytes())).unwrap();
+    } else {
+        // What a member writes in a handshake, as a sniffer would see it.
+        rt.block_on(side.set("captured", captured_handshake()))
+            .unwrap();
     }
     rt.block_on(side.wait(&["outsider/done".into()], T))
         .unwrap();
@@ -73,6 +80,46 @@ fn member(rank: u32) {
     assert!(ctx.leaked().is_empty());
 }
 
+/// The bytes a member with the group's secret writes during a handshake
+/// (its hello and its proof), recorded by the listener it talks to.
+fn captured_handshake() -> Vec<u8> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (mut listener_side, mut member_side) = tokio::io::duplex(1024);
+        let s = group_secret();
+        let listener = async {
+            let mut seen = Vec::new();
+            let mut h = auth::Handshake::new(auth::Role::Accept, s.key().clone(), [7; 32]);
+            for _ in 0..2 {
+                let mut buf = [0u8; 38];
+                listener_side.read_exact(&mut buf).await.unwrap();
+                seen.extend_from_slice(&buf);
+                let (m, _) = AuthMessage::decode(&buf).unwrap().unwrap();
+                let reply = h.receive(m).send.unwrap();
+                listener_side.write_all(&reply.encode()).await.unwrap();
+            }
+            seen
+        };
+        let (seen, key) = tokio::join!(listener, auth::connect(&mut member_side, s.key(), T));
+        key.unwrap();
+        seen
+    })
+}
+
+/// Replays `captured` to `addr`: the listener answers with a challenge
+/// over its own fresh nonce, refuses the replayed proof and closes.
+async fn replay(addr: SocketAddr, captured: &[u8]) {
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(captured).await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(T, raw.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back.len(), 6 + 64 + 6, "{back:?}");
+    assert_eq!(&back[back.len() - 6..], &AuthMessage::Refused.encode()[..]);
+}
+
 fn outsider() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let side = side(&rt);
@@ -84,7 +131,10 @@ fn outsider() {
         assert!(ferry_rpc::init_rpc(o).is_err());
     }
     rt.block_on(async {
-        side.wait(&["owner".into()], T).await.unwrap();
+        side.wait(&["owner".into(), "captured".into()], T)
+            .await
+            .unwrap();
+        let captured = side.get("captured").await.unwrap();
         let owner: SocketAddr = String::from_utf8(side.get("owner").await.unwrap())
             .unwrap()
             .parse()
@@ -96,6 +146,13 @@ fn outsider() {
         assert!(PeerConnection::connect(owner, &Endpoint::new("worker1", 1))
             .await
             .is_err());
+        // A replayed handshake opens neither the owner's port (where an
+        // RRef's create and fork messages arrive) nor the store (to join).
+        replay(owner, &captured).await;
+        let master: SocketAddr = format!("127.0.0.1:{}", std::env::var("MASTER_PORT").unwrap())
+            .parse()
+            .unwrap();
+        replay(master, &captured).await;
         side.set("outsider/done", Vec::new()).await.unwrap();
     });
     println!("OUTSIDER=refused");

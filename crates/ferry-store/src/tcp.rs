@@ -178,6 +178,69 @@ pub(crate) struct Served {
     pub(crate) auth: Option<Secret>,
 }
 
+/// The quota's checks, shared by both protocols' requests (Ferry's and
+/// c10d's): one place that admits and charges a write, one counter charge,
+/// one bound on waiting requests.
+impl Served {
+    /// Runs the write `store` to `key` for connection `conn` if the quota
+    /// admits `bytes` there, under the ledger's lock (so concurrent
+    /// writers cannot together exceed a bound). `store` returns its
+    /// result and the bytes the key now holds if it stored (`None`:
+    /// nothing stored, nothing charged).
+    pub(crate) fn write<T>(
+        &self,
+        conn: ConnId,
+        key: &str,
+        bytes: usize,
+        store: impl FnOnce() -> (T, Option<usize>),
+    ) -> Result<T, Refusal> {
+        let mut ledger = self.ledger.lock();
+        ledger.admit(&self.limits, conn, key, bytes)?;
+        let (out, stored) = store();
+        if let Some(len) = stored {
+            ledger.stored(conn, key, len);
+        }
+        Ok(out)
+    }
+
+    /// Adds `delta` to the counter at `key` for connection `conn`: admitted
+    /// as the longest counter ([`COUNTER_BYTES`]), charged as the decimal
+    /// text it now holds.
+    pub(crate) fn add(
+        &self,
+        conn: ConnId,
+        key: &str,
+        delta: i64,
+    ) -> Result<Result<i64, StoreError>, Refusal> {
+        self.write(conn, key, COUNTER_BYTES, || {
+            let added = self.state.increment(key, delta);
+            let len = added.as_ref().ok().map(|n| n.to_string().len());
+            (added, len)
+        })
+    }
+
+    /// Deletes `key` (and its charge); whether it was there.
+    pub(crate) fn delete(&self, key: &str) -> bool {
+        let mut ledger = self.ledger.lock();
+        ledger.deleted(key);
+        self.state.remove(key)
+    }
+
+    /// Admits one more blocking request (`get`, `wait`) on a connection
+    /// with `waiting` under way.
+    pub(crate) fn admit_wait(&self, waiting: usize) -> Result<(), Refusal> {
+        let limit = self.limits.max_waits_per_connection;
+        if waiting >= limit {
+            return Err(Refusal {
+                bound: QuotaBound::ConnectionWaits,
+                limit: limit as u64,
+                requested: waiting as u64 + 1,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl TcpStoreServer {
     /// Binds `addr` (port 0: any free port) and starts serving in a
     /// spawned task on the current tokio runtime.
@@ -348,71 +411,45 @@ pub(crate) const COUNTER_BYTES: usize = 20;
 /// together exceed a bound.
 fn handle(served: &Served, conn: ConnId, waiting: usize, request: Request) -> Handled {
     let state = &served.state;
-    let limits = &served.limits;
     let answer = |r: Result<Response, StoreError>| r.unwrap_or_else(|e| Response::Failed(e.into()));
+    let blocking = match &request {
+        Request::Get { key, .. } => Some(key.as_str()),
+        Request::Wait { keys, .. } => Some(keys.first().map_or("", String::as_str)),
+        _ => None,
+    };
+    if let (Some(key), Err(r)) = (blocking, served.admit_wait(waiting)) {
+        return Handled::Now(refused(key, r));
+    }
     match request {
         Request::Set { key, value } => {
-            let mut ledger = served.ledger.lock();
-            if let Err(r) = ledger.admit(limits, conn, &key, value.len()) {
-                return Handled::Now(refused(&key, r));
+            let len = value.len();
+            match served.write(conn, &key, len, || (state.insert(&key, value), Some(len))) {
+                Ok(()) => Handled::Now(Response::Done),
+                Err(r) => Handled::Now(refused(&key, r)),
             }
-            ledger.stored(conn, &key, value.len());
-            state.insert(&key, value);
-            Handled::Now(Response::Done)
         }
-        Request::Add { key, delta } => {
-            let mut ledger = served.ledger.lock();
-            if let Err(r) = ledger.admit(limits, conn, &key, COUNTER_BYTES) {
-                return Handled::Now(refused(&key, r));
-            }
-            let added = state.increment(&key, delta);
-            if let Ok(n) = &added {
-                ledger.stored(conn, &key, n.to_string().len());
-            }
-            Handled::Now(answer(added.map(Response::Counter)))
-        }
+        Request::Add { key, delta } => match served.add(conn, &key, delta) {
+            Ok(added) => Handled::Now(answer(added.map(Response::Counter))),
+            Err(r) => Handled::Now(refused(&key, r)),
+        },
         Request::CompareSet {
             key,
             expected,
             desired,
         } => {
-            let mut ledger = served.ledger.lock();
-            if let Err(r) = ledger.admit(limits, conn, &key, desired.len()) {
-                return Handled::Now(refused(&key, r));
-            }
             let len = desired.len();
-            let now = state.swap_if(&key, expected.as_deref(), desired);
-            // Stored (or already equal, which costs the same).
-            if now.len() == len && state.contains_all(std::slice::from_ref(&key)) {
-                ledger.stored(conn, &key, len);
+            let swapped = served.write(conn, &key, len, || {
+                let now = state.swap_if(&key, expected.as_deref(), desired);
+                // Stored (or already equal, which costs the same).
+                let stored = now.len() == len && state.contains_all(std::slice::from_ref(&key));
+                (now, stored.then_some(len))
+            });
+            match swapped {
+                Ok(now) => Handled::Now(Response::Value(now)),
+                Err(r) => Handled::Now(refused(&key, r)),
             }
-            Handled::Now(Response::Value(now))
         }
-        Request::Delete { key } => {
-            let mut ledger = served.ledger.lock();
-            ledger.deleted(&key);
-            Handled::Now(Response::Bool(state.remove(&key)))
-        }
-        Request::Get { ref key, .. } if waiting >= limits.max_waits_per_connection => {
-            Handled::Now(refused(
-                key,
-                Refusal {
-                    bound: QuotaBound::ConnectionWaits,
-                    limit: limits.max_waits_per_connection as u64,
-                    requested: waiting as u64 + 1,
-                },
-            ))
-        }
-        Request::Wait { ref keys, .. } if waiting >= limits.max_waits_per_connection => {
-            Handled::Now(refused(
-                keys.first().map_or("", String::as_str),
-                Refusal {
-                    bound: QuotaBound::ConnectionWaits,
-                    limit: limits.max_waits_per_connection as u64,
-                    requested: waiting as u64 + 1,
-                },
-            ))
-        }
+        Request::Delete { key } => Handled::Now(Response::Bool(served.delete(&key))),
         Request::Check { keys } => Handled::Now(Response::Bool(state.contains_all(&keys))),
         Request::Get { key, timeout } => {
             let state = state.clone();

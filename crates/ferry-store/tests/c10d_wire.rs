@@ -1,8 +1,10 @@
 //! c10d `TCPStore` bytes (`ferry_store::c10d::wire`): round trips, the
 //! streaming contract (every proper prefix of a message is "not whole
 //! yet", a message followed by more bytes takes only its own), the bytes
-//! PyTorch's client sends (captured from torch 2.13), and malformed input
-//! refused with the error naming what is wrong, never a panic.
+//! PyTorch's client sends (captured from torch 2.13), malformed input
+//! refused with the error naming what is wrong, never a panic, and the
+//! incremental `QueryDecoder` giving the same queries however a stream is
+//! cut.
 #![allow(clippy::unwrap_used)]
 
 use ferry_store::c10d::wire::{
@@ -101,6 +103,57 @@ proptest! {
         let mut more = bytes.clone();
         more.extend_from_slice(&tail);
         prop_assert_eq!(wire::decode_reply(kind, &more), Ok(Some((r, bytes.len()))));
+    }
+
+    /// A stream of queries cut into pieces at arbitrary points (empty
+    /// pieces included) decodes, piece by piece, to the same queries.
+    #[test]
+    fn a_stream_cut_anywhere_decodes_to_the_same_queries(
+        queries in prop::collection::vec(query(), 0..8),
+        cuts in prop::collection::vec(0usize..80, 0..40),
+    ) {
+        let stream: Vec<u8> =
+            queries.iter().flat_map(|q| wire::encode_query(q).unwrap()).collect();
+        let mut decoder = wire::QueryDecoder::default();
+        let mut got = Vec::new();
+        let mut rest = &stream[..];
+        let mut cuts = cuts.into_iter();
+        while !rest.is_empty() {
+            let n = cuts.next().unwrap_or(rest.len()).min(rest.len());
+            decoder.buffer().extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            while let Some(q) = decoder.next_query().unwrap() {
+                got.push(q);
+            }
+        }
+        prop_assert_eq!(got, queries);
+    }
+
+    /// Arbitrary bytes fed one at a time: the queries decoded are the ones
+    /// decoding the whole buffer gives, never a panic.
+    #[test]
+    fn arbitrary_bytes_fed_piecemeal_decode_as_a_whole(
+        bytes in prop::collection::vec(any::<u8>(), 0..96),
+    ) {
+        let mut whole = Vec::new();
+        let mut at = 0;
+        while let Ok(Some((q, used))) = wire::decode_query(&bytes[at..]) {
+            whole.push(q);
+            at += used;
+        }
+        let mut decoder = wire::QueryDecoder::default();
+        let mut got = Vec::new();
+        'feed: for b in &bytes {
+            decoder.buffer().push(*b);
+            loop {
+                match decoder.next_query() {
+                    Ok(Some(q)) => got.push(q),
+                    Ok(None) => break,
+                    Err(_) => break 'feed,
+                }
+            }
+        }
+        prop_assert_eq!(got, whole);
     }
 
     /// Arbitrary bytes: `Ok(None)`, a message that encodes back to the

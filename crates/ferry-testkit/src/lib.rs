@@ -16,6 +16,13 @@
 //!     assert_eq!(outputs[1].values("RANK_SEEN"), ["1"]);
 //! }
 //! ```
+//!
+//! Cross-host tests place ranks on separate "hosts" on one machine (their
+//! own network, IPC, PID, UTS and mount namespaces, joined by veth; see
+//! [`hosts`]) with [`world_on_hosts`] / [`world_across_hosts`], which print
+//! `SKIPPED` with the reason where hosts cannot be made; with
+//! [`CROSS_HOST_ENV`]`=1`, [`world`] and the others put every rank on a
+//! host of its own, which runs a whole suite across hosts.
 #![allow(clippy::unwrap_used)]
 
 use std::io::Read;
@@ -23,6 +30,14 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+pub mod hosts;
+pub use hosts::{Hosts, HostsError};
+
+/// Set to `1`, it makes [`world`], [`world_ok`] and the wrapped variants
+/// run every rank on a host of its own (network, IPC and PID namespaces,
+/// see [`hosts`]): how the xtask runs a whole suite across hosts.
+pub const CROSS_HOST_ENV: &str = "FERRY_TEST_CROSS_HOST";
 
 /// Bound on one multi-process test.
 const WORLD_DEADLINE: Duration = Duration::from_secs(120);
@@ -68,6 +83,12 @@ pub fn world(test: &str, world: u32, body: impl Fn(u32)) -> Option<Vec<Output>> 
 /// Like [`world`], with rank `r`'s process started through the command
 /// `wrapper(r)` (e.g. `["unshare", "--user", "--map-root-user"]` to run it
 /// in a user namespace of its own; empty: started directly).
+///
+/// With [`CROSS_HOST_ENV`]`=1` in the environment, every rank runs on a
+/// host of its own (see [`hosts`]; the wrapper then runs on that host), and
+/// `MASTER_ADDR` is host 0's address: this is how a whole multi-process
+/// suite is run across hosts. Hosts that cannot be made then fail the test
+/// with the reason, since the run asked for them.
 pub fn world_wrapped(
     test: &str,
     world: u32,
@@ -78,6 +99,105 @@ pub fn world_wrapped(
         body(rank);
         return None;
     }
+    let hosts = cross_host_requested().then(|| {
+        Hosts::create(world as usize).unwrap_or_else(|e| {
+            panic!("{CROSS_HOST_ENV}=1 asks for a host per rank of {test}, but: {e}")
+        })
+    });
+    let plan = (0..world)
+        .map(|r| {
+            let mut prefix = match &hosts {
+                Some(h) => h.enter(r as usize),
+                None => Vec::new(),
+            };
+            prefix.extend(wrapper(r).into_iter().map(String::from));
+            Placement {
+                prefix,
+                host: hosts.as_ref().map(|_| r as usize),
+            }
+        })
+        .collect();
+    let master = match &hosts {
+        Some(h) => h.address(0).to_string(),
+        None => "127.0.0.1".to_string(),
+    };
+    let outputs = launch(test, plan, &master);
+    drop(hosts);
+    Some(outputs)
+}
+
+/// Runs `body(rank)` in `world` processes placed on `hosts` separate hosts
+/// (see [`hosts`]): rank `r` on host `host_of(r)`, ranks of one host sharing
+/// its network, IPC and PID namespaces. `MASTER_ADDR` is host 0's address
+/// and `FERRY_TEST_HOST` ([`this_host`]) each rank's host.
+///
+/// Returns `None` in a child, and in the parent when hosts cannot be made
+/// on this machine: it then prints `SKIPPED <test>: <why>` (a runtime
+/// check, so the test still runs wherever it can). A failing set-up step
+/// panics.
+pub fn world_on_hosts(
+    test: &str,
+    world: u32,
+    hosts: usize,
+    host_of: impl Fn(u32) -> usize,
+    body: impl Fn(u32),
+) -> Option<Vec<Output>> {
+    if let Some(rank) = worker_rank(test) {
+        body(rank);
+        return None;
+    }
+    let set = match Hosts::create(hosts) {
+        Ok(set) => set,
+        Err(why @ HostsError::Unavailable(_)) => {
+            println!("SKIPPED {test}: {why}");
+            eprintln!("SKIPPED {test}: {why}");
+            return None;
+        }
+        Err(e) => panic!("{test}: {e}"),
+    };
+    let plan = (0..world)
+        .map(|r| {
+            let host = host_of(r);
+            Placement {
+                prefix: set.enter(host),
+                host: Some(host),
+            }
+        })
+        .collect();
+    let outputs = launch(test, plan, &set.address(0).to_string());
+    drop(set);
+    Some(outputs)
+}
+
+/// [`world_on_hosts`] with every rank on a host of its own.
+pub fn world_across_hosts(test: &str, world: u32, body: impl Fn(u32)) -> Option<Vec<Output>> {
+    world_on_hosts(test, world, world as usize, |r| r as usize, body)
+}
+
+/// Whether [`CROSS_HOST_ENV`] asks the harness for a host per rank (in
+/// the parent and, inherited, in every rank).
+pub fn cross_host_requested() -> bool {
+    std::env::var(CROSS_HOST_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+/// The host this rank runs on, when started by [`world_on_hosts`] or
+/// across hosts by [`world_wrapped`].
+pub fn this_host() -> Option<usize> {
+    std::env::var("FERRY_TEST_HOST").ok()?.parse().ok()
+}
+
+/// How one rank is started.
+struct Placement {
+    /// Command prefix (empty: the test binary is started directly).
+    prefix: Vec<String>,
+    /// Its host, if placed on one.
+    host: Option<usize>,
+}
+
+/// Starts one process per placement running `test` and collects their
+/// outputs, killing them all at [`WORLD_DEADLINE`].
+fn launch(test: &str, plan: Vec<Placement>, master_addr: &str) -> Vec<Output> {
+    let world = plan.len() as u32;
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -85,9 +205,9 @@ pub fn world_wrapped(
     let exe = std::env::current_exe().unwrap();
     let (tx, rx) = mpsc::channel();
     let mut pids = Vec::new();
-    for rank in 0..world {
-        let wrap = wrapper(rank);
-        let mut command = match wrap.split_first() {
+    for (rank, placement) in plan.into_iter().enumerate() {
+        let rank = rank as u32;
+        let mut command = match placement.prefix.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
                 c.args(args).arg(&exe);
@@ -95,10 +215,13 @@ pub fn world_wrapped(
             }
             None => Command::new(&exe),
         };
+        if let Some(host) = placement.host {
+            command.env("FERRY_TEST_HOST", host.to_string());
+        }
         let mut child = command
             .args([test, "--exact", "--nocapture", "--test-threads", "1"])
             .env("FERRY_TEST_NAME", test)
-            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_ADDR", master_addr)
             .env("MASTER_PORT", port.to_string())
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
@@ -146,7 +269,7 @@ pub fn world_wrapped(
             }
         }
     }
-    Some(outputs.into_iter().map(Option::unwrap).collect())
+    outputs.into_iter().map(Option::unwrap).collect()
 }
 
 /// Like [`world`], and asserts every rank succeeded, printing their output if not.

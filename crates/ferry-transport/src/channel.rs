@@ -4,14 +4,14 @@
 //! | channel | carries tensor bytes | domain (who can use it with whom) | default priority |
 //! |---|---|---|---|
 //! | `cma` | receiver pulls them from the sender's memory (`process_vm_readv`): one copy | same boot, PID and user namespace, user (only offered where the kernel permits it); selected only with the `shm` transport, reading only from the process the kernel names as the peer | 30 |
-//! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot and network namespace | 20 |
+//! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
 //! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!
 //! | transport | carries frames | domain | default priority |
 //! |---|---|---|---|
-//! | `shm` | a ring pair in shared memory, woken through eventfds only when the peer sleeps | same boot and network namespace | 10 |
+//! | `shm` | a ring pair in shared memory, woken through eventfds only when the peer sleeps | same boot, network and PID namespace | 10 |
 //! | `ucx` (feature `ucx`) | UCX tag messages between two UCX workers | any (offered where `libucp.so.0` loads) | 5 |
 //! | `tcp` | a TCP connection (also the bootstrap for `shm` and `ucx`) | any | 0 |
 //!
@@ -21,6 +21,19 @@
 //! permitted), and workers on different hosts use `mpt`. A worker can
 //! restrict and reorder the lists ([`parse_channels`], [`parse_transports`];
 //! the RPC layer reads them from `FERRY_CHANNELS` and `FERRY_TRANSPORTS`).
+//!
+//! Why the same-host domains hold what they hold:
+//! - the boot id: another machine (or a reboot) shares no memory;
+//! - the network namespace: the shared memory is passed over an abstract
+//!   Unix socket, and those are per network namespace;
+//! - the PID namespace: the `shm` set-up watches the peer process through
+//!   the pid the kernel reports for that socket (`SO_PEERCRED`), and `cma`
+//!   reads that process; across PID namespaces the kernel names no process
+//!   (pid 0), so processes in separate PID namespaces on one network (e.g.
+//!   containers sharing the host's network) use the cross-host paths.
+//!
+//! [`not_same_host`] says, typed, why two descriptors differ; a connection
+//! logs it when it rules a same-host channel or transport out.
 
 use std::sync::OnceLock;
 
@@ -66,27 +79,85 @@ pub const UCX_CHANNEL_PRIORITY: i32 = 15;
 /// Default priority of the `ucx` transport: above `tcp`, below `shm`.
 pub const UCX_TRANSPORT_PRIORITY: i32 = 5;
 
-/// Whether UCX is usable here: its version as the domain descriptor is
-/// not used (any two UCX workers can talk), only the reason when not.
+/// The `ucx` domain: `any` (two UCX workers anywhere can talk; UCX picks
+/// its transports per peer), or why UCX cannot be used in this process.
 #[cfg(feature = "ucx")]
 fn ucx_domain() -> Result<String, String> {
     crate::ucx::viability().map(|_| "any".to_owned())
 }
 
-/// The domain of same-host shared memory: the boot id and the network
+/// The domain of same-host shared memory: the boot id, the network
 /// namespace (abstract Unix sockets, which pass the segment's descriptors,
-/// are per network namespace).
+/// are per network namespace) and the PID namespace (the set-up watches
+/// the peer process the kernel names for that socket, which it names only
+/// within one PID namespace).
 pub(crate) fn same_host_domain() -> Result<String, String> {
     static DOMAIN: OnceLock<Result<String, String>> = OnceLock::new();
     DOMAIN
         .get_or_init(|| {
             let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
                 .map_err(|e| format!("cannot read the boot id: {e}"))?;
-            let net = std::fs::read_link("/proc/self/ns/net")
-                .map_err(|e| format!("cannot read the network namespace: {e}"))?;
-            Ok(format!("{}/{}", boot.trim(), net.to_string_lossy()))
+            let ns = |kind: &str, what: &str| {
+                std::fs::read_link(format!("/proc/self/ns/{kind}"))
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .map_err(|e| format!("cannot read the {what} namespace: {e}"))
+            };
+            Ok(format!(
+                "{}/{}/{}",
+                boot.trim(),
+                ns("net", "network")?,
+                ns("pid", "PID")?
+            ))
         })
         .clone()
+}
+
+/// Why two processes are not on one host as a same-host channel or
+/// transport (`cma`, `shm`) needs it: the first part in which their domain
+/// descriptors differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotSameHost {
+    /// Different boot ids: another machine, or one rebooted in between.
+    #[error("different boot ids (another machine)")]
+    Boot,
+    /// Different network namespaces: the abstract Unix socket that passes
+    /// the shared memory cannot be reached.
+    #[error("different network namespaces")]
+    Network,
+    /// Different PID namespaces: the kernel names no peer process to watch
+    /// or read.
+    #[error("different PID namespaces")]
+    Pid,
+    /// Different user namespaces: the kernel refuses `cma`.
+    #[error("different user namespaces")]
+    User,
+    /// Different user or group ids: the kernel refuses `cma`.
+    #[error("different user or group ids")]
+    Ids,
+    /// Descriptors of different forms (another build's), or an unknown part.
+    #[error("descriptors of different forms")]
+    Form,
+}
+
+/// Why the same-host domain descriptors `local` and `peer` (of `cma`,
+/// `shm` or the `shm` transport) differ, or `None` when they are equal.
+pub fn not_same_host(local: &str, peer: &str) -> Option<NotSameHost> {
+    if local == peer {
+        return None;
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (local.split('/').collect(), peer.split('/').collect());
+    if a.len() != b.len() {
+        return Some(NotSameHost::Form);
+    }
+    let (i, part) = a.iter().zip(&b).enumerate().find(|(_, (x, y))| x != y)?;
+    Some(match part.0 {
+        _ if i == 0 => NotSameHost::Boot,
+        p if p.starts_with("net:") => NotSameHost::Network,
+        p if p.starts_with("pid:") => NotSameHost::Pid,
+        p if p.starts_with("user:") => NotSameHost::User,
+        p if p.starts_with("uid=") || p.starts_with("gid=") => NotSameHost::Ids,
+        _ => NotSameHost::Form,
+    })
 }
 
 /// The `cma` domain descriptor, or why the channel is not viable here.
@@ -229,6 +300,39 @@ fn parse_list<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_host_domain_holds_boot_network_and_pid_namespace() {
+        let d = same_host_domain().unwrap();
+        let parts: Vec<&str> = d.split('/').collect();
+        assert_eq!(parts.len(), 3, "{d}");
+        assert!(parts[1].starts_with("net:["), "{d}");
+        assert!(parts[2].starts_with("pid:["), "{d}");
+        assert_eq!(not_same_host(&d, &d), None);
+    }
+
+    #[test]
+    fn not_same_host_names_the_first_difference() {
+        let shm = |boot: &str, net: u32, pid: u32| format!("{boot}/net:[{net}]/pid:[{pid}]");
+        let a = shm("b1", 1, 2);
+        assert_eq!(not_same_host(&a, &shm("b2", 1, 2)), Some(NotSameHost::Boot));
+        assert_eq!(not_same_host(&a, &shm("b2", 5, 6)), Some(NotSameHost::Boot));
+        assert_eq!(
+            not_same_host(&a, &shm("b1", 5, 6)),
+            Some(NotSameHost::Network)
+        );
+        assert_eq!(not_same_host(&a, &shm("b1", 1, 6)), Some(NotSameHost::Pid));
+        let cma =
+            |pid: u32, user: u32, uid: u32| format!("b1/pid:[{pid}]/user:[{user}]/uid={uid}/gid=0");
+        let c = cma(1, 2, 0);
+        assert_eq!(not_same_host(&c, &cma(1, 3, 0)), Some(NotSameHost::User));
+        assert_eq!(not_same_host(&c, &cma(1, 2, 1000)), Some(NotSameHost::Ids));
+        assert_eq!(not_same_host(&c, &cma(9, 2, 0)), Some(NotSameHost::Pid));
+        // The same-host domain of an older build (no PID namespace).
+        assert_eq!(not_same_host(&a, "b1/net:[1]"), Some(NotSameHost::Form));
+        assert_eq!(not_same_host("b1/x", "b1/y"), Some(NotSameHost::Form));
+        assert_eq!(NotSameHost::Pid.to_string(), "different PID namespaces");
+    }
 
     #[test]
     fn unknown_names_list_the_known_ones() {

@@ -6,12 +6,16 @@
 //!                  [--quorum-tick-ms 100] [--heartbeat-timeout-ms 5000]
 //!                  [--threads 1] [--tls-cert CERT.pem --tls-key KEY.pem]
 //!                  [--allow 10.0.0.0/8,127.0.0.1]
+//!                  [--manager-tls-ca CA.pem [--manager-tls-domain NAME]]
 //! ```
 //!
 //! `--tls-cert`/`--tls-key` serve over TLS (clients connect with
 //! `https://` and must trust the certificate's CA); `--allow` closes
 //! connections from clients outside the listed networks unread, with a
-//! warning naming them (see `ferry_ft::access`).
+//! warning naming them (see `ferry_ft::access`). `--manager-tls-ca` is the
+//! CA the dashboard's `Kill` trusts to reach managers serving over TLS
+//! (`--manager-tls-domain`: the name their certificates carry, when not
+//! their address's host).
 //!
 //! torchft's spellings (`--min_replicas`, `--join_timeout_ms`,
 //! `--quorum_tick_ms`, `--heartbeat_timeout_ms`) work too, and `--flag=value`
@@ -33,7 +37,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use ferry_ft::access::{Access, AccessError, AllowList, TlsIdentity};
+use ferry_ft::access::{Access, AccessError, AllowList, ClientTls, TlsIdentity};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
 use tracing_subscriber::EnvFilter;
 
@@ -96,6 +100,14 @@ struct Args {
     /// ADDRESS/PREFIX; default: every client).
     #[arg(long, value_name = "NETWORKS")]
     allow: Option<AllowList>,
+    /// Reach managers serving over TLS (the dashboard's Kill) trusting this
+    /// CA certificate (PEM).
+    #[arg(long, value_name = "PEM")]
+    manager_tls_ca: Option<std::path::PathBuf>,
+    /// The name the managers' certificates carry (default: the host of
+    /// their address); needs --manager-tls-ca.
+    #[arg(long, value_name = "NAME", requires = "manager_tls_ca")]
+    manager_tls_domain: Option<String>,
 }
 
 impl Args {
@@ -105,11 +117,19 @@ impl Args {
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             access = access.with_tls(TlsIdentity::from_files(cert, key)?);
         }
-        Ok(LighthouseOptions::new(self.min_replicas)
+        let mut options = LighthouseOptions::new(self.min_replicas)
             .with_join_timeout(Duration::from_millis(self.join_timeout_ms))
             .with_quorum_tick(Duration::from_millis(self.quorum_tick_ms))
             .with_heartbeat_timeout(Duration::from_millis(self.heartbeat_timeout_ms))
-            .with_access(access))
+            .with_access(access);
+        if let Some(ca) = &self.manager_tls_ca {
+            let mut tls = ClientTls::from_file(ca)?;
+            if let Some(domain) = &self.manager_tls_domain {
+                tls = tls.with_domain(domain.clone());
+            }
+            options = options.with_manager_tls(tls);
+        }
+        Ok(options)
     }
 }
 
@@ -208,9 +228,16 @@ mod tests {
 
     #[test]
     fn tls_and_allow_list_flags() {
-        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls");
-        let cert = format!("{fixtures}/server.pem");
-        let key = format!("{fixtures}/server.key");
+        // A self-signed certificate made here (the flags only read files).
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path.display().to_string()
+        };
+        let cert = write("server.pem", made.cert.pem());
+        let key = write("server.key", made.signing_key.serialize_pem());
         let (_, options, _) = parsed(&[
             "--min-replicas",
             "1",
@@ -237,6 +264,18 @@ mod tests {
         ])
         .unwrap();
         assert!(missing.options().is_err());
+        // The CA the dashboard's Kill trusts to reach TLS managers.
+        let (_, options, _) = parsed(&[
+            "--min-replicas",
+            "1",
+            "--manager-tls-ca",
+            &cert,
+            "--manager-tls-domain",
+            "replica-a.internal",
+        ]);
+        let tls = options.manager_tls.unwrap();
+        assert_eq!(tls.domain.as_deref(), Some("replica-a.internal"));
+        assert!(parse(&["--min-replicas", "1", "--manager-tls-domain", "x"]).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::access::Access;
+use crate::access::{Access, ClientTls};
 
 /// The lighthouse's knobs, as torchft's `LighthouseOpt` (which spells the
 /// durations in milliseconds: `join_timeout_ms`, `quorum_tick_ms`,
@@ -23,6 +23,10 @@ pub struct LighthouseOptions {
     /// Who may connect: TLS and the allowed client networks (default:
     /// plain text, every client, as torchft).
     pub access: Access,
+    /// How the dashboard's `Kill` reaches managers serving over TLS (the
+    /// CA to trust; their addresses then read `https://`). `None`: plain
+    /// text, torchft's default.
+    pub manager_tls: Option<ClientTls>,
 }
 
 impl LighthouseOptions {
@@ -36,12 +40,19 @@ impl LighthouseOptions {
             quorum_tick: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_millis(5_000),
             access: Access::default(),
+            manager_tls: None,
         }
     }
 
     /// Sets [`access`](Self::access).
     pub fn with_access(mut self, access: Access) -> Self {
         self.access = access;
+        self
+    }
+
+    /// Sets [`manager_tls`](Self::manager_tls).
+    pub fn with_manager_tls(mut self, tls: ClientTls) -> Self {
+        self.manager_tls = Some(tls);
         self
     }
 

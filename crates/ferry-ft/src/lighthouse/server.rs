@@ -41,7 +41,8 @@ use super::dashboard::render_page;
 use super::state::TickLog;
 use super::status::{KillOutcome, LighthouseStatus};
 use super::{check_replica_id, LighthouseOptions, LighthouseState};
-use crate::grpc::{endpoint, error_chain, finish_serving, request_timeout};
+use crate::access::{client_endpoint, ClientTls, EndpointError};
+use crate::grpc::{error_chain, finish_serving, request_timeout};
 use crate::proto::lighthouse_service_server::SERVICE_NAME;
 use crate::proto::manager_service_client::ManagerServiceClient;
 use crate::proto::{
@@ -172,10 +173,15 @@ impl Lighthouse {
                 .serve_with_incoming_shutdown(incoming, signal)
                 .instrument(span),
         );
+        let scheme = if shared.opt.access.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         info!(
             addr = %local_addr,
             min_replicas = shared.opt.min_replicas,
-            "Lighthouse listening on http://{local_addr}"
+            "Lighthouse listening on {scheme}://{local_addr}"
         );
 
         Ok(Self {
@@ -411,7 +417,7 @@ impl Shared {
         let address = self.member_address(&replica_id);
         let result = match &address {
             None => Err(KillError::UnknownReplica),
-            Some(address) => kill_manager(address).await,
+            Some(address) => kill_manager(address, self.opt.manager_tls.as_ref()).await,
         };
         let code = match &result {
             Ok(()) => StatusCode::OK,
@@ -648,7 +654,7 @@ enum KillError {
     InvalidAddress {
         address: String,
         #[source]
-        source: tonic::transport::Error,
+        source: EndpointError,
     },
     #[error("cannot connect to manager at {address}")]
     Connect {
@@ -665,15 +671,15 @@ enum KillError {
     Timeout { address: String, timeout: Duration },
 }
 
-/// Calls `torchft.ManagerService/Kill` on the manager at `address`.
-async fn kill_manager(address: &str) -> Result<(), KillError> {
-    let endpoint = endpoint(address)
-        .map_err(|source| KillError::InvalidAddress {
+/// Calls `torchft.ManagerService/Kill` on the manager at `address`, over
+/// TLS trusting `tls` when given.
+async fn kill_manager(address: &str, tls: Option<&ClientTls>) -> Result<(), KillError> {
+    let (endpoint, _) =
+        client_endpoint(address, tls).map_err(|source| KillError::InvalidAddress {
             address: address.to_owned(),
             source,
-        })?
-        .connect_timeout(KILL_TIMEOUT)
-        .timeout(KILL_TIMEOUT);
+        })?;
+    let endpoint = endpoint.connect_timeout(KILL_TIMEOUT).timeout(KILL_TIMEOUT);
     let call = async {
         let channel = endpoint
             .connect()

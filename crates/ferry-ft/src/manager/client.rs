@@ -8,7 +8,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use super::server::{ERROR_KIND_KEY, LIGHTHOUSE_UNREACHABLE, RETRIES_KEY};
-use crate::grpc::{endpoint, error_chain, with_scheme};
+use crate::access::{client_endpoint, tls_failure, ClientTls, EndpointError};
+use crate::grpc::error_chain;
 use crate::proto::manager_service_client::ManagerServiceClient;
 use crate::proto::{
     CheckpointMetadataRequest, KillRequest, ManagerQuorumRequest, ManagerQuorumResponse,
@@ -25,13 +26,24 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why a call to the manager failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerClientError {
-    /// The manager address is not a valid URI.
+    /// The manager address is not a valid URI, or does not fit the TLS
+    /// configuration (`https://` without a CA to trust, or the reverse).
     #[error("invalid manager address {address:?}: {source}")]
     InvalidAddress {
         /// The address given.
         address: String,
         /// Why it was refused.
-        source: tonic::transport::Error,
+        source: EndpointError,
+    },
+    /// The TLS handshake with the manager failed: its certificate is not
+    /// signed by the CA this client trusts, does not carry the expected
+    /// name, or the manager does not speak TLS.
+    #[error("TLS with the manager at {address} failed: {reason}")]
+    Tls {
+        /// The manager's address.
+        address: String,
+        /// What rustls reported.
+        reason: String,
     },
     /// The manager could not be reached.
     #[error("cannot connect to the manager at {address}: {reason}")]
@@ -253,21 +265,46 @@ impl ManagerClient {
         address: impl Into<String>,
         connect_timeout: Duration,
     ) -> Result<Self, ManagerClientError> {
+        Self::connect_with(address, connect_timeout, None).await
+    }
+
+    /// Connects to the manager at `address` within `connect_timeout`, over
+    /// TLS trusting `tls` when given (`https://host:port` or `host:port`),
+    /// in plain text otherwise (`http://host:port` or `host:port`).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use ferry_ft::access::ClientTls;
+    /// use ferry_ft::manager::ManagerClient;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tls = ClientTls::from_file("ca.pem".as_ref())?.with_domain("replica-a.internal");
+    /// let timeout = Duration::from_secs(10);
+    /// let client = ManagerClient::connect_with("https://10.0.0.5:29512", timeout, Some(&tls)).await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        address: impl Into<String>,
+        connect_timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ManagerClientError> {
         let address = address.into();
-        let endpoint = endpoint(&address)
-            .map_err(|source| ManagerClientError::InvalidAddress {
+        let (endpoint, address) = client_endpoint(&address, tls).map_err(|source| {
+            ManagerClientError::InvalidAddress {
                 address: address.clone(),
                 source,
-            })?
-            .connect_timeout(connect_timeout)
-            .tcp_nodelay(true);
-        let address = with_scheme(&address);
+            }
+        })?;
+        let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
         let channel = match tokio::time::timeout(connect_timeout, endpoint.connect()).await {
             Ok(Ok(channel)) => channel,
             Ok(Err(error)) => {
-                return Err(ManagerClientError::Connect {
-                    address,
-                    reason: error_chain(&error),
+                return Err(match tls_failure(&error) {
+                    Some(reason) => ManagerClientError::Tls { address, reason },
+                    None => ManagerClientError::Connect {
+                        address,
+                        reason: error_chain(&error),
+                    },
                 })
             }
             Err(_) => {

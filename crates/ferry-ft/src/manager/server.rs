@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, ToSocketAddrs};
 
-use crate::access::Access;
+use crate::access::{client_endpoint, tls_failure, Access, ClientTls, EndpointError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -26,7 +26,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use super::{compute_quorum_results, ManagerInfo, QuorumGather, ShouldCommitVotes};
-use crate::grpc::{endpoint, error_chain, finish_serving, request_timeout};
+use crate::grpc::{error_chain, finish_serving, request_timeout};
 use crate::proto::lighthouse_service_client::LighthouseServiceClient;
 use crate::proto::manager_service_server::{ManagerService, ManagerServiceServer};
 use crate::proto::{
@@ -110,11 +110,11 @@ pub struct ManagerOptions {
     /// Who may connect to this manager: TLS and the allowed client
     /// networks (default: plain text, every client, as torchft).
     pub access: Access,
-    /// The CA certificate (PEM) of a lighthouse serving over TLS
-    /// (`https://` in [`lighthouse_addr`](Self::lighthouse_addr)); `None`:
-    /// the system's roots are not consulted, plain text or a trusted CA
-    /// must be given.
-    pub lighthouse_ca: Option<Vec<u8>>,
+    /// How to reach a lighthouse serving over TLS: the CA certificate to
+    /// trust and the name its certificate carries ([`ClientTls`]; the
+    /// address is then `https://host:port` or `host:port`). `None`: plain
+    /// text, torchft's default.
+    pub lighthouse_tls: Option<ClientTls>,
 }
 
 impl fmt::Debug for ManagerOptions {
@@ -155,7 +155,7 @@ impl ManagerOptions {
             data: String::new(),
             on_kill: exit_on_kill(),
             access: Access::default(),
-            lighthouse_ca: None,
+            lighthouse_tls: None,
         }
     }
 
@@ -165,9 +165,9 @@ impl ManagerOptions {
         self
     }
 
-    /// Sets [`lighthouse_ca`](Self::lighthouse_ca).
-    pub fn with_lighthouse_ca(mut self, ca_pem: Vec<u8>) -> Self {
-        self.lighthouse_ca = Some(ca_pem);
+    /// Sets [`lighthouse_tls`](Self::lighthouse_tls).
+    pub fn with_lighthouse_tls(mut self, tls: ClientTls) -> Self {
+        self.lighthouse_tls = Some(tls);
         self
     }
 
@@ -219,7 +219,8 @@ pub enum ManagerError {
         /// What is wrong.
         reason: String,
     },
-    /// The lighthouse address is not a valid URI.
+    /// The lighthouse address is not a valid URI, or does not fit
+    /// [`lighthouse_tls`](ManagerOptions::lighthouse_tls).
     #[error("manager {replica_id}: invalid lighthouse address {address:?}: {source}")]
     InvalidLighthouseAddress {
         /// The replica group.
@@ -227,7 +228,7 @@ pub enum ManagerError {
         /// The address given.
         address: String,
         /// Why it was refused.
-        source: tonic::transport::Error,
+        source: EndpointError,
     },
     /// The listening socket could not be bound.
     #[error("manager {replica_id}: cannot bind {addr}: {source}")]
@@ -338,27 +339,17 @@ impl Manager {
                 reason: "world_size must be at least 1".to_owned(),
             });
         }
-        let lighthouse = endpoint(&options.lighthouse_addr)
-            .map_err(|source| ManagerError::InvalidLighthouseAddress {
-                replica_id: replica_id.clone(),
-                address: options.lighthouse_addr.clone(),
-                source,
-            })?
-            .connect_timeout(options.connect_timeout)
-            .tcp_nodelay(true);
-        let lighthouse = match &options.lighthouse_ca {
-            Some(ca) => lighthouse
-                .tls_config(
-                    tonic::transport::ClientTlsConfig::new()
-                        .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
-                )
-                .map_err(|source| ManagerError::InvalidLighthouseAddress {
+        let (lighthouse, _) =
+            client_endpoint(&options.lighthouse_addr, options.lighthouse_tls.as_ref()).map_err(
+                |source| ManagerError::InvalidLighthouseAddress {
                     replica_id: replica_id.clone(),
                     address: options.lighthouse_addr.clone(),
                     source,
-                })?,
-            None => lighthouse,
-        };
+                },
+            )?;
+        let lighthouse = lighthouse
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true);
         let bind_error = |source| ManagerError::Bind {
             replica_id: replica_id.clone(),
             addr: addr.to_string(),
@@ -374,7 +365,11 @@ impl Manager {
                 reason: e.to_string(),
             })?;
         let incoming = options.access.incoming(listener, "manager");
-        let address = advertised_address(options.hostname.as_deref(), local_addr);
+        let address = advertised_address(
+            options.hostname.as_deref(),
+            local_addr,
+            options.access.tls.is_some(),
+        );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let info = ManagerInfo {
@@ -512,16 +507,17 @@ impl Drop for Manager {
 }
 
 /// `http://host:port` for the manager bound at `local_addr`.
-fn advertised_address(hostname: Option<&str>, local_addr: SocketAddr) -> String {
+fn advertised_address(hostname: Option<&str>, local_addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
     let port = local_addr.port();
     let host = match hostname {
         Some(host) => host.to_owned(),
         None if local_addr.ip().is_unspecified() => machine_hostname(),
-        None => return format!("http://{}", SocketAddr::new(local_addr.ip(), port)),
+        None => return format!("{scheme}://{}", SocketAddr::new(local_addr.ip(), port)),
     };
     match host.parse::<IpAddr>() {
-        Ok(ip) => format!("http://{}", SocketAddr::new(ip, port)),
-        Err(_) => format!("http://{host}:{port}"),
+        Ok(ip) => format!("{scheme}://{}", SocketAddr::new(ip, port)),
+        Err(_) => format!("{scheme}://{host}:{port}"),
     }
 }
 
@@ -579,6 +575,8 @@ enum AttemptError {
     ConnectTimeout(Duration),
     #[error("cannot connect to the lighthouse: {0}")]
     Connect(String),
+    #[error("TLS with the lighthouse failed: {0}")]
+    Tls(String),
     #[error("no answer from the lighthouse within {0:?}")]
     Timeout(Duration),
     #[error("lighthouse answered {}: {}", .0.code(), .0.message())]
@@ -887,7 +885,10 @@ impl Shared {
         let channel = tokio::time::timeout(limit, self.lighthouse.connect())
             .await
             .map_err(|_| AttemptError::ConnectTimeout(limit))?
-            .map_err(|error| AttemptError::Connect(error_chain(&error)))?;
+            .map_err(|error| match tls_failure(&error) {
+                Some(reason) => AttemptError::Tls(reason),
+                None => AttemptError::Connect(error_chain(&error)),
+            })?;
         let client = LighthouseServiceClient::new(channel);
         *lock(&self.lighthouse_client) = Some(client.clone());
         Ok(client)
@@ -1069,11 +1070,24 @@ mod tests {
         let v4: SocketAddr = "127.0.0.1:29512".parse().expect("addr");
         let v6: SocketAddr = "[::1]:29512".parse().expect("addr");
         let any: SocketAddr = "0.0.0.0:29512".parse().expect("addr");
-        assert_eq!(advertised_address(None, v4), "http://127.0.0.1:29512");
-        assert_eq!(advertised_address(None, v6), "http://[::1]:29512");
-        assert_eq!(advertised_address(Some("node7"), any), "http://node7:29512");
-        assert_eq!(advertised_address(Some("::1"), any), "http://[::1]:29512");
-        let host = advertised_address(None, any);
+        assert_eq!(
+            advertised_address(None, v4, false),
+            "http://127.0.0.1:29512"
+        );
+        assert_eq!(advertised_address(None, v6, false), "http://[::1]:29512");
+        assert_eq!(
+            advertised_address(Some("node7"), any, false),
+            "http://node7:29512"
+        );
+        assert_eq!(
+            advertised_address(Some("::1"), any, false),
+            "http://[::1]:29512"
+        );
+        assert_eq!(
+            advertised_address(Some("node7"), any, true),
+            "https://node7:29512"
+        );
+        let host = advertised_address(None, any, false);
         assert!(
             host.starts_with("http://") && host.ends_with(":29512") && !host.contains("0.0.0.0"),
             "{host}"

@@ -1,6 +1,7 @@
 //! What the server tests share (`lighthouse_server.rs`, `manager_server.rs`,
-//! `torchft_interop.rs`): bounded waits, a lighthouse and managers on
-//! 127.0.0.1 with test timings, and plain HTTP requests.
+//! `torchft_interop.rs`, `access.rs`): bounded waits, a lighthouse and
+//! managers on 127.0.0.1 with test timings, plain HTTP requests, and TLS
+//! certificates made at test time.
 
 // Each test binary uses its own subset.
 #![allow(dead_code)]
@@ -9,6 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ferry_ft::access::TlsIdentity;
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions, LighthouseStatus};
 use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -137,4 +139,37 @@ pub(crate) async fn http_with(
         (code, head.to_owned(), body.to_owned())
     })
     .await
+}
+
+/// A CA and a server certificate it signed for `localhost` and 127.0.0.1,
+/// made at test time (PEM).
+pub(crate) struct Pki {
+    /// The CA's certificate: what a client trusts.
+    pub(crate) ca: String,
+    /// The server's certificate chain and key.
+    pub(crate) server: TlsIdentity,
+}
+
+impl Pki {
+    /// A fresh CA and server certificate (each call: another CA).
+    pub(crate) fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("server key");
+        let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .expect("server params")
+            .signed_by(&key, &issuer)
+            .expect("server certificate");
+        Pki {
+            ca: ca.pem(),
+            server: TlsIdentity {
+                cert_pem: server.pem().into_bytes(),
+                key_pem: key.serialize_pem().into_bytes(),
+            },
+        }
+    }
 }

@@ -293,6 +293,15 @@ impl Inner {
                 let worker = self.workers[rank as usize].name.clone();
                 return Err(RpcError::too_large(worker, function.to_string(), e));
             }
+            Err(SendError::NoChannel(e)) => {
+                // Never sent, like a message over the limits.
+                self.tally.not_sent(rank);
+                let cancelled = self.calls.lock().cancel(id);
+                if cancelled.is_some() {
+                    self.call_done();
+                }
+                return Err(RpcError::Transport(e.into()));
+            }
         }
         Ok(slot)
     }

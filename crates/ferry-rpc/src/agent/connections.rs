@@ -11,32 +11,42 @@ use ferry_wire::{Flags, PeerText};
 use tokio::net::TcpListener;
 use tracing::{debug, warn, Instrument};
 
-use crate::outbox::{outbox, Outbox, OutboxQueue};
+use crate::outbox::{outbox, Outbox, OutboxQueue, Refusal};
+use crate::protocol::Failure;
 use crate::{RpcError, WorkerInfo};
 
 use super::{Inner, Link, LinkInfo, RUNNING};
 
 impl Inner {
-    /// A message the writer task of a connection with `peer` kept back,
-    /// over the peer's limits (queued before the handshake told them): a
-    /// request fails its call, never counted as sent; a reply is replaced
-    /// by an error reply naming the limit.
+    /// A message the writer task of a connection with `peer` kept back
+    /// (queued before the handshake told the peer's limits and the
+    /// selection): over the peer's limits, or with a tensor no selected
+    /// channel carries. A request fails its call, never counted as sent; a
+    /// reply is replaced by an error reply naming why.
     pub(super) fn refused(
         &self,
         peer: &WorkerInfo,
         message: OutgoingMessage,
-        e: ferry_wire::WireError,
+        why: Refusal,
     ) -> Option<OutgoingMessage> {
         if message.flags.contains(Flags::REPLY) {
-            return Some(self.result_too_large(peer, message.request_id, &e));
+            return Some(match &why {
+                Refusal::TooLarge(e) => self.result_too_large(peer, message.request_id, e),
+                Refusal::NoChannel(e) => super::serving::error_reply(
+                    message.request_id,
+                    Failure::failed(format!("the result was not sent: {e}")),
+                ),
+            });
         }
         // Never sent (even if the call has timed out meanwhile).
         self.tally.not_sent(peer.id);
         let cancelled = self.calls.lock().cancel(message.request_id);
         if let Some(p) = cancelled {
             let worker = self.workers[p.to as usize].name.clone();
-            p.slot
-                .complete(Err(RpcError::too_large(worker, p.function, e)));
+            p.slot.complete(Err(match why {
+                Refusal::TooLarge(e) => RpcError::too_large(worker, p.function, e),
+                Refusal::NoChannel(e) => RpcError::Transport(e.into()),
+            }));
             self.call_done();
         }
         None

@@ -137,8 +137,17 @@ impl Inner {
             payload: encoded.payload,
             tensors: encoded.tensors,
         });
-        if let Err(SendError::TooLarge(e)) = &sent {
-            sent = outbox.send(self.result_too_large(caller, request_id, e));
+        match &sent {
+            Err(SendError::TooLarge(e)) => {
+                sent = outbox.send(self.result_too_large(caller, request_id, e));
+            }
+            Err(SendError::NoChannel(e)) => {
+                sent = outbox.send(error_reply(
+                    request_id,
+                    Failure::failed(format!("the result was not sent: {e}")),
+                ));
+            }
+            _ => {}
         }
         if let Err(SendError::Write(e)) = sent {
             warn!(request_id, error = %e, "cannot send a reply");
@@ -355,6 +364,17 @@ impl Inner {
                 .payload,
             tensors: Vec::new(),
         }
+    }
+}
+
+/// An error reply carrying `failure`.
+pub(super) fn error_reply(request_id: u64, failure: Failure) -> OutgoingMessage {
+    OutgoingMessage {
+        kind: MessageKind::ERROR,
+        flags: Flags::REPLY,
+        request_id,
+        payload: payload::encode(&failure).unwrap_or_default().payload,
+        tensors: Vec::new(),
     }
 }
 

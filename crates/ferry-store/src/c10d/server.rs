@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use super::wire::{self, C10dFormatError, Query, QueryType, Reply, WaitReply, VALIDATION_MAGIC};
 use crate::quota::{ConnId, QuotaBound, Refusal};
-use crate::tcp::{closing, Served, COUNTER_BYTES};
+use crate::tcp::{closing, Served};
 use crate::StoreError;
 
 /// A c10d `WAIT` has no timeout on the server (the client cancels it);
@@ -85,25 +85,16 @@ impl Session {
         self.validated
     }
 
-    /// Runs the write `store` of `bytes` under `key` if the quota admits
-    /// it, under the ledger's lock (so concurrent writers cannot together
-    /// exceed a bound); `store` says whether it stored, and only then is
-    /// the key charged to this connection.
+    /// [`Served::write`] for this connection, its refusal as [`Refused`].
     fn write<T>(
         &self,
         key: &str,
         bytes: usize,
-        store: impl FnOnce() -> (T, bool),
+        store: impl FnOnce() -> (T, Option<usize>),
     ) -> Result<T, Refused> {
-        let mut ledger = self.served.ledger.lock();
-        ledger
-            .admit(&self.served.limits, self.conn, key, bytes)
-            .map_err(|r| refused(key, r))?;
-        let (out, stored) = store();
-        if stored {
-            ledger.stored(self.conn, key, bytes);
-        }
-        Ok(out)
+        self.served
+            .write(self.conn, key, bytes, store)
+            .map_err(|r| refused(key, r))
     }
 
     /// Handles `query`; `waiting` is the number of this connection's
@@ -128,7 +119,8 @@ impl Session {
             } => Step::Quiet,
             Query::Validate { magic } => return Err(C10dFormatError::BadMagic(magic).into()),
             Query::Set { key, value } => {
-                self.write(&key, value.len(), || (state.insert(&key, value), true))?;
+                let len = value.len();
+                self.write(&key, len, || (state.insert(&key, value), Some(len)))?;
                 Step::Quiet
             }
             Query::CompareSet {
@@ -139,31 +131,24 @@ impl Session {
                 let len = desired.len();
                 // Only a swap that stores is charged (a key that already
                 // held `desired` while `expected` differed stores nothing).
-                let now = self.write(&key, len, || state.swap_if_c10d(&key, &expected, desired))?;
+                let now = self.write(&key, len, || {
+                    let (now, stored) = state.swap_if_c10d(&key, &expected, desired);
+                    (now, stored.then_some(len))
+                })?;
                 Step::Reply(Reply::Value(now))
             }
             Query::Get { key } => Step::Reply(Reply::Value(state.value(&key).unwrap_or_default())),
             Query::Add { key, delta } => {
-                let added = self.write(&key, COUNTER_BYTES, || {
-                    let added = state.increment(&key, delta);
-                    let stored = added.is_ok();
-                    (added, stored)
-                })?;
+                let added = self
+                    .served
+                    .add(self.conn, &key, delta)
+                    .map_err(|r| refused(&key, r))?;
                 Step::Reply(Reply::Int(added?))
             }
             Query::Check { keys } => Step::Reply(Reply::Check(state.contains_all(&keys))),
             Query::Wait { keys } => {
-                let limit = self.served.limits.max_waits_per_connection;
-                if waiting >= limit {
-                    let key = keys.first().cloned().unwrap_or_default();
-                    return Err(refused(
-                        &key,
-                        Refusal {
-                            bound: QuotaBound::ConnectionWaits,
-                            limit: limit as u64,
-                            requested: waiting as u64 + 1,
-                        },
-                    ));
+                if let Err(r) = self.served.admit_wait(waiting) {
+                    return Err(refused(keys.first().map_or("", String::as_str), r));
                 }
                 let state = state.clone();
                 Step::Wait(
@@ -175,14 +160,12 @@ impl Session {
             }
             Query::NumKeys => Step::Reply(Reply::Int(state.len() as i64)),
             Query::DeleteKey { key } => {
-                self.served.ledger.lock().deleted(&key);
-                Step::Reply(Reply::Int(i64::from(state.remove(&key))))
+                Step::Reply(Reply::Int(i64::from(self.served.delete(&key))))
             }
             Query::Append { key, value } => {
                 let now = state.value(&key).map_or(0, |v| v.len());
-                self.write(&key, now.saturating_add(value.len()), || {
-                    (state.append(&key, &value), true)
-                })?;
+                let len = now.saturating_add(value.len());
+                self.write(&key, len, || (state.append(&key, &value), Some(len)))?;
                 Step::Quiet
             }
             Query::MultiGet { keys } => Step::Reply(Reply::Values(
@@ -192,7 +175,8 @@ impl Session {
             )),
             Query::MultiSet { entries } => {
                 for (key, value) in entries {
-                    self.write(&key, value.len(), || (state.insert(&key, value), true))?;
+                    let len = value.len();
+                    self.write(&key, len, || (state.insert(&key, value), Some(len)))?;
                 }
                 Step::Quiet
             }
@@ -232,12 +216,12 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
         }
         Err(e) => warn!(%peer, error = %e, "cannot encode a c10d reply"),
     };
-    let mut buf: Vec<u8> = Vec::new();
+    let mut decoder = wire::QueryDecoder::default();
     let mut waits = FuturesUnordered::new();
     loop {
         // Every whole query in the buffer, in order.
         loop {
-            let (query, used) = match wire::decode_query(&buf) {
+            let query = match decoder.next_query() {
                 Ok(Some(q)) => q,
                 Ok(None) => break,
                 Err(e) => {
@@ -245,7 +229,6 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
                     return;
                 }
             };
-            buf.drain(..used);
             match session.handle(query, waits.len()) {
                 Ok(Step::Quiet) => {}
                 Ok(Step::Reply(r)) => send(&r),
@@ -269,7 +252,7 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
             Some(()) = waits.next(), if !waits.is_empty() => {
                 send(&Reply::Wait(WaitReply::StopWaiting));
             }
-            read = { buf.reserve(16 << 10); rd.read_buf(&mut buf) } => match read {
+            read = { let buf = decoder.buffer(); buf.reserve(16 << 10); rd.read_buf(buf) } => match read {
                 Ok(0) => {
                     debug!(%peer, "c10d store client disconnected");
                     return;
@@ -507,5 +490,45 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A counter is charged once, the same way whichever protocol adds to
+    /// it (`Served::add`): admitted as the longest counter, charged as the
+    /// text it holds ("5": key and one byte).
+    #[test]
+    fn a_c10d_add_is_charged_as_a_ferry_add() {
+        const TOTAL: u64 = 100;
+        let served = Arc::new(Served {
+            state: Arc::new(MemoryStore::default()),
+            limits: StoreLimits {
+                max_total_bytes: TOTAL,
+                ..StoreLimits::default()
+            },
+            ledger: Mutex::new(Ledger::default()),
+            auth: None,
+        });
+        let mut s = Session::new(served.clone(), 1);
+        let validate = Query::Validate {
+            magic: VALIDATION_MAGIC,
+        };
+        assert!(matches!(s.handle(validate, 0), Ok(Step::Quiet)));
+        let add = Query::Add {
+            key: "/n".into(),
+            delta: 5,
+        };
+        assert_eq!(reply(&mut s, add), Reply::Int(5));
+        // "/n" holds 3 bytes of the total: what is left fits exactly.
+        let left = usize::try_from(TOTAL - 3).unwrap() - "/m".len();
+        let ledger = served.ledger.lock();
+        assert!(ledger.admit(&served.limits, 2, "/m", left).is_ok());
+        assert_eq!(
+            ledger
+                .admit(&served.limits, 2, "/m", left + 1)
+                .unwrap_err()
+                .bound,
+            QuotaBound::TotalBytes
+        );
+        drop(ledger);
+        assert_eq!(served.add(2, "/n", 10).unwrap().unwrap(), 15);
     }
 }

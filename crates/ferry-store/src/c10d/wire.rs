@@ -574,6 +574,223 @@ pub fn decode_query(buf: &[u8]) -> Decoded<(Query, usize)> {
     Ok(Some((query, r.pos)))
 }
 
+// ---------------------------------------------------------------------------
+// Streaming
+// ---------------------------------------------------------------------------
+
+/// One field of a query, as far as its length is concerned.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    /// A fixed number of bytes (a `u32` or an `i64`).
+    Fixed(usize),
+    /// A length and that many bytes; the name is the error's.
+    Blob(&'static str),
+    /// A count and that many keys.
+    Keys,
+    /// A count and that many key–value pairs.
+    Entries,
+}
+
+/// The fields that follow the type byte of a `ty` query (what
+/// [`decode_query`] reads, in its order).
+fn layout(ty: QueryType) -> &'static [Field] {
+    use Field::*;
+    match ty {
+        QueryType::Validate | QueryType::Ping => &[Fixed(4)],
+        QueryType::Set | QueryType::Append | QueryType::QueuePush => &[Blob("key"), Blob("value")],
+        QueryType::CompareSet => &[Blob("key"), Blob("expected value"), Blob("desired value")],
+        QueryType::Get | QueryType::DeleteKey | QueryType::QueuePop | QueryType::QueueLen => {
+            &[Blob("key")]
+        }
+        QueryType::Add => &[Blob("key"), Fixed(8)],
+        QueryType::Check | QueryType::Wait | QueryType::MultiGet => &[Keys],
+        QueryType::MultiSet => &[Entries],
+        QueryType::NumKeys | QueryType::CancelWait | QueryType::ListKeys => &[],
+    }
+}
+
+/// How far the scan of the query at the front of the buffer has come:
+/// everything before `pos` is known to belong to it and to be whole.
+#[derive(Debug, Default)]
+struct Scan {
+    pos: usize,
+    ty: Option<QueryType>,
+    /// Fields of `layout(ty)` done.
+    field: usize,
+    /// In a list field: blobs still to come, and blobs done.
+    list: Option<(u64, u64)>,
+}
+
+/// Whether `end` bytes are there, or an error if a query would need more
+/// than a query may have.
+fn within(buf: &[u8], end: usize) -> Result<bool, C10dFormatError> {
+    if end > MAX_QUERY_BYTES.saturating_add(16) {
+        return Err(C10dFormatError::QueryTooLarge {
+            limit: MAX_QUERY_BYTES,
+        });
+    }
+    Ok(buf.len() >= end)
+}
+
+fn le_u64(buf: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&buf[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Scan {
+    /// Steps over the blob at `pos` if it is whole.
+    fn blob(&mut self, buf: &[u8], field: &'static str) -> Result<bool, C10dFormatError> {
+        if !within(buf, self.pos.saturating_add(8))? {
+            return Ok(false);
+        }
+        let len = le_u64(buf, self.pos);
+        if len > MAX_FIELD_BYTES as u64 {
+            return Err(C10dFormatError::TooLarge {
+                field,
+                len,
+                limit: MAX_FIELD_BYTES,
+            });
+        }
+        let end = self.pos + 8 + len as usize;
+        if !within(buf, end)? {
+            return Ok(false);
+        }
+        self.pos = end;
+        Ok(true)
+    }
+
+    /// Resumes the scan over `buf` (the same bytes as before, and maybe
+    /// more): the length of the query at its front once it is whole.
+    fn resume(&mut self, buf: &[u8]) -> Decoded<usize> {
+        let ty = match self.ty {
+            Some(ty) => ty,
+            None => {
+                let Some(&byte) = buf.first() else {
+                    return Ok(None);
+                };
+                let ty = QueryType::from_byte(byte).ok_or(C10dFormatError::UnknownQuery(byte))?;
+                self.ty = Some(ty);
+                self.pos = 1;
+                ty
+            }
+        };
+        let fields = layout(ty);
+        while let Some(&field) = fields.get(self.field) {
+            match field {
+                Field::Fixed(n) => {
+                    if !within(buf, self.pos + n)? {
+                        return Ok(None);
+                    }
+                    self.pos += n;
+                }
+                Field::Blob(name) => {
+                    if !self.blob(buf, name)? {
+                        return Ok(None);
+                    }
+                }
+                Field::Keys | Field::Entries => {
+                    let (mut left, mut done) = match self.list {
+                        Some(list) => list,
+                        None => {
+                            if !within(buf, self.pos + 8)? {
+                                return Ok(None);
+                            }
+                            let count = le_u64(buf, self.pos);
+                            if count > MAX_KEYS {
+                                return Err(C10dFormatError::TooManyKeys {
+                                    count,
+                                    limit: MAX_KEYS,
+                                });
+                            }
+                            self.pos += 8;
+                            let per = if matches!(field, Field::Entries) {
+                                2
+                            } else {
+                                1
+                            };
+                            (count * per, 0)
+                        }
+                    };
+                    while left > 0 {
+                        let name = if matches!(field, Field::Entries) && done % 2 == 1 {
+                            "value"
+                        } else {
+                            "key"
+                        };
+                        if !self.blob(buf, name)? {
+                            self.list = Some((left, done));
+                            return Ok(None);
+                        }
+                        left -= 1;
+                        done += 1;
+                    }
+                    self.list = None;
+                }
+            }
+            self.field += 1;
+        }
+        Ok(Some(self.pos))
+    }
+}
+
+/// Decodes a stream of queries as its bytes arrive, in pieces cut
+/// anywhere: [`buffer`](Self::buffer) takes the bytes read,
+/// [`next_query`](Self::next_query) gives each query once its last byte is
+/// there. Incremental: each read resumes the scan where the last one
+/// stopped (re-reading at most a length field), and a query's bytes are
+/// decoded once, when whole.
+///
+/// ```
+/// use ferry_store::c10d::wire::{encode_query, Query, QueryDecoder};
+///
+/// let bytes = encode_query(&Query::Get { key: "/k".into() })?;
+/// let mut decoder = QueryDecoder::default();
+/// decoder.buffer().extend_from_slice(&bytes[..5]);
+/// assert_eq!(decoder.next_query()?, None);
+/// decoder.buffer().extend_from_slice(&bytes[5..]);
+/// assert_eq!(decoder.next_query()?, Some(Query::Get { key: "/k".into() }));
+/// # Ok::<(), ferry_store::C10dFormatError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct QueryDecoder {
+    buf: Vec<u8>,
+    /// Bytes at the front of `buf` already decoded.
+    start: usize,
+    scan: Scan,
+}
+
+impl QueryDecoder {
+    /// The buffer to append bytes read from the stream to (bytes already
+    /// decoded are dropped from its front first).
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
+        if self.start > 0 {
+            // Moves only the query not yet whole, once: the next call
+            // that finds `start > 0` comes after that query was decoded.
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        &mut self.buf
+    }
+
+    /// The next query, once all its bytes are in; `Ok(None)` until then.
+    /// After an error the stream cannot be resynchronised: close it.
+    pub fn next_query(&mut self) -> Result<Option<Query>, C10dFormatError> {
+        let pending = &self.buf[self.start..];
+        if self.scan.resume(pending)?.is_none() {
+            return Ok(None);
+        }
+        match decode_query(pending)? {
+            Some((query, used)) => {
+                self.start += used;
+                self.scan = Scan::default();
+                Ok(Some(query))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
 /// Decodes a reply of `kind` at the start of `buf`: `Ok(None)` if it is
 /// not whole yet, else the reply and the bytes it took.
 pub fn decode_reply(kind: ReplyKind, buf: &[u8]) -> Decoded<(Reply, usize)> {

@@ -38,8 +38,9 @@
 //! # Ok(()) }
 //! ```
 
-/// The start of the reason of a [`TransportError::Handshake`] that failed
-/// authentication.
+/// The start of the reason of a
+/// [`TransportError::Handshake`](crate::TransportError::Handshake) that
+/// failed authentication.
 pub const AUTH_FAILED: &str = "authentication failed";
 
 /// Whether `error` is a connection refused because its peer failed the

@@ -18,8 +18,10 @@ pub enum SecretError {
 }
 
 /// Key material for one handshake: the group's secret, or a session key
-/// derived from an earlier handshake. Its `Debug` never shows the bytes.
-#[derive(Clone, PartialEq, Eq)]
+/// derived from an earlier handshake. Its `Debug` never shows the bytes,
+/// and it has no `==`: keys are only ever compared through HMAC
+/// verification, in constant time.
+#[derive(Clone)]
 pub struct Key(Arc<[u8]>);
 
 impl Key {
@@ -35,8 +37,10 @@ impl fmt::Debug for Key {
 }
 
 /// The secret every member of a group shares (`FERRY_AUTH_SECRET` or an
-/// option). Its `Debug` never shows the bytes.
-#[derive(Clone, PartialEq, Eq)]
+/// option). Its `Debug` never shows the bytes, and it has no `==` (a
+/// byte-wise comparison would leak, through its timing, how much of a
+/// guess is right).
+#[derive(Clone)]
 pub struct Secret(Key);
 
 impl Secret {
@@ -74,8 +78,9 @@ impl fmt::Debug for Secret {
 }
 
 /// The key both ends of one authenticated connection share after the
-/// handshake, for the connections set up on its behalf.
-#[derive(Clone, PartialEq, Eq)]
+/// handshake, for the connections set up on its behalf. No `==`, as for
+/// [`Secret`].
+#[derive(Clone)]
 pub struct SessionKey(pub(crate) [u8; 32]);
 
 impl SessionKey {

@@ -245,6 +245,7 @@ impl Agreement {
     /// On TCP nothing ties the sender of a record to a process, so a peer
     /// whose frames come over TCP never gets `cma`.
     fn compute(local: &Endpoint, peer: Handshake) -> Result<Agreement, TransportError> {
+        log_same_host_ruled_out(local, &peer);
         let transport = transport_name(select_transport(&local.transports, &peer.transports));
         let mine = channels_for(&local.channels, transport);
         let theirs = channels_for(&peer.channels, transport);
@@ -267,6 +268,42 @@ impl Agreement {
     }
     fn needs_ucx(&self) -> bool {
         self.transport == channel::UCX_TRANSPORT || self.uses(channel::UCX)
+    }
+}
+
+/// Logs each same-host channel or transport both ends offer whose domain
+/// descriptors differ, with the typed reason ([`channel::not_same_host`]):
+/// why, say, two workers in separate PID namespaces do not use `shm`.
+fn log_same_host_ruled_out(local: &Endpoint, peer: &Handshake) {
+    let worker = PeerText::new(&peer.worker_name);
+    for name in [channel::CMA, channel::SHM] {
+        let descriptor = |offers: &[ChannelOffer]| {
+            offers
+                .iter()
+                .find(|o| o.name == name)
+                .and_then(|o| {
+                    o.devices
+                        .iter()
+                        .find(|d| d.device == ferry_wire::Device::Cpu)
+                })
+                .map(|d| d.descriptor.clone())
+        };
+        if let (Some(a), Some(b)) = (descriptor(&local.channels), descriptor(&peer.channels)) {
+            if let Some(reason) = channel::not_same_host(&a, &b) {
+                tracing::info!(peer = %worker, channel = name, %reason, "same-host channel ruled out");
+            }
+        }
+    }
+    let transport = |offers: &[TransportOffer]| {
+        offers
+            .iter()
+            .find(|o| o.name == channel::SHM_TRANSPORT)
+            .map(|o| o.descriptor.clone())
+    };
+    if let (Some(a), Some(b)) = (transport(&local.transports), transport(&peer.transports)) {
+        if let Some(reason) = channel::not_same_host(&a, &b) {
+            tracing::info!(peer = %worker, transport = channel::SHM_TRANSPORT, %reason, "same-host transport ruled out");
+        }
     }
 }
 

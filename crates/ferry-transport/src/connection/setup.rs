@@ -110,24 +110,16 @@ pub(super) async fn accept_setup(
 ) -> Result<Setup, TransportError> {
     let mut setup = Setup::default();
     if let Some(listener) = shm_listener {
-        let stream = loop {
-            let (mut stream, _) = listener
-                .accept()
-                .await
-                .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
-            let Some(key) = session else { break stream };
+        let stream = match session {
             // Only the peer of this connection holds its session key: any
             // other process is dropped, and the wait for the peer goes on.
-            match auth::accept(&mut stream, key, AUTH_TIMEOUT).await {
-                Ok(_) => break stream,
-                Err(e) => {
-                    let who = stream.peer_cred().ok().and_then(|c| c.pid());
-                    tracing::warn!(
-                        pid = ?who,
-                        error = %e,
-                        "refused a shared-memory set-up connection that failed authentication"
-                    );
-                }
+            Some(key) => accept_authenticated(&listener, key, fail).await?,
+            None => {
+                listener
+                    .accept()
+                    .await
+                    .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?
+                    .0
             }
         };
         let mut kinds = [0u8; 2];
@@ -180,6 +172,57 @@ pub(super) async fn accept_setup(
         setup.lanes = Some((lanes, outgoing));
     }
     Ok(setup)
+}
+
+/// Most set-up connections authenticating at once on one socket; more are
+/// closed unread until one of them finishes.
+const MAX_AUTHENTICATING: usize = 16;
+
+/// The first connection on `listener` that proves it holds `key`. The
+/// handshakes run concurrently, so a connection that never speaks (or
+/// speaks slowly) holds up no other: the peer's own connection is served
+/// as soon as it arrives. Those that fail are closed with a warning; those
+/// still authenticating when the peer's succeeds are dropped with it.
+async fn accept_authenticated(
+    listener: &UnixListener,
+    key: &Key,
+    fail: &impl Fn(String) -> TransportError,
+) -> Result<UnixStream, TransportError> {
+    let mut authenticating = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (mut stream, _) = accepted
+                    .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
+                if authenticating.len() >= MAX_AUTHENTICATING {
+                    tracing::warn!(
+                        pid = ?peer_pid(&stream),
+                        "closed a shared-memory set-up connection: {MAX_AUTHENTICATING} are authenticating already"
+                    );
+                    continue;
+                }
+                let key = key.clone();
+                authenticating.spawn(async move {
+                    let proved = auth::accept(&mut stream, &key, AUTH_TIMEOUT).await;
+                    (stream, proved)
+                });
+            }
+            Some(done) = authenticating.join_next(), if !authenticating.is_empty() => match done {
+                Ok((stream, Ok(_))) => return Ok(stream),
+                Ok((stream, Err(e))) => tracing::warn!(
+                    pid = ?peer_pid(&stream),
+                    error = %e,
+                    "refused a shared-memory set-up connection that failed authentication"
+                ),
+                Err(e) => tracing::warn!(error = %e, "a shared-memory set-up handshake task failed"),
+            },
+        }
+    }
+}
+
+/// The process at the other end of `stream`, for logs.
+fn peer_pid(stream: &UnixStream) -> Option<i32> {
+    stream.peer_cred().ok().and_then(|c| c.pid())
 }
 
 /// Fires when the peer process exits: a pidfd, readable once it is gone.
@@ -255,4 +298,45 @@ fn connect_abstract(name: &str) -> io::Result<UnixStream> {
     let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
     stream.set_nonblocking(true)?;
     UnixStream::from_std(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Secret;
+
+    fn fail(reason: String) -> TransportError {
+        TransportError::Handshake {
+            peer: "test".into(),
+            reason,
+        }
+    }
+
+    /// A connection that never speaks is still authenticating (it would
+    /// be for `AUTH_TIMEOUT`) when the peer connects: the peer is
+    /// accepted at once, and its stream is the one returned.
+    #[tokio::test]
+    async fn a_silent_connection_does_not_hold_up_the_peer() {
+        let name = format!("ferry-test-setup-silent-{}", std::process::id());
+        let listener = bind_abstract(&name).unwrap();
+        let secret = Secret::new(b"the session key of one connection".to_vec()).unwrap();
+        let key = secret.key().clone();
+        let silent = connect_abstract(&name).unwrap();
+        let peer = async {
+            let mut stream = connect_abstract(&name).unwrap();
+            auth::connect(&mut stream, &key, AUTH_TIMEOUT)
+                .await
+                .unwrap();
+            stream
+        };
+        let (accepted, mut peer) = tokio::join!(accept_authenticated(&listener, &key, &fail), peer);
+        let mut accepted = accepted.unwrap();
+        // The accepted stream is the peer's: a byte crosses it.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        peer.write_all(b"x").await.unwrap();
+        let mut byte = [0u8; 1];
+        accepted.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"x");
+        drop(silent);
+    }
 }

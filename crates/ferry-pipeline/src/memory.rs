@@ -1,0 +1,58 @@
+//! Keeping freed tensor memory in the process.
+//!
+//! A pipeline step allocates and frees the same tensors every microbatch:
+//! activations, output gradients and, above all, the weight gradients each
+//! W (or B) produces before it accumulates them (4 MiB per
+//! `Linear(1024, 1024)`). glibc's malloc serves blocks above its mmap
+//! threshold (128 KiB, rising adaptively to at most 32 MiB) with fresh
+//! `mmap`s and trims the heap's free top above 128 KiB, so each of those
+//! tensors comes back as new pages that the kernel faults in and zeroes
+//! one by one: about a tenth of a training step's time on the benchmark's
+//! model. Raising both thresholds keeps freed blocks for the next
+//! microbatch, as PyTorch users get by preloading jemalloc or tcmalloc.
+//!
+//! [`install`](crate::install) calls [`retain_freed_memory`] unless
+//! `FERRY_PIPELINE_RETAIN_MEMORY=0`. The cost is that memory a worker freed
+//! stays in its resident set, up to [`TRIM_THRESHOLD`] at the heap's top.
+
+/// Blocks below this size are served from malloc's heaps and reused, not
+/// mapped afresh.
+pub const MMAP_THRESHOLD: usize = 256 << 20;
+/// Free memory at a heap's top is returned to the kernel only above this.
+pub const TRIM_THRESHOLD: usize = 1 << 30;
+/// The variable that turns the tuning off for [`install`](crate::install)
+/// when set to `0`.
+pub const RETAIN_MEMORY_ENV: &str = "FERRY_PIPELINE_RETAIN_MEMORY";
+
+/// Sets this process's malloc to keep freed blocks of up to
+/// [`MMAP_THRESHOLD`] for reuse, instead of returning them to the kernel
+/// and faulting them in again on the next microbatch. Process-wide, and
+/// idempotent. Returns whether the allocator took the settings: `false`
+/// off glibc (musl, other systems), where this does nothing.
+///
+/// ```
+/// // A process that runs stages, or a one-process baseline measured
+/// // against pipelined runs, calls it once at start.
+/// let _tuned = ferry_pipeline::retain_freed_memory();
+/// ```
+pub fn retain_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; both values
+        // fit in a c_int and are valid for these parameters.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as libc::c_int) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// Whether [`install`](crate::install) should tune: unless the variable
+/// says `0`.
+pub(crate) fn wanted() -> bool {
+    std::env::var(RETAIN_MEMORY_ENV).map_or(true, |v| v.trim() != "0")
+}
