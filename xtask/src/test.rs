@@ -54,8 +54,11 @@ struct CrossHostPath {
 
 /// The cross-host paths: `mpt` is what selection picks between hosts by
 /// default (`cma` and `shm` ruled out by their domains), `tcp` forces the
-/// tensors inline on the TCP connection, and `ucx` runs frames and tensors
-/// over UCX's TCP (built with the `ucx` feature).
+/// tensors inline on the TCP connection. UCX over TCP (`FERRY_CHANNELS=ucx
+/// FERRY_TRANSPORTS=ucx UCX_TLS=tcp`, `--features ferry-rpc/ucx`) is not
+/// here yet: inside these hosts UCX's TCP transport finds only `lo` and
+/// cannot reach the peer ("no active messages transport ... tcp/lo -
+/// Destination is unreachable"), which the hosts' set-up has to fix first.
 const CROSS_HOST_PATHS: &[CrossHostPath] = &[
     CrossHostPath {
         name: "mpt",
@@ -66,18 +69,6 @@ const CROSS_HOST_PATHS: &[CrossHostPath] = &[
         name: "tcp",
         env: &[("FERRY_CHANNELS", "inline")],
         cargo_args: &[],
-    },
-    // UCX over TCP: frames over the `ucx` transport, tensors over the
-    // `ucx` channel (UCX's shared-memory transports are not viable across
-    // these hosts).
-    CrossHostPath {
-        name: "ucx (UCX over TCP)",
-        env: &[
-            ("FERRY_CHANNELS", "ucx"),
-            ("FERRY_TRANSPORTS", "ucx"),
-            ("UCX_TLS", "tcp"),
-        ],
-        cargo_args: &["--features", "ferry-rpc/ucx"],
     },
 ];
 
