@@ -63,12 +63,23 @@ pub(crate) const FRAME_TAG: u64 = 1 << 63;
 /// The function table of `libucp.so.0`, loaded once per process.
 pub fn api() -> Result<&'static sys::Ucp, TransportError> {
     static API: OnceLock<Result<sys::Ucp, String>> = OnceLock::new();
-    API.get_or_init(|| load(LIBRARY).map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|reason| TransportError::Unavailable {
-            what: "UCX",
-            reason: reason.clone(),
-        })
+    API.get_or_init(|| {
+        // UCX's virtual file system (its objects exported over FUSE) is
+        // torn down by libucs's destructor at exit, where UCX 1.13 fails an
+        // assertion and aborts when workers are still alive (a process
+        // exiting with connections open). Ferry does not use it: off,
+        // unless the environment says otherwise. Set before the library
+        // loads, since libucs reads its configuration then.
+        if std::env::var_os("UCX_VFS_ENABLE").is_none() {
+            std::env::set_var("UCX_VFS_ENABLE", "n");
+        }
+        load(LIBRARY).map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|reason| TransportError::Unavailable {
+        what: "UCX",
+        reason: reason.clone(),
+    })
 }
 
 /// Loads UCX's function table from `path` (every function Ferry uses must
