@@ -120,6 +120,11 @@ pub(crate) enum Bench {
     /// Pipeline-parallel training, `ferry-pipeline` vs
     /// `torch.distributed.pipelining` ([`crate::pipeline_bench`]).
     Pipeline,
+    /// Ferry's `ucx` channel vs `ucx_perftest`, and `rpc_sync` over the
+    /// `ucx` transport vs the `shm` transport ([`crate::ucx_bench`]); only
+    /// with `--only ucx` (it builds the `ucx` feature and installs
+    /// `ucx-utils`).
+    Ucx,
 }
 
 impl Bench {
@@ -132,13 +137,14 @@ impl Bench {
             "lighthouse" => Some(Bench::Lighthouse),
             "schedule" => Some(Bench::Schedule),
             "pipeline" => Some(Bench::Pipeline),
+            "ucx" => Some(Bench::Ucx),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline";
+const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, ucx";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -183,9 +189,13 @@ impl Options {
         Ok(o)
     }
 
-    /// Whether benchmark `b` is selected (all are, without `--only`).
+    /// Whether benchmark `b` is selected (all but `ucx` are, without
+    /// `--only`).
     fn runs(&self, b: Bench) -> bool {
-        self.only.is_none_or(|only| only == b)
+        match self.only {
+            None => b != Bench::Ucx,
+            Some(only) => only == b,
+        }
     }
 }
 
@@ -294,6 +304,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Pipeline) {
         crate::pipeline_bench::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Ucx) && !o.table_only {
+        crate::ucx_bench::main(&mut steps)?;
     }
 
     steps.summary();
@@ -607,7 +620,7 @@ fn lighthouse_script_args(o: &Options) -> Vec<&'static str> {
 
 /// Where cargo puts the release build of binary `name`
 /// (`$CARGO_TARGET_DIR`, else `target/`, under the repository root).
-fn release_binary(name: &str) -> PathBuf {
+pub(crate) fn release_binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("target"));
@@ -1623,12 +1636,16 @@ mod tests {
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
             format!("{err}")
-                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline}"),
+                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx}"),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
         assert!(o.runs(Bench::Autograd) && !o.runs(Bench::Rref) && !o.runs(Bench::Criterion));
         assert!(Options::default().runs(Bench::Autograd));
+        // `ucx` runs only when asked for.
+        assert!(!Options::default().runs(Bench::Ucx));
+        let o = Options::parse(&["--only".into(), "ucx".into()]).expect("valid");
+        assert!(o.runs(Bench::Ucx) && !o.runs(Bench::Rpc));
         let o = Options::parse(&["--only".into(), "lighthouse".into()]).expect("valid");
         assert!(o.runs(Bench::Lighthouse) && !o.runs(Bench::Autograd) && !o.runs(Bench::Rpc));
         assert!(Options::default().runs(Bench::Lighthouse));

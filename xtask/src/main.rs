@@ -27,6 +27,8 @@ mod table;
 mod test;
 #[cfg(test)]
 mod tidy;
+mod ucx_bench;
+mod ucx_bindings;
 
 use anyhow::{bail, Result};
 
@@ -50,9 +52,13 @@ commands:
                     torch.distributed.pipelining (benches/peers/pt_schedule.py); pipeline-parallel
                     training (ferry-pipeline) against torch.distributed.pipelining (pt_pipeline.py)
         [--no-criterion] [--no-peer] [--table-only]
-        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline]
+        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;
-                     --only: run or tabulate just that benchmark)
+                     --only: run or tabulate just that benchmark; `--only ucx`, never run by
+                     default: Ferry's ucx channel vs ucx_perftest for UCX_TLS shm and tcp, and
+                     rpc_sync over the ucx transport vs the shm transport)
+  ucx-bindings      regenerate ferry-transport's UCX bindings (src/ucx/sys.rs) with bindgen
+                    against libucx-dev's headers (installs libucx-dev, libclang-dev, bindgen-cli)
   help              this text
 ";
 
@@ -74,6 +80,10 @@ fn run() -> Result<()> {
             test::main()
         }
         "bench" => bench::main(&bench::Options::parse(&rest)?),
+        "ucx-bindings" => {
+            no_args("ucx-bindings", &rest)?;
+            ucx_bindings::main()
+        }
         "" | "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

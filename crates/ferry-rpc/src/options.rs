@@ -128,7 +128,11 @@ impl RpcOptions {
     /// by preference; e.g. `FERRY_CHANNELS=shm,inline` keeps `cma` and `mpt`
     /// out), `FERRY_SMALL_TENSOR_BYTES` (tensors below it go inline whatever
     /// the channel; 0 sends every tensor over its channel) and
-    /// `FERRY_MPT_LANES`; and the receive limits `FERRY_MAX_TENSOR_BYTES`,
+    /// `FERRY_MPT_LANES`; with the `ucx` feature `FERRY_UCX_TLS` (UCX's
+    /// transports for Ferry's UCX context, e.g. `shm,self` or `tcp`; the
+    /// `UCX_*` variables pass through to UCX too) and `FERRY_UCX_SPIN_US`
+    /// (how long a waiting task spins on UCX progress before it sleeps,
+    /// [`ChannelConfig::ucx_spin`]); and the receive limits `FERRY_MAX_TENSOR_BYTES`,
     /// `FERRY_MAX_MESSAGE_TENSOR_BYTES` and `FERRY_FRAME_STALL_TIMEOUT_MS`
     /// (see [`Limits`]); `FERRY_AUTH_SECRET` (the group's shared secret,
     /// [`auth`](Self::auth)) and `FERRY_LISTEN_IP` (see
@@ -253,6 +257,13 @@ impl RpcOptions {
                 )));
             }
             o.channel_config.mpt_lanes = n;
+        }
+        if let Some(tls) = lookup("FERRY_UCX_TLS") {
+            let tls = tls.trim();
+            o.channel_config.ucx_tls = (!tls.is_empty()).then(|| tls.to_owned());
+        }
+        if let Some(us) = size("FERRY_UCX_SPIN_US")? {
+            o.channel_config.ucx_spin = Duration::from_micros(us as u64);
         }
         if let Some(n) = size("FERRY_MAX_TENSOR_BYTES")? {
             o.limits.max_tensor_bytes = n as u64;

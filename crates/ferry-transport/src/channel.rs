@@ -5,13 +5,15 @@
 //! |---|---|---|---|
 //! | `cma` | receiver pulls them from the sender's memory (`process_vm_readv`): one copy | same boot, PID and user namespace, user (only offered where the kernel permits it); selected only with the `shm` transport, reading only from the process the kernel names as the peer | 30 |
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
+//! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!
 //! | transport | carries frames | domain | default priority |
 //! |---|---|---|---|
 //! | `shm` | a ring pair in shared memory, woken through eventfds only when the peer sleeps | same boot, network and PID namespace | 10 |
-//! | `tcp` | a TCP connection (also the bootstrap for `shm`) | any | 0 |
+//! | `ucx` (feature `ucx`) | UCX tag messages between two UCX workers | any (offered where `libucp.so.0` loads) | 5 |
+//! | `tcp` | a TCP connection (also the bootstrap for `shm` and `ucx`) | any | 0 |
 //!
 //! Selection ([`crate::selection`]) picks per device pair the channel with
 //! the highest summed priority both ends offer with equal descriptors, so a
@@ -47,6 +49,10 @@ pub const CMA: &str = "cma";
 pub const SHM: &str = "shm";
 /// Multi-lane TCP: chunks over several connections in parallel.
 pub const MPT: &str = "mpt";
+/// UCX (feature `ucx`): tensors as UCX tag messages.
+pub const UCX: &str = "ucx";
+/// The UCX transport (feature `ucx`; named like the channel).
+pub const UCX_TRANSPORT: &str = "ucx";
 /// The TCP transport.
 pub const TCP: &str = "tcp";
 /// The shared-memory ring transport (named like the channel; they are
@@ -54,9 +60,31 @@ pub const TCP: &str = "tcp";
 pub const SHM_TRANSPORT: &str = "shm";
 
 /// Channels implemented in this build, highest default priority first.
+#[cfg(feature = "ucx")]
+pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, INLINE];
+/// Channels implemented in this build, highest default priority first.
+#[cfg(not(feature = "ucx"))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, INLINE];
 /// Transports implemented in this build, highest default priority first.
+#[cfg(feature = "ucx")]
+pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, UCX_TRANSPORT, TCP];
+/// Transports implemented in this build, highest default priority first.
+#[cfg(not(feature = "ucx"))]
 pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, TCP];
+
+/// Default priority of the `ucx` channel: above `mpt` (across hosts UCX
+/// wins), below `shm` and `cma` (on one host they are faster; see the
+/// user guide's UCX section for the measurement).
+pub const UCX_CHANNEL_PRIORITY: i32 = 15;
+/// Default priority of the `ucx` transport: above `tcp`, below `shm`.
+pub const UCX_TRANSPORT_PRIORITY: i32 = 5;
+
+/// The `ucx` domain: `any` (two UCX workers anywhere can talk; UCX picks
+/// its transports per peer), or why UCX cannot be used in this process.
+#[cfg(feature = "ucx")]
+fn ucx_domain() -> Result<String, String> {
+    crate::ucx::viability().map(|_| "any".to_owned())
+}
 
 /// The domain of same-host shared memory: the boot id, the network
 /// namespace (abstract Unix sockets, which pass the segment's descriptors,
@@ -163,6 +191,8 @@ pub fn channel_offer(name: &str) -> Result<Option<ChannelOffer>, TransportError>
     Ok(match name {
         CMA => viable(CMA, 30, cma_viability()),
         SHM => viable(SHM, 20, same_host_domain()),
+        #[cfg(feature = "ucx")]
+        UCX => viable(UCX, UCX_CHANNEL_PRIORITY, ucx_domain()),
         MPT => Some(cpu_offer(MPT, 10, "any".into())),
         INLINE => Some(cpu_offer(INLINE, 0, "any".into())),
         other => {
@@ -182,6 +212,18 @@ pub fn transport_offer(name: &str) -> Result<Option<TransportOffer>, TransportEr
             Ok(descriptor) => Some(TransportOffer {
                 name: SHM_TRANSPORT.into(),
                 priority: 10,
+                descriptor,
+            }),
+            Err(reason) => {
+                tracing::info!(transport = name, %reason, "transport not offered");
+                None
+            }
+        },
+        #[cfg(feature = "ucx")]
+        UCX_TRANSPORT => match ucx_domain() {
+            Ok(descriptor) => Some(TransportOffer {
+                name: UCX_TRANSPORT.into(),
+                priority: UCX_TRANSPORT_PRIORITY,
                 descriptor,
             }),
             Err(reason) => {
@@ -297,12 +339,18 @@ mod tests {
         let err = parse_channels("inline, rdma").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown channel \"rdma\"; known: cma, shm, mpt, inline"
+            format!(
+                "unknown channel \"rdma\"; known: {}",
+                KNOWN_CHANNELS.join(", ")
+            )
         );
         let err = parse_transports("ibv").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown transport \"ibv\"; known: shm, tcp"
+            format!(
+                "unknown transport \"ibv\"; known: {}",
+                KNOWN_TRANSPORTS.join(", ")
+            )
         );
         let forced = parse_channels("inline, mpt").unwrap();
         let named: Vec<_> = forced

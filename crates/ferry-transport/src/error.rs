@@ -90,6 +90,15 @@ pub enum TransportError {
     /// A wire-format error while encoding.
     #[error(transparent)]
     Wire(#[from] WireError),
+    /// A library a transport or channel needs is not usable in this
+    /// process (e.g. `UCX not available: <the dynamic loader's error>`).
+    #[error("{what} not available: {reason}")]
+    Unavailable {
+        /// What is missing, e.g. "UCX".
+        what: &'static str,
+        /// Why, as the loader or the library said it.
+        reason: String,
+    },
     /// An option named something that does not exist.
     #[error("unknown {what} {name:?}; known: {known}")]
     Unknown {

@@ -42,6 +42,8 @@ use crate::{
 const MAX_IOV: usize = 512;
 /// Read buffer: small frames are read many at a time.
 const READ_BUFFER: usize = 64 << 10;
+/// Default for [`ChannelConfig::ucx_spin`].
+pub const DEFAULT_UCX_SPIN: std::time::Duration = crate::shm::SPIN_BUDGET;
 /// Default for [`ChannelConfig::small_tensor_bytes`].
 pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
 /// Tensors at least this large are pulled by `cma` off the async runtime's
@@ -107,6 +109,13 @@ pub struct ChannelConfig {
     pub shm_transport_ring: usize,
     /// Bytes of each ring of the `shm` channel.
     pub shm_channel_ring: usize,
+    /// UCX's transports for the `ucx` channel and transport (`UCX_TLS`,
+    /// e.g. `"shm,self"` or `"tcp"`); `None`: UCX's default, or `UCX_TLS`
+    /// from the environment.
+    pub ucx_tls: Option<String>,
+    /// How long a task waiting for a UCX request spins on progress before
+    /// it sleeps on the worker's event fd (zero: sleep at once).
+    pub ucx_spin: std::time::Duration,
 }
 
 impl Default for ChannelConfig {
@@ -119,6 +128,8 @@ impl Default for ChannelConfig {
             mpt_lanes: 4,
             shm_transport_ring: 2 << 20,
             shm_channel_ring: 8 << 20,
+            ucx_tls: None,
+            ucx_spin: DEFAULT_UCX_SPIN,
         }
     }
 }
@@ -132,6 +143,9 @@ pub(crate) struct ReadChannels {
     pub(crate) shm: Option<Box<dyn AsyncRead + Send + Unpin>>,
     /// The lanes, when `mpt` is selected.
     pub(crate) mpt: Option<MptReceiver>,
+    /// The UCX link, when `ucx` is selected.
+    #[cfg(feature = "ucx")]
+    pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) cma_threads: usize,
 }
 
@@ -141,6 +155,8 @@ pub(crate) struct WriteChannels {
     pub(crate) cma: bool,
     pub(crate) shm: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     pub(crate) mpt: Option<MptSender>,
+    #[cfg(feature = "ucx")]
+    pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) small_tensor_bytes: usize,
 }
 
@@ -154,6 +170,7 @@ pub struct FrameReader<R> {
     channels: ReadChannels,
     shared: Arc<Shared>,
     next_seq: u64,
+    next_ucx_seq: u64,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -175,6 +192,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             channels: ReadChannels::default(),
             shared: Arc::default(),
             next_seq: 0,
+            next_ucx_seq: 0,
         }
     }
 
@@ -211,6 +229,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             channels: self.channels,
             shared: self.shared,
             next_seq: self.next_seq,
+            next_ucx_seq: self.next_ucx_seq,
         })
     }
 
@@ -386,7 +405,76 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
                 lanes.receive(seq, dest).await
             }
+            ChannelRecord::Ucx(ferry_wire::channel_record::UcxRecord { seq }) => {
+                if seq != self.next_ucx_seq {
+                    return Err(self.bad_record(&format!(
+                        "ucx transfer {seq} where {} was due",
+                        self.next_ucx_seq
+                    )));
+                }
+                self.next_ucx_seq += 1;
+                self.receive_ucx(seq, dest, what).await
+            }
         }
+    }
+
+    /// Receives one tensor over UCX, straight into its destination.
+    #[cfg(feature = "ucx")]
+    async fn receive_ucx(
+        &mut self,
+        seq: u64,
+        mut dest: Box<dyn RecvBuffer>,
+        what: &TensorWhat,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        let Some(link) = self.channels.ucx.as_ref() else {
+            return Err(self.bad_record("ucx record on a connection without ucx"));
+        };
+        let len = dest.as_mut_bytes().len();
+        let pending = {
+            let ptr = dest.as_mut_bytes().as_mut_ptr();
+            // SAFETY: the bytes are the destination's, which moves into the
+            // request (a boxed buffer's bytes do not move with the box) and
+            // stays owned by it until UCX completed or cancelled it.
+            unsafe { link.recv(seq, ptr, len, Box::new(dest)) }?
+        };
+        let stall = self.limits.frame_stall_timeout;
+        let (dest, got) = match tokio::time::timeout(stall, pending).await {
+            Ok(r) => {
+                let (keep, got) = r?;
+                let dest = keep.downcast::<Box<dyn RecvBuffer>>().map_err(|_| {
+                    TransportError::Alloc("a UCX receive returned another buffer".into())
+                })?;
+                (*dest, got)
+            }
+            Err(_) => {
+                return Err(TransportError::Stalled {
+                    peer: self.peer.clone(),
+                    waiting_for: what.to_string(),
+                    got: 0,
+                    len: len as u64,
+                    after: stall,
+                })
+            }
+        };
+        if got != len {
+            return Err(TransportError::Channel {
+                channel: channel::UCX,
+                peer: self.peer.clone(),
+                reason: format!("{got} bytes arrived for {what}"),
+            });
+        }
+        Ok(dest)
+    }
+
+    /// Without the `ucx` feature no `ucx` record is expected.
+    #[cfg(not(feature = "ucx"))]
+    async fn receive_ucx(
+        &mut self,
+        _seq: u64,
+        _dest: Box<dyn RecvBuffer>,
+        _what: &TensorWhat,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        Err(self.bad_record("ucx record, but this build has no ucx channel"))
     }
 
     /// The peer has copied `cma` tensors: let them go.
@@ -484,6 +572,7 @@ pub struct FrameWriter<W> {
     shared: Arc<Shared>,
     next_token: u64,
     next_seq: u64,
+    next_ucx_seq: u64,
 }
 
 /// One piece of a batch: a range of the head buffer, a tensor's bytes on
@@ -502,6 +591,8 @@ enum Route {
     Cma,
     Shm,
     Mpt,
+    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
+    Ucx,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -517,6 +608,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             shared: Arc::default(),
             next_token: 0,
             next_seq: 0,
+            next_ucx_seq: 0,
         }
     }
 
@@ -539,6 +631,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             shared: self.shared,
             next_token: self.next_token,
             next_seq: self.next_seq,
+            next_ucx_seq: self.next_ucx_seq,
         }
     }
 
@@ -578,6 +671,8 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             channel::CMA if self.channels.cma => Ok(Route::Cma),
             channel::SHM if self.channels.shm.is_some() => Ok(Route::Shm),
             channel::MPT if self.channels.mpt.is_some() => Ok(Route::Mpt),
+            #[cfg(feature = "ucx")]
+            channel::UCX if self.channels.ucx.is_some() => Ok(Route::Ucx),
             other => Err(missing(other)),
         }
     }
@@ -688,6 +783,15 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                             lanes.send(seq, tensor.clone())?;
                         }
                     }
+                    Route::Ucx => {
+                        let seq = self.next_ucx_seq;
+                        self.next_ucx_seq += 1;
+                        Prelude::Channel(ChannelRecord::Ucx(
+                            ferry_wire::channel_record::UcxRecord { seq },
+                        ))
+                        .encode_into(&mut self.head);
+                        self.send_ucx(seq, tensor)?;
+                    }
                 }
                 let carries_bytes = matches!(route, Route::Inline | Route::SmallInline);
                 let ring = *route == Route::Shm;
@@ -754,6 +858,33 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             IoSlice::advance_slices(&mut rest, written);
         }
         Ok(())
+    }
+
+    /// Posts one tensor's UCX send, from its own memory; the tensor stays
+    /// alive until UCX completed the send.
+    #[cfg(feature = "ucx")]
+    fn send_ucx(&self, seq: u64, tensor: &Arc<dyn OutgoingTensor>) -> Result<(), TransportError> {
+        let Some(link) = &self.channels.ucx else {
+            return Err(TransportError::Channel {
+                channel: channel::UCX,
+                peer: self.peer.clone(),
+                reason: "no UCX link on this connection".into(),
+            });
+        };
+        let bytes = tensor.bytes();
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        // SAFETY: the bytes belong to the tensor, which the kept Arc holds
+        // until UCX completed the send.
+        unsafe { link.send_kept(seq, ptr, len, Box::new(tensor.clone())) }
+    }
+
+    #[cfg(not(feature = "ucx"))]
+    fn send_ucx(&self, _seq: u64, _tensor: &Arc<dyn OutgoingTensor>) -> Result<(), TransportError> {
+        Err(TransportError::Channel {
+            channel: channel::UCX,
+            peer: self.peer.clone(),
+            reason: "this build has no ucx channel".into(),
+        })
     }
 
     /// Pushes one tensor's bytes through the shared-memory data ring.
@@ -913,6 +1044,7 @@ fn channel_name(name: &str) -> &'static str {
         channel::CMA => channel::CMA,
         channel::SHM => channel::SHM,
         channel::MPT => channel::MPT,
+        channel::UCX => channel::UCX,
         _ => "unknown",
     }
 }
@@ -924,6 +1056,8 @@ fn record_format(name: &str) -> Option<RecordFormat> {
         channel::CMA => Some(RecordFormat::Cma),
         channel::SHM => Some(RecordFormat::Shm),
         channel::MPT => Some(RecordFormat::Mpt),
+        #[cfg(feature = "ucx")]
+        channel::UCX => Some(RecordFormat::Ucx),
         _ => None,
     }
 }

@@ -12,7 +12,9 @@
 //!   them from the sender's memory with one `process_vm_readv`), `shm` (a
 //!   shared-memory ring, for hosts that forbid CMA), `mpt` (chunks over
 //!   several TCP connections in parallel, [`mpt`]) and `inline` (after the
-//!   frame). [`selection`] picks, per (source device, target device) pair,
+//!   frame), and with the `ucx` feature `ucx` (UCX tag messages straight
+//!   between the tensor's memory and its destination; also a transport for
+//!   the frames). [`selection`] picks, per (source device, target device) pair,
 //!   the highest-priority channel both ends accept, and both ends check
 //!   they computed the same choice. Options restrict and reorder the lists.
 //! - Receiving: an [`Allocator`] (the receive hook) provides each tensor's
@@ -74,6 +76,8 @@ mod pool;
 pub mod selection;
 pub mod shm;
 mod tensor;
+#[cfg(all(feature = "ucx", not(loom)))]
+pub mod ucx;
 
 pub use alloc::{host_destination_len, Allocator, RawAllocator, RecvBuffer};
 #[cfg(not(loom))]
@@ -82,6 +86,7 @@ pub use error::TransportError;
 #[cfg(not(loom))]
 pub use framing::{
     ChannelConfig, FrameReader, FrameWriter, ReleaseSignal, DEFAULT_SMALL_TENSOR_BYTES,
+    DEFAULT_UCX_SPIN,
 };
 pub use keepalive::{Keepalive, KeepaliveError};
 pub use message::{IncomingMessage, OutgoingMessage};

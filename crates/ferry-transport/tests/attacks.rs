@@ -206,6 +206,7 @@ fn handshake(
         selection: Vec::new(),
         properties,
         limits: Limits::default(),
+        ucx_address: None,
     };
     OutgoingMessage {
         kind: MessageKind::HANDSHAKE,

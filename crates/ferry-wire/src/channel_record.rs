@@ -20,6 +20,7 @@
 //! | `cma` | address `u64` LE, release token `u64` LE (16 bytes, [`CmaRecord`]) | pulled by the receiver from the sender's memory |
 //! | `shm` | nothing | through the shared-memory ring, in order |
 //! | `mpt` | transfer sequence number `u64` LE (8 bytes, [`MptRecord`]) | over the lanes |
+//! | `ucx` | transfer sequence number `u64` LE (8 bytes, [`UcxRecord`]; the UCX tag) | as one UCX tag message, straight into the destination |
 //!
 //! A `release` frame's payload ([`MessageKind::RELEASE`](crate::MessageKind::RELEASE))
 //! is a list of `cma` release tokens, each `u64` LE, nothing else
@@ -83,6 +84,8 @@ pub enum RecordFormat {
     Shm,
     /// `mpt`: an [`MptRecord`].
     Mpt,
+    /// `ucx`: a [`UcxRecord`].
+    Ucx,
 }
 
 impl RecordFormat {
@@ -92,6 +95,7 @@ impl RecordFormat {
             RecordFormat::Cma => CmaRecord::LEN,
             RecordFormat::Shm => 0,
             RecordFormat::Mpt => MptRecord::LEN,
+            RecordFormat::Ucx => UcxRecord::LEN,
         }
     }
 
@@ -106,6 +110,7 @@ impl RecordFormat {
             RecordFormat::Cma => "cma",
             RecordFormat::Shm => "shm",
             RecordFormat::Mpt => "mpt",
+            RecordFormat::Ucx => "ucx",
         }
     }
 }
@@ -164,6 +169,31 @@ impl MptRecord {
     }
 }
 
+/// A `ucx` record: the transfer's sequence number, which is the tag of
+/// the UCX message carrying the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UcxRecord {
+    /// Transfers are numbered from 0 per connection and direction.
+    pub seq: u64,
+}
+
+impl UcxRecord {
+    /// Its length on the wire.
+    pub const LEN: usize = 8;
+
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        self.seq.to_le_bytes()
+    }
+
+    /// The record of its bytes (every 8 bytes are one).
+    pub fn decode(bytes: &[u8; Self::LEN]) -> UcxRecord {
+        UcxRecord {
+            seq: u64::from_le_bytes(*bytes),
+        }
+    }
+}
+
 /// One channel's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelRecord {
@@ -173,6 +203,8 @@ pub enum ChannelRecord {
     Shm,
     /// An `mpt` record.
     Mpt(MptRecord),
+    /// A `ucx` record.
+    Ucx(UcxRecord),
 }
 
 impl ChannelRecord {
@@ -182,6 +214,7 @@ impl ChannelRecord {
             ChannelRecord::Cma(_) => RecordFormat::Cma,
             ChannelRecord::Shm => RecordFormat::Shm,
             ChannelRecord::Mpt(_) => RecordFormat::Mpt,
+            ChannelRecord::Ucx(_) => RecordFormat::Ucx,
         }
     }
 
@@ -203,6 +236,10 @@ impl ChannelRecord {
                 .try_into()
                 .map(|b| ChannelRecord::Mpt(MptRecord::decode(b)))
                 .map_err(|_| wrong()),
+            RecordFormat::Ucx => bytes
+                .try_into()
+                .map(|b| ChannelRecord::Ucx(UcxRecord::decode(b)))
+                .map_err(|_| wrong()),
         }
     }
 
@@ -212,6 +249,7 @@ impl ChannelRecord {
             ChannelRecord::Cma(r) => out.extend_from_slice(&r.encode()),
             ChannelRecord::Shm => {}
             ChannelRecord::Mpt(r) => out.extend_from_slice(&r.encode()),
+            ChannelRecord::Ucx(r) => out.extend_from_slice(&r.encode()),
         }
     }
 }

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::{Device, Limits, WireError};
 
 /// Version of the connection protocol spoken after the handshake.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// Version 2 added [`Handshake::ucx_address`].
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A transport (a way to carry control messages) a worker can use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +82,15 @@ pub struct Handshake {
     /// ([`Limits::check_outgoing`]), so an oversized message fails at its
     /// sender with a size error instead of closing the connection.
     pub limits: Limits,
+    /// The sender's UCX worker address (opaque bytes UCX packed), when it
+    /// offers a `ucx` transport or channel: from the connecting side always
+    /// then, from the accepting side only when its selection uses UCX.
+    /// At most [`MAX_UCX_ADDRESS_BYTES`] (checked by [`Handshake::decode`]).
+    pub ucx_address: Option<Vec<u8>>,
 }
+
+/// Longest UCX worker address accepted in a handshake.
+pub const MAX_UCX_ADDRESS_BYTES: usize = 16 << 10;
 
 /// Largest encoded handshake accepted.
 pub const MAX_HANDSHAKE_BYTES: usize = 64 << 10;
@@ -123,6 +133,15 @@ impl Handshake {
                 what: "handshake",
                 count: rest.len() as u64,
             });
+        }
+        if let Some(a) = &h.ucx_address {
+            if a.len() > MAX_UCX_ADDRESS_BYTES {
+                return Err(WireError::TooLarge {
+                    what: "UCX worker address",
+                    len: a.len() as u64,
+                    max: MAX_UCX_ADDRESS_BYTES as u64,
+                });
+            }
         }
         if h.protocol_version != PROTOCOL_VERSION {
             return Err(WireError::Handshake(format!(

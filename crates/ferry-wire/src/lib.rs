@@ -59,7 +59,7 @@ pub use frame::{
 };
 pub use handshake::{
     handshake_limits, ChannelChoice, ChannelOffer, DeviceOffer, Handshake, TransportOffer,
-    MAX_HANDSHAKE_BYTES, PROTOCOL_VERSION,
+    MAX_HANDSHAKE_BYTES, MAX_UCX_ADDRESS_BYTES, PROTOCOL_VERSION,
 };
 pub use payload::{Encoded, IncomingTensor, OutgoingTensor};
 pub use text::{needs_escape, PeerText, MAX_PEER_TEXT_CHARS};

@@ -6,13 +6,18 @@
 
 use ferry_wire::channel_record::{
     encode_release, release_len, ChannelRecord, CmaRecord, Mode, MptRecord, Prelude, RecordError,
-    RecordFormat, ReleaseList, RELEASE_TOKEN_LEN,
+    RecordFormat, ReleaseList, UcxRecord, RELEASE_TOKEN_LEN,
 };
 use ferry_wire::mpt_lane::{ChunkHeader, LaneError, LaneHello, LANE_MAGIC};
 use ferry_wire::WireError;
 use proptest::prelude::*;
 
-const FORMATS: [RecordFormat; 3] = [RecordFormat::Cma, RecordFormat::Shm, RecordFormat::Mpt];
+const FORMATS: [RecordFormat; 4] = [
+    RecordFormat::Cma,
+    RecordFormat::Shm,
+    RecordFormat::Mpt,
+    RecordFormat::Ucx,
+];
 
 fn record() -> impl Strategy<Value = ChannelRecord> {
     prop_oneof![
@@ -20,6 +25,7 @@ fn record() -> impl Strategy<Value = ChannelRecord> {
             .prop_map(|(addr, token)| ChannelRecord::Cma(CmaRecord { addr, token })),
         Just(ChannelRecord::Shm),
         any::<u64>().prop_map(|seq| ChannelRecord::Mpt(MptRecord { seq })),
+        any::<u64>().prop_map(|seq| ChannelRecord::Ucx(UcxRecord { seq })),
     ]
 }
 

@@ -239,6 +239,47 @@ proptest! {
         prop_assert!(!quoted.chars().any(needs_escape));
     }
 
+    /// A handshake decodes to what was encoded, UCX worker address (or its
+    /// absence) included; an address over the cap is refused by name.
+    #[test]
+    fn handshakes_round_trip(
+        name in "[a-z0-9:]{0,16}",
+        rank in any::<u32>(),
+        properties in prop::collection::vec(("[a-z.]{1,8}", "[ -~]{0,16}"), 0..3),
+        ucx_address in prop::option::of(prop::collection::vec(any::<u8>(), 0..600)),
+        transport in "[a-z]{1,6}",
+        priority in any::<i32>(),
+    ) {
+        let h = Handshake {
+            protocol_version: ferry_wire::PROTOCOL_VERSION,
+            worker_name: name,
+            rank,
+            transports: vec![ferry_wire::TransportOffer {
+                name: transport,
+                priority,
+                descriptor: "any".into(),
+            }],
+            channels: vec![ferry_wire::ChannelOffer {
+                name: "ucx".into(),
+                priority,
+                devices: vec![ferry_wire::DeviceOffer {
+                    device: Device::Cpu,
+                    descriptor: "any".into(),
+                }],
+            }],
+            selection: vec![],
+            properties,
+            limits: Limits::default(),
+            ucx_address,
+        };
+        let bytes = h.encode().unwrap();
+        prop_assert_eq!(Handshake::decode(&bytes).unwrap(), h.clone());
+        let mut big = h;
+        big.ucx_address = Some(vec![7; ferry_wire::MAX_UCX_ADDRESS_BYTES + 1]);
+        let err = Handshake::decode(&big.encode().unwrap()).unwrap_err();
+        prop_assert!(err.to_string().contains("UCX worker address"), "{}", err);
+    }
+
     #[test]
     fn frame_decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = Frame::decode(&bytes, &Limits::default());

@@ -102,6 +102,7 @@ impl Endpoint {
         peer: Option<&Handshake>,
         selection: Vec<ChannelChoice>,
         properties: Vec<(String, String)>,
+        ucx_address: Option<Vec<u8>>,
     ) -> Handshake {
         let (transports, channels) = match peer {
             Some(p) => (
@@ -119,7 +120,26 @@ impl Endpoint {
             selection,
             properties,
             limits: self.limits,
+            ucx_address,
         }
+    }
+
+    /// Whether this side offers a `ucx` transport or channel.
+    #[cfg(feature = "ucx")]
+    fn offers_ucx(&self) -> bool {
+        self.transports
+            .iter()
+            .any(|t| t.name == channel::UCX_TRANSPORT)
+            || self.channels.iter().any(|c| c.name == channel::UCX)
+    }
+
+    /// This endpoint without its `ucx` offers.
+    #[cfg(feature = "ucx")]
+    fn without_ucx(&self) -> Endpoint {
+        let mut e = self.clone();
+        e.transports.retain(|t| t.name != channel::UCX_TRANSPORT);
+        e.channels.retain(|c| c.name != channel::UCX);
+        e
     }
 }
 
@@ -164,7 +184,38 @@ pub type PeerConnection = Connection<PeerReader, PeerWriter>;
 mod setup;
 mod stream;
 
+#[cfg(feature = "ucx")]
+use crate::ucx::UcxWorker;
+#[cfg(not(feature = "ucx"))]
+use no_ucx::UcxWorker;
 use setup::{accept_setup, bind_abstract, connect_setup, fresh_nonce};
+
+/// Stand-ins for a build without the `ucx` feature: never constructed.
+#[cfg(not(feature = "ucx"))]
+mod no_ucx {
+    use crate::TransportError;
+
+    pub(super) enum UcxWorker {}
+    pub(super) enum UcxLink {}
+
+    impl UcxWorker {
+        pub(super) fn new(
+            _tls: Option<&str>,
+            _spin: std::time::Duration,
+        ) -> Result<Self, TransportError> {
+            Err(TransportError::Unavailable {
+                what: "UCX",
+                reason: "this build has no `ucx` feature".into(),
+            })
+        }
+        pub(super) fn address(&self) -> &[u8] {
+            match *self {}
+        }
+        pub(super) fn connect(self, _: &[u8], _: &str) -> Result<UcxLink, TransportError> {
+            match self {}
+        }
+    }
+}
 pub use stream::{PeerReader, PeerWriter};
 
 /// Which side of the handshake this is.
@@ -214,6 +265,9 @@ impl Agreement {
     }
     fn needs_shm(&self) -> bool {
         self.transport == channel::SHM_TRANSPORT || self.uses(channel::SHM)
+    }
+    fn needs_ucx(&self) -> bool {
+        self.transport == channel::UCX_TRANSPORT || self.uses(channel::UCX)
     }
 }
 
@@ -266,6 +320,8 @@ fn channels_for(offers: &[ChannelOffer], transport: &str) -> Vec<ChannelOffer> {
 fn transport_name(name: Option<&str>) -> &'static str {
     match name {
         Some(channel::SHM_TRANSPORT) => channel::SHM_TRANSPORT,
+        #[cfg(feature = "ucx")]
+        Some(channel::UCX_TRANSPORT) => channel::UCX_TRANSPORT,
         _ => channel::TCP,
     }
 }
@@ -346,6 +402,27 @@ impl PeerConnection {
             reason,
         };
         let nonce = fresh_nonce();
+        // The connecting side offers UCX only with a worker whose address
+        // it can send; a worker that cannot be created drops the offers.
+        #[cfg_attr(not(feature = "ucx"), allow(unused_mut))]
+        let mut ucx_worker: Option<UcxWorker> = None;
+        #[cfg(feature = "ucx")]
+        let narrowed: Option<Endpoint> = if role == Role::Connect && local.offers_ucx() {
+            match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
+                Ok(w) => {
+                    ucx_worker = Some(w);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "UCX offers withdrawn from this connection");
+                    Some(local.without_ucx())
+                }
+            }
+        } else {
+            None
+        };
+        #[cfg(feature = "ucx")]
+        let local: &Endpoint = narrowed.as_ref().unwrap_or(local);
         let (agreement, setup) = match role {
             Role::Connect => {
                 let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
@@ -355,11 +432,15 @@ impl PeerConnection {
                         None,
                         Vec::new(),
                         props,
+                        ucx_worker.as_ref().map(|w| w.address().to_vec()),
                     ))?)
                     .await?;
                 let peer = read_handshake(&mut reader, &fail).await?;
                 let agreement = Agreement::compute(local, peer)?;
                 verify(&agreement.outgoing, &agreement.peer.selection)?;
+                if !agreement.needs_ucx() {
+                    ucx_worker = None;
+                }
                 let setup = connect_setup(&agreement, local, session.as_ref(), &fail).await?;
                 (agreement, setup)
             }
@@ -383,11 +464,18 @@ impl PeerConnection {
                 } else {
                     None
                 };
+                if agreement.needs_ucx() {
+                    ucx_worker = Some(UcxWorker::new(
+                        local.config.ucx_tls.as_deref(),
+                        local.config.ucx_spin,
+                    )?);
+                }
                 writer
                     .write(&handshake_message(local.handshake(
                         Some(&agreement.peer),
                         agreement.incoming.clone(),
                         props,
+                        ucx_worker.as_ref().map(|w| w.address().to_vec()),
                     ))?)
                     .await?;
                 let setup = tokio::time::timeout(
@@ -413,6 +501,7 @@ impl PeerConnection {
                 local.keepalive.apply(lane).map_err(&io_err)?;
             }
         }
+        let needs_ucx = agreement.needs_ucx();
         let Agreement {
             peer,
             outgoing,
@@ -422,6 +511,20 @@ impl PeerConnection {
         // The name the peer states, as errors and logs show it (escaped
         // and bounded: the agent has not yet checked it against its group).
         let name = PeerText::new(&peer.worker_name).to_string();
+        let ucx = match ucx_worker {
+            Some(worker) if needs_ucx => {
+                let address = peer.ucx_address.as_deref().ok_or_else(|| {
+                    fail("ucx is selected but the peer sent no UCX worker address".into())
+                })?;
+                Some(worker.connect(address, &name)?)
+            }
+            _ if needs_ucx => {
+                return Err(fail(
+                    "ucx is selected but this side has no UCX worker".into(),
+                ))
+            }
+            _ => None,
+        };
         // Only the process the kernel vouches for, never a pid a peer states.
         let peer_pid = setup.peer_pid;
         let uses_cma_in = incoming.iter().any(|c| c.channel == channel::CMA);
@@ -459,12 +562,41 @@ impl PeerConnection {
             reader = reader
                 .map_stream(|r| match r {
                     PeerReader::Tcp(tcp) | PeerReader::Shm(_, tcp) => PeerReader::Shm(sr, tcp),
+                    #[cfg(feature = "ucx")]
+                    PeerReader::Ucx(_) => r,
                 })
                 .map_err(|n| fail(format!("{n} bytes arrived on TCP after the handshake")))?;
             writer = writer.map_stream(|w| match w {
                 PeerWriter::Tcp(tcp) | PeerWriter::Shm(_, tcp) => PeerWriter::Shm(sw, tcp),
+                #[cfg(feature = "ucx")]
+                PeerWriter::Ucx(_) => w,
             });
         }
+        #[cfg(feature = "ucx")]
+        if let (channel::UCX_TRANSPORT, Some(link)) = (transport, &ucx) {
+            // From here on frames travel as UCX tag messages; the TCP
+            // connection stays open beside them (the reader watches it).
+            reader = reader
+                .map_stream(|r| match r {
+                    PeerReader::Tcp(tcp) => {
+                        PeerReader::Ucx(crate::ucx::UcxReader::new(link.clone(), tcp))
+                    }
+                    other => other,
+                })
+                .map_err(|n| fail(format!("{n} bytes arrived on TCP after the handshake")))?;
+            writer = writer.map_stream(|w| match w {
+                PeerWriter::Tcp(tcp) => {
+                    PeerWriter::Ucx(crate::ucx::UcxWriter::new(link.clone(), tcp))
+                }
+                other => other,
+            });
+        }
+        #[cfg(feature = "ucx")]
+        let uses_ucx_in = incoming.iter().any(|c| c.channel == channel::UCX);
+        #[cfg(feature = "ucx")]
+        let uses_ucx_out = outgoing.iter().any(|c| c.channel == channel::UCX);
+        #[cfg(not(feature = "ucx"))]
+        let _ = ucx;
         reader.set_limits(local.limits);
         reader.set_selection(Selection::new(incoming));
         reader.set_peer(name.clone());
@@ -476,6 +608,8 @@ impl PeerConnection {
                 cma_pid: if uses_cma_in { peer_pid } else { None },
                 shm: data_reader,
                 mpt: mpt_in,
+                #[cfg(feature = "ucx")]
+                ucx: ucx.clone().filter(|_| uses_ucx_in),
                 cma_threads: local.config.cma_threads,
             },
             shared.clone(),
@@ -485,6 +619,8 @@ impl PeerConnection {
                 cma: uses_cma_out,
                 shm: data_writer,
                 mpt: mpt_out,
+                #[cfg(feature = "ucx")]
+                ucx: ucx.filter(|_| uses_ucx_out),
                 small_tensor_bytes: local.config.small_tensor_bytes,
             },
             shared,

@@ -18,6 +18,10 @@ pub enum PeerReader {
     /// Frames arrive through a shared-memory ring (the TCP connection is
     /// held open beside it).
     Shm(ShmReader, OwnedReadHalf),
+    /// Frames arrive as UCX tag messages (the TCP connection is held open
+    /// beside them, and watched for the peer's exit).
+    #[cfg(feature = "ucx")]
+    Ucx(crate::ucx::UcxReader),
 }
 
 /// The writing half of a [`PeerConnection`](super::PeerConnection)'s transport.
@@ -26,14 +30,20 @@ pub enum PeerWriter {
     Tcp(OwnedWriteHalf),
     /// Frames leave through a shared-memory ring.
     Shm(ShmWriter, OwnedWriteHalf),
+    /// Frames leave as UCX tag messages.
+    #[cfg(feature = "ucx")]
+    Ucx(crate::ucx::UcxWriter),
 }
 
 impl PeerReader {
-    /// See [`ShmReader::yield_before_spin`]; nothing on TCP, whose reads
-    /// do not spin.
+    /// See [`ShmReader::yield_before_spin`] (the `ucx` transport's reader
+    /// does the same); nothing on TCP, whose reads do not spin.
     pub fn yield_before_spin(&mut self) {
-        if let PeerReader::Shm(r, _) = self {
-            r.yield_before_spin();
+        match self {
+            PeerReader::Shm(r, _) => r.yield_before_spin(),
+            #[cfg(feature = "ucx")]
+            PeerReader::Ucx(r) => r.yield_before_spin(),
+            PeerReader::Tcp(_) => {}
         }
     }
 }
@@ -47,6 +57,8 @@ impl AsyncRead for PeerReader {
         match self.get_mut() {
             PeerReader::Tcp(r) => Pin::new(r).poll_read(cx, buf),
             PeerReader::Shm(r, _) => Pin::new(r).poll_read(cx, buf),
+            #[cfg(feature = "ucx")]
+            PeerReader::Ucx(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -60,6 +72,8 @@ impl AsyncWrite for PeerWriter {
         match self.get_mut() {
             PeerWriter::Tcp(w) => Pin::new(w).poll_write(cx, buf),
             PeerWriter::Shm(w, _) => Pin::new(w).poll_write(cx, buf),
+            #[cfg(feature = "ucx")]
+            PeerWriter::Ucx(w) => Pin::new(w).poll_write(cx, buf),
         }
     }
     fn poll_write_vectored(
@@ -70,24 +84,32 @@ impl AsyncWrite for PeerWriter {
         match self.get_mut() {
             PeerWriter::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
             PeerWriter::Shm(w, _) => Pin::new(w).poll_write_vectored(cx, bufs),
+            #[cfg(feature = "ucx")]
+            PeerWriter::Ucx(w) => Pin::new(w).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
             PeerWriter::Tcp(w) => w.is_write_vectored(),
             PeerWriter::Shm(w, _) => w.is_write_vectored(),
+            #[cfg(feature = "ucx")]
+            PeerWriter::Ucx(w) => w.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             PeerWriter::Tcp(w) => Pin::new(w).poll_flush(cx),
             PeerWriter::Shm(w, _) => Pin::new(w).poll_flush(cx),
+            #[cfg(feature = "ucx")]
+            PeerWriter::Ucx(w) => Pin::new(w).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             PeerWriter::Tcp(w) => Pin::new(w).poll_shutdown(cx),
             PeerWriter::Shm(w, _) => Pin::new(w).poll_shutdown(cx),
+            #[cfg(feature = "ucx")]
+            PeerWriter::Ucx(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }

@@ -1,0 +1,279 @@
+//! The `ucx` transport: the connection's byte stream as tagged messages.
+//!
+//! The writer sends each write (at most [`CHUNK`] bytes, copied: the
+//! frame layer's buffers are reused as soon as a write returns) as one
+//! tag message, numbered per direction; the reader keeps one receive of
+//! the next number posted, into a [`CHUNK`]-byte buffer. An empty message
+//! ends the stream ([`UcxWriter`]'s shutdown). UCX's stream API is not
+//! used: it lost data when both ends connect to each other by address.
+//!
+//! The TCP connection of the handshake stays open beside: the reader
+//! watches it, so a peer that exits is noticed even where UCX's own
+//! transports (shared memory) do not notice it.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use super::worker::Pending;
+use super::{UcxLink, FRAME_TAG};
+
+/// Largest chunk of the stream in one tag message.
+pub(crate) const CHUNK: usize = 256 << 10;
+/// Sends not yet completed before a write waits.
+const MAX_UNFINISHED_SENDS: usize = 256;
+/// After the TCP connection closed, how long the reader still waits for the
+/// stream's end marker (it may trail the TCP close on another path).
+const DRAIN_AFTER_CLOSE: Duration = Duration::from_millis(500);
+
+fn to_io(e: crate::TransportError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// The reading half of the `ucx` transport.
+pub struct UcxReader {
+    link: UcxLink,
+    seq: u64,
+    buf: Vec<u8>,
+    /// The buffer of the next receive, posted as soon as one completes so
+    /// the next chunk lands straight in it.
+    spare: Vec<u8>,
+    pos: usize,
+    end: usize,
+    posted: Option<Pending>,
+    eof: bool,
+    tcp: OwnedReadHalf,
+    tcp_closed: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Yield to the tokio scheduler once before the next wait spins.
+    yield_first: bool,
+}
+
+impl UcxReader {
+    /// The next time a read finds no chunk, yield to the tokio scheduler
+    /// once before spinning (like
+    /// [`ShmReader::yield_before_spin`](crate::shm::ShmReader::yield_before_spin)):
+    /// a task this reader's last message woke runs first, on this thread.
+    pub fn yield_before_spin(&mut self) {
+        self.yield_first = true;
+    }
+
+    pub(crate) fn new(link: UcxLink, tcp: OwnedReadHalf) -> Self {
+        UcxReader {
+            link,
+            seq: 0,
+            buf: Vec::new(),
+            spare: Vec::new(),
+            pos: 0,
+            end: 0,
+            posted: None,
+            eof: false,
+            tcp,
+            tcp_closed: None,
+            yield_first: false,
+        }
+    }
+
+    /// Posts the receive of chunk `seq` into the spare buffer.
+    fn post(&mut self) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.spare);
+        buf.resize(CHUNK, 0);
+        let ptr = buf.as_mut_ptr();
+        let tag = FRAME_TAG | self.seq;
+        // SAFETY: `buf` owns the bytes and moves into the request (a Vec's
+        // heap memory does not move with it).
+        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
+        self.posted = Some(posted.map_err(to_io)?);
+        Ok(())
+    }
+
+    /// The TCP connection beside: it carries nothing after the handshake,
+    /// so readable means closed (or a peer breaking the protocol).
+    fn poll_tcp(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.tcp_closed.is_some() {
+            return Ok(());
+        }
+        let mut byte = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut byte);
+        match Pin::new(&mut self.tcp).poll_read(cx, &mut rb) {
+            Poll::Pending => Ok(()),
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                self.tcp_closed = Some(Box::pin(tokio::time::sleep(DRAIN_AFTER_CLOSE)));
+                Ok(())
+            }
+            Poll::Ready(Ok(())) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bytes arrived on TCP after the handshake (the ucx transport carries the frames)",
+            )),
+            Poll::Ready(Err(_)) => {
+                self.tcp_closed = Some(Box::pin(tokio::time::sleep(DRAIN_AFTER_CLOSE)));
+                Ok(())
+            }
+        }
+    }
+}
+
+impl AsyncRead for UcxReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.pos < this.end {
+                let n = (this.end - this.pos).min(out.remaining());
+                out.put_slice(&this.buf[this.pos..this.pos + n]);
+                this.pos += n;
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            if this.posted.is_none() {
+                this.post()?;
+            }
+            let Some(posted) = this.posted.as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut this.yield_first) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            match posted.poll_done(cx) {
+                Poll::Ready(Ok((keep, len))) => {
+                    this.posted = None;
+                    let done = keep
+                        .downcast::<Vec<u8>>()
+                        .map(|b| *b)
+                        .map_err(|_| io::Error::other("a UCX receive returned another buffer"))?;
+                    this.spare = std::mem::replace(&mut this.buf, done);
+                    this.seq += 1;
+                    this.pos = 0;
+                    this.end = len;
+                    if len == 0 {
+                        this.eof = true;
+                    } else {
+                        this.post()?;
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    this.posted = None;
+                    return Poll::Ready(Err(to_io(e)));
+                }
+                Poll::Pending => {
+                    this.poll_tcp(cx)?;
+                    if let Some(deadline) = this.tcp_closed.as_mut() {
+                        if deadline.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "the peer closed the connection without ending the ucx stream",
+                            )));
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+/// The writing half of the `ucx` transport.
+pub struct UcxWriter {
+    link: UcxLink,
+    seq: u64,
+    tcp: OwnedWriteHalf,
+    ended: bool,
+}
+
+impl UcxWriter {
+    pub(crate) fn new(link: UcxLink, tcp: OwnedWriteHalf) -> Self {
+        UcxWriter {
+            link,
+            seq: 0,
+            tcp,
+            ended: false,
+        }
+    }
+
+    fn send(&mut self, chunk: Vec<u8>) -> io::Result<()> {
+        let tag = FRAME_TAG | self.seq;
+        self.seq += 1;
+        let (ptr, len) = (chunk.as_ptr(), chunk.len());
+        // SAFETY: `chunk` owns the bytes and is kept until UCX is done.
+        unsafe { self.link.send_kept(tag, ptr, len, Box::new(chunk)) }.map_err(to_io)
+    }
+
+    /// Waits (by yielding) while too many sends are unfinished.
+    fn poll_room(&mut self, cx: &mut Context<'_>, limit: usize) -> Poll<io::Result<()>> {
+        if let Some(e) = self.link.failure() {
+            return Poll::Ready(Err(to_io(e)));
+        }
+        if self.link.in_flight() > limit {
+            // The progress task completes them; check again soon.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for UcxWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        std::task::ready!(this.poll_room(cx, MAX_UNFINISHED_SENDS))?;
+        let n = total.min(CHUNK);
+        let mut chunk = Vec::with_capacity(n);
+        for b in bufs {
+            let take = (n - chunk.len()).min(b.len());
+            chunk.extend_from_slice(&b[..take]);
+            if chunk.len() == n {
+                break;
+            }
+        }
+        this.send(chunk)?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_room(cx, 0)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.ended {
+            std::task::ready!(this.poll_room(cx, 0))?;
+            this.send(Vec::new())?;
+            this.ended = true;
+        }
+        std::task::ready!(this.poll_room(cx, 0))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}

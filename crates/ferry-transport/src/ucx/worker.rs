@@ -1,0 +1,866 @@
+//! One connection's UCP worker and endpoint, its requests and their
+//! progress.
+//!
+//! Every operation posts a request with a completion callback whose user
+//! data is the request's [`Completion`]. A [`Pending`] request owns what
+//! UCX reads or writes (`keep`): when it is dropped before UCX completed
+//! it, it is cancelled and moved, buffer and all, into the worker's
+//! in-flight list, which is swept after each progress call; memory UCX may
+//! still write is never freed. Fire-and-forget sends (tensors, frame
+//! chunks) go to the same list.
+//!
+//! A task waiting for a request first spins on `ucp_worker_progress` for
+//! at most the configured spin time, then registers its waker in the
+//! completion and sleeps. The connection's progress task arms the worker
+//! and sleeps on its event fd (tokio `AsyncFd`, plus a backstop timer);
+//! each time it wakes it progresses the worker, and the callbacks of the
+//! requests that completed wake their tasks.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+use super::{context, status_text, sys, Context};
+use crate::{channel, TransportError};
+
+/// How long the progress task sleeps on the event fd at most (a backstop
+/// for events the fd does not signal).
+const BACKSTOP: Duration = Duration::from_millis(5);
+/// Progress calls per lock while draining.
+const DRAIN: usize = 64;
+
+/// Where a request's callback reports.
+#[derive(Default)]
+pub(crate) struct Completion {
+    done: AtomicBool,
+    status: AtomicI8,
+    len: AtomicUsize,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Completion {
+    fn complete(&self, status: sys::ucs_status_t, len: usize) {
+        self.status.store(status, Ordering::Relaxed);
+        self.len.store(len, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
+        let waker = self.lock_waker().take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+    fn result(&self) -> (sys::ucs_status_t, usize) {
+        (
+            self.status.load(Ordering::Relaxed),
+            self.len.load(Ordering::Relaxed),
+        )
+    }
+    fn lock_waker(&self) -> MutexGuard<'_, Option<Waker>> {
+        self.waker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+unsafe extern "C" fn recv_done(
+    _request: *mut c_void,
+    status: sys::ucs_status_t,
+    info: *const sys::ucp_tag_recv_info_t,
+    user: *mut c_void,
+) {
+    // SAFETY: `user` is the `Completion` of a request that keeps it alive
+    // (in its `Pending` or in the in-flight list) until the request is
+    // freed; `info` is valid for the call when non-null.
+    let c = unsafe { &*(user as *const Completion) };
+    let len = if info.is_null() {
+        0
+    } else {
+        // SAFETY: non-null, provided by UCX for this call.
+        unsafe { (*info).length }
+    };
+    c.complete(status, len);
+}
+
+unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+    // SAFETY: `arg` is the `Shared` that owns the endpoint; the endpoint is
+    // closed before the `Shared` is freed, and this runs inside progress,
+    // under the state lock its owner holds.
+    let shared = unsafe { &*(arg as *const Shared) };
+    shared.fail(format!(
+        "the UCX endpoint failed: {}",
+        status_text(shared.api, status)
+    ));
+}
+
+/// A request UCX has not completed, with what it owns.
+struct Inflight {
+    request: *mut c_void,
+    /// `None`: a send posted without a callback, checked with
+    /// `ucp_request_check_status`.
+    completion: Option<Arc<Completion>>,
+    /// What UCX reads or writes, dropped only once the request is done.
+    _keep: Box<dyn Any + Send>,
+}
+
+/// The worker's state, under the lock.
+struct State {
+    worker: sys::ucp_worker_h,
+    ep: sys::ucp_ep_h,
+    inflight: Vec<Inflight>,
+    /// Completions tasks wait on, woken when the link fails.
+    waiters: Vec<Weak<Completion>>,
+}
+
+// SAFETY: the worker is created `UCS_THREAD_MODE_SERIALIZED` and only used
+// under the `Mutex` around this state; the raw pointers are UCX handles.
+unsafe impl Send for State {}
+
+pub(crate) struct Shared {
+    api: &'static sys::Ucp,
+    state: Mutex<State>,
+    failed: Mutex<Option<String>>,
+    has_failed: AtomicBool,
+    stop: Notify,
+    efd: Option<AsyncFd<RawFd>>,
+    spin: Duration,
+    peer: String,
+    _context: Arc<Context>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fail(&self, reason: String) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_none() {
+            tracing::warn!(peer = %self.peer, %reason, "UCX link failed");
+            *failed = Some(reason);
+        }
+        self.has_failed.store(true, Ordering::Release);
+    }
+
+    fn failure(&self) -> Option<TransportError> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let reason = self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        Some(TransportError::Channel {
+            channel: channel::UCX,
+            peer: self.peer.clone(),
+            reason,
+        })
+    }
+
+    /// Progresses until UCX reports nothing more, sweeps the in-flight
+    /// list, and wakes every waiter when the link failed.
+    fn progress(&self, state: &mut State) {
+        for _ in 0..DRAIN {
+            // SAFETY: the worker is live; we hold the state lock.
+            if unsafe { self.api.ucp_worker_progress(state.worker) } == 0 {
+                break;
+            }
+        }
+        let api = self.api;
+        state.inflight.retain(|f| {
+            let status = match &f.completion {
+                Some(c) if !c.is_done() => return true,
+                Some(c) => c.result().0,
+                // SAFETY: a live request of this worker, under the lock.
+                None => match unsafe { api.ucp_request_check_status(f.request) } {
+                    sys::UCS_INPROGRESS => return true,
+                    status => status,
+                },
+            };
+            if status != sys::UCS_OK && status != sys::UCS_ERR_CANCELED {
+                tracing::debug!(status = %status_text(api, status), "a UCX send failed");
+            }
+            // SAFETY: completed; freed once, here.
+            unsafe { api.ucp_request_free(f.request) };
+            false
+        });
+        if self.has_failed.load(Ordering::Acquire) {
+            for w in state.waiters.drain(..) {
+                if let Some(c) = w.upgrade() {
+                    if let Some(waker) = c.lock_waker().take() {
+                        waker.wake();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The fd belongs to the worker: deregister it first.
+        drop(self.efd.take());
+        let api = self.api;
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !state.ep.is_null() {
+            // SAFETY: zeroed is a valid parameter block; the endpoint is live.
+            let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+            // SAFETY: the endpoint is live and closed once.
+            let req = unsafe { api.ucp_ep_close_nbx(state.ep, &param) };
+            if is_request(req) {
+                for _ in 0..10_000 {
+                    // SAFETY: worker and request are live.
+                    unsafe { api.ucp_worker_progress(state.worker) };
+                    // SAFETY: as above.
+                    if unsafe { api.ucp_request_check_status(req) } != sys::UCS_INPROGRESS {
+                        break;
+                    }
+                }
+                // SAFETY: freed once; UCX completes or drops it with the worker.
+                unsafe { api.ucp_request_free(req) };
+            }
+            state.ep = std::ptr::null_mut();
+        }
+        for f in &state.inflight {
+            // SAFETY: a live request of this worker; cancelled and released
+            // (the worker's destruction below ends it either way).
+            unsafe {
+                api.ucp_request_cancel(state.worker, f.request);
+            }
+        }
+        // SAFETY: every request and the endpoint are done with; nothing of
+        // this worker is used after this.
+        unsafe { api.ucp_worker_destroy(state.worker) };
+        // The buffers in `inflight` are dropped after the worker is gone.
+        state.inflight.clear();
+    }
+}
+
+fn is_request(ptr: *mut c_void) -> bool {
+    // UCS_PTR_IS_ERR: addresses from (uintptr_t)UCS_ERR_LAST up are status
+    // codes; null is UCS_OK.
+    !ptr.is_null() && (ptr as usize) < (sys::UCS_ERR_LAST as isize) as usize
+}
+
+fn ptr_status(ptr: *mut c_void) -> sys::ucs_status_t {
+    if ptr.is_null() {
+        sys::UCS_OK
+    } else {
+        ptr as isize as sys::ucs_status_t
+    }
+}
+
+fn is_error_ptr(ptr: *mut c_void) -> bool {
+    !ptr.is_null() && !is_request(ptr)
+}
+
+/// A link to the peer's UCX worker: cloned by the connection's reader,
+/// writer and channels; the last handle stops the progress task, which
+/// then releases the worker.
+pub(crate) struct UcxLink {
+    shared: Arc<Shared>,
+    _handle: Arc<StopOnDrop>,
+}
+
+impl Clone for UcxLink {
+    fn clone(&self) -> Self {
+        UcxLink {
+            shared: self.shared.clone(),
+            _handle: self._handle.clone(),
+        }
+    }
+}
+
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop.notify_one();
+    }
+}
+
+/// A worker whose endpoint is not connected yet: its address goes in the
+/// handshake.
+pub(crate) struct UcxWorker {
+    shared: Arc<Shared>,
+    address: Vec<u8>,
+    /// Whether UCX's transports may include one with peer failure
+    /// detection (see [`UcxWorker::connect`]).
+    peer_mode: bool,
+}
+
+/// Whether a `UCX_TLS` list (`None`: UCX's default, every transport) names
+/// a transport other than the shared-memory ones, which have no peer
+/// failure detection in UCX 1.13.
+fn may_detect_peer_failure(tls: Option<&str>) -> bool {
+    tls.is_none_or(|list| {
+        list.split(',').map(str::trim).any(|t| {
+            !matches!(
+                t.trim_start_matches('^'),
+                "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | ""
+            )
+        })
+    })
+}
+
+impl UcxWorker {
+    /// Creates a worker on the context for `tls`.
+    pub(crate) fn new(tls: Option<&str>, spin: Duration) -> Result<Self, TransportError> {
+        let api = super::api()?;
+        let ctx = context(tls)?;
+        let unavailable = |what: &str, status| TransportError::Unavailable {
+            what: "UCX",
+            reason: format!("{what}: {}", status_text(api, status)),
+        };
+        // SAFETY: zeroed is a valid parameter block.
+        let mut params: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask =
+            (sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE | sys::UCP_WORKER_PARAM_FIELD_EVENTS) as u64;
+        params.thread_mode = sys::UCS_THREAD_MODE_SERIALIZED;
+        params.events = sys::UCP_WAKEUP_TAG_SEND
+            | sys::UCP_WAKEUP_TAG_RECV
+            | sys::UCP_WAKEUP_TX
+            | sys::UCP_WAKEUP_RX;
+        let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
+        // SAFETY: a live context; out-parameter.
+        let status = unsafe { api.ucp_worker_create(ctx.handle, &params, &mut worker) };
+        if status != sys::UCS_OK {
+            return Err(unavailable("creating a UCX worker failed", status));
+        }
+        let mut shared = Arc::new(Shared {
+            api,
+            state: Mutex::new(State {
+                worker,
+                ep: std::ptr::null_mut(),
+                inflight: Vec::new(),
+                waiters: Vec::new(),
+            }),
+            failed: Mutex::new(None),
+            has_failed: AtomicBool::new(false),
+            stop: Notify::new(),
+            efd: None,
+            spin,
+            peer: String::new(),
+            _context: ctx,
+        });
+        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: a live worker; out-parameters.
+        let status = unsafe { api.ucp_worker_get_address(worker, &mut addr, &mut len) };
+        if status != sys::UCS_OK {
+            return Err(unavailable(
+                "reading the UCX worker's address failed",
+                status,
+            ));
+        }
+        // SAFETY: UCX returned `len` bytes at `addr`, released right after.
+        let address = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+        // SAFETY: released once.
+        unsafe { api.ucp_worker_release_address(worker, addr) };
+        let mut efd: RawFd = -1;
+        // SAFETY: a live worker created with wakeup events; out-parameter.
+        let status = unsafe { api.ucp_worker_get_efd(worker, &mut efd) };
+        if status != sys::UCS_OK {
+            return Err(unavailable("the UCX worker has no event fd", status));
+        }
+        // SAFETY: the worker owns the fd and keeps it open until it is
+        // destroyed, which `Shared::drop` does only after dropping this.
+        let fd = unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }
+            .map_err(|e| TransportError::Unavailable {
+                what: "UCX",
+                reason: format!("cannot watch the UCX worker's event fd: {e}"),
+            })?;
+        if let Some(s) = Arc::get_mut(&mut shared) {
+            s.efd = Some(fd);
+        }
+        let env_tls = std::env::var("UCX_TLS").ok();
+        let peer_mode = may_detect_peer_failure(tls.or(env_tls.as_deref()));
+        Ok(UcxWorker {
+            shared,
+            address,
+            peer_mode,
+        })
+    }
+
+    /// The worker's address, for the peer.
+    pub(crate) fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// Connects to the peer's worker at `peer_address` and starts the
+    /// progress task (on the current tokio runtime).
+    pub(crate) fn connect(
+        self,
+        peer_address: &[u8],
+        peer: &str,
+    ) -> Result<UcxLink, TransportError> {
+        let UcxWorker {
+            mut shared,
+            peer_mode,
+            ..
+        } = self;
+        if let Some(s) = Arc::get_mut(&mut shared) {
+            s.peer = peer.to_owned();
+        }
+        let api = shared.api;
+        {
+            let mut state = shared.lock();
+            // Peer failure handling where UCX's transports have it (its TCP
+            // and network transports): without it, UCX 1.13 aborts the
+            // process (an assertion in `ucp_ep_set_failed`) when a peer's
+            // TCP endpoint fails. Its shared-memory transports have none:
+            // with only those, the endpoint goes without (the peer's exit is
+            // noticed on the connection's TCP socket, which the `ucx`
+            // transport's reader watches, and by the frame stall timeout).
+            let modes: &[sys::ucp_err_handling_mode_t] = if peer_mode {
+                &[
+                    sys::UCP_ERR_HANDLING_MODE_PEER,
+                    sys::UCP_ERR_HANDLING_MODE_NONE,
+                ]
+            } else {
+                &[sys::UCP_ERR_HANDLING_MODE_NONE]
+            };
+            let mut status = sys::UCS_ERR_UNREACHABLE;
+            let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
+            for &mode in modes {
+                // SAFETY: zeroed is a valid parameter block.
+                let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
+                params.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                    as u64;
+                params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
+                params.err_mode = mode;
+                params.err_handler.cb = Some(ep_failed);
+                params.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
+                // SAFETY: a live worker; the address bytes outlive the call
+                // (UCX unpacks them); the handler's argument outlives the
+                // endpoint.
+                status = unsafe { api.ucp_ep_create(state.worker, &params, &mut ep) };
+                if status != sys::UCS_ERR_UNREACHABLE {
+                    break;
+                }
+            }
+            if status != sys::UCS_OK {
+                return Err(TransportError::Channel {
+                    channel: channel::UCX,
+                    peer: peer.to_owned(),
+                    reason: format!(
+                        "connecting to the peer's UCX worker failed: {}",
+                        status_text(api, status)
+                    ),
+                });
+            }
+            state.ep = ep;
+        }
+        tokio::spawn(drive(shared.clone()));
+        Ok(UcxLink {
+            _handle: Arc::new(StopOnDrop(shared.clone())),
+            shared,
+        })
+    }
+}
+
+/// The progress task: progress, arm, sleep on the event fd (or the
+/// backstop timer), until the last handle of the link is gone.
+async fn drive(shared: Arc<Shared>) {
+    let api = shared.api;
+    loop {
+        let armed = {
+            let mut state = shared.lock();
+            shared.progress(&mut state);
+            // SAFETY: a live worker, under the lock.
+            let status = unsafe { api.ucp_worker_arm(state.worker) };
+            status == sys::UCS_OK
+        };
+        if !armed {
+            // Events are pending (UCS_ERR_BUSY): progress again, letting
+            // other tasks run in between.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let Some(fd) = shared.efd.as_ref() else {
+            return;
+        };
+        tokio::select! {
+            ready = fd.readable() => {
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+            }
+            _ = tokio::time::sleep(BACKSTOP) => {}
+            _ = shared.stop.notified() => return,
+        }
+    }
+}
+
+impl UcxLink {
+    /// Why the link failed, if it did.
+    pub(crate) fn failure(&self) -> Option<TransportError> {
+        self.shared.failure()
+    }
+
+    fn error(&self, what: &str, status: sys::ucs_status_t) -> TransportError {
+        TransportError::Channel {
+            channel: channel::UCX,
+            peer: self.shared.peer.clone(),
+            reason: format!("{what}: {}", status_text(self.shared.api, status)),
+        }
+    }
+
+    /// Posts a tagged receive of at most `len` bytes into `ptr`.
+    ///
+    /// # Safety
+    /// As [`Self::post_send`]; the bytes must also be writable.
+    unsafe fn post_recv(
+        &self,
+        state: &mut State,
+        tag: u64,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<(*mut c_void, Arc<Completion>), TransportError> {
+        let completion = Arc::new(Completion::default());
+        // SAFETY: zeroed is a valid parameter block.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        // Always a request, and the callback reports the length (UCX 1.13
+        // leaves the receive information of an immediate completion unset).
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_DATATYPE
+            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        param.cb.recv = Some(recv_done);
+        param.user_data = Arc::as_ptr(&completion) as *mut c_void;
+        param.datatype = contig();
+        // SAFETY: a live worker under the lock; the caller keeps the bytes.
+        let req = unsafe {
+            self.shared.api.ucp_tag_recv_nbx(
+                state.worker,
+                ptr as *mut c_void,
+                len,
+                tag,
+                u64::MAX,
+                &param,
+            )
+        };
+        if is_error_ptr(req) {
+            return Err(self.error("posting a UCX receive failed", ptr_status(req)));
+        }
+        if req.is_null() {
+            return Err(self.error(
+                "UCX completed a receive without a request",
+                sys::UCS_ERR_INVALID_PARAM,
+            ));
+        }
+        Ok((req, completion))
+    }
+
+    /// Sends `len` bytes at `ptr` with `tag`, fire and forget: `keep`
+    /// (which owns the bytes) is held until UCX completed the send.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be owned by `keep` and stay valid while it lives.
+    pub(crate) unsafe fn send_kept(
+        &self,
+        tag: u64,
+        ptr: *const u8,
+        len: usize,
+        keep: Box<dyn Any + Send>,
+    ) -> Result<(), TransportError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let mut state = self.shared.lock();
+        // No callback: nobody waits for a fire-and-forget send; the sweep
+        // checks its status.
+        // SAFETY: zeroed is a valid parameter block.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE;
+        param.datatype = contig();
+        // SAFETY: a live endpoint under the lock; `keep` owns the bytes and
+        // goes to the in-flight list until UCX is done with them.
+        let request = unsafe {
+            self.shared
+                .api
+                .ucp_tag_send_nbx(state.ep, ptr as *const c_void, len, tag, &param)
+        };
+        if is_error_ptr(request) {
+            return Err(self.error("posting a UCX send failed", ptr_status(request)));
+        }
+        if !request.is_null() {
+            state.inflight.push(Inflight {
+                request,
+                completion: None,
+                _keep: keep,
+            });
+        }
+        Ok(())
+    }
+
+    /// Unfinished fire-and-forget sends and cancelled requests.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.shared.lock().inflight.len()
+    }
+
+    /// Posts a receive into memory owned by `keep`, returning the request
+    /// to wait for.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be owned by `keep`, writable, and stay valid
+    /// while it lives (moving `keep` must not move the bytes).
+    pub(crate) unsafe fn recv(
+        &self,
+        tag: u64,
+        ptr: *mut u8,
+        len: usize,
+        keep: Box<dyn Any + Send>,
+    ) -> Result<Pending, TransportError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let mut state = self.shared.lock();
+        // SAFETY: `keep` owns the bytes and travels with the request.
+        let (request, completion) = unsafe { self.post_recv(&mut state, tag, ptr, len)? };
+        state.waiters.retain(|w| w.strong_count() > 0);
+        state.waiters.push(Arc::downgrade(&completion));
+        Ok(Pending {
+            link: self.clone(),
+            request,
+            completion: Some(completion),
+            keep: Some(keep),
+            spun: false,
+        })
+    }
+}
+
+fn contig() -> sys::ucp_datatype_t {
+    // ucp_dt_make_contig(1): (1 << UCP_DATATYPE_SHIFT) | UCP_DATATYPE_CONTIG.
+    ((1u64) << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64
+}
+
+/// A finished receive: its buffer (the `keep` it was posted with) and the
+/// length UCX wrote.
+pub(crate) type Received = (Box<dyn Any + Send>, usize);
+
+/// A posted receive, owning its buffer until UCX is done with it.
+pub(crate) struct Pending {
+    link: UcxLink,
+    request: *mut c_void,
+    completion: Option<Arc<Completion>>,
+    keep: Option<Box<dyn Any + Send>>,
+    /// Whether this wait has spun already.
+    spun: bool,
+}
+
+// SAFETY: the request pointer is only used under the link's lock.
+unsafe impl Send for Pending {}
+// SAFETY: nothing is reachable through a shared reference (every method
+// takes `&mut self`).
+unsafe impl Sync for Pending {}
+
+impl Pending {
+    /// Polls for completion: `Ready` with the buffer and the received
+    /// length, or an error (UCX's status, or the link's failure).
+    pub(crate) fn poll_done(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Received, TransportError>> {
+        let shared = &self.link.shared;
+        let Some(c) = self.completion.clone() else {
+            return Poll::Ready(Err(TransportError::Channel {
+                channel: channel::UCX,
+                peer: shared.peer.clone(),
+                reason: "a UCX receive was polled after it finished".into(),
+            }));
+        };
+        if !c.is_done() {
+            // A bounded spin on progress, once per wait, the way the `shm`
+            // transport's rings wait: rounds of checks with the CPU yielded
+            // to the OS in between, so a thread with work on this core (often
+            // the one about to answer) runs first; then sleep until the
+            // progress task wakes this one.
+            if !self.spun {
+                self.spun = true;
+                crate::shm::spin_until(shared.spin, || {
+                    if let Ok(mut state) = shared.state.try_lock() {
+                        // SAFETY: a live worker, under the lock.
+                        unsafe { shared.api.ucp_worker_progress(state.worker) };
+                        if c.is_done() {
+                            shared.progress(&mut state);
+                        }
+                    }
+                    c.is_done()
+                });
+            }
+            if !c.is_done() {
+                *c.lock_waker() = Some(cx.waker().clone());
+                if !c.is_done() {
+                    if let Some(e) = shared.failure() {
+                        return Poll::Ready(Err(e));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.spun = false;
+        let result = c.result();
+        let request = std::mem::replace(&mut self.request, std::ptr::null_mut());
+        self.completion = None;
+        {
+            let _state = shared.lock();
+            // SAFETY: completed; freed once, under the lock.
+            unsafe { shared.api.ucp_request_free(request) };
+        }
+        let (status, len) = result;
+        let keep = self.keep.take();
+        if status != sys::UCS_OK {
+            return Poll::Ready(Err(self.link.error("a UCX receive failed", status)));
+        }
+        match keep {
+            Some(k) => Poll::Ready(Ok((k, len))),
+            None => Poll::Ready(Err(self.link.error("a UCX receive finished twice", status))),
+        }
+    }
+}
+
+impl std::future::Future for Pending {
+    type Output = Result<Received, TransportError>;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_done(cx)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(completion) = self.completion.take() else {
+            return;
+        };
+        let keep = self.keep.take();
+        let shared = &self.link.shared;
+        let mut state = shared.lock();
+        if !completion.is_done() {
+            // SAFETY: a live request of this worker.
+            unsafe { shared.api.ucp_request_cancel(state.worker, self.request) };
+        }
+        // Freed by the sweep once UCX completed it (the cancel completes
+        // it with UCS_ERR_CANCELED, or the data arrived first).
+        state.inflight.push(Inflight {
+            request: self.request,
+            completion: Some(completion),
+            _keep: Box::new(keep),
+        });
+        shared.progress(&mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{UcxLink, UcxWorker};
+
+    /// Two workers of this process connected to each other, or `None`
+    /// (with the reason printed) where UCX does not load.
+    fn linked(tls: &str) -> Option<(UcxLink, UcxLink)> {
+        if let Err(reason) = super::super::viability() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let spin = Duration::from_micros(20);
+        let a = UcxWorker::new(Some(tls), spin).unwrap();
+        let b = UcxWorker::new(Some(tls), spin).unwrap();
+        let (addr_a, addr_b) = (a.address().to_vec(), b.address().to_vec());
+        Some((
+            a.connect(&addr_b, "b").unwrap(),
+            b.connect(&addr_a, "a").unwrap(),
+        ))
+    }
+
+    /// Owns bytes and says when it is dropped.
+    struct Watched {
+        bytes: Vec<u8>,
+        dropped: Arc<AtomicBool>,
+    }
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_send_keeps_its_bytes_until_ucx_completes_it() {
+        let Some((a, b)) = linked("shm,self") else {
+            return;
+        };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let len = 16 << 20;
+        let w = Watched {
+            bytes: (0..len).map(|i| i as u8).collect(),
+            dropped: dropped.clone(),
+        };
+        let ptr = w.bytes.as_ptr();
+        // SAFETY: `w` owns the bytes and is kept with the request.
+        unsafe { a.send_kept(5, ptr, len, Box::new(w)) }.unwrap();
+        // A rendezvous send cannot complete before the receiver posts.
+        assert!(!dropped.load(Ordering::SeqCst));
+        assert_eq!(a.in_flight(), 1);
+        let mut dest = vec![0u8; len];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let pending = unsafe { b.recv(5, dptr, len, Box::new(dest)) }.unwrap();
+        let (keep, got) = pending.await.unwrap();
+        assert_eq!(got, len);
+        let dest = keep.downcast::<Vec<u8>>().unwrap();
+        assert!(dest.iter().enumerate().all(|(i, &x)| x == i as u8));
+        // The sender's progress task completes the send and lets it go.
+        while !dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_receive_is_cancelled_and_its_buffer_kept_until_then() {
+        let Some((a, b)) = linked("tcp") else {
+            return;
+        };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let mut w = Watched {
+            bytes: vec![0u8; 64],
+            dropped: dropped.clone(),
+        };
+        let ptr = w.bytes.as_mut_ptr();
+        // SAFETY: `w` owns the bytes and moves into the request.
+        let pending = unsafe { b.recv(9, ptr, 64, Box::new(w)) }.unwrap();
+        drop(pending);
+        // Cancelled: the buffer is released once UCX reported it done.
+        while !dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        // The message with that tag goes to the next receive, whole.
+        let msg = vec![42u8; 64];
+        let mptr = msg.as_ptr();
+        // SAFETY: `msg` owns the bytes and is kept with the request.
+        unsafe { a.send_kept(9, mptr, 64, Box::new(msg)) }.unwrap();
+        let mut dest = vec![0u8; 64];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: as above.
+        let (keep, got) = unsafe { b.recv(9, dptr, 64, Box::new(dest)) }
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(got, 64);
+        assert_eq!(*keep.downcast::<Vec<u8>>().unwrap(), vec![42u8; 64]);
+    }
+}

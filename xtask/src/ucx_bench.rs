@@ -1,0 +1,243 @@
+//! `cargo xtask bench --only ucx`: Ferry's `ucx` channel against
+//! `ucx_perftest` (`tag_lat`, `tag_bw`; Debian's `ucx-utils`, installed
+//! here) for `UCX_TLS` shm and tcp, in the same run: one-way bandwidth at
+//! 4 MiB and 64 MiB and the small-message latency (`ferry-transport`'s
+//! example `ucx_bench`, which also measures the latency with no spin);
+//! then the empty `rpc_sync` round trip (`ferry-benches`' `rpc_latency`,
+//! size 0) over the `ucx` transport against Ferry's own `shm` transport.
+//! Prints the ratios and writes `target/ferry-bench/ucx.json`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::bench::{out_path, release_binary, write_result};
+use crate::setup::ensure_debian_package;
+use crate::steps::{cargo, run, Steps};
+
+const PERFTEST: &str = "/usr/bin/ucx_perftest";
+/// Bandwidth sizes, bytes.
+const SIZES: [u64; 2] = [4 << 20, 64 << 20];
+/// The target: Ferry's bandwidth at least this share of UCX's.
+const BANDWIDTH_TARGET: f64 = 0.9;
+
+/// The `ucx_perftest` figures of one test: (50th percentile latency in
+/// µs, overall bandwidth in MB/s) from its `Final:` line.
+fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(f64, f64)> {
+    let args = |c: &mut Command| {
+        c.env("UCX_TLS", tls)
+            .args(["-p", &port.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+    };
+    let mut server = Command::new(PERFTEST);
+    args(&mut server);
+    let mut server = server.spawn().context("starting ucx_perftest's server")?;
+    // The server listens once it is up; the client retries until then.
+    let mut out = None;
+    for _ in 0..50 {
+        let mut client = Command::new(PERFTEST);
+        client.arg("127.0.0.1");
+        args(&mut client);
+        client.args([
+            "-t",
+            test,
+            "-s",
+            &size.to_string(),
+            "-n",
+            &iters.to_string(),
+        ]);
+        let o = client.output().context("running ucx_perftest")?;
+        if o.status.success() {
+            out = Some(String::from_utf8_lossy(&o.stdout).into_owned());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.with_context(|| format!("ucx_perftest {test} never ran (UCX_TLS={tls})"))?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .with_context(|| format!("no Final: line in ucx_perftest's output:\n{out}"))?;
+    let cols: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    if cols.len() < 8 {
+        bail!("unexpected ucx_perftest line {line:?}");
+    }
+    Ok((cols[1], cols[5]))
+}
+
+/// Ferry's `ucx_bench` for `tls`, over `channel` and `transport`.
+fn ferry(tls: &str, channel: &str, transport: &str) -> Result<Value> {
+    let exe = release_binary("examples/ucx_bench");
+    let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
+    let o = Command::new(&exe)
+        .args(["--tls", tls, "--sizes", &sizes.join(",")])
+        .args(["--channel", channel, "--transport", transport])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    if !o.status.success() {
+        bail!("ucx_bench --tls {tls} failed");
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.trim()).with_context(|| format!("ucx_bench printed {text:?}"))
+}
+
+/// The median empty `rpc_sync` round trip in µs over `transport`.
+fn rpc_sync(transport: &str, tls: Option<&str>) -> Result<f64> {
+    let exe = release_binary("rpc_latency");
+    let out = out_path(&format!("ucx_rpc_{transport}.json"));
+    let mut c = Command::new(&exe);
+    c.args(["--quick", "--sizes", "0", "--out"])
+        .arg(&out)
+        .env("FERRY_TRANSPORTS", transport);
+    if let Some(tls) = tls {
+        c.env("FERRY_UCX_TLS", tls);
+    }
+    run(&mut c)?;
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    v["cells"][0]["rpc_sync"]["median_ms"]
+        .as_f64()
+        .map(|ms| ms * 1e3)
+        .context("no rpc_sync median in rpc_latency's result")
+}
+
+/// Runs the UCX benchmark.
+pub(crate) fn main(steps: &mut Steps) -> Result<()> {
+    steps.step_with("setup: ucx-utils (Debian)", || {
+        ensure_debian_package("ucx-utils", PERFTEST)
+    })?;
+    if !Path::new(PERFTEST).exists() {
+        eprintln!("(UCX benchmark skipped: {PERFTEST} is missing)");
+        return Ok(());
+    }
+    steps.step("build: ucx_bench, rpc_latency (feature ucx)", || {
+        run(&mut cargo(&[
+            "build",
+            "--release",
+            "-p",
+            "ferry-transport",
+            "--features",
+            "ucx",
+            "--example",
+            "ucx_bench",
+        ]))?;
+        run(&mut cargo(&[
+            "build",
+            "--release",
+            "-p",
+            "ferry-benches",
+            "--features",
+            "ucx",
+            "--bin",
+            "rpc_latency",
+        ]))
+    })?;
+    let mut rows = Vec::new();
+    let mut result = json!({});
+    for (i, tls) in ["shm", "tcp"].into_iter().enumerate() {
+        let mut cell = json!({});
+        steps.step(&format!("ucx_perftest and Ferry, UCX_TLS={tls}"), || {
+            let port = 13_500 + 10 * i as u16;
+            let (lat, _) = perftest(tls, "tag_lat", 8, 20_000, port)?;
+            let mut bw = json!({});
+            for (j, size) in SIZES.into_iter().enumerate() {
+                let iters = (4u64 << 30).div_ceil(size).clamp(16, 1000) as u32;
+                let (_, mb_s) = perftest(tls, "tag_bw", size, iters, port + 1 + j as u16)?;
+                bw[size.to_string()] = json!(mb_s);
+            }
+            cell = json!({
+                "ucx_perftest": {"latency_us": lat, "bandwidth_mb_s": bw},
+                "ferry": ferry(tls, "ucx", "ucx")?,
+            });
+            Ok(())
+        })?;
+        let f = &cell["ferry"];
+        let p = &cell["ucx_perftest"];
+        for size in SIZES {
+            let key = size.to_string();
+            let (fv, pv) = (
+                f["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0),
+                p["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0),
+            );
+            let ratio = fv / pv;
+            rows.push(format!(
+                "{tls:>4}  bandwidth {:>3} MiB   Ferry {fv:>9.1} MB/s   ucx_perftest {pv:>9.1} MB/s   ratio {ratio:.2} (target >= {BANDWIDTH_TARGET}) {}",
+                size >> 20,
+                if ratio >= BANDWIDTH_TARGET { "met" } else { "MISSED" }
+            ));
+        }
+        let (fl, fl0, pl) = (
+            f["latency_us"].as_f64().unwrap_or(0.0),
+            f["latency_us_no_spin"].as_f64().unwrap_or(0.0),
+            p["latency_us"].as_f64().unwrap_or(0.0),
+        );
+        rows.push(format!(
+            "{tls:>4}  one-way latency 8 B  Ferry {fl:.2} us (no spin {fl0:.2} us)   ucx_perftest {pl:.2} us   Ferry/UCX {:.2}",
+            fl / pl
+        ));
+        result[tls] = cell;
+    }
+    // One host: the same measurement over Ferry's own same-host channels,
+    // which sets the `ucx` channel's priority below or above them.
+    let mut same_host = json!({});
+    steps.step("same host: cma and shm channels (shm transport)", || {
+        for ch in ["cma", "shm"] {
+            same_host[ch] = ferry("shm", ch, "shm")?;
+        }
+        Ok(())
+    })?;
+    for size in SIZES {
+        let key = size.to_string();
+        let get = |v: &Value| v["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0);
+        let u = get(&result["shm"]["ferry"]);
+        let (c, m) = (get(&same_host["cma"]), get(&same_host["shm"]));
+        rows.push(format!(
+            "same host, {:>3} MiB: ucx (UCX shm) {u:.1} MB/s, cma {c:.1} MB/s, shm {m:.1} MB/s: {} wins",
+            size >> 20,
+            [("ucx", u), ("cma", c), ("shm", m)]
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or("none", |w| w.0)
+        ));
+    }
+    let lat = |v: &Value| v["latency_us"].as_f64().unwrap_or(0.0);
+    rows.push(format!(
+        "same host, one-way 8 B: ucx {:.2} us, cma {:.2} us, shm {:.2} us (each over its transport)",
+        lat(&result["shm"]["ferry"]),
+        lat(&same_host["cma"]),
+        lat(&same_host["shm"])
+    ));
+    result["same_host"] = same_host;
+    let mut ucx_us = 0.0;
+    let mut shm_us = 0.0;
+    steps.step(
+        "rpc_sync (empty): transport ucx (shm) vs Ferry's shm",
+        || {
+            ucx_us = rpc_sync("ucx", Some("shm"))?;
+            shm_us = rpc_sync("shm", None)?;
+            Ok(())
+        },
+    )?;
+    rows.push(format!(
+        "empty rpc_sync round trip   over ucx (UCX shm) {ucx_us:.2} us   over Ferry's shm {shm_us:.2} us   ucx/shm {:.2} (target <= 1) {}",
+        ucx_us / shm_us,
+        if ucx_us <= shm_us { "met" } else { "MISSED" }
+    ));
+    result["rpc_sync_us"] = json!({"ucx_shm": ucx_us, "ferry_shm": shm_us});
+    write_result(&out_path("ucx.json"), &result)?;
+    eprintln!("\nFerry's ucx channel vs ucx_perftest (same run, this host):");
+    for r in rows {
+        eprintln!("  {r}");
+    }
+    Ok(())
+}
