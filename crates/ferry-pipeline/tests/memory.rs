@@ -5,22 +5,22 @@
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
 /// Minor page faults this thread has taken so far.
-fn minor_faults() -> i64 {
+fn minor_faults() -> libc::c_long {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a whole rusage into the pointer it gets.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
     assert_eq!(rc, 0, "getrusage failed");
     // SAFETY: initialised by the successful call above.
-    i64::from(unsafe { usage.assume_init() }.ru_minflt)
+    unsafe { usage.assume_init() }.ru_minflt
 }
 
 const BLOCK: usize = 8 << 20;
-const PAGES: i64 = (BLOCK / 4096) as i64;
-const ROUNDS: i64 = 4;
+const PAGES: libc::c_long = (BLOCK / 4096) as libc::c_long;
+const ROUNDS: libc::c_long = 4;
 
 /// Faults taken by `ROUNDS` rounds of allocating a gradient-sized block,
 /// writing every page of it (as a GEMM's output does) and freeing it.
-fn faults_of_reallocating() -> i64 {
+fn faults_of_reallocating() -> libc::c_long {
     let round = || {
         let mut block: Vec<u8> = Vec::with_capacity(BLOCK);
         block.extend((0..BLOCK).map(|i| i as u8));
