@@ -11,7 +11,6 @@ use ferry_pipeline::ScheduleSpec;
 use ferry_schedule::{Placement, Schedule, ScheduleKind};
 
 const STEPS: usize = 3;
-const ROWS: i64 = 8;
 const MICROBATCHES: usize = 4;
 
 /// Trains `schedule` on workers 0 and 1 and compares with one process.
