@@ -7,9 +7,9 @@
 //! size 0) over the `ucx` transport against Ferry's own `shm` transport.
 //! Prints the ratios and writes `target/ferry-bench/ucx.json`.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -33,12 +33,25 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
     };
-    let mut server = Command::new(PERFTEST);
+    // The server prints this line once it listens (stdbuf makes its piped
+    // stdout line-buffered), so the client connects once, when it can.
+    let mut server = Command::new("stdbuf");
+    server.args(["-oL", PERFTEST]);
     args(&mut server);
     let mut server = server.spawn().context("starting ucx_perftest's server")?;
-    // The server listens once it is up; the client retries until then.
-    let mut out = None;
-    for _ in 0..50 {
+    // Kept open until the client is done: a server writing to a closed
+    // pipe would die of SIGPIPE.
+    let mut lines = server
+        .stdout
+        .take()
+        .map(BufReader::new)
+        .context("ucx_perftest's server has no stdout")?
+        .lines();
+    let listening = lines
+        .by_ref()
+        .map_while(std::result::Result::ok)
+        .any(|l| l.starts_with("Waiting for connection"));
+    let out = if listening {
         let mut client = Command::new(PERFTEST);
         client.arg("127.0.0.1");
         args(&mut client);
@@ -51,14 +64,15 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(
             &iters.to_string(),
         ]);
         let o = client.output().context("running ucx_perftest")?;
-        if o.status.success() {
-            out = Some(String::from_utf8_lossy(&o.stdout).into_owned());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        None
+    };
     let _ = server.kill();
     let _ = server.wait();
+    drop(lines);
     let out = out.with_context(|| format!("ucx_perftest {test} never ran (UCX_TLS={tls})"))?;
     let line = out
         .lines()
