@@ -61,6 +61,7 @@ mod alloc;
 pub mod auth;
 pub mod channel;
 mod cma;
+pub mod cuda;
 // Under `--cfg loom` (the model checks of the shared-memory ring) tokio has
 // no I/O, so only the ring and what it needs are built.
 #[cfg(not(loom))]
