@@ -62,6 +62,7 @@ pub mod auth;
 pub mod channel;
 mod cma;
 pub mod cuda;
+pub mod device_map;
 // Under `--cfg loom` (the model checks of the shared-memory ring) tokio has
 // no I/O, so only the ring and what it needs are built.
 #[cfg(not(loom))]
