@@ -7,6 +7,7 @@
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
 //! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
+//! | `cuda_staged` (feature `cuda`) | CUDA tensors: device → pinned host → the connection's stream → pinned host → device, in pipelined chunks ([`crate::cuda::staged`]) | any (offered for the CPU and each CUDA device where CUDA is available) | 5 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!
 //! | transport | carries frames | domain | default priority |
@@ -51,6 +52,12 @@ pub const SHM: &str = "shm";
 pub const MPT: &str = "mpt";
 /// UCX (feature `ucx`): tensors as UCX tag messages.
 pub const UCX: &str = "ucx";
+/// CUDA tensors staged through pinned host memory and the connection's
+/// stream (feature `cuda`).
+pub const CUDA_STAGED: &str = "cuda_staged";
+/// CUDA tensors through CUDA IPC handles on one host (feature `cuda`; the
+/// device side is in `cuda::ipc`, not yet selectable).
+pub const CUDA_IPC: &str = "cuda_ipc";
 /// The UCX transport (feature `ucx`; named like the channel).
 pub const UCX_TRANSPORT: &str = "ucx";
 /// The TCP transport.
@@ -60,10 +67,16 @@ pub const TCP: &str = "tcp";
 pub const SHM_TRANSPORT: &str = "shm";
 
 /// Channels implemented in this build, highest default priority first.
-#[cfg(feature = "ucx")]
+#[cfg(all(feature = "ucx", feature = "cuda"))]
+pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, CUDA_STAGED, INLINE];
+/// Channels implemented in this build, highest default priority first.
+#[cfg(all(feature = "ucx", not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, INLINE];
 /// Channels implemented in this build, highest default priority first.
-#[cfg(not(feature = "ucx"))]
+#[cfg(all(not(feature = "ucx"), feature = "cuda"))]
+pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, CUDA_STAGED, INLINE];
+/// Channels implemented in this build, highest default priority first.
+#[cfg(all(not(feature = "ucx"), not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, INLINE];
 /// Transports implemented in this build, highest default priority first.
 #[cfg(feature = "ucx")]
@@ -76,6 +89,10 @@ pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, TCP];
 /// wins), below `shm` and `cma` (on one host they are faster; see the
 /// user guide's UCX section for the measurement).
 pub const UCX_CHANNEL_PRIORITY: i32 = 15;
+/// Default priority of the `cuda_staged` channel: above `inline`, below
+/// the host channels, so CPU-to-CPU pairs keep those; it is the only
+/// channel offering CUDA devices.
+pub const CUDA_STAGED_PRIORITY: i32 = 5;
 /// Default priority of the `ucx` transport: above `tcp`, below `shm`.
 pub const UCX_TRANSPORT_PRIORITY: i32 = 5;
 
@@ -166,6 +183,41 @@ pub fn cma_viability() -> Result<String, String> {
     CMA_DOMAIN.get_or_init(crate::cma::descriptor).clone()
 }
 
+/// Whether CUDA tensors can travel from or to this process: the number of
+/// CUDA devices, or why not (typed; "CUDA not available on this host: …").
+/// Without it `cuda_staged` is not offered, and a CUDA tensor transfer
+/// fails with this reason.
+pub fn cuda_viability() -> Result<usize, crate::cuda::CudaUnavailable> {
+    crate::cuda::availability()
+}
+
+/// The `cuda_staged` offer: the CPU and every CUDA device, any domain
+/// (the bytes travel on the connection's own stream).
+#[cfg(feature = "cuda")]
+fn cuda_staged_offer(priority: i32) -> Option<ChannelOffer> {
+    match cuda_viability() {
+        Ok(count) => {
+            let mut devices = vec![DeviceOffer {
+                device: Device::Cpu,
+                descriptor: "any".into(),
+            }];
+            devices.extend((0..count.min(usize::from(u16::MAX))).map(|i| DeviceOffer {
+                device: Device::Cuda(i as u16),
+                descriptor: "any".into(),
+            }));
+            Some(ChannelOffer {
+                name: CUDA_STAGED.into(),
+                priority,
+                devices,
+            })
+        }
+        Err(reason) => {
+            tracing::info!(channel = CUDA_STAGED, %reason, "channel not offered");
+            None
+        }
+    }
+}
+
 fn cpu_offer(name: &str, priority: i32, descriptor: String) -> ChannelOffer {
     ChannelOffer {
         name: name.into(),
@@ -194,6 +246,8 @@ pub fn channel_offer(name: &str) -> Result<Option<ChannelOffer>, TransportError>
         #[cfg(feature = "ucx")]
         UCX => viable(UCX, UCX_CHANNEL_PRIORITY, ucx_domain()),
         MPT => Some(cpu_offer(MPT, 10, "any".into())),
+        #[cfg(feature = "cuda")]
+        CUDA_STAGED => cuda_staged_offer(CUDA_STAGED_PRIORITY),
         INLINE => Some(cpu_offer(INLINE, 0, "any".into())),
         other => {
             return Err(TransportError::Unknown {

@@ -103,6 +103,9 @@ pub enum TransportError {
     /// where CUDA cannot be used ("CUDA not available on this host: …").
     #[error(transparent)]
     CudaUnavailable(#[from] crate::cuda::CudaUnavailable),
+    /// A device map is invalid, or a tensor's device has no mapping.
+    #[error(transparent)]
+    DeviceMap(#[from] crate::device_map::DeviceMapError),
     /// An option named something that does not exist.
     #[error("unknown {what} {name:?}; known: {known}")]
     Unknown {

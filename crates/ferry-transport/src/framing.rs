@@ -17,6 +17,7 @@
 //! frames itself and queues its own for the writer ([`ReleaseSignal`]).
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 
@@ -116,6 +117,12 @@ pub struct ChannelConfig {
     /// How long a task waiting for a UCX request spins on progress before
     /// it sleeps on the worker's event fd (zero: sleep at once).
     pub ucx_spin: std::time::Duration,
+    /// Chunk size and staging slots of the `cuda_staged` channel.
+    pub cuda_staged: crate::cuda::staged::StagedOptions,
+    /// Per peer worker, which of its devices each local device maps to
+    /// ([`crate::device_map`]): decides the device a received tensor lands
+    /// on and the device pair that selects a tensor's channel.
+    pub device_maps: Arc<crate::device_map::DeviceMaps>,
 }
 
 impl Default for ChannelConfig {
@@ -130,6 +137,8 @@ impl Default for ChannelConfig {
             shm_channel_ring: 8 << 20,
             ucx_tls: None,
             ucx_spin: DEFAULT_UCX_SPIN,
+            cuda_staged: crate::cuda::staged::StagedOptions::default(),
+            device_maps: Arc::default(),
         }
     }
 }
@@ -147,6 +156,25 @@ pub(crate) struct ReadChannels {
     #[cfg(feature = "ucx")]
     pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) cma_threads: usize,
+    /// Device maps and `cuda_staged` chunking.
+    pub(crate) cuda: CudaSide,
+}
+
+/// What both directions of a connection know about CUDA tensors.
+#[derive(Default, Clone)]
+pub(crate) struct CudaSide {
+    pub(crate) maps: Arc<crate::device_map::DeviceMaps>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) staged: crate::cuda::staged::StagedOptions,
+}
+
+impl CudaSide {
+    pub(crate) fn new(config: &ChannelConfig) -> Self {
+        CudaSide {
+            maps: config.device_maps.clone(),
+            staged: config.cuda_staged,
+        }
+    }
 }
 
 /// The sending ends of the out-of-band channels of one connection.
@@ -158,6 +186,7 @@ pub(crate) struct WriteChannels {
     #[cfg(feature = "ucx")]
     pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) small_tensor_bytes: usize,
+    pub(crate) cuda: CudaSide,
 }
 
 /// Reads frames from a byte stream.
@@ -289,10 +318,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let mut tensors = Vec::with_capacity(descriptors.len());
             let count = descriptors.len();
             for (index, descriptor) in descriptors.into_iter().enumerate() {
-                let name = self.selection.channel_for(descriptor.device, Device::Cpu)?;
+                // Where the tensor lands here: the device maps decide it
+                // (CPU stays CPU unless mapped); the allocator gets the
+                // descriptor with that device.
+                let source = descriptor.device;
+                let landing = crate::cuda::landing(&self.channels.cuda.maps, &self.peer, source)?;
+                let name = self
+                    .selection
+                    .channel_for(source, landing)
+                    .map_err(|e| crate::cuda::explain(e.into(), source, landing))?;
                 let name = channel_name(name);
+                let mut descriptor = descriptor;
+                descriptor.device = landing;
                 let mut dest = self.allocator.allocate(&descriptor)?;
-                if dest.as_mut_bytes().len() as u64 != descriptor.byte_len {
+                let on_device = dest.device_ptr().is_some();
+                if on_device && name != channel::CUDA_STAGED {
+                    return Err(TransportError::Alloc(format!(
+                        "the allocator returned device memory for a tensor on channel {name}"
+                    )));
+                }
+                if !on_device && dest.as_mut_bytes().len() as u64 != descriptor.byte_len {
                     return Err(TransportError::Alloc(format!(
                         "allocator returned {} bytes for a {}-byte tensor",
                         dest.as_mut_bytes().len(),
@@ -305,6 +350,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     count,
                     byte_len: descriptor.byte_len,
                     channel: name,
+                    device: landing,
                 };
                 let dest = self.receive_bytes(name, dest, &what).await?;
                 tensors.push(IncomingTensor {
@@ -327,6 +373,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         mut dest: Box<dyn RecvBuffer>,
         what: &TensorWhat,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        if name == channel::CUDA_STAGED {
+            return self.receive_staged(dest, what).await;
+        }
         let mode = if name == channel::INLINE {
             Mode::Inline
         } else {
@@ -466,6 +515,70 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Ok(dest)
     }
 
+    /// Receives a `cuda_staged` tensor: its bytes follow on the stream (as
+    /// `inline`), staged into device memory for a device destination.
+    async fn receive_staged(
+        &mut self,
+        mut dest: Box<dyn RecvBuffer>,
+        what: &TensorWhat,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        let Some(ptr) = dest.device_ptr() else {
+            let stall = self.limits.frame_stall_timeout;
+            receive_in_steps(
+                &mut self.inner,
+                dest.as_mut(),
+                stall,
+                &self.peer,
+                what,
+                None,
+            )
+            .await?;
+            return Ok(dest);
+        };
+        let len = usize::try_from(what.byte_len)
+            .map_err(|_| TransportError::Alloc(format!("{} bytes do not fit", what.byte_len)))?;
+        self.receive_to_device(ptr, len, what).await?;
+        Ok(dest)
+    }
+
+    #[cfg(feature = "cuda")]
+    async fn receive_to_device(
+        &mut self,
+        ptr: u64,
+        len: usize,
+        what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        let device = what.device;
+        let ctx = crate::cuda::driver::context(device)?;
+        let options = self.channels.cuda.staged;
+        let stall = self.limits.frame_stall_timeout;
+        let peer = self.peer.clone();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_STAGED,
+            peer: peer.clone(),
+            reason: format!("{what}: {reason}"),
+        };
+        // SAFETY: the allocator returned `len` bytes of device memory on
+        // `device` at `ptr`, owned by the destination we hold.
+        let mut engine =
+            unsafe { crate::cuda::driver::CudaCopyEngine::new(&ctx, ptr, len, &options) }
+                .map_err(|e| failed(e.to_string()))?;
+        let mut input = StallReader::new(&mut self.inner, stall);
+        crate::cuda::staged::receive(&mut engine, len, &options, &mut input)
+            .await
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    async fn receive_to_device(
+        &mut self,
+        _ptr: u64,
+        _len: usize,
+        _what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
     /// Without the `ucx` feature no `ucx` record is expected.
     #[cfg(not(feature = "ucx"))]
     async fn receive_ucx(
@@ -581,6 +694,8 @@ enum Piece {
     Head(usize, usize),
     Tensor(usize, usize),
     Ring(usize, usize),
+    /// A `cuda_staged` tensor's bytes on the stream, staged from its device.
+    Staged(usize, usize),
 }
 
 /// How one tensor travels.
@@ -593,6 +708,8 @@ enum Route {
     Mpt,
     #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
     Ucx,
+    /// `cuda_staged`: the bytes follow on the stream, as `inline`.
+    CudaStaged,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -657,6 +774,9 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     fn route(&self, name: &str, len: usize) -> Result<Route, TransportError> {
         if name == channel::INLINE {
             return Ok(Route::Inline);
+        }
+        if name == channel::CUDA_STAGED {
+            return Ok(Route::CudaStaged);
         }
         if len < self.channels.small_tensor_bytes {
             return Ok(Route::SmallInline);
@@ -740,9 +860,31 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
         for (m, (message, descriptors)) in batch.iter().zip(descriptors).enumerate() {
             let mut routes = Vec::with_capacity(descriptors.len());
-            for d in &descriptors {
-                let name = self.selection.channel_for(d.device, Device::Cpu)?;
-                routes.push(self.route(name, d.byte_len as usize)?);
+            for (d, tensor) in descriptors.iter().zip(&message.tensors) {
+                let target = crate::cuda::target(&self.channels.cuda.maps, &self.peer, d.device)?;
+                let name = self
+                    .selection
+                    .channel_for(d.device, target)
+                    .map_err(|e| crate::cuda::explain(e.into(), d.device, target))?;
+                let route = self.route(name, d.byte_len as usize)?;
+                if tensor.device_ptr().is_some() != matches!(d.device, Device::Cuda(_)) {
+                    return Err(TransportError::InvalidTensor(format!(
+                        "a tensor on {} must {}give a device address",
+                        d.device,
+                        if tensor.device_ptr().is_some() {
+                            "not "
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                if tensor.device_ptr().is_some() && route != Route::CudaStaged {
+                    return Err(TransportError::InvalidTensor(format!(
+                        "a tensor on {} cannot travel on channel {name}",
+                        d.device
+                    )));
+                }
+                routes.push(route);
             }
             let start = self.head.len();
             self.head.extend_from_slice(&[0u8; HEADER_LEN]);
@@ -761,7 +903,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             let mut head_from = start;
             for (t, (tensor, route)) in message.tensors.iter().zip(&routes).enumerate() {
                 match route {
-                    Route::Inline => {}
+                    Route::Inline | Route::CudaStaged => {}
                     Route::SmallInline => Prelude::Inline.encode_into(&mut self.head),
                     Route::Cma => {
                         let token = self.next_token;
@@ -795,10 +937,13 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 }
                 let carries_bytes = matches!(route, Route::Inline | Route::SmallInline);
                 let ring = *route == Route::Shm;
-                if (carries_bytes && !tensor.bytes().is_empty()) || ring {
+                let staged = *route == Route::CudaStaged;
+                if (carries_bytes && !tensor.bytes().is_empty()) || ring || staged {
                     push_head(&mut pieces, head_from, self.head.len());
                     head_from = self.head.len();
-                    if ring {
+                    if staged {
+                        pieces.push(Piece::Staged(m, t));
+                    } else if ring {
                         pieces.push(Piece::Ring(m, t));
                     } else {
                         pieces.push(Piece::Tensor(m, t));
@@ -814,9 +959,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 from += 1;
                 continue;
             }
+            if let Piece::Staged(m, t) = pieces[from] {
+                self.write_staged(&batch[m].tensors[t]).await?;
+                from += 1;
+                continue;
+            }
             let to = pieces[from..]
                 .iter()
-                .position(|p| matches!(p, Piece::Ring(..)))
+                .position(|p| matches!(p, Piece::Ring(..) | Piece::Staged(..)))
                 .map_or(pieces.len(), |i| from + i);
             self.write_stream(batch, &pieces[from..to]).await?;
             from = to;
@@ -836,7 +986,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             .filter_map(|p| match *p {
                 Piece::Head(s, e) => Some(IoSlice::new(&head[s..e])),
                 Piece::Tensor(m, t) => Some(IoSlice::new(batch[m].tensors[t].bytes())),
-                Piece::Ring(..) => None,
+                Piece::Ring(..) | Piece::Staged(..) => None,
             })
             .collect();
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
@@ -887,6 +1037,63 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         })
     }
 
+    /// Writes one `cuda_staged` tensor's bytes on the stream: a host
+    /// tensor's as they are, a device tensor's staged through pinned
+    /// memory in chunks.
+    async fn write_staged(
+        &mut self,
+        tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<(), TransportError> {
+        let Some(ptr) = tensor.device_ptr() else {
+            return self
+                .inner
+                .write_all(tensor.bytes())
+                .await
+                .map_err(|e| TransportError::Io {
+                    peer: self.peer.clone(),
+                    source: e,
+                });
+        };
+        self.send_from_device(ptr, &tensor.descriptor()).await
+    }
+
+    #[cfg(feature = "cuda")]
+    async fn send_from_device(
+        &mut self,
+        ptr: u64,
+        descriptor: &ferry_wire::TensorDescriptor,
+    ) -> Result<(), TransportError> {
+        let ctx = crate::cuda::driver::context(descriptor.device)?;
+        let options = self.channels.cuda.staged;
+        let peer = self.peer.clone();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_STAGED,
+            peer: peer.clone(),
+            reason: format!(
+                "sending {} bytes from {}: {reason}",
+                descriptor.byte_len, descriptor.device
+            ),
+        };
+        let len = usize::try_from(descriptor.byte_len).map_err(|e| failed(e.to_string()))?;
+        // SAFETY: the tensor (kept alive by the batch we borrow) says its
+        // `byte_len` bytes are at `ptr` on its device.
+        let mut engine =
+            unsafe { crate::cuda::driver::CudaCopyEngine::new(&ctx, ptr, len, &options) }
+                .map_err(|e| failed(e.to_string()))?;
+        crate::cuda::staged::send(&mut engine, len, &options, &mut self.inner)
+            .await
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    async fn send_from_device(
+        &mut self,
+        _ptr: u64,
+        _descriptor: &ferry_wire::TensorDescriptor,
+    ) -> Result<(), TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
     /// Pushes one tensor's bytes through the shared-memory data ring.
     async fn write_ring(&mut self, bytes: &[u8]) -> Result<(), TransportError> {
         let peer = self.peer.clone();
@@ -931,6 +1138,9 @@ struct TensorWhat {
     count: usize,
     byte_len: u64,
     channel: &'static str,
+    /// Where the tensor lands.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    device: Device,
 }
 
 impl std::fmt::Display for TensorWhat {
@@ -971,6 +1181,55 @@ async fn read_with_stall<R: AsyncRead + Unpin + ?Sized>(
         }
     }
     Ok(())
+}
+
+/// A reader whose every read fails with `TimedOut` when no byte comes
+/// within the stall timeout (for pipelines that read with `read_exact`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct StallReader<'a, R> {
+    inner: &'a mut R,
+    stall: std::time::Duration,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl<'a, R> StallReader<'a, R> {
+    fn new(inner: &'a mut R, stall: std::time::Duration) -> Self {
+        StallReader {
+            inner,
+            stall,
+            sleep: None,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for StallReader<'_, R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut *this.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(r) => {
+                this.sleep = None;
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => {
+                let stall = this.stall;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                match sleep.as_mut().poll(cx) {
+                    std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no byte arrived for {stall:?}"),
+                    ))),
+                    std::task::Poll::Pending => std::task::Poll::Pending,
+                }
+            }
+        }
+    }
 }
 
 /// Fills a tensor's destination from a stream in [`RECV_STEP`] steps,
@@ -1045,6 +1304,7 @@ fn channel_name(name: &str) -> &'static str {
         channel::SHM => channel::SHM,
         channel::MPT => channel::MPT,
         channel::UCX => channel::UCX,
+        channel::CUDA_STAGED => channel::CUDA_STAGED,
         _ => "unknown",
     }
 }

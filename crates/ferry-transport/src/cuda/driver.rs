@@ -6,7 +6,9 @@
 //! driver is loaded (cudarc panics on a call without it); the public
 //! constructors check it themselves.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 use ferry_wire::Device;
@@ -33,6 +35,26 @@ pub(super) fn probe() -> Result<usize, CudaUnavailable> {
     }
 }
 
+/// The process's context for `device` (created once, then shared), made
+/// current on the calling thread.
+pub fn context(device: Device) -> Result<Arc<DeviceContext>, CudaUnavailable> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<Device, Arc<DeviceContext>>>> = OnceLock::new();
+    let mut contexts = CONTEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let ctx = match contexts.get(&device) {
+        Some(ctx) => ctx.clone(),
+        None => {
+            let ctx = Arc::new(DeviceContext::new(device)?);
+            contexts.insert(device, ctx.clone());
+            ctx
+        }
+    };
+    ctx.make_current().map_err(CudaUnavailable::Init)?;
+    Ok(ctx)
+}
+
 /// A device's primary context made current on the calling thread, with a
 /// non-blocking stream of its own; released when dropped.
 #[derive(Debug)]
@@ -43,8 +65,11 @@ pub struct DeviceContext {
 }
 
 // SAFETY: a primary context and a stream may be used from any thread once
-// made current there (`make_current`); the handles are plain pointers.
+// made current there (`make_current`); the handles are plain pointers and
+// the driver's calls on them are thread-safe.
 unsafe impl Send for DeviceContext {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceContext {}
 
 impl DeviceContext {
     /// Retains `device`'s primary context, makes it current on this

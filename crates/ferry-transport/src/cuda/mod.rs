@@ -15,6 +15,9 @@ use std::sync::OnceLock;
 
 use ferry_wire::Device;
 
+use crate::device_map::DeviceMaps;
+use crate::TransportError;
+
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
@@ -70,6 +73,46 @@ pub fn check_device(device: Device) -> Result<(), CudaUnavailable> {
                 Err(CudaUnavailable::NoSuchDevice { device, count })
             }
         }
+    }
+}
+
+/// The device a tensor that worker `peer` sent from its `device` lands on
+/// here (the device maps' reverse; see [`crate::device_map`]), checked to
+/// exist. A CUDA tensor with no landing device on a host without CUDA gets
+/// [`CudaUnavailable`] rather than the missing mapping.
+pub(crate) fn landing(
+    maps: &DeviceMaps,
+    peer: &str,
+    device: Device,
+) -> Result<Device, TransportError> {
+    match maps.received_on(peer, device) {
+        Ok(local) => {
+            check_device(local)?;
+            Ok(local)
+        }
+        Err(e) => Err(explain(e.into(), device, device)),
+    }
+}
+
+/// The device of worker `peer` a tensor sent there from local `device`
+/// lands on; a CUDA tensor needs CUDA here ([`CudaUnavailable`]) and a
+/// mapping.
+pub(crate) fn target(
+    maps: &DeviceMaps,
+    peer: &str,
+    device: Device,
+) -> Result<Device, TransportError> {
+    check_device(device)?;
+    maps.target(peer, device).map_err(TransportError::from)
+}
+
+/// Replaces an error about a pair of devices involving CUDA by
+/// [`CudaUnavailable`] when CUDA is what is missing here.
+pub(crate) fn explain(e: TransportError, source: Device, target: Device) -> TransportError {
+    let cuda = matches!(source, Device::Cuda(_)) || matches!(target, Device::Cuda(_));
+    match availability() {
+        Err(reason) if cuda => reason.into(),
+        _ => e,
     }
 }
 
