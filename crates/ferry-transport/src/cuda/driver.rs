@@ -10,8 +10,13 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use std::any::Any;
+
 use cudarc::driver::{result, sys};
-use ferry_wire::Device;
+use ferry_wire::payload::OutgoingTensor;
+use ferry_wire::{Device, TensorDescriptor};
+
+use crate::{Allocator, RawAllocator, RecvBuffer, TransportError};
 
 use super::staged::{CopyEngine, StagedError, StagedOptions};
 use super::CudaUnavailable;
@@ -346,4 +351,154 @@ impl Drop for CudaCopyEngine<'_> {
             let _ = unsafe { result::event::destroy(*e) };
         }
     }
+}
+
+/// A tensor in device memory owned by Ferry (allocated on a device's
+/// context, freed when dropped): what [`CudaAllocator`] receives into, and
+/// a CUDA tensor to send (it travels on `cuda_staged`).
+#[derive(Debug)]
+pub struct CudaTensor {
+    ctx: Arc<DeviceContext>,
+    ptr: sys::CUdeviceptr,
+    descriptor: TensorDescriptor,
+}
+
+impl CudaTensor {
+    /// Device memory for `descriptor` (its device must be `cuda:N`), not
+    /// initialised.
+    pub fn alloc(descriptor: TensorDescriptor) -> Result<Self, TransportError> {
+        let ctx = context(descriptor.device)?;
+        let len = usize::try_from(descriptor.byte_len).map_err(|_| {
+            TransportError::Alloc(format!(
+                "{} bytes do not fit in memory",
+                descriptor.byte_len
+            ))
+        })?;
+        let ptr = ctx.alloc(len).map_err(|e| {
+            TransportError::Alloc(format!("{len} bytes on {}: {e}", descriptor.device))
+        })?;
+        Ok(CudaTensor {
+            ctx,
+            ptr,
+            descriptor,
+        })
+    }
+
+    /// A tensor on `device` holding `bytes` (copied there).
+    pub fn from_host(
+        device: Device,
+        dtype: ferry_wire::DType,
+        shape: &[i64],
+        bytes: &[u8],
+    ) -> Result<Self, TransportError> {
+        let descriptor = TensorDescriptor::contiguous(dtype, shape, device);
+        if descriptor.byte_len != bytes.len() as u64 {
+            return Err(TransportError::InvalidTensor(format!(
+                "{} bytes for a {}-byte tensor",
+                bytes.len(),
+                descriptor.byte_len
+            )));
+        }
+        let t = Self::alloc(descriptor)?;
+        // SAFETY: `t` holds `bytes.len()` bytes of device memory.
+        unsafe { t.ctx.upload(t.ptr, bytes) }
+            .map_err(|e| TransportError::Alloc(format!("upload to {device}: {e}")))?;
+        Ok(t)
+    }
+
+    /// The tensor's bytes, copied to the host.
+    pub fn to_host(&self) -> Result<Vec<u8>, TransportError> {
+        let mut out = vec![0u8; self.descriptor.byte_len as usize];
+        // SAFETY: the allocation holds `byte_len` bytes.
+        unsafe { self.ctx.download(&mut out, self.ptr) }.map_err(|e| {
+            TransportError::InvalidTensor(format!("download from {}: {e}", self.descriptor.device))
+        })?;
+        Ok(out)
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The context the memory belongs to.
+    pub fn context(&self) -> &Arc<DeviceContext> {
+        &self.ctx
+    }
+
+    /// The tensor's descriptor.
+    pub fn descriptor(&self) -> &TensorDescriptor {
+        &self.descriptor
+    }
+}
+
+impl Drop for CudaTensor {
+    fn drop(&mut self) {
+        // Work queued on the stream may still read or write the memory.
+        let _ = self.ctx.synchronize();
+        // SAFETY: allocated by `alloc` on this context, freed once.
+        let _ = unsafe { self.ctx.free(self.ptr) };
+    }
+}
+
+impl OutgoingTensor for CudaTensor {
+    fn descriptor(&self) -> TensorDescriptor {
+        self.descriptor.clone()
+    }
+    fn bytes(&self) -> &[u8] {
+        &[]
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.ptr)
+    }
+}
+
+impl RecvBuffer for CudaTensor {
+    fn as_mut_bytes(&mut self) -> &mut [u8] {
+        &mut []
+    }
+    fn device_ptr(&mut self) -> Option<u64> {
+        Some(self.ptr)
+    }
+    fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError> {
+        Ok(self)
+    }
+}
+
+/// An allocator that puts tensors landing on a CUDA device into
+/// [`CudaTensor`]s and the others into [`RawTensor`](crate::RawTensor)s
+/// (as [`RawAllocator`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaAllocator;
+
+impl Allocator for CudaAllocator {
+    fn allocate(
+        &self,
+        descriptor: &TensorDescriptor,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        match descriptor.device {
+            Device::Cpu => RawAllocator.allocate(descriptor),
+            Device::Cuda(_) => Ok(Box::new(CudaTensor::alloc(descriptor.clone())?)),
+        }
+    }
+}
+
+/// Copies `len` bytes device to device on `ctx`'s stream and waits: the
+/// reference the channels' bandwidth is measured against.
+///
+/// # Safety
+/// Both addresses point to at least `len` bytes of device memory of
+/// `ctx`'s device.
+pub unsafe fn copy_device_to_device(
+    ctx: &DeviceContext,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<(), String> {
+    ctx.make_current()?;
+    // SAFETY: the caller's promise.
+    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ctx.stream()) }
+        .result()
+        .map_err(text)?;
+    ctx.synchronize()
 }
