@@ -7,6 +7,7 @@
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
 //! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
+//! | `cuda_ipc` (feature `cuda`) | CUDA tensors on one host: the receiver opens the sender's IPC memory handle, its stream waits on the sender's IPC event, and it copies device to device ([`crate::cuda::ipc`]); the sender keeps the tensor until released | same boot, network and PID namespace (offered for each CUDA device where CUDA is available) | 40 |
 //! | `cuda_staged` (feature `cuda`) | CUDA tensors: device → pinned host → the connection's stream → pinned host → device, in pipelined chunks ([`crate::cuda::staged`]) | any (offered for the CPU and each CUDA device where CUDA is available) | 5 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!
@@ -55,8 +56,7 @@ pub const UCX: &str = "ucx";
 /// CUDA tensors staged through pinned host memory and the connection's
 /// stream (feature `cuda`).
 pub const CUDA_STAGED: &str = "cuda_staged";
-/// CUDA tensors through CUDA IPC handles on one host (feature `cuda`; the
-/// device side is in `cuda::ipc`, not yet selectable).
+/// CUDA tensors through CUDA IPC handles on one host (feature `cuda`).
 pub const CUDA_IPC: &str = "cuda_ipc";
 /// The UCX transport (feature `ucx`; named like the channel).
 pub const UCX_TRANSPORT: &str = "ucx";
@@ -68,13 +68,13 @@ pub const SHM_TRANSPORT: &str = "shm";
 
 /// Channels implemented in this build, highest default priority first.
 #[cfg(all(feature = "ucx", feature = "cuda"))]
-pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, CUDA_STAGED, INLINE];
+pub const KNOWN_CHANNELS: &[&str] = &[CUDA_IPC, CMA, SHM, UCX, MPT, CUDA_STAGED, INLINE];
 /// Channels implemented in this build, highest default priority first.
 #[cfg(all(feature = "ucx", not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, INLINE];
 /// Channels implemented in this build, highest default priority first.
 #[cfg(all(not(feature = "ucx"), feature = "cuda"))]
-pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, CUDA_STAGED, INLINE];
+pub const KNOWN_CHANNELS: &[&str] = &[CUDA_IPC, CMA, SHM, MPT, CUDA_STAGED, INLINE];
 /// Channels implemented in this build, highest default priority first.
 #[cfg(all(not(feature = "ucx"), not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, INLINE];
@@ -93,6 +93,9 @@ pub const UCX_CHANNEL_PRIORITY: i32 = 15;
 /// the host channels, so CPU-to-CPU pairs keep those; it is the only
 /// channel offering CUDA devices.
 pub const CUDA_STAGED_PRIORITY: i32 = 5;
+/// Default priority of the `cuda_ipc` channel: above every other (it
+/// offers CUDA devices only, where `cuda_staged` is its only rival).
+pub const CUDA_IPC_PRIORITY: i32 = 40;
 /// Default priority of the `ucx` transport: above `tcp`, below `shm`.
 pub const UCX_TRANSPORT_PRIORITY: i32 = 5;
 
@@ -218,6 +221,33 @@ fn cuda_staged_offer(priority: i32) -> Option<ChannelOffer> {
     }
 }
 
+/// The `cuda_ipc` offer: every CUDA device, in the same-host domain (IPC
+/// handles open only on the host that made them).
+#[cfg(feature = "cuda")]
+fn cuda_ipc_offer(priority: i32) -> Option<ChannelOffer> {
+    let domain = match (cuda_viability(), same_host_domain()) {
+        (Ok(count), Ok(domain)) => Ok((count, domain)),
+        (Err(reason), _) => Err(reason.to_string()),
+        (_, Err(reason)) => Err(reason),
+    };
+    match domain {
+        Ok((count, descriptor)) => Some(ChannelOffer {
+            name: CUDA_IPC.into(),
+            priority,
+            devices: (0..count.min(usize::from(u16::MAX)))
+                .map(|i| DeviceOffer {
+                    device: Device::Cuda(i as u16),
+                    descriptor: descriptor.clone(),
+                })
+                .collect(),
+        }),
+        Err(reason) => {
+            tracing::info!(channel = CUDA_IPC, %reason, "channel not offered");
+            None
+        }
+    }
+}
+
 fn cpu_offer(name: &str, priority: i32, descriptor: String) -> ChannelOffer {
     ChannelOffer {
         name: name.into(),
@@ -248,6 +278,8 @@ pub fn channel_offer(name: &str) -> Result<Option<ChannelOffer>, TransportError>
         MPT => Some(cpu_offer(MPT, 10, "any".into())),
         #[cfg(feature = "cuda")]
         CUDA_STAGED => cuda_staged_offer(CUDA_STAGED_PRIORITY),
+        #[cfg(feature = "cuda")]
+        CUDA_IPC => cuda_ipc_offer(CUDA_IPC_PRIORITY),
         INLINE => Some(cpu_offer(INLINE, 0, "any".into())),
         other => {
             return Err(TransportError::Unknown {
@@ -412,5 +444,48 @@ mod tests {
             .map(|o| (o.name.as_str(), o.priority))
             .collect();
         assert_eq!(named, [("inline", 2), ("mpt", 1)]);
+    }
+
+    /// The CUDA channels' default priorities and domains pick, per pair:
+    /// `cuda_ipc` for GPU to GPU on one host, `cuda_staged` across hosts and
+    /// between the CPU and a GPU, the host channels for CPU to CPU.
+    #[test]
+    fn cuda_channels_are_chosen_per_device_pair() {
+        use crate::selection::{select_channels, Selection};
+        use ferry_wire::DeviceOffer;
+        let offers = |host: &str| {
+            let d = |device, descriptor: &str| DeviceOffer {
+                device,
+                descriptor: descriptor.into(),
+            };
+            vec![
+                ChannelOffer {
+                    name: CUDA_IPC.into(),
+                    priority: CUDA_IPC_PRIORITY,
+                    devices: vec![d(Device::Cuda(0), host), d(Device::Cuda(1), host)],
+                },
+                ChannelOffer {
+                    name: CUDA_STAGED.into(),
+                    priority: CUDA_STAGED_PRIORITY,
+                    devices: vec![
+                        d(Device::Cpu, "any"),
+                        d(Device::Cuda(0), "any"),
+                        d(Device::Cuda(1), "any"),
+                    ],
+                },
+                cpu_offer(SHM, 20, host.into()),
+                cpu_offer(MPT, 10, "any".into()),
+                cpu_offer(INLINE, 0, "any".into()),
+            ]
+        };
+        let one = Selection::new(select_channels(&offers("h1"), &offers("h1")).unwrap());
+        let two = Selection::new(select_channels(&offers("h1"), &offers("h2")).unwrap());
+        let (cpu, g0, g1) = (Device::Cpu, Device::Cuda(0), Device::Cuda(1));
+        assert_eq!(one.channel_for(g0, g1), Ok(CUDA_IPC));
+        assert_eq!(one.channel_for(g0, cpu), Ok(CUDA_STAGED));
+        assert_eq!(one.channel_for(cpu, g1), Ok(CUDA_STAGED));
+        assert_eq!(one.channel_for(cpu, cpu), Ok(SHM));
+        assert_eq!(two.channel_for(g0, g1), Ok(CUDA_STAGED));
+        assert_eq!(two.channel_for(cpu, cpu), Ok(MPT));
     }
 }

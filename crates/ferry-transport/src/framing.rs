@@ -57,7 +57,7 @@ const BLOCKING_COPY_MIN: usize = 1 << 20;
 const RECV_STEP: usize = 4 << 20;
 
 /// Room for the longest channel record.
-const MAX_RECORD_LEN: usize = CmaRecord::LEN;
+const MAX_RECORD_LEN: usize = ferry_wire::channel_record::CudaIpcRecord::LEN;
 
 /// State the reader and the writer of one connection share: `cma` tensors
 /// waiting for the peer's release, and releases to send.
@@ -332,7 +332,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 descriptor.device = landing;
                 let mut dest = self.allocator.allocate(&descriptor)?;
                 let on_device = dest.device_ptr().is_some();
-                if on_device && name != channel::CUDA_STAGED {
+                if on_device && name != channel::CUDA_STAGED && name != channel::CUDA_IPC {
                     return Err(TransportError::Alloc(format!(
                         "the allocator returned device memory for a tensor on channel {name}"
                     )));
@@ -385,6 +385,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             Mode::decode(mode[0]).map_err(|e| self.malformed(e.into()))?
         };
         if mode == Mode::Inline {
+            if dest.device_ptr().is_some() {
+                return Err(self.bad_record(&format!("{what} inline, into device memory")));
+            }
             let stall = self.limits.frame_stall_timeout;
             let peer = &self.peer;
             let inner = &mut self.inner;
@@ -453,6 +456,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .as_ref()
                     .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
                 lanes.receive(seq, dest).await
+            }
+            ChannelRecord::CudaIpc(record) => {
+                self.receive_ipc(&record, dest.as_mut(), what)?;
+                self.shared.lock_releases().push(record.token);
+                self.shared.release_ready.notify_one();
+                Ok(dest)
             }
             ChannelRecord::Ucx(ferry_wire::channel_record::UcxRecord { seq }) => {
                 if seq != self.next_ucx_seq {
@@ -577,6 +586,56 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         _what: &TensorWhat,
     ) -> Result<(), TransportError> {
         Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
+    /// Copies a `cuda_ipc` tensor from the sender's exported memory into
+    /// the device destination, after the sender's event (no host sync
+    /// before the copy is queued).
+    #[cfg(feature = "cuda")]
+    fn receive_ipc(
+        &self,
+        record: &ferry_wire::channel_record::CudaIpcRecord,
+        dest: &mut dyn RecvBuffer,
+        what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        let Some(ptr) = dest.device_ptr() else {
+            return Err(self.bad_record("a cuda_ipc record for a destination in host memory"));
+        };
+        let Some(handles) = crate::cuda::ipc::IpcRecord::decode(&record.handles) else {
+            return Err(self.bad_record("cuda_ipc handles of the wrong length"));
+        };
+        if handles.len != what.byte_len {
+            return Err(self.bad_record(&format!(
+                "cuda_ipc handles for {} bytes, the tensor has {}",
+                handles.len, what.byte_len
+            )));
+        }
+        let ctx = crate::cuda::driver::context(what.device)?;
+        let copy = || {
+            // SAFETY: the destination holds `byte_len` bytes of device memory
+            // at `ptr`; the sender keeps its memory until our release.
+            unsafe { crate::cuda::ipc::receive(&ctx, &handles, ptr) }
+        };
+        let result = if multi_thread_runtime() {
+            tokio::task::block_in_place(copy)
+        } else {
+            copy()
+        };
+        result.map_err(|reason| TransportError::Channel {
+            channel: channel::CUDA_IPC,
+            peer: self.peer.clone(),
+            reason: format!("{what}: {reason}"),
+        })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn receive_ipc(
+        &self,
+        _record: &ferry_wire::channel_record::CudaIpcRecord,
+        _dest: &mut dyn RecvBuffer,
+        _what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        Err(self.bad_record("cuda_ipc record, but this build has no cuda feature"))
     }
 
     /// Without the `ucx` feature no `ucx` record is expected.
@@ -710,6 +769,9 @@ enum Route {
     Ucx,
     /// `cuda_staged`: the bytes follow on the stream, as `inline`.
     CudaStaged,
+    /// `cuda_ipc`: IPC handles in the record, kept until released.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    CudaIpc,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -777,6 +839,10 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
         if name == channel::CUDA_STAGED {
             return Ok(Route::CudaStaged);
+        }
+        #[cfg(feature = "cuda")]
+        if name == channel::CUDA_IPC {
+            return Ok(Route::CudaIpc);
         }
         if len < self.channels.small_tensor_bytes {
             return Ok(Route::SmallInline);
@@ -878,7 +944,9 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                         }
                     )));
                 }
-                if tensor.device_ptr().is_some() && route != Route::CudaStaged {
+                if tensor.device_ptr().is_some()
+                    && !matches!(route, Route::CudaStaged | Route::CudaIpc)
+                {
                     return Err(TransportError::InvalidTensor(format!(
                         "a tensor on {} cannot travel on channel {name}",
                         d.device
@@ -916,6 +984,15 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                         self.shared.lock_pending().insert(token, tensor.clone());
                     }
                     Route::Shm => Prelude::Channel(ChannelRecord::Shm).encode_into(&mut self.head),
+                    Route::CudaIpc => {
+                        let token = self.next_token;
+                        self.next_token += 1;
+                        let handles = self.export_ipc(token, tensor)?;
+                        Prelude::Channel(ChannelRecord::CudaIpc(
+                            ferry_wire::channel_record::CudaIpcRecord { token, handles },
+                        ))
+                        .encode_into(&mut self.head);
+                    }
                     Route::Mpt => {
                         let seq = self.next_seq;
                         self.next_seq += 1;
@@ -1035,6 +1112,48 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             peer: self.peer.clone(),
             reason: "this build has no ucx channel".into(),
         })
+    }
+
+    /// Exports a device tensor's memory and an event for `cuda_ipc`, and
+    /// keeps both (with the tensor) until the peer releases `token`.
+    #[cfg(feature = "cuda")]
+    fn export_ipc(
+        &self,
+        token: u64,
+        tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<[u8; ferry_wire::channel_record::CudaIpcRecord::HANDLES_LEN], TransportError> {
+        let d = tensor.descriptor();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_IPC,
+            peer: self.peer.clone(),
+            reason: format!("exporting {} bytes on {}: {reason}", d.byte_len, d.device),
+        };
+        let Some(ptr) = tensor.device_ptr() else {
+            return Err(failed("not a device tensor".into()));
+        };
+        let ctx = crate::cuda::driver::context(d.device)?;
+        let len = usize::try_from(d.byte_len).map_err(|e| failed(e.to_string()))?;
+        // SAFETY: the tensor says `len` bytes of its device are at `ptr`;
+        // it is kept (in the pending map, with the export) until released.
+        let export = unsafe { crate::cuda::ipc::IpcExport::new(&ctx, ptr, len) }.map_err(failed)?;
+        let handles = export.record().encode();
+        let kept = crate::cuda::ipc::IpcKept {
+            tensor: tensor.clone(),
+            _export: export,
+        };
+        // Registered before the record leaves, so the release cannot
+        // overtake it.
+        self.shared.lock_pending().insert(token, Arc::new(kept));
+        Ok(handles)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn export_ipc(
+        &self,
+        _token: u64,
+        _tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<[u8; ferry_wire::channel_record::CudaIpcRecord::HANDLES_LEN], TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
     }
 
     /// Writes one `cuda_staged` tensor's bytes on the stream: a host
@@ -1305,6 +1424,7 @@ fn channel_name(name: &str) -> &'static str {
         channel::MPT => channel::MPT,
         channel::UCX => channel::UCX,
         channel::CUDA_STAGED => channel::CUDA_STAGED,
+        channel::CUDA_IPC => channel::CUDA_IPC,
         _ => "unknown",
     }
 }
@@ -1318,6 +1438,8 @@ fn record_format(name: &str) -> Option<RecordFormat> {
         channel::MPT => Some(RecordFormat::Mpt),
         #[cfg(feature = "ucx")]
         channel::UCX => Some(RecordFormat::Ucx),
+        #[cfg(feature = "cuda")]
+        channel::CUDA_IPC => Some(RecordFormat::CudaIpc),
         _ => None,
     }
 }

@@ -5,7 +5,10 @@
 //! - `cuda_staged` between two real connections: device → device, CPU →
 //!   device and device → CPU through the device maps, sizes with partial
 //!   last chunks, bytes checked;
-//! - `cuda_ipc` across two processes: this test binary re-runs itself as
+//! - `cuda_ipc` over a connection between two processes (selected for
+//!   cuda:0 → cuda:0 on one host; the sender's tensor is released by the
+//!   receiver's release frame);
+//! - `cuda_ipc`'s device side across two processes: this test binary re-runs itself as
 //!   the receiving process, which opens the sender's memory and event
 //!   handles, copies device to device and checks the bytes; the sender
 //!   keeps its buffer until the child's exit acknowledges the copy.
@@ -222,4 +225,107 @@ fn cuda_ipc_child() {
     unsafe { ipc::receive(&ctx, &record, dst.ptr()) }.unwrap();
     assert!(dst.to_host().unwrap() == pattern(IPC_LEN, 77));
     println!("IPC-OK");
+}
+
+const CONN_CHILD: &str = "FERRY_CUDA_IPC_CHILD_CONNECT";
+const CONN_LEN: usize = (8 << 20) + 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_ipc_carries_tensors_between_processes_over_a_connection() {
+    if std::env::var_os(CONN_CHILD).is_some() {
+        return;
+    }
+    let Some(_) = gpus() else { return };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let child = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "cuda_ipc_connection_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CONN_CHILD, addr.to_string())
+            .output()
+    });
+    let server = async {
+        let (s, _) = listener.accept().await.unwrap();
+        let mut conn = ferry_transport::PeerConnection::accept(
+            s,
+            &endpoint("s", 0, "c", &[(Device::Cuda(0), Device::Cuda(0))]),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            conn.reader
+                .selection()
+                .channel_for(Device::Cuda(0), Device::Cuda(0))
+                .unwrap(),
+            ferry_transport::channel::CUDA_IPC
+        );
+        for id in 1..=3u64 {
+            let got = conn.reader.read().await.unwrap().unwrap();
+            let t = got
+                .tensors
+                .into_iter()
+                .next()
+                .unwrap()
+                .storage
+                .downcast::<CudaTensor>()
+                .unwrap();
+            assert!(
+                t.to_host().unwrap() == pattern(CONN_LEN, id as u8),
+                "tensor {id}"
+            );
+            // The reply carries the release of the tensor's token.
+            let reply = OutgoingMessage {
+                kind: MessageKind::RESPONSE,
+                flags: Flags::NONE,
+                request_id: id,
+                payload: Vec::new(),
+                tensors: Vec::new(),
+            };
+            conn.writer.write(&reply).await.unwrap();
+        }
+        conn
+    };
+    let (out, _conn) = tokio::join!(child, server);
+    let out = out.unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("IPC-CONN-OK"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_ipc_connection_child() {
+    let Some(addr) = std::env::var_os(CONN_CHILD) else {
+        return; // run by `cuda_ipc_carries_tensors_between_processes_over_a_connection`
+    };
+    let addr = addr.to_str().unwrap().parse().unwrap();
+    let mut conn = ferry_transport::PeerConnection::connect(
+        addr,
+        &endpoint("c", 1, "s", &[(Device::Cuda(0), Device::Cuda(0))]),
+    )
+    .await
+    .unwrap();
+    for id in 1..=3u64 {
+        let data = pattern(CONN_LEN, id as u8);
+        let t =
+            CudaTensor::from_host(Device::Cuda(0), DType::U8, &[CONN_LEN as i64], &data).unwrap();
+        conn.writer.write(&request(id, Arc::new(t))).await.unwrap();
+        assert_eq!(conn.writer.tensors_in_flight(), 1, "kept until released");
+        let reply = conn.reader.read().await.unwrap().unwrap();
+        assert_eq!(reply.header.request_id, id);
+        assert_eq!(
+            conn.writer.tensors_in_flight(),
+            0,
+            "released by the reply's release frame"
+        );
+    }
+    println!("IPC-CONN-OK");
 }

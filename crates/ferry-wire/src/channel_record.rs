@@ -21,9 +21,10 @@
 //! | `shm` | nothing | through the shared-memory ring, in order |
 //! | `mpt` | transfer sequence number `u64` LE (8 bytes, [`MptRecord`]) | over the lanes |
 //! | `ucx` | transfer sequence number `u64` LE (8 bytes, [`UcxRecord`]; the UCX tag) | as one UCX tag message, straight into the destination |
+//! | `cuda_ipc` | release token `u64` LE, then 144 bytes of CUDA IPC handles (152 bytes, [`CudaIpcRecord`]) | copied device to device by the receiver from the sender's exported allocation |
 //!
 //! A `release` frame's payload ([`MessageKind::RELEASE`](crate::MessageKind::RELEASE))
-//! is a list of `cma` release tokens, each `u64` LE, nothing else
+//! is a list of `cma` and `cuda_ipc` release tokens, each `u64` LE, nothing else
 //! ([`encode_release`], [`ReleaseList`]).
 //!
 //! Decoding never panics and never allocates: an unknown mode, a record of
@@ -86,6 +87,8 @@ pub enum RecordFormat {
     Mpt,
     /// `ucx`: a [`UcxRecord`].
     Ucx,
+    /// `cuda_ipc`: a [`CudaIpcRecord`].
+    CudaIpc,
 }
 
 impl RecordFormat {
@@ -96,6 +99,7 @@ impl RecordFormat {
             RecordFormat::Shm => 0,
             RecordFormat::Mpt => MptRecord::LEN,
             RecordFormat::Ucx => UcxRecord::LEN,
+            RecordFormat::CudaIpc => CudaIpcRecord::LEN,
         }
     }
 
@@ -111,6 +115,7 @@ impl RecordFormat {
             RecordFormat::Shm => "shm",
             RecordFormat::Mpt => "mpt",
             RecordFormat::Ucx => "ucx",
+            RecordFormat::CudaIpc => "cuda_ipc",
         }
     }
 }
@@ -194,6 +199,45 @@ impl UcxRecord {
     }
 }
 
+/// A `cuda_ipc` record: the token the receiver releases once it has copied
+/// the bytes, and the sender's CUDA IPC handles (memory handle, event
+/// handle, offset and length; opaque here, laid out by the transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaIpcRecord {
+    /// The sender's token for the tensor, named in the release list.
+    pub token: u64,
+    /// The IPC handles.
+    pub handles: [u8; CudaIpcRecord::HANDLES_LEN],
+}
+
+impl CudaIpcRecord {
+    /// Bytes of the handles.
+    pub const HANDLES_LEN: usize = 144;
+    /// Its length on the wire.
+    pub const LEN: usize = 8 + Self::HANDLES_LEN;
+
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.token.to_le_bytes());
+        out[8..].copy_from_slice(&self.handles);
+        out
+    }
+
+    /// The record of its bytes (every 152 bytes are one).
+    pub fn decode(bytes: &[u8; Self::LEN]) -> CudaIpcRecord {
+        let (token, handles) = bytes.split_at(8);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(token);
+        let mut h = [0u8; Self::HANDLES_LEN];
+        h.copy_from_slice(handles);
+        CudaIpcRecord {
+            token: u64::from_le_bytes(t),
+            handles: h,
+        }
+    }
+}
+
 /// One channel's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelRecord {
@@ -205,6 +249,8 @@ pub enum ChannelRecord {
     Mpt(MptRecord),
     /// A `ucx` record.
     Ucx(UcxRecord),
+    /// A `cuda_ipc` record.
+    CudaIpc(CudaIpcRecord),
 }
 
 impl ChannelRecord {
@@ -215,6 +261,7 @@ impl ChannelRecord {
             ChannelRecord::Shm => RecordFormat::Shm,
             ChannelRecord::Mpt(_) => RecordFormat::Mpt,
             ChannelRecord::Ucx(_) => RecordFormat::Ucx,
+            ChannelRecord::CudaIpc(_) => RecordFormat::CudaIpc,
         }
     }
 
@@ -240,6 +287,10 @@ impl ChannelRecord {
                 .try_into()
                 .map(|b| ChannelRecord::Ucx(UcxRecord::decode(b)))
                 .map_err(|_| wrong()),
+            RecordFormat::CudaIpc => bytes
+                .try_into()
+                .map(|b| ChannelRecord::CudaIpc(CudaIpcRecord::decode(b)))
+                .map_err(|_| wrong()),
         }
     }
 
@@ -250,6 +301,7 @@ impl ChannelRecord {
             ChannelRecord::Shm => {}
             ChannelRecord::Mpt(r) => out.extend_from_slice(&r.encode()),
             ChannelRecord::Ucx(r) => out.extend_from_slice(&r.encode()),
+            ChannelRecord::CudaIpc(r) => out.extend_from_slice(&r.encode()),
         }
     }
 }

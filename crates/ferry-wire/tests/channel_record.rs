@@ -5,18 +5,19 @@
 #![allow(clippy::unwrap_used)]
 
 use ferry_wire::channel_record::{
-    encode_release, release_len, ChannelRecord, CmaRecord, Mode, MptRecord, Prelude, RecordError,
-    RecordFormat, ReleaseList, UcxRecord, RELEASE_TOKEN_LEN,
+    encode_release, release_len, ChannelRecord, CmaRecord, CudaIpcRecord, Mode, MptRecord, Prelude,
+    RecordError, RecordFormat, ReleaseList, UcxRecord, RELEASE_TOKEN_LEN,
 };
 use ferry_wire::mpt_lane::{ChunkHeader, LaneError, LaneHello, LANE_MAGIC};
 use ferry_wire::WireError;
 use proptest::prelude::*;
 
-const FORMATS: [RecordFormat; 4] = [
+const FORMATS: [RecordFormat; 5] = [
     RecordFormat::Cma,
     RecordFormat::Shm,
     RecordFormat::Mpt,
     RecordFormat::Ucx,
+    RecordFormat::CudaIpc,
 ];
 
 fn record() -> impl Strategy<Value = ChannelRecord> {
@@ -26,6 +27,15 @@ fn record() -> impl Strategy<Value = ChannelRecord> {
         Just(ChannelRecord::Shm),
         any::<u64>().prop_map(|seq| ChannelRecord::Mpt(MptRecord { seq })),
         any::<u64>().prop_map(|seq| ChannelRecord::Ucx(UcxRecord { seq })),
+        (
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), CudaIpcRecord::HANDLES_LEN)
+        )
+            .prop_map(|(token, h)| {
+                let mut handles = [0u8; CudaIpcRecord::HANDLES_LEN];
+                handles.copy_from_slice(&h);
+                ChannelRecord::CudaIpc(CudaIpcRecord { token, handles })
+            }),
     ]
 }
 

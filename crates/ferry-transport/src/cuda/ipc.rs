@@ -7,7 +7,10 @@
 //! the receiver acknowledged the copy, i.e. until [`IpcExport`] is dropped
 //! after the ack.
 
+use std::sync::Arc;
+
 use cudarc::driver::{result, sys};
+use ferry_wire::payload::OutgoingTensor;
 
 use super::driver::{text, DeviceContext};
 
@@ -172,6 +175,28 @@ impl Drop for IpcExport {
         let _ = unsafe { result::event::destroy(self.event) };
     }
 }
+
+/// A tensor in flight on `cuda_ipc`: kept, with its export, in the
+/// connection's pending map until the receiver's release names its token.
+pub(crate) struct IpcKept {
+    pub(crate) tensor: Arc<dyn OutgoingTensor>,
+    pub(crate) _export: IpcExport,
+}
+
+impl OutgoingTensor for IpcKept {
+    fn descriptor(&self) -> ferry_wire::TensorDescriptor {
+        self.tensor.descriptor()
+    }
+    fn bytes(&self) -> &[u8] {
+        self.tensor.bytes()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        self.tensor.device_ptr()
+    }
+}
+
+// SAFETY: the export holds an event handle, usable from any thread.
+unsafe impl Sync for IpcExport {}
 
 /// Receives one `cuda_ipc` transfer: opens the sender's handles, makes
 /// `ctx`'s stream wait for the sender's event, copies `record.len` bytes
