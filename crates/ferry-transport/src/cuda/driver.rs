@@ -67,7 +67,13 @@ pub struct DeviceContext {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
     stream: sys::CUstream,
+    /// Pinned staging buffers of finished transfers, reused by the next
+    /// ones (page-locking memory costs milliseconds).
+    staging: Mutex<Vec<Pinned>>,
 }
+
+/// Pinned buffers a context keeps for reuse, at most.
+const STAGING_KEPT: usize = 16;
 
 // SAFETY: a primary context and a stream may be used from any thread once
 // made current there (`make_current`); the handles are plain pointers and
@@ -96,6 +102,7 @@ impl DeviceContext {
             device: dev,
             ctx,
             stream,
+            staging: Mutex::new(Vec::new()),
         })
     }
 
@@ -161,6 +168,11 @@ impl Drop for DeviceContext {
         unsafe {
             let _ = result::ctx::set_current(self.ctx);
             let _ = result::stream::synchronize(self.stream);
+            self.staging
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            let _ = result::stream::synchronize(self.stream);
             let _ = result::stream::destroy(self.stream);
             let _ = result::primary_ctx::release(self.device);
         }
@@ -190,6 +202,10 @@ impl Pinned {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
+
+// SAFETY: the pinned memory is owned by the value and only reached
+// through it.
+unsafe impl Send for Pinned {}
 
 impl Drop for Pinned {
     fn drop(&mut self) {
@@ -233,13 +249,22 @@ impl<'c> CudaCopyEngine<'c> {
         ctx.make_current().map_err(StagedError::Copy)?;
         let mut slots = Vec::with_capacity(options.slots);
         let mut events = Vec::with_capacity(options.slots);
+        let mut kept = ctx.staging.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..options.slots {
-            slots.push(Pinned::new(options.chunk_bytes).map_err(StagedError::Copy)?);
+            let reused = kept
+                .iter()
+                .position(|p| p.len == options.chunk_bytes)
+                .map(|i| kept.swap_remove(i));
+            slots.push(match reused {
+                Some(p) => p,
+                None => Pinned::new(options.chunk_bytes).map_err(StagedError::Copy)?,
+            });
             events.push(
                 result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                     .map_err(|e| StagedError::Copy(text(e)))?,
             );
         }
+        drop(kept);
         Ok(CudaCopyEngine {
             ctx,
             device,
@@ -344,11 +369,20 @@ impl CopyEngine for CudaCopyEngine<'_> {
 
 impl Drop for CudaCopyEngine<'_> {
     fn drop(&mut self) {
-        // No copy may still run into or out of a slot when it is freed.
-        let _ = self.ctx.synchronize();
+        // No copy may still run into or out of a slot when it is freed
+        // or reused.
+        let synced = self.ctx.synchronize().is_ok();
         for e in &self.events {
             // SAFETY: created in `new`, destroyed once.
             let _ = unsafe { result::event::destroy(*e) };
+        }
+        if synced {
+            let mut kept = self.ctx.staging.lock().unwrap_or_else(|p| p.into_inner());
+            for slot in self.slots.drain(..) {
+                if kept.len() < STAGING_KEPT {
+                    kept.push(slot);
+                }
+            }
         }
     }
 }
