@@ -7,7 +7,7 @@
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
 //! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
-//! | `cuda_ipc` (feature `cuda`) | CUDA tensors on one host: the receiver opens the sender's IPC memory handle, its stream waits on the sender's IPC event, and it copies device to device ([`crate::cuda::ipc`]); the sender keeps the tensor until released | same boot, network and PID namespace (offered for each CUDA device where CUDA is available) | 40 |
+//! | `cuda_ipc` (feature `cuda`) | CUDA tensors on one host: the receiver opens the sender's IPC memory handle, its stream waits on the sender's IPC event, and it copies device to device (`cuda::ipc`); the sender keeps the tensor until released | same boot, network and PID namespace (offered for each CUDA device where CUDA is available) | 40 |
 //! | `cuda_staged` (feature `cuda`) | CUDA tensors: device → pinned host → the connection's stream → pinned host → device, in pipelined chunks ([`crate::cuda::staged`]) | any (offered for the CPU and each CUDA device where CUDA is available) | 5 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!

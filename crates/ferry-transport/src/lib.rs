@@ -14,7 +14,11 @@
 //!   several TCP connections in parallel, [`mpt`]) and `inline` (after the
 //!   frame), and with the `ucx` feature `ucx` (UCX tag messages straight
 //!   between the tensor's memory and its destination; also a transport for
-//!   the frames). [`selection`] picks, per (source device, target device) pair,
+//!   the frames), and with the `cuda` feature `cuda_staged` and `cuda_ipc`
+//!   for CUDA tensors ([`cuda`]; without CUDA a CUDA tensor transfer fails
+//!   with "CUDA not available on this host"). [`device_map`]s (PyTorch's)
+//!   decide the device each received tensor lands on. [`selection`] picks,
+//!   per (source device, target device) pair,
 //!   the highest-priority channel both ends accept, and both ends check
 //!   they computed the same choice. Options restrict and reorder the lists.
 //! - Receiving: an [`Allocator`] (the receive hook) provides each tensor's

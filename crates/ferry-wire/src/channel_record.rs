@@ -7,7 +7,8 @@
 //! # Bytes
 //!
 //! After a frame's payload come its tensors, in table order. A tensor whose
-//! selected channel is `inline` is just its bytes. Any other channel starts
+//! selected channel is `inline` or `cuda_staged` (staged through host
+//! memory on each side) is just its bytes. Any other channel starts
 //! with one mode byte ([`Mode`]):
 //!
 //! | mode | then |
