@@ -79,6 +79,20 @@ pub enum DeviceMapError {
         /// when receiving).
         device: Device,
     },
+    /// The peer sends a tensor to one device and this worker's map lands
+    /// it on another: the two workers' maps for each other disagree.
+    #[error(
+        "worker {worker:?} sends a tensor to {sent}, but this worker's device map for it \
+         lands it on {here}: the two workers' device maps disagree"
+    )]
+    Disagree {
+        /// The peer worker.
+        worker: String,
+        /// The device the peer's maps chose.
+        sent: Device,
+        /// The device this worker's maps chose.
+        here: Device,
+    },
     /// A device name that is neither `cpu` nor `cuda:N`.
     #[error("device map for worker {worker:?}: {text:?} is not a device (cpu or cuda:N)")]
     BadDevice {

@@ -373,9 +373,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         mut dest: Box<dyn RecvBuffer>,
         what: &TensorWhat,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
-        if name == channel::CUDA_STAGED {
-            return self.receive_staged(dest, what).await;
-        }
         let mode = if name == channel::INLINE {
             Mode::Inline
         } else {
@@ -457,7 +454,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
                 lanes.receive(seq, dest).await
             }
+            ChannelRecord::CudaStaged(record) => {
+                self.check_target(record.target, what)?;
+                self.receive_staged(dest, what).await
+            }
             ChannelRecord::CudaIpc(record) => {
+                self.check_target(record.target, what)?;
                 self.receive_ipc(&record, dest.as_mut(), what)?;
                 self.shared.lock_releases().push(record.token);
                 self.shared.release_ready.notify_one();
@@ -524,8 +526,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Ok(dest)
     }
 
-    /// Receives a `cuda_staged` tensor: its bytes follow on the stream (as
-    /// `inline`), staged into device memory for a device destination.
+    /// The device the peer's maps send a tensor to must be the one this
+    /// worker's maps land it on: otherwise the two ends chose their
+    /// channels for different device pairs.
+    fn check_target(&self, target: Device, what: &TensorWhat) -> Result<(), TransportError> {
+        if target == what.device {
+            return Ok(());
+        }
+        Err(crate::device_map::DeviceMapError::Disagree {
+            worker: self.peer.clone(),
+            sent: target,
+            here: what.device,
+        }
+        .into())
+    }
+
+    /// Receives a `cuda_staged` tensor: its bytes follow on the stream
+    /// after the record, staged into device memory for a device destination.
     async fn receive_staged(
         &mut self,
         mut dest: Box<dyn RecvBuffer>,
@@ -952,7 +969,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                         d.device
                     )));
                 }
-                routes.push(route);
+                routes.push((route, target));
             }
             let start = self.head.len();
             self.head.extend_from_slice(&[0u8; HEADER_LEN]);
@@ -969,9 +986,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             };
             self.head[start..start + HEADER_LEN].copy_from_slice(&header.encode());
             let mut head_from = start;
-            for (t, (tensor, route)) in message.tensors.iter().zip(&routes).enumerate() {
+            for (t, (tensor, &(route, target))) in message.tensors.iter().zip(&routes).enumerate() {
+                let route = &route;
                 match route {
-                    Route::Inline | Route::CudaStaged => {}
+                    Route::Inline => {}
+                    Route::CudaStaged => Prelude::Channel(ChannelRecord::CudaStaged(
+                        ferry_wire::channel_record::CudaStagedRecord { target },
+                    ))
+                    .encode_into(&mut self.head),
                     Route::SmallInline => Prelude::Inline.encode_into(&mut self.head),
                     Route::Cma => {
                         let token = self.next_token;
@@ -989,7 +1011,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                         self.next_token += 1;
                         let handles = self.export_ipc(token, tensor)?;
                         Prelude::Channel(ChannelRecord::CudaIpc(
-                            ferry_wire::channel_record::CudaIpcRecord { token, handles },
+                            ferry_wire::channel_record::CudaIpcRecord {
+                                token,
+                                target,
+                                handles,
+                            },
                         ))
                         .encode_into(&mut self.head);
                     }
@@ -1258,7 +1284,6 @@ struct TensorWhat {
     byte_len: u64,
     channel: &'static str,
     /// Where the tensor lands.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     device: Device,
 }
 
@@ -1440,6 +1465,8 @@ fn record_format(name: &str) -> Option<RecordFormat> {
         channel::UCX => Some(RecordFormat::Ucx),
         #[cfg(feature = "cuda")]
         channel::CUDA_IPC => Some(RecordFormat::CudaIpc),
+        #[cfg(feature = "cuda")]
+        channel::CUDA_STAGED => Some(RecordFormat::CudaStaged),
         _ => None,
     }
 }

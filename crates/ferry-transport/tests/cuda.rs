@@ -329,3 +329,20 @@ async fn cuda_ipc_connection_child() {
     }
     println!("IPC-CONN-OK");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disagreeing_device_maps_are_refused_not_misread() {
+    let Some(_) = gpus() else { return };
+    // The client sends its cuda:0 to the server's cuda:0 (cuda_ipc on one
+    // host); the server's map lands the client's cuda:0 on its cpu
+    // (cuda_staged): the server finds no cuda_staged record.
+    let (mut server, mut client) = pair(
+        endpoint("s", 0, "c", &[(Device::Cpu, Device::Cuda(0))]),
+        endpoint("c", 1, "s", &[(Device::Cuda(0), Device::Cuda(0))]),
+    )
+    .await;
+    let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[64], &[1u8; 64]).unwrap();
+    client.writer.write(&request(1, Arc::new(t))).await.unwrap();
+    let err = server.reader.read().await.unwrap_err();
+    assert!(err.to_string().contains("device maps agree"), "{err}");
+}
