@@ -16,7 +16,6 @@
 
 use crate::action::{Action, ActionKind};
 use crate::csv::Schedule;
-use crate::done::RankSet;
 use crate::pairs::{BACKWARD, FORWARD, RECV_B, RECV_F};
 use crate::prefetch;
 
@@ -25,8 +24,22 @@ use crate::prefetch;
 /// slot).
 const PAIRS_PER_SLOT: usize = 16;
 
-/// A rank's wait cell while it is not blocked.
+/// A rank's wait cell while it is not blocked (and the cell of an action
+/// that records none).
 const NOT_WAITING: usize = usize::MAX;
+
+/// No rank: an output that stays on its rank (or goes nowhere).
+const NO_RANK: usize = usize::MAX;
+
+/// Where one rank is.
+struct RankState<'a> {
+    /// Its compute list.
+    row: &'a [Option<Action>],
+    /// Its next slot.
+    next: usize,
+    /// The receive cell it waits for while blocked, else [`NOT_WAITING`].
+    wait: usize,
+}
 
 /// Records that `rank` did a cell; `None` (give up) if another rank did
 /// it before.
@@ -60,31 +73,62 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
         .max(width);
     let mut mbs = (slots / width / 2 + 1).min(limit / width);
     let mut done = vec![[0u32; 4]; width * mbs];
-    // Each action, its send and a receive posted to the rank: as much as
-    // most lowered lists need, grown if one needs more.
+    // Per stage, the rank its forward's (backward's) output goes to when
+    // that crosses ranks, else `NO_RANK`.
+    let onward: Vec<[usize; 2]> = (0..stages)
+        .map(|s| {
+            let here = stage_to_rank[s];
+            let to = |t: Option<usize>| match t.and_then(|t| stage_to_rank.get(t)) {
+                Some(&r) if r != here => r,
+                _ => NO_RANK,
+            };
+            [to(Some(s + 1)), to(s.checked_sub(1))]
+        })
+        .collect();
+    // Per rank: its compute list, its next slot, the receive cell it waits
+    // for if blocked, and its lowered list (each action, its send and a
+    // receive posted to the rank: as much as most lowered lists need,
+    // grown if one needs more).
+    let mut state: Vec<RankState<'_>> = compute
+        .ranks
+        .iter()
+        .map(|row| RankState {
+            row,
+            next: 0,
+            wait: NOT_WAITING,
+        })
+        .collect();
     let mut out: Vec<Vec<Option<Action>>> = compute
         .ranks
         .iter()
         .map(|row| Vec::with_capacity(row.len() * 3 + 4))
         .collect();
-    let mut next = vec![0usize; ranks];
-    let mut wait = vec![NOT_WAITING; ranks];
-    let mut current = RankSet::new(ranks);
-    let mut following = RankSet::new(ranks);
+    // The ranks to look at in this round and in the next, as bit sets.
+    let words = ranks.div_ceil(64);
+    let mut current = vec![0u64; words];
+    let mut following = vec![0u64; words];
     let mut left = 0;
     for (rank, row) in compute.ranks.iter().enumerate() {
         if !row.is_empty() {
-            current.insert(rank);
+            current[rank / 64] |= 1 << (rank % 64);
             left += 1;
         }
     }
     while left > 0 {
         let mut progress = false;
-        let mut cursor = 0;
-        while let Some(rank) = current.take_from(cursor) {
-            cursor = rank + 1;
-            let row = &compute.ranks[rank];
-            let i = next[rank];
+        let mut w = 0;
+        while w < words {
+            // Read again each time: ranks woken in this round come after.
+            let bits = current[w];
+            if bits == 0 {
+                w += 1;
+                continue;
+            }
+            let rank = w * 64 + bits.trailing_zeros() as usize;
+            current[w] = bits & (bits - 1);
+            let st = &mut state[rank];
+            let i = st.next;
+            let row = st.row;
             prefetch::ahead(row, i);
             if let Some(action) = &row[i] {
                 let (stage, kind, mb) = action.simple_parts()?;
@@ -101,73 +145,77 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
                 }
                 let p = mb * width + stage;
                 let tag = rank as u32 + 1;
-                // The cell this action records, and where its output goes
-                // (the next stage's pair, its receive's kind and cell).
-                let (cell, onward) = match kind {
+                // The cell this action records, and where its output goes:
+                // the rank, the next stage, its pair, the receive's kind
+                // and cell.
+                let (cell, to, to_stage, q, recv, recv_cell) = match kind {
                     ActionKind::Forward => {
                         if stage > 0 && done[p][RECV_F] != tag && done[p - 1][FORWARD] != tag {
-                            wait[rank] = p * 4 + RECV_F;
+                            st.wait = p * 4 + RECV_F;
                             continue;
                         }
-                        let onward = (stage + 1 < stages).then_some((
-                            stage + 1,
-                            p + 1,
-                            ActionKind::RecvF,
-                            RECV_F,
-                        ));
-                        (FORWARD, onward)
+                        let to = onward[stage][0];
+                        (FORWARD, to, stage + 1, p + 1, ActionKind::RecvF, RECV_F)
                     }
                     ActionKind::BackwardInput | ActionKind::FullBackward => {
                         if stage + 1 < stages
                             && done[p][RECV_B] != tag
                             && done[p + 1][BACKWARD] != tag
                         {
-                            wait[rank] = p * 4 + RECV_B;
+                            st.wait = p * 4 + RECV_B;
                             continue;
                         }
-                        let onward =
-                            (stage > 0).then(|| (stage - 1, p - 1, ActionKind::RecvB, RECV_B));
-                        (BACKWARD, onward)
+                        let to = onward[stage][1];
+                        // `stage - 1` only when the output goes on (stage > 0).
+                        let back = stage.wrapping_sub(1);
+                        (
+                            BACKWARD,
+                            to,
+                            back,
+                            p.wrapping_sub(1),
+                            ActionKind::RecvB,
+                            RECV_B,
+                        )
                     }
-                    ActionKind::RecvF => (RECV_F, None),
-                    ActionKind::RecvB => (RECV_B, None),
-                    _ => (NOT_WAITING, None),
+                    ActionKind::RecvF => (RECV_F, NO_RANK, 0, 0, kind, 0),
+                    ActionKind::RecvB => (RECV_B, NO_RANK, 0, 0, kind, 0),
+                    _ => (NOT_WAITING, NO_RANK, 0, 0, kind, 0),
                 };
+                st.next = i + 1;
                 prefetch::push_ahead(&mut out[rank]);
                 out[rank].push(Some(Action::from_parts(stage, kind, mb)));
                 if cell != NOT_WAITING {
                     mark(&mut done[p][cell], rank)?;
                 }
-                if let Some((to_stage, q, recv, recv_cell)) = onward {
-                    let to = stage_to_rank[to_stage];
-                    if to != stage_to_rank[stage] {
-                        let send = if recv == ActionKind::RecvF {
-                            ActionKind::SendF
+                if to != NO_RANK {
+                    let send = if recv == ActionKind::RecvF {
+                        ActionKind::SendF
+                    } else {
+                        ActionKind::SendB
+                    };
+                    out[rank].push(Some(Action::from_parts(stage, send, mb)));
+                    prefetch::push_ahead(&mut out[to]);
+                    out[to].push(Some(Action::from_parts(to_stage, recv, mb)));
+                    mark(&mut done[q][recv_cell], to)?;
+                    // The receive wakes its rank if it waits for it: in this
+                    // round if it comes after `rank`, else in the next.
+                    let waiting = &mut state[to].wait;
+                    if *waiting == q * 4 + recv_cell {
+                        *waiting = NOT_WAITING;
+                        let set = if to > rank {
+                            &mut current
                         } else {
-                            ActionKind::SendB
+                            &mut following
                         };
-                        out[rank].push(Some(Action::from_parts(stage, send, mb)));
-                        prefetch::push_ahead(&mut out[to]);
-                        out[to].push(Some(Action::from_parts(to_stage, recv, mb)));
-                        mark(&mut done[q][recv_cell], to)?;
-                        // The receive wakes its rank if it waits for it:
-                        // in this round if it comes after `rank`, else in
-                        // the next.
-                        if wait[to] == q * 4 + recv_cell {
-                            wait[to] = NOT_WAITING;
-                            if to > rank {
-                                current.insert(to);
-                            } else {
-                                following.insert(to);
-                            }
-                        }
+                        set[to / 64] |= 1 << (to % 64);
                     }
                 }
+            } else {
+                st.next = i + 1;
             }
-            next[rank] = i + 1;
             progress = true;
             if i + 1 < row.len() {
-                following.insert(rank);
+                following[rank / 64] |= 1 << (rank % 64);
             } else {
                 left -= 1;
             }
@@ -175,7 +223,9 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
         if !progress {
             return None;
         }
-        current.take_all(&mut following);
+        for (a, b) in current.iter_mut().zip(following.iter_mut()) {
+            *a = std::mem::take(b);
+        }
     }
     Some(Schedule::new(out))
 }
