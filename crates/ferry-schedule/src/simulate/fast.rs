@@ -85,12 +85,13 @@ pub(super) fn run<'a>(
     let mut steps = 0u32;
     let mut runnable: Vec<usize> = (0..ranks).rev().collect();
     while let Some(rank) = runnable.pop() {
-        let row = &lowered.ranks[rank];
-        let at = &mut at[offsets[rank]..offsets[rank + 1]];
+        let row = lowered.ranks[rank].as_slice();
+        let at = &mut at[offsets[rank]..][..row.len()];
         let tag = rank as u32 + 1;
         let mut i = pos[rank];
         let mut earliest = 2 * first_step[rank];
-        while let (Some(slot), Some(out)) = (row.get(i), at.get_mut(i)) {
+        while i < row.len() {
+            let (slot, out) = (&row[i], &mut at[i]);
             prefetch::ahead(row, i);
             let Some(action) = slot else {
                 i += 1;
