@@ -63,9 +63,10 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
         return None;
     }
     let slots: usize = compute.ranks.iter().map(Vec::len).sum();
-    // Pairs on a grid of the placed stages and one more, microbatch-major,
-    // grown as larger microbatches appear (numbers never change); per
-    // pair, 1 + the rank that did F, B or I, RECV_F and RECV_B.
+    // Pairs on a grid of the placed stages and one more, stage-major (a
+    // rank walks its stages' microbatches in order: side by side), widened
+    // as larger microbatches appear; per pair, 1 + the rank that did F, B
+    // or I, RECV_F and RECV_B.
     let width = stages.checked_add(1)?;
     let limit = slots
         .checked_mul(PAIRS_PER_SLOT)?
@@ -140,29 +141,32 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
                     if mb >= grown {
                         return None;
                     }
+                    let old = mbs;
                     mbs = grown;
-                    done.resize(width * mbs, [0; 4]);
+                    crate::pairs::widen(&mut done, width, old, mbs, [0; 4]);
                 }
-                let p = mb * width + stage;
+                let p = stage * mbs + mb;
+                // Where a blocked rank's receive cell is, whatever the layout.
+                let key = (mb * width + stage) * 4;
                 let tag = rank as u32 + 1;
                 // The cell this action records, and where its output goes:
                 // the rank, the next stage, its pair, the receive's kind
                 // and cell.
                 let (cell, to, to_stage, q, recv, recv_cell) = match kind {
                     ActionKind::Forward => {
-                        if stage > 0 && done[p][RECV_F] != tag && done[p - 1][FORWARD] != tag {
-                            st.wait = p * 4 + RECV_F;
+                        if stage > 0 && done[p][RECV_F] != tag && done[p - mbs][FORWARD] != tag {
+                            st.wait = key + RECV_F;
                             continue;
                         }
                         let to = onward[stage][0];
-                        (FORWARD, to, stage + 1, p + 1, ActionKind::RecvF, RECV_F)
+                        (FORWARD, to, stage + 1, p + mbs, ActionKind::RecvF, RECV_F)
                     }
                     ActionKind::BackwardInput | ActionKind::FullBackward => {
                         if stage + 1 < stages
                             && done[p][RECV_B] != tag
-                            && done[p + 1][BACKWARD] != tag
+                            && done[p + mbs][BACKWARD] != tag
                         {
-                            st.wait = p * 4 + RECV_B;
+                            st.wait = key + RECV_B;
                             continue;
                         }
                         let to = onward[stage][1];
@@ -172,7 +176,7 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
                             BACKWARD,
                             to,
                             back,
-                            p.wrapping_sub(1),
+                            p.wrapping_sub(mbs),
                             ActionKind::RecvB,
                             RECV_B,
                         )
@@ -200,7 +204,7 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
                     // The receive wakes its rank if it waits for it: in this
                     // round if it comes after `rank`, else in the next.
                     let waiting = &mut state[to].wait;
-                    if *waiting == q * 4 + recv_cell {
+                    if *waiting == (mb * width + to_stage) * 4 + recv_cell {
                         *waiting = NOT_WAITING;
                         let set = if to > rank {
                             &mut current

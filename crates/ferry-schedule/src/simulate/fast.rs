@@ -67,8 +67,10 @@ pub(super) fn run<'a>(
     {
         return None;
     }
-    // Pairs on a grid of the placed stages and one more, microbatch-major,
-    // grown as larger microbatches appear (numbers never change).
+    // Pairs on a grid of the placed stages and one more, stage-major (a
+    // rank walks its stages' microbatches in order: side by side, fewer
+    // cache lines and pages than microbatch-major), widened as larger
+    // microbatches appear.
     let width = stages + 1;
     let limit = slots * PAIRS_PER_SLOT + (1 << 10);
     let mut mbs = (slots / width / 5 + 1).min(limit / width);
@@ -106,15 +108,16 @@ pub(super) fn run<'a>(
                 if mb >= grown {
                     return None;
                 }
+                let old = mbs;
                 mbs = grown;
-                pairs.resize(width * mbs, Pair::default());
+                crate::pairs::widen(&mut pairs, width, old, mbs, Pair::default());
             }
-            let p = mb * width + stage;
+            let p = stage * mbs + mb;
             let half = match kind {
                 ActionKind::Forward => {
                     if stage != 0
                         && pairs[p].done[RECV_F] != tag
-                        && pairs[p - 1].done[FORWARD] != tag
+                        && pairs[p - mbs].done[FORWARD] != tag
                     {
                         break;
                     }
@@ -124,7 +127,7 @@ pub(super) fn run<'a>(
                 ActionKind::BackwardInput | ActionKind::FullBackward => {
                     if stage + 1 < stages
                         && pairs[p].done[RECV_B] != tag
-                        && pairs[p + 1].done[BACKWARD] != tag
+                        && pairs[p + mbs].done[BACKWARD] != tag
                     {
                         break;
                     }
@@ -157,12 +160,12 @@ pub(super) fn run<'a>(
                         if stage == 0 {
                             break;
                         }
-                        (stage - 1, p - 1, 0, RECV_F)
+                        (stage - 1, p - mbs, 0, RECV_F)
                     } else {
                         if stage + 1 >= stages {
                             break;
                         }
-                        (stage + 1, p + 1, 1, RECV_B)
+                        (stage + 1, p + mbs, 1, RECV_B)
                     };
                     let sender = &mut pairs[q];
                     let placed = sender.sent[dir];
