@@ -58,6 +58,11 @@ pub enum LowerError {
 /// receiving rank (as early as possible). Idle steps are dropped; two
 /// stages on the same rank exchange nothing.
 ///
+/// Well-formed schedules (simple actions on placed stages, each done by
+/// one rank, that can be lowered) take a fast path with compact tables;
+/// anything else runs the general path from the start, which also builds
+/// the errors: the result is the same.
+///
 /// `stage_to_rank[s]` is the rank of stage `s`.
 pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
     if let Some(lowered) = fast::add_send_recv(compute, stage_to_rank) {

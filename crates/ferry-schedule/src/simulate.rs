@@ -43,6 +43,11 @@ pub struct Deadlock {
 /// action is a receive whose send is not placed yet waits, without being
 /// looked at again, until that send is placed. The only other inputs an
 /// action needs are on its own rank, done before it or never.
+///
+/// Well-formed schedules (simple actions on placed stages, each done by
+/// one rank) take a fast path with compact tables; anything else, or a
+/// fast path that meets it part-way, runs the general path from the start:
+/// the result is the same.
 pub fn simulate_unit_steps<'a>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
