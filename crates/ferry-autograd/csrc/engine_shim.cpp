@@ -18,6 +18,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace {
@@ -283,21 +284,102 @@ char* ferry_backward_input(const at::Tensor* const* roots, const at::Tensor* con
   });
 }
 
+}  // extern "C"
+
+namespace {
+// Whether `node` runs no hooks of any kind.
+bool hookless(Node* node) {
+  return node->pre_hooks().empty() && node->post_hooks().empty() &&
+         node->tensor_pre_hooks().empty() && node->retains_grad_hooks().empty();
+}
+
+// For a weight node that is a linear layer's matrix product, adds its
+// weight's gradient straight into that parameter's accumulated gradient
+// with one GEMM (`acc += alpha * grad^T mat1`), instead of making a
+// gradient-sized tensor for the caller to add, and cuts the edge it served
+// so that the engine does not compute it again. The shape recognised is
+// `F.linear`'s: AddmmBackward0 (with a bias) or MmBackward0 (without),
+// whose second matrix is the weight transposed (TBackward0) feeding the
+// parameter's AccumulateGrad. Anything else (hooks, other dtypes or
+// layouts, an accumulator that does not match) is left to the engine.
+void fuse_linear_weight(const NodePtr& node, const variable_list& captured,
+                        const std::unordered_map<const void*, at::Tensor*>& accs) {
+  using torch::autograd::generated::AddmmBackward0;
+  using torch::autograd::generated::MmBackward0;
+  using torch::autograd::generated::TBackward0;
+  if (captured.size() != 1 || !captured[0].defined()) return;
+  const at::Tensor& grad = captured[0];
+  size_t mat2_index;
+  at::Tensor mat1;
+  double alpha = 1.0;
+  if (auto* addmm = dynamic_cast<AddmmBackward0*>(node.get())) {
+    if (addmm->alpha.isComplex()) return;
+    alpha = addmm->alpha.toDouble();
+    mat2_index = 2;
+    mat1 = addmm->mat1_.unpack();
+  } else if (auto* mm = dynamic_cast<MmBackward0*>(node.get())) {
+    mat2_index = 1;
+    mat1 = mm->self_.unpack();
+  } else {
+    return;
+  }
+  if (!hookless(node.get()) || node->next_edges().size() <= mat2_index) return;
+  Edge& edge = node->next_edges()[mat2_index];
+  auto* transpose = dynamic_cast<TBackward0*>(edge.function.get());
+  if (transpose == nullptr || !hookless(transpose) || transpose->next_edges().size() != 1) return;
+  auto* acc_node =
+      dynamic_cast<torch::autograd::AccumulateGrad*>(transpose->next_edges()[0].function.get());
+  if (acc_node == nullptr || !hookless(acc_node)) return;
+  auto found = accs.find(acc_node->variable.unsafeGetTensorImpl());
+  if (found == accs.end()) return;
+  at::Tensor& acc = *found->second;
+  auto dense = [](const at::Tensor& t) {
+    return t.defined() && t.dim() == 2 && t.layout() == at::kStrided && !t.is_conj() &&
+           !t.is_neg() && at::isFloatingType(t.scalar_type());
+  };
+  if (!dense(mat1) || !dense(grad) || !dense(acc)) return;
+  if (mat1.scalar_type() != acc.scalar_type() || grad.scalar_type() != acc.scalar_type() ||
+      mat1.device() != acc.device() || grad.device() != acc.device())
+    return;
+  if (acc.size(0) != grad.size(1) || acc.size(1) != mat1.size(1) || grad.size(0) != mat1.size(0))
+    return;
+  // No graph for this: the accumulated gradient is plain data.
+  at::NoGradGuard no_grad;
+  acc.addmm_(grad.t(), mat1, /*beta=*/1, /*alpha=*/alpha);
+  // Assigned in place, as the input-path edges are.
+  edge = Edge();
+}
+}  // namespace
+
+extern "C" {
+
 // The weight half (W) from a capture of ferry_backward_input: writes the
 // gradients of `params` to `outputs` (undefined where unreached) and frees
 // the capture. The weight nodes run only their parameter outputs: their
 // edges towards the input path are cut, since the captured gradients
 // already hold everything that flowed in (the graph is released here).
+//
+// `accs` (may be null) has one entry per parameter: its accumulated
+// gradient, or null. Where one is given, the part of that parameter's
+// gradient that a linear layer's GEMM makes is added to it in place
+// (fuse_linear_weight), and `outputs` holds only the rest (undefined when
+// there is none): the caller adds `outputs` to `accs` as before.
 char* ferry_backward_weight(void* split, const at::Tensor* const* params, int nparams,
-                            at::Tensor** outputs) {
+                            at::Tensor* const* accs, at::Tensor** outputs) {
   std::unique_ptr<Split> state(static_cast<Split*>(split));
   return guarded("ferry_backward_weight", [&]() -> char* {
       torch::autograd::edge_list outs;
       for (int i = 0; i < nparams; ++i) outs.push_back(torch::autograd::impl::gradient_edge(*params[i]));
+      std::unordered_map<const void*, at::Tensor*> acc_of;
+      if (accs != nullptr)
+        for (int i = 0; i < nparams; ++i)
+          if (accs[i] != nullptr && accs[i]->defined())
+            acc_of.emplace(params[i]->unsafeGetTensorImpl(), accs[i]);
       torch::autograd::edge_list roots;
       variable_list grads;
       for (size_t i = 0; i < state->nodes.size(); ++i) {
         auto& node = state->nodes[i];
+        if (!acc_of.empty()) fuse_linear_weight(node, state->grads[i], acc_of);
         // Assigned in place: `set_next_edge` would re-check topological
         // numbers, which an emptied edge does not change.
         for (auto& e : node->next_edges())

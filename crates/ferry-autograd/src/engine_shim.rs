@@ -38,6 +38,7 @@ extern "C" {
         split: *mut c_void,
         params: *const *const AtTensor,
         nparams: c_int,
+        accs: *const *mut AtTensor,
         outputs: *mut *mut AtTensor,
     ) -> *mut c_char;
     fn ferry_free_split(split: *mut c_void);
@@ -191,16 +192,48 @@ pub(crate) fn backward_input(
 
 /// The weight half from a capture: gradients of `params` (the same ones,
 /// in the same order, as given to [`backward_input`]).
+/// `accumulated`, when given, has one entry per parameter: where it holds a
+/// tensor, the part of that parameter's gradient a linear layer's GEMM
+/// makes is added to it in place, and the result holds only the rest.
 pub(crate) fn backward_weight(
     mut captured: Captured,
     params: &[Tensor],
+    accumulated: Option<&mut [Option<Tensor>]>,
 ) -> Result<Vec<Option<Tensor>>, String> {
     let split = std::mem::replace(&mut captured.0, std::ptr::null_mut());
     let p: Vec<_> = params.iter().map(ptr).collect();
+    let accs: Option<Vec<*mut AtTensor>> = match accumulated {
+        Some(accs) if accs.len() != params.len() => {
+            return Err(format!(
+                "{} accumulated gradients for {} parameters",
+                accs.len(),
+                params.len()
+            ))
+        }
+        Some(accs) => Some(
+            accs.iter_mut()
+                .map(|a| match a {
+                    Some(t) => t.as_mut_ptr() as *mut AtTensor,
+                    None => std::ptr::null_mut(),
+                })
+                .collect(),
+        ),
+        None => None,
+    };
     let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); params.len()];
     // SAFETY: `split` is an unfreed capture, which the call frees; live
-    // tensors; one output slot per parameter.
-    check(unsafe { ferry_backward_weight(split, p.as_ptr(), p.len() as c_int, out.as_mut_ptr()) })?;
+    // tensors; one output slot per parameter, and `accs` (when given) one
+    // entry per parameter, null or a tensor exclusively borrowed for the
+    // call.
+    check(unsafe {
+        ferry_backward_weight(
+            split,
+            p.as_ptr(),
+            p.len() as c_int,
+            accs.as_ref().map_or(std::ptr::null(), |a| a.as_ptr()),
+            out.as_mut_ptr(),
+        )
+    })?;
     Ok(owned_outputs(out))
 }
 

@@ -204,7 +204,47 @@ impl WeightBackward {
         params: &[tch::Tensor],
     ) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
         match self.0 {
-            Some(captured) => engine_shim::backward_weight(captured, params).map_err(engine_error),
+            Some(captured) => {
+                engine_shim::backward_weight(captured, params, None).map_err(engine_error)
+            }
+            None => grad(roots, grad_outputs, params, false),
+        }
+    }
+
+    /// [`run`](Self::run) for a caller that accumulates the gradients
+    /// (`accumulated[i]` for `params[i]`, `None` where nothing is
+    /// accumulated yet): the part of a parameter's gradient that a linear
+    /// layer's matrix product makes (`F.linear`'s weight) is added to its
+    /// accumulated gradient in place by that product itself, with no
+    /// gradient-sized temporary and no separate addition, and the result
+    /// holds only the rest of each gradient (`None` where nothing is left),
+    /// for the caller to add as before. Other layers, hooks and parameters
+    /// without an accumulated gradient go through [`run`](Self::run)'s path.
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    ///
+    /// let w = Tensor::ones([2, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    /// let x = Tensor::ones([4, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    /// let y = x.linear::<&Tensor>(&w, None).sum(Kind::Float);
+    /// let seed = Tensor::from(1.0f32);
+    /// let (_, weight) = ferry_autograd::backward_input(&[y.shallow_clone()], &[seed.shallow_clone()], &[x], &[w.shallow_clone()])?;
+    /// let mut acc = [Some(Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)))];
+    /// let rest = weight.run_accumulating(&[y], &[seed], &[w], &mut acc)?;
+    /// assert!(rest[0].is_none()); // all of it went into acc
+    /// assert_eq!(acc[0].as_ref().unwrap().sum(Kind::Float).double_value(&[]), 24.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_accumulating(
+        self,
+        roots: &[tch::Tensor],
+        grad_outputs: &[tch::Tensor],
+        params: &[tch::Tensor],
+        accumulated: &mut [Option<tch::Tensor>],
+    ) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
+        match self.0 {
+            Some(captured) => engine_shim::backward_weight(captured, params, Some(accumulated))
+                .map_err(engine_error),
             None => grad(roots, grad_outputs, params, false),
         }
     }

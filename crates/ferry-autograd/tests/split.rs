@@ -130,3 +130,90 @@ fn inputs_that_get_no_gradient_are_none() {
         true,
     );
 }
+
+/// `run_accumulating` adds linear layers' weight gradients into the
+/// accumulated ones in place and returns the rest; accumulated plus rest
+/// equals accumulated plus the full gradient. Covers `F.linear` with and
+/// without a bias (the fused shapes), a weight shared by two linear layers
+/// (fused once per layer), an elementwise scale (not fused: comes back), a
+/// parameter with nothing accumulated yet (comes back whole), a plain
+/// `mm` with the weight transposed, in float64 and float32.
+#[test]
+fn run_accumulating_adds_linear_weight_gradients_in_place() {
+    for kind in [Kind::Double, Kind::Float] {
+        let opts = (kind, Device::Cpu);
+        tch::manual_seed(7);
+        let p = |shape: &[i64]| Tensor::randn(shape, opts).set_requires_grad(true);
+        // w1 with bias b1; w2 without bias, used twice; s elementwise; w3
+        // through mm; w4 gets nothing accumulated.
+        let params = vec![
+            p(&[6, 5]),
+            p(&[6]),
+            p(&[6, 6]),
+            p(&[6]),
+            p(&[4, 6]),
+            p(&[3, 4]),
+        ];
+        let x = Tensor::randn([7, 5], opts).set_requires_grad(true);
+        let build = |x: &Tensor, p: &[Tensor]| {
+            let h = x.linear(&p[0], Some(&p[1])).relu();
+            let h = h.linear::<&Tensor>(&p[2], None).tanh();
+            let h = h.linear::<&Tensor>(&p[2], None) * &p[3];
+            let h = h.mm(&p[4].tr()) * 0.5;
+            vec![h.linear::<&Tensor>(&p[5], None).sum(kind)]
+        };
+        let seeds = vec![Tensor::ones([], opts)];
+        let mut all = vec![x.shallow_clone()];
+        all.extend(shallow(&params));
+        let full = ferry_autograd::grad(&build(&x, &params), &seeds, &all, false).unwrap();
+
+        // Accumulated gradients from "earlier microbatches", none for w4.
+        let before: Vec<Option<Tensor>> = params
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (i != 5).then(|| q.randn_like()))
+            .collect();
+        let mut acc: Vec<Option<Tensor>> = before
+            .iter()
+            .map(|b| b.as_ref().map(Tensor::copy))
+            .collect();
+        let roots = build(&x, &params);
+        let (_, weight) =
+            ferry_autograd::backward_input(&roots, &seeds, &[x.shallow_clone()], &shallow(&params))
+                .unwrap();
+        assert!(weight.is_captured());
+        let rest = weight
+            .run_accumulating(&roots, &seeds, &shallow(&params), &mut acc)
+            .unwrap();
+        let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+        for i in 0..params.len() {
+            let want = match &before[i] {
+                Some(b) => b + full[i + 1].as_ref().unwrap(),
+                None => full[i + 1].as_ref().unwrap().copy(),
+            };
+            let got = match (&acc[i], &rest[i]) {
+                (Some(a), Some(r)) => a + r,
+                (Some(a), None) => a.copy(),
+                (None, Some(r)) => r.copy(),
+                (None, None) => panic!("parameter {i}: no gradient at all"),
+            };
+            assert!(
+                got.allclose(&want, tol, tol, false),
+                "{kind:?} parameter {i}"
+            );
+        }
+        // The fused ones came back empty; the others whole.
+        assert!(rest[0].is_none(), "w1 (linear with bias) is fused");
+        assert!(rest[1].is_some(), "b1 is a bias: not a GEMM's");
+        assert!(
+            rest[2].is_none(),
+            "w2 (linear without bias, twice) is fused"
+        );
+        assert!(rest[3].is_some(), "s is elementwise");
+        assert!(
+            rest[4].is_none(),
+            "w3 (mm with the weight transposed) is fused"
+        );
+        assert!(rest[5].is_some(), "w4 has nothing accumulated");
+    }
+}

@@ -517,7 +517,15 @@ impl RankActor {
                     grads
                 }
                 Part::Weight => match saved.weight.take() {
-                    Some(weight) => weight.run(&saved.roots, &seeds, &inputs).map_err(failed)?,
+                    // Linear layers' weight gradients go straight into the
+                    // accumulated ones; the rest comes back to add below.
+                    Some(weight) => {
+                        slot.settle()
+                            .map_err(|e| format!("cannot scale gradients: {e}"))?;
+                        weight
+                            .run_accumulating(&saved.roots, &seeds, &inputs, &mut slot.grads)
+                            .map_err(failed)?
+                    }
                     // Stage 0 (no I ran): the whole backward, weights only.
                     None => {
                         ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
