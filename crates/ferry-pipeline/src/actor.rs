@@ -531,6 +531,23 @@ impl RankActor {
                         ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
                     }
                 },
+                // B with gradients already accumulated: as I then W, so
+                // that linear layers' weight gradients go straight into
+                // the accumulated ones (the same work otherwise).
+                Part::Full if want_inputs && slot.grads.iter().any(Option::is_some) => {
+                    let (leaves, params) = inputs.split_at(inputs.len() - slot.params.len());
+                    let (mut grads, weight) =
+                        ferry_autograd::backward_input(&saved.roots, &seeds, leaves, params)
+                            .map_err(failed)?;
+                    slot.settle()
+                        .map_err(|e| format!("cannot scale gradients: {e}"))?;
+                    grads.extend(
+                        weight
+                            .run_accumulating(&saved.roots, &seeds, params, &mut slot.grads)
+                            .map_err(failed)?,
+                    );
+                    grads
+                }
                 Part::Full => {
                     ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
                 }
