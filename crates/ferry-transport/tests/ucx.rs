@@ -7,7 +7,7 @@
 
 mod common;
 
-use ferry_transport::{channel, Endpoint, RawTensor, TransportError};
+use ferry_transport::{channel, Endpoint, RawTensor, TransportError, UcxUnusable};
 use ferry_wire::DType;
 
 use common::{decode, message, pair};
@@ -197,4 +197,68 @@ fn a_missing_library_names_the_loader_error() {
     let text = err.to_string();
     assert!(text.starts_with("UCX not available: "), "{text}");
     assert!(text.contains("libucp-that-is-not-there.so.0"), "{text}");
+}
+
+/// Messages both ways over `server` and `client`, every byte checked.
+async fn round_trip(
+    server: &mut ferry_transport::PeerConnection,
+    client: &mut ferry_transport::PeerConnection,
+) {
+    let want = mixed(7);
+    client.writer.write(&message(1, &want)).await.unwrap();
+    let got: Mixed = decode(server.reader.read().await.unwrap().unwrap());
+    assert!(got == want, "the request differs");
+    server.writer.write(&message(2, &got)).await.unwrap();
+    let back: Mixed = decode(client.reader.read().await.unwrap().unwrap());
+    assert!(back == want, "the reply differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_that_cannot_reach_the_peer_falls_back_to_the_next_viable_link() {
+    if !ucx_here("ucx_that_cannot_reach_the_peer_falls_back_to_the_next_viable_link") {
+        return;
+    }
+    // Both sides load UCX and offer it, so the selection picks the `ucx`
+    // transport and channel; but one side's UCX has only TCP and the
+    // other's only shared memory: no endpoint can be created. Both fall
+    // back to what ranks next (`mpt` over `tcp`) and say why.
+    let (mut s, mut c) = pair(
+        endpoint("s", "ucx,mpt,inline", "ucx,tcp", "tcp"),
+        endpoint("c", "ucx,mpt,inline", "ucx,tcp", "shm,self"),
+    )
+    .await;
+    for conn in [&s, &c] {
+        assert_eq!(conn.transport, "tcp");
+        assert_eq!(conn.outgoing_channels()[0].channel, "mpt");
+        assert_eq!(conn.incoming_channels()[0].channel, "mpt");
+        let why = conn.ucx_fallback.clone().expect("a recorded reason");
+        assert!(
+            matches!(why.local, Some(UcxUnusable::Endpoint(_))),
+            "{why:?}"
+        );
+        assert!(
+            matches!(why.peer, Some(UcxUnusable::Endpoint(_))),
+            "{why:?}"
+        );
+        assert!(why.to_string().contains("no UCX endpoint"), "{why}");
+    }
+    round_trip(&mut s, &mut c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usable_ucx_records_no_fallback() {
+    if !ucx_here("a_usable_ucx_records_no_fallback") {
+        return;
+    }
+    let (mut s, mut c) = pair(
+        endpoint("s", "ucx,mpt,inline", "ucx,tcp", "tcp"),
+        endpoint("c", "ucx,mpt,inline", "ucx,tcp", "tcp"),
+    )
+    .await;
+    for conn in [&s, &c] {
+        assert_eq!(conn.transport, "ucx");
+        assert_eq!(conn.outgoing_channels()[0].channel, "ucx");
+        assert_eq!(conn.ucx_fallback, None);
+    }
+    round_trip(&mut s, &mut c).await;
 }

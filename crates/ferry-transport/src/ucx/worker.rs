@@ -35,6 +35,10 @@ use crate::{channel, TransportError};
 const BACKSTOP: Duration = Duration::from_millis(5);
 /// Progress calls per lock while draining.
 const DRAIN: usize = 64;
+/// Tag of the probe each side sends once its endpoint exists (see
+/// [`UcxLink::probe`]): in the frames' half of the tag space, above any
+/// chunk sequence number a connection reaches.
+const PROBE_TAG: u64 = super::FRAME_TAG | (1 << 62);
 
 /// Where a request's callback reports.
 #[derive(Default)]
@@ -639,6 +643,32 @@ impl UcxLink {
             keep: Some(keep),
             spun: false,
         })
+    }
+}
+
+impl UcxLink {
+    /// The first UCX exchange of a connection: sends `PROBE_TAG` with
+    /// `nonce` to the peer and waits, at most `timeout`, for the peer's
+    /// probe. `Ok` once the peer's probe arrived whole, so the path from
+    /// the peer to this side carries messages; the peer checks the other
+    /// direction. An error says what failed (UCX's status, the endpoint's
+    /// failure, or the time that ran out).
+    pub(crate) async fn probe(&self, nonce: u64, timeout: Duration) -> Result<(), String> {
+        let mut dest = Box::new(0u64);
+        let dptr = (&mut *dest as *mut u64).cast::<u8>();
+        // SAFETY: the boxed u64 owns the 8 bytes, moves with the request
+        // and does not move its heap bytes when moved.
+        let pending = unsafe { self.recv(PROBE_TAG, dptr, 8, dest) }.map_err(|e| e.to_string())?;
+        let msg = Box::new(nonce.to_le_bytes());
+        let mptr = msg.as_ptr();
+        // SAFETY: as above, for the message's bytes.
+        unsafe { self.send_kept(PROBE_TAG, mptr, 8, msg) }.map_err(|e| e.to_string())?;
+        match tokio::time::timeout(timeout, pending).await {
+            Err(_) => Err(format!("no probe from the peer within {timeout:?}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok((_, 8))) => Ok(()),
+            Ok(Ok((_, n))) => Err(format!("the peer's probe had {n} bytes instead of 8")),
+        }
     }
 }
 
