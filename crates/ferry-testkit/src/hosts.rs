@@ -4,8 +4,9 @@
 //! share System V IPC and see each other's pids, so CMA and shared-memory
 //! transports could still work between them. A [`Hosts`] set gives every
 //! host its own **network, IPC and PID namespaces**, and a UTS namespace
-//! (host name `ferry-host-{h}`) and mount namespace (its own `/proc` and
-//! `/dev/shm`) besides, and joins the hosts by
+//! (host name `ferry-host-{h}`) and mount namespace (its own `/proc`,
+//! `/dev/shm` and `/sys`, whose `/sys/class/net` lists the host's own
+//! interfaces) besides, and joins the hosts by
 //! veth links with addresses of the test's own ([`SUBNET`]`.{h+1}/24` for
 //! host `h`, loopback up in each):
 //!
@@ -58,8 +59,16 @@ const BRIDGE: &str = "br0";
 /// The shell a host's anchor runs (`$1`: the host name): it names the host,
 /// gives it a `/dev/shm` of its own, says it is up, then waits for its
 /// stdin to close (the test process dropping the set, or dying).
+///
+/// It also mounts a `/sys` of its own: sysfs shows the network devices of
+/// the namespace it was mounted in, so the machine's `/sys/class/net`
+/// would list the machine's interfaces, not the host's. Programs that
+/// enumerate interfaces there (UCX's TCP transport does, then checks each
+/// in the current namespace) would otherwise find only `lo` on a host and
+/// never its link.
 const HOST_SCRIPT: &str = "echo \"$1\" > /proc/sys/kernel/hostname && \
      { [ ! -d /dev/shm ] || mount -t tmpfs -o mode=1777 tmpfs /dev/shm; } && \
+     mount -t sysfs -o ro sysfs /sys && \
      echo ready && read _";
 
 /// The shell the switch's anchor runs.
@@ -515,6 +524,12 @@ mod tests {
                 "{addrs}"
             );
             assert!(on(&hosts, h, "ip -o link show lo").contains("UP"));
+            // Its own sysfs: the host's interfaces, not the machine's.
+            assert_eq!(
+                on(&hosts, h, "ls /sys/class/net"),
+                format!("{LINK}\nlo"),
+                "host {h}"
+            );
             assert_eq!(
                 on(&hosts, h, "cat /proc/sys/kernel/hostname"),
                 hosts.name(h)

@@ -893,4 +893,19 @@ mod tests {
         assert_eq!(got, 64);
         assert_eq!(*keep.downcast::<Vec<u8>>().unwrap(), vec![42u8; 64]);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_cross_both_ways_and_a_missing_one_is_an_error() {
+        let Some((a, b)) = linked("tcp") else {
+            return;
+        };
+        let (x, y) = tokio::join!(
+            a.probe(1, Duration::from_secs(30)),
+            b.probe(2, Duration::from_secs(30))
+        );
+        assert_eq!((x, y), (Ok(()), Ok(())));
+        // The peer sends no probe this time: the wait ends with the reason.
+        let err = a.probe(3, Duration::from_millis(20)).await.unwrap_err();
+        assert_eq!(err, "no probe from the peer within 20ms");
+    }
 }
