@@ -25,6 +25,9 @@ use super::{UcxLink, FRAME_TAG};
 
 /// Largest chunk of the stream in one tag message.
 pub(crate) const CHUNK: usize = 256 << 10;
+/// Writes up to this size first try a send UCX completes at once (see
+/// [`UcxLink::try_send_now`]).
+const IMMEDIATE_MAX: usize = 8 << 10;
 /// Sends not yet completed before a write waits.
 const MAX_UNFINISHED_SENDS: usize = 256;
 /// After the TCP connection closed, how long the reader still waits for the
@@ -186,6 +189,8 @@ impl AsyncRead for UcxReader {
 pub struct UcxWriter {
     link: UcxLink,
     seq: u64,
+    /// Where the slices of a small vectored write are joined.
+    scratch: Vec<u8>,
     tcp: OwnedWriteHalf,
     ended: bool,
 }
@@ -195,6 +200,7 @@ impl UcxWriter {
         UcxWriter {
             link,
             seq: 0,
+            scratch: Vec::new(),
             tcp,
             ended: false,
         }
@@ -245,6 +251,27 @@ impl AsyncWrite for UcxWriter {
             return Poll::Ready(Ok(0));
         }
         std::task::ready!(this.poll_room(cx, MAX_UNFINISHED_SENDS))?;
+        // A small write goes out from the caller's bytes (or a reused
+        // scratch copy of several slices) when UCX completes it at once,
+        // without allocating; otherwise from a copy UCX keeps.
+        if total <= IMMEDIATE_MAX {
+            let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
+            let bytes: &[u8] = match first {
+                Some(b) if b.len() == total => b,
+                _ => {
+                    this.scratch.clear();
+                    for b in bufs {
+                        this.scratch.extend_from_slice(b);
+                    }
+                    &this.scratch
+                }
+            };
+            let tag = FRAME_TAG | this.seq;
+            if this.link.try_send_now(tag, bytes).map_err(to_io)? {
+                this.seq += 1;
+                return Poll::Ready(Ok(total));
+            }
+        }
         let n = total.min(CHUNK);
         let mut chunk = Vec::with_capacity(n);
         for b in bufs {

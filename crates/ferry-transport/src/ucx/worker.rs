@@ -476,9 +476,13 @@ impl UcxWorker {
 }
 
 /// The progress task: progress, arm, sleep on the event fd (or the
-/// backstop timer), until the last handle of the link is gone.
+/// backstop timer), until the last handle of the link is gone. One timer
+/// serves every wait: it is reset, not created anew, each time the task
+/// goes to sleep.
 async fn drive(shared: Arc<Shared>) {
     let api = shared.api;
+    let backstop = tokio::time::sleep(BACKSTOP);
+    tokio::pin!(backstop);
     loop {
         let armed = {
             let mut state = shared.lock();
@@ -496,13 +500,16 @@ async fn drive(shared: Arc<Shared>) {
         let Some(fd) = shared.efd.as_ref() else {
             return;
         };
+        backstop
+            .as_mut()
+            .reset(tokio::time::Instant::now() + BACKSTOP);
         tokio::select! {
             ready = fd.readable() => {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
             }
-            _ = tokio::time::sleep(BACKSTOP) => {}
+            _ = &mut backstop => {}
             _ = shared.stop.notified() => return,
         }
     }
@@ -608,6 +615,49 @@ impl UcxLink {
             });
         }
         Ok(())
+    }
+
+    /// Sends `bytes` with `tag` if UCX can complete the send at once
+    /// (copying the bytes into its own buffers, as it does for small
+    /// messages): `Ok(true)`. `Ok(false)`: UCX would have to keep the
+    /// buffer, and nothing was sent (send it with [`Self::send_kept`]).
+    pub(crate) fn try_send_now(&self, tag: u64, bytes: &[u8]) -> Result<bool, TransportError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let state = self.shared.lock();
+        // SAFETY: zeroed is a valid parameter block.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+        param.datatype = contig();
+        // SAFETY: a live endpoint under the lock; with FORCE_IMM_CMPL UCX
+        // either completes the send within the call (the bytes are not
+        // used after it returns) or refuses it with UCS_ERR_NO_RESOURCE.
+        let request = unsafe {
+            self.shared.api.ucp_tag_send_nbx(
+                state.ep,
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+                tag,
+                &param,
+            )
+        };
+        if request.is_null() {
+            return Ok(true);
+        }
+        let status = ptr_status(request);
+        if is_request(request) {
+            // Not expected with FORCE_IMM_CMPL; should UCX return one, the
+            // bytes may still be read: that is not allowed here.
+            return Err(self.error(
+                "UCX kept an immediate send's buffer",
+                sys::UCS_ERR_INVALID_PARAM,
+            ));
+        }
+        if status == sys::UCS_ERR_NO_RESOURCE {
+            return Ok(false);
+        }
+        Err(self.error("posting a UCX send failed", status))
     }
 
     /// Unfinished fire-and-forget sends and cancelled requests.
