@@ -613,7 +613,6 @@ impl PeerConnection {
                         }
                     }
                 }
-                drop(ucx_worker.take());
                 let setup = connect_setup(&agreement, &local, session.as_ref(), &fail).await?;
                 (agreement, setup)
             }
@@ -678,7 +677,6 @@ impl PeerConnection {
                         ))?)
                         .await?;
                 }
-                drop(ucx_worker.take());
                 let setup = tokio::time::timeout(
                     SETUP_TIMEOUT,
                     accept_setup(
