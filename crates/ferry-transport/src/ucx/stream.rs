@@ -42,10 +42,12 @@ fn to_io(e: crate::TransportError) -> io::Error {
 pub struct UcxReader {
     link: UcxLink,
     seq: u64,
-    buf: Vec<u8>,
+    /// The chunk being read (boxed: the box travels with each receive
+    /// and comes back with it, so no receive allocates one).
+    buf: Box<Vec<u8>>,
     /// The buffer of the next receive, posted as soon as one completes so
     /// the next chunk lands straight in it.
-    spare: Vec<u8>,
+    spare: Option<Box<Vec<u8>>>,
     pos: usize,
     end: usize,
     posted: Option<Pending>,
@@ -69,8 +71,8 @@ impl UcxReader {
         UcxReader {
             link,
             seq: 0,
-            buf: Vec::new(),
-            spare: Vec::new(),
+            buf: Box::default(),
+            spare: None,
             pos: 0,
             end: 0,
             posted: None,
@@ -83,13 +85,13 @@ impl UcxReader {
 
     /// Posts the receive of chunk `seq` into the spare buffer.
     fn post(&mut self) -> io::Result<()> {
-        let mut buf = std::mem::take(&mut self.spare);
+        let mut buf = self.spare.take().unwrap_or_default();
         buf.resize(CHUNK, 0);
         let ptr = buf.as_mut_ptr();
         let tag = FRAME_TAG | self.seq;
         // SAFETY: `buf` owns the bytes and moves into the request (a Vec's
         // heap memory does not move with it).
-        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
+        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, buf) };
         self.posted = Some(posted.map_err(to_io)?);
         Ok(())
     }
@@ -152,9 +154,8 @@ impl AsyncRead for UcxReader {
                     this.posted = None;
                     let done = keep
                         .downcast::<Vec<u8>>()
-                        .map(|b| *b)
                         .map_err(|_| io::Error::other("a UCX receive returned another buffer"))?;
-                    this.spare = std::mem::replace(&mut this.buf, done);
+                    this.spare = Some(std::mem::replace(&mut this.buf, done));
                     this.seq += 1;
                     this.pos = 0;
                     this.end = len;
