@@ -42,11 +42,14 @@ fn to_io(e: crate::TransportError) -> io::Error {
 pub struct UcxReader {
     link: UcxLink,
     seq: u64,
-    /// The chunk being read (boxed: the box travels with each receive
-    /// and comes back with it, so no receive allocates one).
+    /// The chunk being read (boxed: each receive owns its buffer as a
+    /// `Box<dyn Any>`, and this box travels with the receive and comes
+    /// back with it, so no receive allocates one).
+    #[allow(clippy::box_collection)]
     buf: Box<Vec<u8>>,
     /// The buffer of the next receive, posted as soon as one completes so
     /// the next chunk lands straight in it.
+    #[allow(clippy::box_collection)]
     spare: Option<Box<Vec<u8>>>,
     pos: usize,
     end: usize,
