@@ -7,11 +7,13 @@ use ferry_wire::channel_record::{ChannelRecord, Prelude, RecordFormat, ReleaseLi
 use ferry_wire::mpt_lane::{ChunkHeader, LaneHello, CHUNK_HEADER_LEN, HELLO_LEN};
 use libfuzzer_sys::fuzz_target;
 
-const FORMATS: [RecordFormat; 4] = [
+const FORMATS: [RecordFormat; 6] = [
     RecordFormat::Cma,
     RecordFormat::Shm,
     RecordFormat::Mpt,
     RecordFormat::Ucx,
+    RecordFormat::CudaIpc,
+    RecordFormat::CudaStaged,
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -125,6 +125,11 @@ pub(crate) enum Bench {
     /// with `--only ucx` (it builds the `ucx` feature and installs
     /// `ucx-utils`).
     Ucx,
+    /// The CUDA channels (`cuda_staged`, `cuda_ipc`) against a local
+    /// device-to-device copy (`ferry-transport`'s `cuda_bench` example);
+    /// only with `--only cuda`. Prints `SKIPPED: no CUDA device (<reason>)`
+    /// on a host without one.
+    Cuda,
 }
 
 impl Bench {
@@ -138,13 +143,15 @@ impl Bench {
             "schedule" => Some(Bench::Schedule),
             "pipeline" => Some(Bench::Pipeline),
             "ucx" => Some(Bench::Ucx),
+            "cuda" => Some(Bench::Cuda),
             _ => None,
         }
     }
 }
 
 /// What `--only` accepts, for error texts.
-const ONLY_NAMES: &str = "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, ucx";
+const ONLY_NAMES: &str =
+    "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, ucx, cuda";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -189,11 +196,11 @@ impl Options {
         Ok(o)
     }
 
-    /// Whether benchmark `b` is selected (all but `ucx` are, without
-    /// `--only`).
+    /// Whether benchmark `b` is selected (all but `ucx` and `cuda` are,
+    /// without `--only`).
     fn runs(&self, b: Bench) -> bool {
         match self.only {
-            None => b != Bench::Ucx,
+            None => !matches!(b, Bench::Ucx | Bench::Cuda),
             Some(only) => only == b,
         }
     }
@@ -307,6 +314,20 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Ucx) && !o.table_only {
         crate::ucx_bench::main(&mut steps)?;
+    }
+    if o.runs(Bench::Cuda) && !o.table_only {
+        steps.step("cuda: channels vs device-to-device copy", || {
+            run(&mut cargo(&[
+                "run",
+                "--release",
+                "-p",
+                "ferry-transport",
+                "--features",
+                "cuda",
+                "--example",
+                "cuda_bench",
+            ]))
+        })?;
     }
 
     steps.summary();
@@ -1635,8 +1656,9 @@ mod tests {
         assert!(Options::parse(&["--only".into()]).is_err());
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
-            format!("{err}")
-                .contains("--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx}"),
+            format!("{err}").contains(
+                "--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx|cuda}"
+            ),
             "{err}"
         );
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
@@ -1646,6 +1668,9 @@ mod tests {
         assert!(!Options::default().runs(Bench::Ucx));
         let o = Options::parse(&["--only".into(), "ucx".into()]).expect("valid");
         assert!(o.runs(Bench::Ucx) && !o.runs(Bench::Rpc));
+        assert!(!Options::default().runs(Bench::Cuda));
+        let o = Options::parse(&["--only".into(), "cuda".into()]).expect("valid");
+        assert!(o.runs(Bench::Cuda) && !o.runs(Bench::Ucx));
         let o = Options::parse(&["--only".into(), "lighthouse".into()]).expect("valid");
         assert!(o.runs(Bench::Lighthouse) && !o.runs(Bench::Autograd) && !o.runs(Bench::Rpc));
         assert!(Options::default().runs(Bench::Lighthouse));

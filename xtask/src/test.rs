@@ -214,6 +214,29 @@ fn ucx_tests(steps: &mut Steps, runner: &[&'static str]) -> Result<()> {
     Ok(())
 }
 
+/// `ferry-transport` built with the `cuda` feature: its unit tests (the
+/// staged pipeline on the host copy engine, device maps), the CPU-side
+/// CUDA tests, and the GPU group (`tests/cuda.rs`), which prints
+/// `SKIPPED: no CUDA device (<reason>)` on a host without one. Nothing of
+/// CUDA is needed to build. `runner` is `nextest run --profile P` or `test`.
+fn cuda_tests(steps: &mut Steps, runner: &[&'static str]) -> Result<()> {
+    steps.step("cuda: ferry-transport with feature cuda", || {
+        let mut args = runner.to_vec();
+        args.extend([
+            "-p",
+            "ferry-transport",
+            "--features",
+            "cuda",
+            "--lib",
+            "--test",
+            "cuda",
+            "--test",
+            "cuda_cpu",
+        ]);
+        run(&mut cargo(&args))
+    })
+}
+
 /// Runs every CI step; stops at the first failure.
 pub(crate) fn main() -> Result<()> {
     let mut steps = Steps::default();
@@ -252,7 +275,7 @@ pub(crate) fn main() -> Result<()> {
             &["--all-targets", "--", "-D", "warnings"],
         )))
     })?;
-    steps.step("clippy (feature ucx)", || {
+    steps.step("clippy (features ucx, cuda)", || {
         run(&mut cargo(&[
             "clippy",
             "-p",
@@ -262,7 +285,7 @@ pub(crate) fn main() -> Result<()> {
             "-p",
             "ferry",
             "--features",
-            "ferry/ucx",
+            "ferry/ucx,ferry/cuda",
             "--all-targets",
             "--",
             "-D",
@@ -303,6 +326,7 @@ pub(crate) fn main() -> Result<()> {
             )?;
         }
         ucx_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
+        cuda_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
         // The suite again with every rank on a host of its own, over each
         // cross-host path (`tests/cross_host.rs` ran in the run above: it
         // asserts the selected link and that `cma`/`shm` are ruled out).
@@ -366,6 +390,7 @@ pub(crate) fn main() -> Result<()> {
             run(&mut cargo(&with(&["test"], &[])))
         })?;
         ucx_tests(&mut steps, &["test"])?;
+        cuda_tests(&mut steps, &["test"])?;
     }
     // The shared-memory ring's lock-free protocol, model-checked.
     steps.step("loom (shm ring)", || {

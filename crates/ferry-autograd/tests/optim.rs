@@ -627,3 +627,79 @@ fn optimizer_is_send() {
     assert_send::<LocalOptimizer>();
     assert_send::<OptimError>();
 }
+
+/// `step_scaled(g, s)` against `step(g * s)`: the same parameters, the
+/// gradients untouched. Bit for bit with a power-of-two scale (what a
+/// pipeline of 2^k microbatches hands over), to 1e-6 otherwise.
+#[test]
+fn step_scaled_matches_stepping_on_scaled_gradients() {
+    let kinds = [
+        OptimizerKind::sgd(0.1),
+        OptimizerKind::Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+            dampening: 0.1,
+            weight_decay: 1e-2,
+            nesterov: false,
+        },
+        OptimizerKind::adam(1e-2),
+        OptimizerKind::adamw(1e-2),
+    ];
+    for kind in kinds {
+        for (scale, exact) in [(0.25, true), (1.0 / 3.0, false)] {
+            let (init, grads) = problem(Kind::Float);
+            let copies = || init.iter().map(Tensor::copy).collect::<Vec<_>>();
+            let mut folded = LocalOptimizer::new(kind.clone(), copies()).unwrap();
+            let mut scaled_first = LocalOptimizer::new(kind.clone(), copies()).unwrap();
+            for step_grads in &grads {
+                let given: Vec<Option<Tensor>> =
+                    step_grads.iter().map(|g| Some(g.shallow_clone())).collect();
+                folded.step_scaled(&given, scale).unwrap();
+                for (g, original) in given.iter().zip(step_grads) {
+                    assert!(
+                        g.as_ref().unwrap().equal(original),
+                        "{kind:?}: a gradient changed"
+                    );
+                }
+                let scaled: Vec<Option<Tensor>> =
+                    step_grads.iter().map(|g| Some(g * scale)).collect();
+                scaled_first.step(&scaled).unwrap();
+            }
+            for (i, (a, b)) in folded
+                .params()
+                .iter()
+                .zip(scaled_first.params())
+                .enumerate()
+            {
+                if exact && kind == OptimizerKind::sgd(0.1) {
+                    assert!(
+                        a.equal(b),
+                        "{kind:?}: parameter {i} differs with scale {scale}"
+                    );
+                } else {
+                    let err = rel_err(a, b);
+                    assert!(
+                        err <= 1e-6,
+                        "{kind:?}: parameter {i} differs by {err:e} with scale {scale}"
+                    );
+                }
+            }
+        }
+    }
+    let mut opt = LocalOptimizer::new(
+        OptimizerKind::sgd(0.1),
+        vec![Tensor::ones([2], (Kind::Float, Device::Cpu))],
+    )
+    .unwrap();
+    let err = opt.step_scaled(&[None], f64::NAN).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OptimError::InvalidHyperParameter {
+                name: "grad_scale",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

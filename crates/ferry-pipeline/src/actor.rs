@@ -545,8 +545,7 @@ impl RankActor {
                 .map_err(|e| format!("cannot accumulate gradients: {e}"))?;
             slot.backwards += 1;
             if slot.backwards == self.microbatches && self.scale_grads {
-                slot.scale(self.microbatches as f64)
-                    .map_err(|e| format!("cannot scale gradients: {e}"))?;
+                slot.scale(self.microbatches as f64);
             }
         } else {
             // I: the graph stays for W.

@@ -132,7 +132,7 @@ impl PipelineHost {
                     slot.optimizer_step()
                         .map_err(|e| format!("stage {stage}: {e}"))?;
                 }
-                Control::ZeroGrad => slot.grads.iter_mut().for_each(|g| *g = None),
+                Control::ZeroGrad => slot.zero_grad(),
                 Control::Destroy => {}
             }
         }
@@ -143,7 +143,13 @@ impl PipelineHost {
         let actor = self
             .rank(pipeline)
             .ok_or_else(|| format!("no pipeline {pipeline:#x} here"))?;
-        let slots = actor.slots.lock();
+        let mut slots = actor.slots.lock();
+        if grads {
+            for (stage, slot) in slots.iter_mut() {
+                slot.settle()
+                    .map_err(|e| format!("stage {stage}: cannot scale gradients: {e}"))?;
+            }
+        }
         Ok(slots
             .iter()
             .map(|(&stage, slot)| {

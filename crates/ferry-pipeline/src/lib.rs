@@ -102,7 +102,9 @@ mod timeline;
 pub use driver::{Pipeline, PipelineBuilder, StepOutput};
 pub use error::PipelineError;
 pub use host::{install, PipelineHost};
-pub use memory::{retain_freed_memory, MMAP_THRESHOLD, RETAIN_MEMORY_ENV, TRIM_THRESHOLD};
+pub use memory::{
+    retain_freed_memory, ARENA_MAX, MMAP_THRESHOLD, RETAIN_MEMORY_ENV, TRIM_THRESHOLD,
+};
 pub use plan::ScheduleSpec;
 pub use stage::{LossFn, Stage, StageFn, Stages};
 pub use timeline::Timeline;

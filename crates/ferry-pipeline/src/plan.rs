@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use ferry_schedule::{
-    add_send_recv, check_deadlock, validate, Action, ActionKind, Placement, Schedule, ScheduleKind,
+    add_send_recv, check_deadlock, check_sends, validate, Action, Placement, Schedule, ScheduleKind,
 };
 
 use crate::error::PipelineError;
@@ -137,6 +137,8 @@ pub(crate) fn plan(
     validate(&schedule, microbatches)?;
     let has_comms = schedule.has_comms();
     let lowered = if has_comms {
+        // Every value that crosses ranks is sent (the runtime delivers on
+        // SEND_F/SEND_B): ferry-schedule's check, naming rank, step and action.
         check_sends(&schedule, &stage_to_rank)?;
         schedule
     } else {
@@ -150,52 +152,11 @@ pub(crate) fn plan(
     })
 }
 
-/// In a schedule that came with its own sends: every value that crosses
-/// ranks is sent by its producer (the runtime delivers on SEND_F/SEND_B).
-fn check_sends(schedule: &Schedule, stage_to_rank: &[usize]) -> Result<(), PipelineError> {
-    let mut sent = HashSet::new();
-    let mut needed = Vec::new();
-    for action in schedule.ranks.iter().flatten().flatten() {
-        let mut actions = vec![action];
-        actions.extend(action.sub_actions());
-        for a in actions {
-            let (Some(mb), stage) = (a.microbatch(), a.stage()) else {
-                continue;
-            };
-            match a.kind() {
-                ActionKind::SendF | ActionKind::SendB => {
-                    sent.insert((stage, a.kind(), mb));
-                }
-                ActionKind::Forward
-                    if stage > 0 && stage_to_rank[stage - 1] != stage_to_rank[stage] =>
-                {
-                    needed.push((a.clone(), (stage - 1, ActionKind::SendF, mb)));
-                }
-                ActionKind::FullBackward | ActionKind::BackwardInput
-                    if stage + 1 < stage_to_rank.len()
-                        && stage_to_rank[stage + 1] != stage_to_rank[stage] =>
-                {
-                    needed.push((a.clone(), (stage + 1, ActionKind::SendB, mb)));
-                }
-                _ => {}
-            }
-        }
-    }
-    for (action, (stage, kind, mb)) in needed {
-        if !sent.contains(&(stage, kind, mb)) {
-            return Err(PipelineError::Config(format!(
-                "{action} needs {} from stage {stage} on another rank, but the schedule never sends it",
-                Action::new(stage, kind, Some(mb))
-            )));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use ferry_schedule::ActionKind;
 
     fn workers(names: &[&str]) -> Vec<String> {
         names.iter().map(|s| s.to_string()).collect()

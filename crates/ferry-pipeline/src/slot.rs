@@ -33,8 +33,13 @@ pub(crate) struct StageSlot {
     pub stage: Box<dyn ErasedStage>,
     /// Its parameters that require grad.
     pub params: Vec<tch::Tensor>,
-    /// Their accumulated gradients.
+    /// Their accumulated gradients, still to be divided by
+    /// `pending_scale` when it is set.
     pub grads: Vec<Option<tch::Tensor>>,
+    /// A `scale_grads` division not yet applied to `grads`: the optimizer
+    /// folds it into its step, and anything else that reads or adds to the
+    /// gradients applies it first ([`StageSlot::settle`]).
+    pending_scale: Option<f64>,
     pub optimizer: Option<LocalOptimizer>,
     /// Per microbatch, between forward and backward.
     pub saved: HashMap<usize, Saved>,
@@ -54,6 +59,7 @@ impl StageSlot {
             stage,
             params,
             grads,
+            pending_scale: None,
             optimizer: None,
             saved: HashMap::new(),
             backwards: 0,
@@ -65,6 +71,7 @@ impl StageSlot {
         &mut self,
         grads: impl IntoIterator<Item = Option<tch::Tensor>>,
     ) -> Result<(), tch::TchError> {
+        self.settle()?;
         let _no_grad = tch::no_grad_guard();
         for (acc, g) in self.grads.iter_mut().zip(grads) {
             let Some(g) = g else { continue };
@@ -80,7 +87,18 @@ impl StageSlot {
 
     /// Divides the accumulated gradients by `factor` (PyTorch's
     /// `scale_grads`, once after the stage's last backward of a step).
-    pub(crate) fn scale(&mut self, factor: f64) -> Result<(), tch::TchError> {
+    /// Deferred: the optimizer's step folds it in, which saves a pass over
+    /// every gradient; [`StageSlot::settle`] applies it for everything else.
+    pub(crate) fn scale(&mut self, factor: f64) {
+        self.pending_scale = Some(self.pending_scale.unwrap_or(1.0) * factor);
+    }
+
+    /// Applies a deferred [`StageSlot::scale`] to the gradients themselves,
+    /// before anything other than the optimizer reads or extends them.
+    pub(crate) fn settle(&mut self) -> Result<(), tch::TchError> {
+        let Some(factor) = self.pending_scale.take() else {
+            return Ok(());
+        };
         let _no_grad = tch::no_grad_guard();
         for g in self.grads.iter_mut().flatten() {
             let _ = g.f_div_scalar_(factor)?;
@@ -88,10 +106,20 @@ impl StageSlot {
         Ok(())
     }
 
-    /// Steps the optimizer with the accumulated gradients.
+    /// Drops the accumulated gradients (and any deferred scaling).
+    pub(crate) fn zero_grad(&mut self) {
+        self.grads.iter_mut().for_each(|g| *g = None);
+        self.pending_scale = None;
+    }
+
+    /// Steps the optimizer with the accumulated gradients, divided by any
+    /// deferred scale on the way.
     pub(crate) fn optimizer_step(&mut self) -> Result<(), ferry_autograd::optim::OptimError> {
         if let Some(optimizer) = &mut self.optimizer {
-            optimizer.step(&self.grads)?;
+            match self.pending_scale {
+                Some(factor) => optimizer.step_scaled(&self.grads, 1.0 / factor)?,
+                None => optimizer.step(&self.grads)?,
+            }
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! `retain_freed_memory`: a tensor-sized block freed and allocated again
 //! comes back without the kernel faulting its pages in afresh, which is
-//! what glibc's default thresholds do to every microbatch's gradients.
+//! what glibc's default thresholds do to every microbatch's gradients,
+//! also on threads started after the tuning (the RPC layer's blocking
+//! pool, where stages compute).
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
@@ -55,5 +57,60 @@ fn freed_blocks_are_reused_instead_of_faulted_in_again() {
     assert!(
         tuned < PAGES / 8,
         "freed blocks should come back without faults: {tuned} faults in {ROUNDS} rounds of {PAGES} pages"
+    );
+}
+
+/// Set in the child process [`threads_started_after_tuning_reuse_freed_heaps`]
+/// runs itself in.
+const CHILD_ENV: &str = "FERRY_PIPELINE_MEMORY_TEST_CHILD";
+const THREAD_TEST: &str = "threads_started_after_tuning_reuse_freed_heaps";
+
+/// In a fresh process (the child): tunes, then on a new thread keeps a
+/// stage's worth of live blocks (most of one of glibc's 64 MiB per-thread
+/// heaps) and reallocates a gradient-sized block that no longer fits
+/// beside them. Prints the faults of the reallocating rounds.
+fn child() {
+    assert!(ferry_pipeline::retain_freed_memory());
+    let faults = std::thread::spawn(|| {
+        let live: Vec<Vec<u8>> = (0..8).map(|_| vec![1u8; 7 << 20]).collect();
+        std::hint::black_box(&live);
+        let _ = faults_of_reallocating(); // the first rounds may map
+        faults_of_reallocating()
+    })
+    .join()
+    .expect("the allocating thread panicked");
+    println!("faults={faults}");
+}
+
+#[test]
+fn threads_started_after_tuning_reuse_freed_heaps() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return child();
+    }
+    // A child process of its own: which arena a new thread gets depends on
+    // the threads the process had before (other tests' among them).
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", THREAD_TEST, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let faults: libc::c_long = stdout
+        .split("faults=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the child printed no fault count: {stdout}"));
+    // Per-thread arenas would map, fault in and unmap a fresh heap for
+    // the block every round (ROUNDS * PAGES faults).
+    assert!(
+        faults < PAGES / 8,
+        "a thread started after tuning faulted its freed block in again: {faults} faults in {ROUNDS} rounds of {PAGES} pages"
     );
 }

@@ -145,6 +145,12 @@ impl Agent {
         let span = info_span!("worker", name = %options.name, rank = options.rank);
         let rendezvous =
             handle.block_on(crate::rendezvous::rendezvous(&options).instrument(span.clone()))?;
+        let names: Vec<String> = rendezvous.workers.iter().map(|w| w.name.clone()).collect();
+        options
+            .channel_config
+            .device_maps
+            .validate(Some(&names), ferry_transport::cuda::availability())
+            .map_err(ferry_transport::TransportError::from)?;
         let me = rendezvous.workers[options.rank as usize].clone();
         let world = rendezvous.workers.len();
         let by_name = rendezvous

@@ -325,6 +325,20 @@ impl RpcOptions {
         Ok(self)
     }
 
+    /// Adds device mappings for worker `to`, as PyTorch's
+    /// `TensorPipeRpcBackendOptions.set_device_map(to, {"cuda:0": "cuda:1"})`:
+    /// a tensor sent to `to` from a local device lands on the mapped device
+    /// there, and a tensor `to` sends from a mapped device lands on the
+    /// local one (see [`ferry_transport::device_map`]). Refused here when
+    /// the merged map is not one-to-one or names something that is not a
+    /// device; checked against this host's devices at init.
+    pub fn set_device_map(mut self, to: &str, map: &[(&str, &str)]) -> Result<Self, RpcError> {
+        std::sync::Arc::make_mut(&mut self.channel_config.device_maps)
+            .set_device_map_str(to, map)
+            .map_err(ferry_transport::TransportError::from)?;
+        Ok(self)
+    }
+
     /// Sets the receive hook.
     pub fn allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
         self.allocator = allocator;
@@ -367,6 +381,12 @@ impl RpcOptions {
         self.keepalive
             .validate()
             .map_err(|e| RpcError::Config(e.to_string()))?;
+        // Local devices of the device maps exist here (worker names are
+        // checked once the group is known).
+        self.channel_config
+            .device_maps
+            .validate(None, ferry_transport::cuda::availability())
+            .map_err(ferry_transport::TransportError::from)?;
         for (kind, s) in &self.hooks.services {
             if !kind.is_service() {
                 return Err(RpcError::Config(format!(
@@ -460,5 +480,36 @@ mod env_tests {
         );
         let e = refused(&[("RANK", "0"), ("WORLD_SIZE", "2")]);
         assert!(e.to_string().contains("MASTER_PORT is not set"), "{e}");
+    }
+
+    #[test]
+    fn device_maps_are_checked_when_set_and_at_init() {
+        let base =
+            || from(&[("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")]).unwrap();
+        let e = base()
+            .set_device_map("w1", &[("cuda:0", "cuda:1"), ("cuda:2", "cuda:1")])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("a device map must be one-to-one"),
+            "{e}"
+        );
+        let e = base()
+            .set_device_map("w1", &[("gpu", "cuda:1")])
+            .unwrap_err();
+        assert!(e.to_string().contains("\"gpu\" is not a device"), "{e}");
+        // CPU-only maps need no CUDA.
+        let o = base().set_device_map("w1", &[("cpu", "cpu")]).unwrap();
+        o.validate().unwrap();
+        let o = base()
+            .set_device_map("w1", &[("cuda:0", "cuda:0")])
+            .unwrap();
+        match ferry_transport::cuda::availability() {
+            Ok(_) => o.validate().unwrap(),
+            Err(reason) => {
+                let e = o.validate().unwrap_err();
+                assert!(e.to_string().contains("names local device cuda:0"), "{e}");
+                assert!(e.to_string().contains(&reason.to_string()), "{e}");
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@
 //! shapes measured (1 means time grows linearly with the work).
 //!
 //! Usage (clap; `--help` lists the options): `schedule_bench [--quick] [--shapes 8x32 16x64 ...] [--min-reps N]
-//! [--max-reps N] [--min-seconds S] [--out PATH]` (`--quick`: fewer
+//! [--max-reps N] [--min-seconds S] [--schedules NAME ...] [--out PATH]` (`--quick`: fewer
 //! repetitions; explicit options win over it). Writes the JSON result to
 //! `--out`, or prints it without one.
 
@@ -63,9 +63,13 @@ struct Args {
     /// Where to write the JSON result (printed without it).
     #[arg(long)]
     out: Option<String>,
+    /// Schedules to measure, by name (default: Interleaved1F1B ZBVZeroBubble).
+    #[arg(long, num_args = 1.., value_parser = parse_schedule)]
+    schedules: Option<Vec<String>>,
 }
 
 struct Config {
+    schedules: Vec<(&'static str, ScheduleKind)>,
     shapes: Vec<(usize, usize)>,
     min_reps: usize,
     max_reps: usize,
@@ -82,11 +86,29 @@ fn parse_shape(text: &str) -> std::result::Result<(usize, usize), String> {
     ))
 }
 
+fn parse_schedule(text: &str) -> std::result::Result<String, String> {
+    match SCHEDULES.iter().find(|(name, _)| *name == text) {
+        Some((name, _)) => Ok(name.to_string()),
+        None => Err(format!(
+            "unknown schedule `{text}` (known: {})",
+            SCHEDULES.map(|(name, _)| name).join(", ")
+        )),
+    }
+}
+
 fn config() -> Config {
     let args = <Args as clap::Parser>::parse();
     let quick = args.quick;
     let min_reps: usize = args.min_reps.unwrap_or(if quick { 5 } else { 20 });
+    let schedules = match &args.schedules {
+        Some(names) => SCHEDULES
+            .into_iter()
+            .filter(|(name, _)| names.iter().any(|n| n == name))
+            .collect(),
+        None => SCHEDULES.to_vec(),
+    };
     Config {
+        schedules,
         shapes: args.shapes.unwrap_or_else(|| SHAPES.to_vec()),
         min_reps: min_reps.max(1),
         max_reps: args
@@ -207,7 +229,7 @@ fn main() -> Result<()> {
     let c = config();
     let mut rows = Vec::new();
     let mut growth = serde_json::Map::new();
-    for (name, kind) in SCHEDULES {
+    for &(name, kind) in &c.schedules {
         let mut points = Vec::new();
         for &(ranks, micro) in &c.shapes {
             let r = row(name, kind, ranks, micro, &c)?;

@@ -30,7 +30,9 @@
 //!   cannot finish before it runs, naming the actions that wait on each
 //!   other (buffered or rendezvous sends, [`CommModel`]).
 //! - [`validate`](mod@validate): [`validate()`], the rules every schedule must keep,
-//!   with errors that show the grid and mark the offending slot.
+//!   with errors that show the grid and mark the offending slot;
+//!   [`check_sends`], every value that crosses ranks in a schedule with
+//!   its own comms is sent.
 //! - [`trace`]: [`chrome_trace`], Chrome-trace JSON (Perfetto); and
 //!   [`validate::grid`] for a compact terminal rendering.
 //! - [`svg`](mod@svg): [`svg()`], an SVG timeline (ranks down, steps across,
@@ -117,4 +119,4 @@ pub use timed::{simulate_timed, RankStats, Span, TimedError, TimedRun, Waiting};
 pub use timed_pictures::{chrome_trace_timed, svg_timed};
 pub use timeline::Timeline;
 pub use trace::chrome_trace;
-pub use validate::{grid, validate, ValidationError};
+pub use validate::{check_sends, grid, validate, ValidationError};

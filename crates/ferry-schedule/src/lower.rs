@@ -19,6 +19,7 @@ use crate::pairs::{Extent, Numbering, Pairs};
 use crate::prefetch;
 
 pub mod defer;
+mod fast;
 mod unshard;
 
 pub use defer::{defer_recvs, DeferOptions};
@@ -57,8 +58,21 @@ pub enum LowerError {
 /// receiving rank (as early as possible). Idle steps are dropped; two
 /// stages on the same rank exchange nothing.
 ///
+/// Well-formed schedules (simple actions on placed stages, each done by
+/// one rank, that can be lowered) take a fast path with compact tables;
+/// anything else runs the general path from the start, which also builds
+/// the errors: the result is the same.
+///
 /// `stage_to_rank[s]` is the rank of stage `s`.
 pub fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
+    if let Some(lowered) = fast::add_send_recv(compute, stage_to_rank) {
+        return Ok(lowered);
+    }
+    general(compute, stage_to_rank)
+}
+
+/// [`add_send_recv`] without its fast path: any schedule, and the errors.
+fn general(compute: &Schedule, stage_to_rank: &[usize]) -> Result<Schedule, LowerError> {
     let (out_len, extent) = lowered_lengths(compute, stage_to_rank)?;
     match extent.number(compute) {
         Numbering::Dense(pairs) => in_rounds(compute, stage_to_rank, &pairs, &out_len),

@@ -268,3 +268,15 @@ impl Extent {
         Numbering::Sparse(Sparse { map })
     }
 }
+
+/// Widens a stage-major grid of `stages` rows of `old` microbatch slots
+/// each to rows of `new` slots (filled with `fill`), keeping every entry
+/// at its (stage, microbatch): the fast paths' tables, laid out so that a
+/// stage's successive microbatches are side by side.
+pub(crate) fn widen<T: Copy>(grid: &mut Vec<T>, stages: usize, old: usize, new: usize, fill: T) {
+    let mut wider = vec![fill; stages * new];
+    for (to, from) in wider.chunks_exact_mut(new).zip(grid.chunks_exact(old)) {
+        to[..old].copy_from_slice(from);
+    }
+    *grid = wider;
+}

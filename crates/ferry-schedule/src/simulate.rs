@@ -10,6 +10,8 @@ use crate::pairs::{BACKWARD, FORWARD, KINDS, RECV_B, RECV_F};
 use crate::prefetch;
 use crate::timeline::{Step, Timeline};
 
+mod fast;
+
 /// A lowered schedule that cannot finish: every unfinished rank waits.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("schedule is not progressing (deadlock at step {step}): {}", waiting.iter().map(|(r, a)| format!("rank {r} waits at {a}")).collect::<Vec<_>>().join(", "))]
@@ -41,6 +43,11 @@ pub struct Deadlock {
 /// action is a receive whose send is not placed yet waits, without being
 /// looked at again, until that send is placed. The only other inputs an
 /// action needs are on its own rank, done before it or never.
+///
+/// Well-formed schedules (simple actions on placed stages, each done by
+/// one rank) take a fast path with compact tables; anything else, or a
+/// fast path that meets it part-way, runs the general path from the start:
+/// the result is the same.
 pub fn simulate_unit_steps<'a>(
     lowered: &'a Schedule,
     stage_to_rank: &[usize],
@@ -48,6 +55,18 @@ pub fn simulate_unit_steps<'a>(
     // A run takes at most one step per action (every step runs one): with
     // fewer slots than `u32::MAX`, every step fits in 32 bits.
     let slots = lowered.ranks.iter().map(Vec::len).sum::<usize>();
+    if let Some(result) = fast::run(lowered, stage_to_rank, slots) {
+        return result;
+    }
+    general(lowered, stage_to_rank, slots)
+}
+
+/// [`simulate_unit_steps`] without its fast path: any schedule.
+fn general<'a>(
+    lowered: &'a Schedule,
+    stage_to_rank: &[usize],
+    slots: usize,
+) -> Result<Timeline<'a>, Deadlock> {
     let narrow = slots
         .checked_add(1)
         .is_some_and(|n| u32::try_from(n).is_ok());
@@ -151,17 +170,8 @@ fn run<'a, P: Pairs, S: Step>(
         first_step[rank] = earliest / 2;
         steps = steps.max(first_step[rank]);
     }
-    let waiting: Vec<(usize, Action)> = lowered
-        .ranks
-        .iter()
-        .enumerate()
-        .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
-        .collect();
-    if !waiting.is_empty() {
-        return Ok(Err(Deadlock {
-            step: steps as usize,
-            waiting,
-        }));
+    if let Some(deadlock) = deadlock(lowered, &pos, steps as usize) {
+        return Ok(Err(deadlock));
     }
     Ok(Ok(Timeline::new(
         lowered,
@@ -169,6 +179,21 @@ fn run<'a, P: Pairs, S: Step>(
         S::steps(at),
         steps as usize,
     )))
+}
+
+/// The deadlock of a run that stopped with each rank's next slot at
+/// `pos` after `steps` steps, if any rank has an action left.
+fn deadlock(lowered: &Schedule, pos: &[usize], steps: usize) -> Option<Deadlock> {
+    let waiting: Vec<(usize, Action)> = lowered
+        .ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(r, row)| Some((r, row[pos[r]..].iter().flatten().next()?.clone())))
+        .collect();
+    (!waiting.is_empty()).then_some(Deadlock {
+        step: steps,
+        waiting,
+    })
 }
 
 /// The tables of a simulation in progress.

@@ -180,6 +180,104 @@ pub fn validate(schedule: &Schedule, microbatches: usize) -> Result<(), Validati
     Ok(())
 }
 
+/// Checks a schedule that comes with its own sends and receives (one a
+/// runtime executes as written, such as a user's lowered CSV) against the
+/// placement `stage_to_rank`: every value that crosses ranks is sent by
+/// its producer. A forward (backward, or I) of stage `s` whose previous
+/// (next) stage is on another rank needs that stage's `SEND_F` (`SEND_B`)
+/// of the same microbatch somewhere in the schedule: sends and the
+/// actions that receive them pair up per (stage, microbatch, direction).
+///
+/// The error names the rank, the step and the action that waits for a
+/// value never sent, and shows the grid with its slot marked; an action
+/// (or sub-action) on a stage the placement lacks is an error too.
+///
+/// ```
+/// use ferry_schedule::{check_sends, Schedule};
+///
+/// // Stage 1 (rank 1) needs stage 0's activation: rank 0 sends it.
+/// let ok = Schedule::from_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n")?;
+/// assert!(check_sends(&ok, &[0, 1]).is_ok());
+/// // Without rank 1's SEND_B0, stage 0's backward waits for nothing.
+/// let bad = Schedule::from_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0\n")?;
+/// let err = check_sends(&bad, &[0, 1]).unwrap_err();
+/// assert_eq!((err.rank, err.step, err.action.to_string()), (0, 3, "0B0".to_string()));
+/// assert!(err.to_string().contains("never sends it"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn check_sends(schedule: &Schedule, stage_to_rank: &[usize]) -> Result<(), ValidationError> {
+    let stages = stage_to_rank.len();
+    let fail = |rank: usize, step: usize, action: &Action, rule: String| ValidationError {
+        rank,
+        step,
+        action: action.clone(),
+        rule,
+        grid: grid(schedule, rank, step),
+    };
+    // The sends in the schedule, by (stage, direction, microbatch), and the
+    // values that cross ranks with the action (rank, step) that needs each.
+    let mut sent: HashSet<(usize, ActionKind, usize)> = HashSet::new();
+    let mut needed: Vec<(usize, usize, (usize, ActionKind, usize))> = Vec::new();
+    for (rank, row) in schedule.ranks.iter().enumerate() {
+        for (step, action) in row.iter().enumerate() {
+            let Some(action) = action else { continue };
+            let leaves = if action.sub_actions().is_empty() {
+                std::slice::from_ref(action)
+            } else {
+                action.sub_actions()
+            };
+            for leaf in leaves {
+                let stage = leaf.stage();
+                if stage >= stages && (leaf.kind().is_compute() || leaf.kind().is_comm()) {
+                    return Err(fail(
+                        rank,
+                        step,
+                        action,
+                        format!("stage {stage} is not placed (the placement has {stages} stages)"),
+                    ));
+                }
+                let Some(mb) = leaf.microbatch() else {
+                    continue;
+                };
+                match leaf.kind() {
+                    kind @ (ActionKind::SendF | ActionKind::SendB) => {
+                        sent.insert((stage, kind, mb));
+                    }
+                    ActionKind::Forward
+                        if stage > 0 && stage_to_rank[stage - 1] != stage_to_rank[stage] =>
+                    {
+                        needed.push((rank, step, (stage - 1, ActionKind::SendF, mb)));
+                    }
+                    ActionKind::FullBackward | ActionKind::BackwardInput
+                        if stage + 1 < stages
+                            && stage_to_rank[stage + 1] != stage_to_rank[stage] =>
+                    {
+                        needed.push((rank, step, (stage + 1, ActionKind::SendB, mb)));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    for (rank, step, (stage, kind, mb)) in needed {
+        if !sent.contains(&(stage, kind, mb)) {
+            let Some(Some(action)) = schedule.ranks[rank].get(step) else {
+                continue;
+            };
+            return Err(fail(
+                rank,
+                step,
+                action,
+                format!(
+                    "it needs {} from stage {stage} on another rank, but the schedule never sends it",
+                    Action::new(stage, kind, Some(mb))
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The schedule as a grid (one line per rank, `.` for idle), with the
 /// slot at (`rank`, `step`) marked `>...<`.
 pub fn grid(schedule: &Schedule, rank: usize, step: usize) -> String {

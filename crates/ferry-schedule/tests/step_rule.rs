@@ -360,6 +360,29 @@ fn a_receive_posted_twice_is_placed_by_its_first_post() {
     );
 }
 
+/// [`lowerable`] with microbatch `m` renumbered `m * spread + offset`:
+/// few actions with large numbers, so that the tables numbering (stage,
+/// microbatch) pairs grow while lowering and simulating.
+fn spread_out() -> impl Strategy<Value = (Schedule, Vec<usize>)> {
+    (lowerable(), 1usize..40, 0usize..20).prop_map(|((compute, placement), spread, offset)| {
+        let rows = compute
+            .ranks
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|slot| {
+                        slot.as_ref().map(|a| match a.microbatch() {
+                            Some(m) => Action::new(a.stage(), a.kind(), Some(m * spread + offset)),
+                            None => a.clone(),
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        (Schedule::new(rows), placement)
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -389,6 +412,15 @@ proptest! {
 
     #[test]
     fn shuffled_schedules_lower_and_simulate_as_the_direct_rule((compute, placement) in lowerable()) {
+        let lowered = add_send_recv(&compute, &placement);
+        prop_assert_eq!(&lowered, &lower_directly(&compute, &placement));
+        if let Ok(lowered) = lowered {
+            prop_assert_eq!(simulate_unit_steps(&lowered, &placement).map(|t| t.to_schedule()), simulate_directly(&lowered, &placement));
+        }
+    }
+
+    #[test]
+    fn spread_out_microbatches_lower_and_simulate_as_the_direct_rule((compute, placement) in spread_out()) {
         let lowered = add_send_recv(&compute, &placement);
         prop_assert_eq!(&lowered, &lower_directly(&compute, &placement));
         if let Ok(lowered) = lowered {

@@ -82,3 +82,64 @@ fn each_rule_has_its_error() {
     let text = reject("0F5\r\n", 1);
     assert!(text.contains("microbatch 5 is out of range"), "{text}");
 }
+
+#[test]
+fn check_sends_names_the_action_waiting_for_a_value_never_sent() {
+    use ferry_schedule::check_sends;
+    // Rank 1's F0 needs stage 0's activation (stage 0 is on rank 0), but
+    // rank 0 never sends it: the error names rank 1, step 1, 1F0.
+    let csv = "0F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n";
+    let schedule = Schedule::from_csv(csv).expect("parses");
+    let err = check_sends(&schedule, &[0, 1]).expect_err("no SEND_F");
+    assert_eq!(
+        (err.rank, err.step, err.action.to_string()),
+        (1, 1, "1F0".to_string())
+    );
+    assert!(
+        err.rule.contains("needs 0SEND_F0 from stage 0") && err.rule.contains("never sends it"),
+        "{err}"
+    );
+    assert!(err.grid.contains(">1F0<"), "{}", err.grid);
+    // With the send, the value crosses: accepted. Two stages on one rank
+    // exchange nothing, so need no send.
+    let sent = Schedule::from_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+        .expect("parses");
+    check_sends(&sent, &[0, 1]).expect("every crossing value is sent");
+    let local = Schedule::from_csv("0F0,1F0,1B0,0B0\n").expect("parses");
+    check_sends(&local, &[0, 0]).expect("nothing crosses ranks");
+    // A backward whose gradient comes from another rank, never sent.
+    let no_grad =
+        Schedule::from_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0\n").expect("parses");
+    let err = check_sends(&no_grad, &[0, 1]).expect_err("no SEND_B");
+    assert_eq!((err.rank, err.step), (0, 3), "{err}");
+    assert!(err.rule.contains("needs 1SEND_B0 from stage 1"), "{err}");
+    // Every lowered published schedule sends what crosses ranks.
+    for kind in ScheduleKind::ALL {
+        let Ok(compute) = kind.generate(4, 2, 8).or_else(|_| kind.generate(4, 1, 8)) else {
+            continue;
+        };
+        let stages = compute
+            .ranks
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|a| a.stage())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let placement = kind
+            .placement()
+            .stage_to_rank(stages, 4)
+            .expect("placement");
+        let lowered = add_send_recv(&compute, &placement).expect("lowers");
+        check_sends(&lowered, &placement).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+}
+
+#[test]
+fn check_sends_rejects_an_unplaced_stage() {
+    let schedule = Schedule::from_csv("0F0,3F0\n").expect("parses");
+    let err = ferry_schedule::check_sends(&schedule, &[0, 0]).expect_err("stage 3");
+    assert_eq!((err.rank, err.step), (0, 1), "{err}");
+    assert!(err.rule.contains("stage 3 is not placed"), "{err}");
+}

@@ -21,6 +21,9 @@ struct TchBuffer {
     /// The view the sender sent, over `storage`.
     view: tch::Tensor,
     len: usize,
+    /// Whether `storage` is on a CUDA device (the channel then fills it
+    /// through its device address).
+    on_device: bool,
 }
 
 // SAFETY: the buffer owns its freshly allocated tensors; no other handle
@@ -29,12 +32,16 @@ unsafe impl Send for TchBuffer {}
 
 impl RecvBuffer for TchBuffer {
     fn as_mut_bytes(&mut self) -> &mut [u8] {
-        if self.len == 0 {
+        if self.len == 0 || self.on_device {
             return &mut [];
         }
         // SAFETY: `storage` is a contiguous allocation of exactly `len`
         // bytes owned by this buffer, and `&mut self` makes this borrow unique.
         unsafe { std::slice::from_raw_parts_mut(self.storage.data_ptr() as *mut u8, self.len) }
+    }
+
+    fn device_ptr(&mut self) -> Option<u64> {
+        self.on_device.then(|| self.storage.data_ptr() as u64)
     }
 
     fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError> {
@@ -53,19 +60,30 @@ impl Allocator for TchAllocator {
         &self,
         descriptor: &TensorDescriptor,
     ) -> Result<Box<dyn RecvBuffer>, TransportError> {
-        let len = host_destination_len(descriptor, "ferry-tch's allocator")?;
+        // A CUDA tensor lands on the device the device maps chose (the
+        // transport has checked that it exists here).
+        let device = match descriptor.device {
+            ferry_wire::Device::Cpu => tch::Device::Cpu,
+            ferry_wire::Device::Cuda(i) => tch::Device::Cuda(usize::from(i)),
+        };
+        let on_device = device != tch::Device::Cpu;
+        let host = ferry_wire::TensorDescriptor {
+            device: ferry_wire::Device::Cpu,
+            ..descriptor.clone()
+        };
+        let len = host_destination_len(&host, "ferry-tch's allocator")?;
         let kind = kind_of(descriptor.dtype);
         let esize = descriptor.dtype.size();
         let alloc = |what: &str, e: tch::TchError| {
             TransportError::Alloc(format!("libtorch could not allocate {what}: {e}"))
         };
         let (storage, view) = if descriptor.is_contiguous() {
-            let t = tch::Tensor::f_empty(&descriptor.shape[..], (kind, tch::Device::Cpu))
+            let t = tch::Tensor::f_empty(&descriptor.shape[..], (kind, device))
                 .map_err(|e| alloc("the tensor", e))?;
             (t.shallow_clone(), t)
         } else {
             let elems = (len / esize) as i64;
-            let storage = tch::Tensor::f_empty([elems], (kind, tch::Device::Cpu))
+            let storage = tch::Tensor::f_empty([elems], (kind, device))
                 .map_err(|e| alloc("the tensor's storage", e))?;
             let view = storage
                 .f_as_strided(
@@ -76,6 +94,11 @@ impl Allocator for TchAllocator {
                 .map_err(|e| alloc("the view", e))?;
             (storage, view)
         };
-        Ok(Box::new(TchBuffer { storage, view, len }))
+        Ok(Box::new(TchBuffer {
+            storage,
+            view,
+            len,
+            on_device,
+        }))
     }
 }

@@ -73,9 +73,7 @@ pub enum TchError {
     #[error("an undefined tensor cannot be sent")]
     Undefined,
     /// A tensor on a device this version does not send.
-    #[error(
-        "a tensor on {0} cannot be sent: ferry-tch sends cpu tensors (device maps come later)"
-    )]
+    #[error("a tensor on {0} cannot be sent: ferry-tch sends cpu and cuda tensors")]
     Device(String),
     /// A kind the wire has no type for.
     #[error("a {0:?} tensor cannot be sent: quantized tensors are not supported")]

@@ -1,4 +1,6 @@
-//! Sending: a tensor's bytes leave from its own storage.
+//! Sending: a tensor's bytes leave from its own storage (host memory, or a
+//! CUDA tensor's device memory, which the `cuda_staged` and `cuda_ipc`
+//! channels of ferry-transport's `cuda` feature read).
 
 use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::{Device, TensorDescriptor};
@@ -31,9 +33,14 @@ impl Outgoing {
         if !tensor.defined() {
             return Err(TchError::Undefined);
         }
-        if tensor.device() != tch::Device::Cpu {
-            return Err(TchError::Device(format!("{:?}", tensor.device())));
-        }
+        let device = match tensor.device() {
+            tch::Device::Cpu => Device::Cpu,
+            tch::Device::Cuda(i) => {
+                let i = u16::try_from(i).map_err(|_| TchError::Device(format!("cuda:{i}")))?;
+                Device::Cuda(i)
+            }
+            other => return Err(TchError::Device(format!("{other:?}"))),
+        };
         let kind = tensor.f_kind()?;
         let dtype = dtype_of(kind).ok_or(TchError::Kind(kind))?;
         let shape = tensor.size();
@@ -55,9 +62,15 @@ impl Outgoing {
             strides: strides.into(),
             storage_offset: 0,
             byte_len: span as u64 * dtype.size() as u64,
-            device: Device::Cpu,
+            device,
         };
         let tensor = tensor.shallow_clone();
+        if let Device::Cuda(i) = device {
+            // The channels copy on streams of their own: the work queued on
+            // the device (on libtorch's streams) that produces these bytes
+            // must be done first.
+            tch::Cuda::synchronize(i64::from(i));
+        }
         let ptr = tensor.data_ptr() as *const u8;
         Ok(Outgoing {
             _tensor: tensor,
@@ -72,13 +85,25 @@ impl OutgoingTensor for Outgoing {
         self.descriptor.clone()
     }
 
+    fn device_ptr(&self) -> Option<u64> {
+        self.cuda_ptr()
+    }
+
     fn bytes(&self) -> &[u8] {
-        if self.descriptor.byte_len == 0 {
+        if self.descriptor.byte_len == 0 || self.descriptor.device != Device::Cpu {
             return &[];
         }
         // SAFETY: `ptr` is the data pointer of the view's first element and
         // the descriptor's span (computed from the view's sizes and strides)
         // lies inside the storage `self._tensor` keeps alive.
         unsafe { std::slice::from_raw_parts(self.ptr, self.descriptor.byte_len as usize) }
+    }
+}
+
+impl Outgoing {
+    /// The device address of a CUDA tensor's bytes (the channel reads the
+    /// descriptor's span there).
+    fn cuda_ptr(&self) -> Option<u64> {
+        (self.descriptor.device != Device::Cpu).then_some(self.ptr as u64)
     }
 }

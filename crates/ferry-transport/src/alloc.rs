@@ -21,6 +21,12 @@ pub trait RecvBuffer: Send {
     fn prepare(&mut self, upto: usize) {
         let _ = upto;
     }
+    /// The device address of a destination on a CUDA device (the
+    /// descriptor's `byte_len` bytes there are filled; `as_mut_bytes` is
+    /// then empty). `None` (the default) for host memory.
+    fn device_ptr(&mut self) -> Option<u64> {
+        None
+    }
     /// Called once the bytes are in; returns the value that the payload's
     /// tensor type takes from the tensor table (e.g. a [`RawTensor`]).
     fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError>;

@@ -7,6 +7,8 @@
 //! | `shm` | through a shared-memory ring between the two processes, chunked and pipelined | same boot, network and PID namespace | 20 |
 //! | `ucx` (feature `ucx`) | one UCX tag message per tensor, from the tensor's memory straight into the destination (UCX picks shared memory, TCP, InfiniBand/RoCE) | any (offered where `libucp.so.0` loads) | 15 |
 //! | `mpt` | over several TCP connections in parallel, reassembled in place | any | 10 |
+//! | `cuda_ipc` (feature `cuda`) | CUDA tensors on one host: the receiver opens the sender's IPC memory handle, its stream waits on the sender's IPC event, and it copies device to device (`cuda::ipc`); the sender keeps the tensor until released | same boot, network and PID namespace (offered for each CUDA device where CUDA is available) | 40 |
+//! | `cuda_staged` (feature `cuda`) | CUDA tensors: device → pinned host → the connection's stream → pinned host → device, in pipelined chunks ([`crate::cuda::staged`]) | any (offered for the CPU and each CUDA device where CUDA is available) | 5 |
 //! | `inline` | after the frame on the connection itself | any | 0 |
 //!
 //! | transport | carries frames | domain | default priority |
@@ -51,6 +53,11 @@ pub const SHM: &str = "shm";
 pub const MPT: &str = "mpt";
 /// UCX (feature `ucx`): tensors as UCX tag messages.
 pub const UCX: &str = "ucx";
+/// CUDA tensors staged through pinned host memory and the connection's
+/// stream (feature `cuda`).
+pub const CUDA_STAGED: &str = "cuda_staged";
+/// CUDA tensors through CUDA IPC handles on one host (feature `cuda`).
+pub const CUDA_IPC: &str = "cuda_ipc";
 /// The UCX transport (feature `ucx`; named like the channel).
 pub const UCX_TRANSPORT: &str = "ucx";
 /// The TCP transport.
@@ -60,10 +67,16 @@ pub const TCP: &str = "tcp";
 pub const SHM_TRANSPORT: &str = "shm";
 
 /// Channels implemented in this build, highest default priority first.
-#[cfg(feature = "ucx")]
+#[cfg(all(feature = "ucx", feature = "cuda"))]
+pub const KNOWN_CHANNELS: &[&str] = &[CUDA_IPC, CMA, SHM, UCX, MPT, CUDA_STAGED, INLINE];
+/// Channels implemented in this build, highest default priority first.
+#[cfg(all(feature = "ucx", not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, UCX, MPT, INLINE];
 /// Channels implemented in this build, highest default priority first.
-#[cfg(not(feature = "ucx"))]
+#[cfg(all(not(feature = "ucx"), feature = "cuda"))]
+pub const KNOWN_CHANNELS: &[&str] = &[CUDA_IPC, CMA, SHM, MPT, CUDA_STAGED, INLINE];
+/// Channels implemented in this build, highest default priority first.
+#[cfg(all(not(feature = "ucx"), not(feature = "cuda")))]
 pub const KNOWN_CHANNELS: &[&str] = &[CMA, SHM, MPT, INLINE];
 /// Transports implemented in this build, highest default priority first.
 #[cfg(feature = "ucx")]
@@ -76,6 +89,13 @@ pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, TCP];
 /// wins), below `shm` and `cma` (on one host they are faster; see the
 /// user guide's UCX section for the measurement).
 pub const UCX_CHANNEL_PRIORITY: i32 = 15;
+/// Default priority of the `cuda_staged` channel: above `inline`, below
+/// the host channels, so CPU-to-CPU pairs keep those; it is the only
+/// channel offering CUDA devices.
+pub const CUDA_STAGED_PRIORITY: i32 = 5;
+/// Default priority of the `cuda_ipc` channel: above every other (it
+/// offers CUDA devices only, where `cuda_staged` is its only rival).
+pub const CUDA_IPC_PRIORITY: i32 = 40;
 /// Default priority of the `ucx` transport: above `tcp`, below `shm`.
 pub const UCX_TRANSPORT_PRIORITY: i32 = 5;
 
@@ -166,6 +186,68 @@ pub fn cma_viability() -> Result<String, String> {
     CMA_DOMAIN.get_or_init(crate::cma::descriptor).clone()
 }
 
+/// Whether CUDA tensors can travel from or to this process: the number of
+/// CUDA devices, or why not (typed; "CUDA not available on this host: …").
+/// Without it `cuda_staged` is not offered, and a CUDA tensor transfer
+/// fails with this reason.
+pub fn cuda_viability() -> Result<usize, crate::cuda::CudaUnavailable> {
+    crate::cuda::availability()
+}
+
+/// The `cuda_staged` offer: the CPU and every CUDA device, any domain
+/// (the bytes travel on the connection's own stream).
+#[cfg(feature = "cuda")]
+fn cuda_staged_offer(priority: i32) -> Option<ChannelOffer> {
+    match cuda_viability() {
+        Ok(count) => {
+            let mut devices = vec![DeviceOffer {
+                device: Device::Cpu,
+                descriptor: "any".into(),
+            }];
+            devices.extend((0..count.min(usize::from(u16::MAX))).map(|i| DeviceOffer {
+                device: Device::Cuda(i as u16),
+                descriptor: "any".into(),
+            }));
+            Some(ChannelOffer {
+                name: CUDA_STAGED.into(),
+                priority,
+                devices,
+            })
+        }
+        Err(reason) => {
+            tracing::info!(channel = CUDA_STAGED, %reason, "channel not offered");
+            None
+        }
+    }
+}
+
+/// The `cuda_ipc` offer: every CUDA device, in the same-host domain (IPC
+/// handles open only on the host that made them).
+#[cfg(feature = "cuda")]
+fn cuda_ipc_offer(priority: i32) -> Option<ChannelOffer> {
+    let domain = match (cuda_viability(), same_host_domain()) {
+        (Ok(count), Ok(domain)) => Ok((count, domain)),
+        (Err(reason), _) => Err(reason.to_string()),
+        (_, Err(reason)) => Err(reason),
+    };
+    match domain {
+        Ok((count, descriptor)) => Some(ChannelOffer {
+            name: CUDA_IPC.into(),
+            priority,
+            devices: (0..count.min(usize::from(u16::MAX)))
+                .map(|i| DeviceOffer {
+                    device: Device::Cuda(i as u16),
+                    descriptor: descriptor.clone(),
+                })
+                .collect(),
+        }),
+        Err(reason) => {
+            tracing::info!(channel = CUDA_IPC, %reason, "channel not offered");
+            None
+        }
+    }
+}
+
 fn cpu_offer(name: &str, priority: i32, descriptor: String) -> ChannelOffer {
     ChannelOffer {
         name: name.into(),
@@ -194,6 +276,10 @@ pub fn channel_offer(name: &str) -> Result<Option<ChannelOffer>, TransportError>
         #[cfg(feature = "ucx")]
         UCX => viable(UCX, UCX_CHANNEL_PRIORITY, ucx_domain()),
         MPT => Some(cpu_offer(MPT, 10, "any".into())),
+        #[cfg(feature = "cuda")]
+        CUDA_STAGED => cuda_staged_offer(CUDA_STAGED_PRIORITY),
+        #[cfg(feature = "cuda")]
+        CUDA_IPC => cuda_ipc_offer(CUDA_IPC_PRIORITY),
         INLINE => Some(cpu_offer(INLINE, 0, "any".into())),
         other => {
             return Err(TransportError::Unknown {
@@ -358,5 +444,48 @@ mod tests {
             .map(|o| (o.name.as_str(), o.priority))
             .collect();
         assert_eq!(named, [("inline", 2), ("mpt", 1)]);
+    }
+
+    /// The CUDA channels' default priorities and domains pick, per pair:
+    /// `cuda_ipc` for GPU to GPU on one host, `cuda_staged` across hosts and
+    /// between the CPU and a GPU, the host channels for CPU to CPU.
+    #[test]
+    fn cuda_channels_are_chosen_per_device_pair() {
+        use crate::selection::{select_channels, Selection};
+        use ferry_wire::DeviceOffer;
+        let offers = |host: &str| {
+            let d = |device, descriptor: &str| DeviceOffer {
+                device,
+                descriptor: descriptor.into(),
+            };
+            vec![
+                ChannelOffer {
+                    name: CUDA_IPC.into(),
+                    priority: CUDA_IPC_PRIORITY,
+                    devices: vec![d(Device::Cuda(0), host), d(Device::Cuda(1), host)],
+                },
+                ChannelOffer {
+                    name: CUDA_STAGED.into(),
+                    priority: CUDA_STAGED_PRIORITY,
+                    devices: vec![
+                        d(Device::Cpu, "any"),
+                        d(Device::Cuda(0), "any"),
+                        d(Device::Cuda(1), "any"),
+                    ],
+                },
+                cpu_offer(SHM, 20, host.into()),
+                cpu_offer(MPT, 10, "any".into()),
+                cpu_offer(INLINE, 0, "any".into()),
+            ]
+        };
+        let one = Selection::new(select_channels(&offers("h1"), &offers("h1")).unwrap());
+        let two = Selection::new(select_channels(&offers("h1"), &offers("h2")).unwrap());
+        let (cpu, g0, g1) = (Device::Cpu, Device::Cuda(0), Device::Cuda(1));
+        assert_eq!(one.channel_for(g0, g1), Ok(CUDA_IPC));
+        assert_eq!(one.channel_for(g0, cpu), Ok(CUDA_STAGED));
+        assert_eq!(one.channel_for(cpu, g1), Ok(CUDA_STAGED));
+        assert_eq!(one.channel_for(cpu, cpu), Ok(SHM));
+        assert_eq!(two.channel_for(g0, g1), Ok(CUDA_STAGED));
+        assert_eq!(two.channel_for(cpu, cpu), Ok(MPT));
     }
 }

@@ -99,6 +99,13 @@ pub enum TransportError {
         /// Why, as the loader or the library said it.
         reason: String,
     },
+    /// A CUDA tensor was to be sent or received, or a CUDA device named,
+    /// where CUDA cannot be used ("CUDA not available on this host: …").
+    #[error(transparent)]
+    CudaUnavailable(#[from] crate::cuda::CudaUnavailable),
+    /// A device map is invalid, or a tensor's device has no mapping.
+    #[error(transparent)]
+    DeviceMap(#[from] crate::device_map::DeviceMapError),
     /// An option named something that does not exist.
     #[error("unknown {what} {name:?}; known: {known}")]
     Unknown {

@@ -17,6 +17,7 @@
 //! frames itself and queues its own for the writer ([`ReleaseSignal`]).
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 
@@ -56,7 +57,7 @@ const BLOCKING_COPY_MIN: usize = 1 << 20;
 const RECV_STEP: usize = 4 << 20;
 
 /// Room for the longest channel record.
-const MAX_RECORD_LEN: usize = CmaRecord::LEN;
+const MAX_RECORD_LEN: usize = ferry_wire::channel_record::CudaIpcRecord::LEN;
 
 /// State the reader and the writer of one connection share: `cma` tensors
 /// waiting for the peer's release, and releases to send.
@@ -116,6 +117,12 @@ pub struct ChannelConfig {
     /// How long a task waiting for a UCX request spins on progress before
     /// it sleeps on the worker's event fd (zero: sleep at once).
     pub ucx_spin: std::time::Duration,
+    /// Chunk size and staging slots of the `cuda_staged` channel.
+    pub cuda_staged: crate::cuda::staged::StagedOptions,
+    /// Per peer worker, which of its devices each local device maps to
+    /// ([`crate::device_map`]): decides the device a received tensor lands
+    /// on and the device pair that selects a tensor's channel.
+    pub device_maps: Arc<crate::device_map::DeviceMaps>,
 }
 
 impl Default for ChannelConfig {
@@ -130,6 +137,8 @@ impl Default for ChannelConfig {
             shm_channel_ring: 8 << 20,
             ucx_tls: None,
             ucx_spin: DEFAULT_UCX_SPIN,
+            cuda_staged: crate::cuda::staged::StagedOptions::default(),
+            device_maps: Arc::default(),
         }
     }
 }
@@ -147,6 +156,25 @@ pub(crate) struct ReadChannels {
     #[cfg(feature = "ucx")]
     pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) cma_threads: usize,
+    /// Device maps and `cuda_staged` chunking.
+    pub(crate) cuda: CudaSide,
+}
+
+/// What both directions of a connection know about CUDA tensors.
+#[derive(Default, Clone)]
+pub(crate) struct CudaSide {
+    pub(crate) maps: Arc<crate::device_map::DeviceMaps>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) staged: crate::cuda::staged::StagedOptions,
+}
+
+impl CudaSide {
+    pub(crate) fn new(config: &ChannelConfig) -> Self {
+        CudaSide {
+            maps: config.device_maps.clone(),
+            staged: config.cuda_staged,
+        }
+    }
 }
 
 /// The sending ends of the out-of-band channels of one connection.
@@ -158,6 +186,7 @@ pub(crate) struct WriteChannels {
     #[cfg(feature = "ucx")]
     pub(crate) ucx: Option<crate::ucx::UcxLink>,
     pub(crate) small_tensor_bytes: usize,
+    pub(crate) cuda: CudaSide,
 }
 
 /// Reads frames from a byte stream.
@@ -289,10 +318,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let mut tensors = Vec::with_capacity(descriptors.len());
             let count = descriptors.len();
             for (index, descriptor) in descriptors.into_iter().enumerate() {
-                let name = self.selection.channel_for(descriptor.device, Device::Cpu)?;
+                // Where the tensor lands here: the device maps decide it
+                // (CPU stays CPU unless mapped); the allocator gets the
+                // descriptor with that device.
+                let source = descriptor.device;
+                let landing = crate::cuda::landing(&self.channels.cuda.maps, &self.peer, source)?;
+                let name = self
+                    .selection
+                    .channel_for(source, landing)
+                    .map_err(|e| crate::cuda::explain(e.into(), source, landing))?;
                 let name = channel_name(name);
+                let mut descriptor = descriptor;
+                descriptor.device = landing;
                 let mut dest = self.allocator.allocate(&descriptor)?;
-                if dest.as_mut_bytes().len() as u64 != descriptor.byte_len {
+                let on_device = dest.device_ptr().is_some();
+                if on_device && name != channel::CUDA_STAGED && name != channel::CUDA_IPC {
+                    return Err(TransportError::Alloc(format!(
+                        "the allocator returned device memory for a tensor on channel {name}"
+                    )));
+                }
+                if !on_device && dest.as_mut_bytes().len() as u64 != descriptor.byte_len {
                     return Err(TransportError::Alloc(format!(
                         "allocator returned {} bytes for a {}-byte tensor",
                         dest.as_mut_bytes().len(),
@@ -305,6 +350,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     count,
                     byte_len: descriptor.byte_len,
                     channel: name,
+                    device: landing,
                 };
                 let dest = self.receive_bytes(name, dest, &what).await?;
                 tensors.push(IncomingTensor {
@@ -336,6 +382,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             Mode::decode(mode[0]).map_err(|e| self.malformed(e.into()))?
         };
         if mode == Mode::Inline {
+            if dest.device_ptr().is_some() {
+                return Err(self.bad_record(&format!("{what} inline, into device memory")));
+            }
             let stall = self.limits.frame_stall_timeout;
             let peer = &self.peer;
             let inner = &mut self.inner;
@@ -405,6 +454,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     .ok_or_else(|| self.bad_record("mpt record on a connection without mpt"))?;
                 lanes.receive(seq, dest).await
             }
+            ChannelRecord::CudaStaged(record) => {
+                self.check_target(record.target, what)?;
+                self.receive_staged(dest, what).await
+            }
+            ChannelRecord::CudaIpc(record) => {
+                self.check_target(record.target, what)?;
+                self.receive_ipc(&record, dest.as_mut(), what)?;
+                self.shared.lock_releases().push(record.token);
+                self.shared.release_ready.notify_one();
+                Ok(dest)
+            }
             ChannelRecord::Ucx(ferry_wire::channel_record::UcxRecord { seq }) => {
                 if seq != self.next_ucx_seq {
                     return Err(self.bad_record(&format!(
@@ -464,6 +524,135 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             });
         }
         Ok(dest)
+    }
+
+    /// The device the peer's maps send a tensor to must be the one this
+    /// worker's maps land it on: otherwise the two ends chose their
+    /// channels for different device pairs.
+    fn check_target(&self, target: Device, what: &TensorWhat) -> Result<(), TransportError> {
+        if target == what.device {
+            return Ok(());
+        }
+        Err(crate::device_map::DeviceMapError::Disagree {
+            worker: self.peer.clone(),
+            sent: target,
+            here: what.device,
+        }
+        .into())
+    }
+
+    /// Receives a `cuda_staged` tensor: its bytes follow on the stream
+    /// after the record, staged into device memory for a device destination.
+    async fn receive_staged(
+        &mut self,
+        mut dest: Box<dyn RecvBuffer>,
+        what: &TensorWhat,
+    ) -> Result<Box<dyn RecvBuffer>, TransportError> {
+        let Some(ptr) = dest.device_ptr() else {
+            let stall = self.limits.frame_stall_timeout;
+            receive_in_steps(
+                &mut self.inner,
+                dest.as_mut(),
+                stall,
+                &self.peer,
+                what,
+                None,
+            )
+            .await?;
+            return Ok(dest);
+        };
+        let len = usize::try_from(what.byte_len)
+            .map_err(|_| TransportError::Alloc(format!("{} bytes do not fit", what.byte_len)))?;
+        self.receive_to_device(ptr, len, what).await?;
+        Ok(dest)
+    }
+
+    #[cfg(feature = "cuda")]
+    async fn receive_to_device(
+        &mut self,
+        ptr: u64,
+        len: usize,
+        what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        let device = what.device;
+        let ctx = crate::cuda::driver::context(device)?;
+        let options = self.channels.cuda.staged;
+        let stall = self.limits.frame_stall_timeout;
+        let peer = self.peer.clone();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_STAGED,
+            peer: peer.clone(),
+            reason: format!("{what}: {reason}"),
+        };
+        // SAFETY: the allocator returned `len` bytes of device memory on
+        // `device` at `ptr`, owned by the destination we hold.
+        let mut engine =
+            unsafe { crate::cuda::driver::CudaCopyEngine::new(&ctx, ptr, len, &options) }
+                .map_err(|e| failed(e.to_string()))?;
+        let mut input = StallReader::new(&mut self.inner, stall);
+        crate::cuda::staged::receive(&mut engine, len, &options, &mut input)
+            .await
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    async fn receive_to_device(
+        &mut self,
+        _ptr: u64,
+        _len: usize,
+        _what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
+    /// Copies a `cuda_ipc` tensor from the sender's exported memory into
+    /// the device destination, after the sender's event (no host sync
+    /// before the copy is queued).
+    #[cfg(feature = "cuda")]
+    fn receive_ipc(
+        &self,
+        record: &ferry_wire::channel_record::CudaIpcRecord,
+        dest: &mut dyn RecvBuffer,
+        what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        let Some(ptr) = dest.device_ptr() else {
+            return Err(self.bad_record("a cuda_ipc record for a destination in host memory"));
+        };
+        let Some(handles) = crate::cuda::ipc::IpcRecord::decode(&record.handles) else {
+            return Err(self.bad_record("cuda_ipc handles of the wrong length"));
+        };
+        if handles.len != what.byte_len {
+            return Err(self.bad_record(&format!(
+                "cuda_ipc handles for {} bytes, the tensor has {}",
+                handles.len, what.byte_len
+            )));
+        }
+        let ctx = crate::cuda::driver::context(what.device)?;
+        let copy = || {
+            // SAFETY: the destination holds `byte_len` bytes of device memory
+            // at `ptr`; the sender keeps its memory until our release.
+            unsafe { crate::cuda::ipc::receive(&ctx, &handles, ptr) }
+        };
+        let result = if multi_thread_runtime() {
+            tokio::task::block_in_place(copy)
+        } else {
+            copy()
+        };
+        result.map_err(|reason| TransportError::Channel {
+            channel: channel::CUDA_IPC,
+            peer: self.peer.clone(),
+            reason: format!("{what}: {reason}"),
+        })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn receive_ipc(
+        &self,
+        _record: &ferry_wire::channel_record::CudaIpcRecord,
+        _dest: &mut dyn RecvBuffer,
+        _what: &TensorWhat,
+    ) -> Result<(), TransportError> {
+        Err(self.bad_record("cuda_ipc record, but this build has no cuda feature"))
     }
 
     /// Without the `ucx` feature no `ucx` record is expected.
@@ -581,6 +770,8 @@ enum Piece {
     Head(usize, usize),
     Tensor(usize, usize),
     Ring(usize, usize),
+    /// A `cuda_staged` tensor's bytes on the stream, staged from its device.
+    Staged(usize, usize),
 }
 
 /// How one tensor travels.
@@ -593,6 +784,11 @@ enum Route {
     Mpt,
     #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
     Ucx,
+    /// `cuda_staged`: the bytes follow on the stream, as `inline`.
+    CudaStaged,
+    /// `cuda_ipc`: IPC handles in the record, kept until released.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    CudaIpc,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -657,6 +853,13 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     fn route(&self, name: &str, len: usize) -> Result<Route, TransportError> {
         if name == channel::INLINE {
             return Ok(Route::Inline);
+        }
+        if name == channel::CUDA_STAGED {
+            return Ok(Route::CudaStaged);
+        }
+        #[cfg(feature = "cuda")]
+        if name == channel::CUDA_IPC {
+            return Ok(Route::CudaIpc);
         }
         if len < self.channels.small_tensor_bytes {
             return Ok(Route::SmallInline);
@@ -740,9 +943,33 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
         for (m, (message, descriptors)) in batch.iter().zip(descriptors).enumerate() {
             let mut routes = Vec::with_capacity(descriptors.len());
-            for d in &descriptors {
-                let name = self.selection.channel_for(d.device, Device::Cpu)?;
-                routes.push(self.route(name, d.byte_len as usize)?);
+            for (d, tensor) in descriptors.iter().zip(&message.tensors) {
+                let target = crate::cuda::target(&self.channels.cuda.maps, &self.peer, d.device)?;
+                let name = self
+                    .selection
+                    .channel_for(d.device, target)
+                    .map_err(|e| crate::cuda::explain(e.into(), d.device, target))?;
+                let route = self.route(name, d.byte_len as usize)?;
+                if tensor.device_ptr().is_some() != matches!(d.device, Device::Cuda(_)) {
+                    return Err(TransportError::InvalidTensor(format!(
+                        "a tensor on {} must {}give a device address",
+                        d.device,
+                        if tensor.device_ptr().is_some() {
+                            "not "
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                if tensor.device_ptr().is_some()
+                    && !matches!(route, Route::CudaStaged | Route::CudaIpc)
+                {
+                    return Err(TransportError::InvalidTensor(format!(
+                        "a tensor on {} cannot travel on channel {name}",
+                        d.device
+                    )));
+                }
+                routes.push((route, target));
             }
             let start = self.head.len();
             self.head.extend_from_slice(&[0u8; HEADER_LEN]);
@@ -759,9 +986,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             };
             self.head[start..start + HEADER_LEN].copy_from_slice(&header.encode());
             let mut head_from = start;
-            for (t, (tensor, route)) in message.tensors.iter().zip(&routes).enumerate() {
+            for (t, (tensor, &(route, target))) in message.tensors.iter().zip(&routes).enumerate() {
+                let route = &route;
                 match route {
                     Route::Inline => {}
+                    Route::CudaStaged => Prelude::Channel(ChannelRecord::CudaStaged(
+                        ferry_wire::channel_record::CudaStagedRecord { target },
+                    ))
+                    .encode_into(&mut self.head),
                     Route::SmallInline => Prelude::Inline.encode_into(&mut self.head),
                     Route::Cma => {
                         let token = self.next_token;
@@ -774,6 +1006,19 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                         self.shared.lock_pending().insert(token, tensor.clone());
                     }
                     Route::Shm => Prelude::Channel(ChannelRecord::Shm).encode_into(&mut self.head),
+                    Route::CudaIpc => {
+                        let token = self.next_token;
+                        self.next_token += 1;
+                        let handles = self.export_ipc(token, tensor)?;
+                        Prelude::Channel(ChannelRecord::CudaIpc(
+                            ferry_wire::channel_record::CudaIpcRecord {
+                                token,
+                                target,
+                                handles,
+                            },
+                        ))
+                        .encode_into(&mut self.head);
+                    }
                     Route::Mpt => {
                         let seq = self.next_seq;
                         self.next_seq += 1;
@@ -795,10 +1040,13 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 }
                 let carries_bytes = matches!(route, Route::Inline | Route::SmallInline);
                 let ring = *route == Route::Shm;
-                if (carries_bytes && !tensor.bytes().is_empty()) || ring {
+                let staged = *route == Route::CudaStaged;
+                if (carries_bytes && !tensor.bytes().is_empty()) || ring || staged {
                     push_head(&mut pieces, head_from, self.head.len());
                     head_from = self.head.len();
-                    if ring {
+                    if staged {
+                        pieces.push(Piece::Staged(m, t));
+                    } else if ring {
                         pieces.push(Piece::Ring(m, t));
                     } else {
                         pieces.push(Piece::Tensor(m, t));
@@ -814,9 +1062,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 from += 1;
                 continue;
             }
+            if let Piece::Staged(m, t) = pieces[from] {
+                self.write_staged(&batch[m].tensors[t]).await?;
+                from += 1;
+                continue;
+            }
             let to = pieces[from..]
                 .iter()
-                .position(|p| matches!(p, Piece::Ring(..)))
+                .position(|p| matches!(p, Piece::Ring(..) | Piece::Staged(..)))
                 .map_or(pieces.len(), |i| from + i);
             self.write_stream(batch, &pieces[from..to]).await?;
             from = to;
@@ -836,7 +1089,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             .filter_map(|p| match *p {
                 Piece::Head(s, e) => Some(IoSlice::new(&head[s..e])),
                 Piece::Tensor(m, t) => Some(IoSlice::new(batch[m].tensors[t].bytes())),
-                Piece::Ring(..) => None,
+                Piece::Ring(..) | Piece::Staged(..) => None,
             })
             .collect();
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
@@ -887,6 +1140,105 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         })
     }
 
+    /// Exports a device tensor's memory and an event for `cuda_ipc`, and
+    /// keeps both (with the tensor) until the peer releases `token`.
+    #[cfg(feature = "cuda")]
+    fn export_ipc(
+        &self,
+        token: u64,
+        tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<[u8; ferry_wire::channel_record::CudaIpcRecord::HANDLES_LEN], TransportError> {
+        let d = tensor.descriptor();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_IPC,
+            peer: self.peer.clone(),
+            reason: format!("exporting {} bytes on {}: {reason}", d.byte_len, d.device),
+        };
+        let Some(ptr) = tensor.device_ptr() else {
+            return Err(failed("not a device tensor".into()));
+        };
+        let ctx = crate::cuda::driver::context(d.device)?;
+        let len = usize::try_from(d.byte_len).map_err(|e| failed(e.to_string()))?;
+        // SAFETY: the tensor says `len` bytes of its device are at `ptr`;
+        // it is kept (in the pending map, with the export) until released.
+        let export = unsafe { crate::cuda::ipc::IpcExport::new(&ctx, ptr, len) }.map_err(failed)?;
+        let handles = export.record().encode();
+        let kept = crate::cuda::ipc::IpcKept {
+            tensor: tensor.clone(),
+            _export: export,
+        };
+        // Registered before the record leaves, so the release cannot
+        // overtake it.
+        self.shared.lock_pending().insert(token, Arc::new(kept));
+        Ok(handles)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn export_ipc(
+        &self,
+        _token: u64,
+        _tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<[u8; ferry_wire::channel_record::CudaIpcRecord::HANDLES_LEN], TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
+    /// Writes one `cuda_staged` tensor's bytes on the stream: a host
+    /// tensor's as they are, a device tensor's staged through pinned
+    /// memory in chunks.
+    async fn write_staged(
+        &mut self,
+        tensor: &Arc<dyn OutgoingTensor>,
+    ) -> Result<(), TransportError> {
+        let Some(ptr) = tensor.device_ptr() else {
+            return self
+                .inner
+                .write_all(tensor.bytes())
+                .await
+                .map_err(|e| TransportError::Io {
+                    peer: self.peer.clone(),
+                    source: e,
+                });
+        };
+        self.send_from_device(ptr, &tensor.descriptor()).await
+    }
+
+    #[cfg(feature = "cuda")]
+    async fn send_from_device(
+        &mut self,
+        ptr: u64,
+        descriptor: &ferry_wire::TensorDescriptor,
+    ) -> Result<(), TransportError> {
+        let ctx = crate::cuda::driver::context(descriptor.device)?;
+        let options = self.channels.cuda.staged;
+        let peer = self.peer.clone();
+        let failed = |reason: String| TransportError::Channel {
+            channel: channel::CUDA_STAGED,
+            peer: peer.clone(),
+            reason: format!(
+                "sending {} bytes from {}: {reason}",
+                descriptor.byte_len, descriptor.device
+            ),
+        };
+        let len = usize::try_from(descriptor.byte_len).map_err(|e| failed(e.to_string()))?;
+        // SAFETY: the tensor (kept alive by the batch we borrow) says its
+        // `byte_len` bytes are at `ptr` on its device.
+        let mut engine =
+            unsafe { crate::cuda::driver::CudaCopyEngine::new(&ctx, ptr, len, &options) }
+                .map_err(|e| failed(e.to_string()))?;
+        crate::cuda::staged::send(&mut engine, len, &options, &mut self.inner)
+            .await
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    async fn send_from_device(
+        &mut self,
+        _ptr: u64,
+        _descriptor: &ferry_wire::TensorDescriptor,
+    ) -> Result<(), TransportError> {
+        Err(crate::cuda::CudaUnavailable::NotBuilt.into())
+    }
+
     /// Pushes one tensor's bytes through the shared-memory data ring.
     async fn write_ring(&mut self, bytes: &[u8]) -> Result<(), TransportError> {
         let peer = self.peer.clone();
@@ -931,6 +1283,8 @@ struct TensorWhat {
     count: usize,
     byte_len: u64,
     channel: &'static str,
+    /// Where the tensor lands.
+    device: Device,
 }
 
 impl std::fmt::Display for TensorWhat {
@@ -971,6 +1325,55 @@ async fn read_with_stall<R: AsyncRead + Unpin + ?Sized>(
         }
     }
     Ok(())
+}
+
+/// A reader whose every read fails with `TimedOut` when no byte comes
+/// within the stall timeout (for pipelines that read with `read_exact`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct StallReader<'a, R> {
+    inner: &'a mut R,
+    stall: std::time::Duration,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl<'a, R> StallReader<'a, R> {
+    fn new(inner: &'a mut R, stall: std::time::Duration) -> Self {
+        StallReader {
+            inner,
+            stall,
+            sleep: None,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for StallReader<'_, R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut *this.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(r) => {
+                this.sleep = None;
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => {
+                let stall = this.stall;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                match sleep.as_mut().poll(cx) {
+                    std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no byte arrived for {stall:?}"),
+                    ))),
+                    std::task::Poll::Pending => std::task::Poll::Pending,
+                }
+            }
+        }
+    }
 }
 
 /// Fills a tensor's destination from a stream in [`RECV_STEP`] steps,
@@ -1045,6 +1448,8 @@ fn channel_name(name: &str) -> &'static str {
         channel::SHM => channel::SHM,
         channel::MPT => channel::MPT,
         channel::UCX => channel::UCX,
+        channel::CUDA_STAGED => channel::CUDA_STAGED,
+        channel::CUDA_IPC => channel::CUDA_IPC,
         _ => "unknown",
     }
 }
@@ -1058,6 +1463,10 @@ fn record_format(name: &str) -> Option<RecordFormat> {
         channel::MPT => Some(RecordFormat::Mpt),
         #[cfg(feature = "ucx")]
         channel::UCX => Some(RecordFormat::Ucx),
+        #[cfg(feature = "cuda")]
+        channel::CUDA_IPC => Some(RecordFormat::CudaIpc),
+        #[cfg(feature = "cuda")]
+        channel::CUDA_STAGED => Some(RecordFormat::CudaStaged),
         _ => None,
     }
 }

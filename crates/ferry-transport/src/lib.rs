@@ -14,7 +14,11 @@
 //!   several TCP connections in parallel, [`mpt`]) and `inline` (after the
 //!   frame), and with the `ucx` feature `ucx` (UCX tag messages straight
 //!   between the tensor's memory and its destination; also a transport for
-//!   the frames). [`selection`] picks, per (source device, target device) pair,
+//!   the frames), and with the `cuda` feature `cuda_staged` and `cuda_ipc`
+//!   for CUDA tensors ([`cuda`]; without CUDA a CUDA tensor transfer fails
+//!   with "CUDA not available on this host"). [`device_map`]s (PyTorch's)
+//!   decide the device each received tensor lands on. [`selection`] picks,
+//!   per (source device, target device) pair,
 //!   the highest-priority channel both ends accept, and both ends check
 //!   they computed the same choice. Options restrict and reorder the lists.
 //! - Receiving: an [`Allocator`] (the receive hook) provides each tensor's
@@ -61,6 +65,8 @@ mod alloc;
 pub mod auth;
 pub mod channel;
 mod cma;
+pub mod cuda;
+pub mod device_map;
 // Under `--cfg loom` (the model checks of the shared-memory ring) tokio has
 // no I/O, so only the ring and what it needs are built.
 #[cfg(not(loom))]

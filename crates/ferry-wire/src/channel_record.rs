@@ -21,9 +21,19 @@
 //! | `shm` | nothing | through the shared-memory ring, in order |
 //! | `mpt` | transfer sequence number `u64` LE (8 bytes, [`MptRecord`]) | over the lanes |
 //! | `ucx` | transfer sequence number `u64` LE (8 bytes, [`UcxRecord`]; the UCX tag) | as one UCX tag message, straight into the destination |
+//! | `cuda_staged` | magic `CDS1`, the target device: tag `u8` (0 cpu, 1 cuda), index `u16` LE (7 bytes, [`CudaStagedRecord`]) | on the stream after the record, staged through pinned host memory on each side |
+//! | `cuda_ipc` | magic `CDI1`, the target device (as `cuda_staged`'s), release token `u64` LE, then 144 bytes of CUDA IPC handles (159 bytes, [`CudaIpcRecord`]) | copied device to device by the receiver from the sender's exported allocation |
+//!
+//! The CUDA records start with a magic and name the device the sender's
+//! device maps send the tensor to. Each end picks a tensor's channel from
+//! its own maps (the frame carries only the sender's device), so two
+//! workers whose maps disagree could pick different channels for one
+//! tensor: the receiver then finds no magic, or another device, and refuses
+//! the tensor ([`RecordError::NotCuda`], or the transport's device-map
+//! error) instead of misreading the bytes.
 //!
 //! A `release` frame's payload ([`MessageKind::RELEASE`](crate::MessageKind::RELEASE))
-//! is a list of `cma` release tokens, each `u64` LE, nothing else
+//! is a list of `cma` and `cuda_ipc` release tokens, each `u64` LE, nothing else
 //! ([`encode_release`], [`ReleaseList`]).
 //!
 //! Decoding never panics and never allocates: an unknown mode, a record of
@@ -41,6 +51,8 @@
 //! // Not all of it yet: more bytes needed.
 //! assert_eq!(Prelude::decode(RecordFormat::Cma, &out[..5]), Ok(None));
 //! ```
+
+use crate::Device;
 
 /// The mode byte of a tensor on a channel other than `inline`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +98,10 @@ pub enum RecordFormat {
     Mpt,
     /// `ucx`: a [`UcxRecord`].
     Ucx,
+    /// `cuda_ipc`: a [`CudaIpcRecord`].
+    CudaIpc,
+    /// `cuda_staged`: a [`CudaStagedRecord`].
+    CudaStaged,
 }
 
 impl RecordFormat {
@@ -96,6 +112,8 @@ impl RecordFormat {
             RecordFormat::Shm => 0,
             RecordFormat::Mpt => MptRecord::LEN,
             RecordFormat::Ucx => UcxRecord::LEN,
+            RecordFormat::CudaIpc => CudaIpcRecord::LEN,
+            RecordFormat::CudaStaged => CudaStagedRecord::LEN,
         }
     }
 
@@ -111,6 +129,8 @@ impl RecordFormat {
             RecordFormat::Shm => "shm",
             RecordFormat::Mpt => "mpt",
             RecordFormat::Ucx => "ucx",
+            RecordFormat::CudaIpc => "cuda_ipc",
+            RecordFormat::CudaStaged => "cuda_staged",
         }
     }
 }
@@ -194,6 +214,109 @@ impl UcxRecord {
     }
 }
 
+/// A device on the wire in 3 bytes: tag (0 cpu, 1 cuda) and index `u16` LE.
+fn encode_device(device: Device) -> [u8; 3] {
+    let (tag, index) = device.encode();
+    let i = index.to_le_bytes();
+    [tag, i[0], i[1]]
+}
+
+fn decode_device(bytes: [u8; 3]) -> Result<Device, RecordError> {
+    let (tag, index) = (bytes[0], u16::from_le_bytes([bytes[1], bytes[2]]));
+    Device::decode(tag, index).map_err(|_| RecordError::Device { tag, index })
+}
+
+/// The magic that starts a `cuda_staged` record.
+pub const CUDA_STAGED_MAGIC: [u8; 4] = *b"CDS1";
+/// The magic that starts a `cuda_ipc` record.
+pub const CUDA_IPC_MAGIC: [u8; 4] = *b"CDI1";
+
+/// A `cuda_staged` record: the device the sender's device maps send the
+/// tensor to (its bytes follow on the stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaStagedRecord {
+    /// The receiver's device, as the sender's maps say.
+    pub target: Device,
+}
+
+impl CudaStagedRecord {
+    /// Its length on the wire.
+    pub const LEN: usize = 7;
+
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(&CUDA_STAGED_MAGIC);
+        out[4..].copy_from_slice(&encode_device(self.target));
+        out
+    }
+
+    /// The record of its bytes; another magic is a [`RecordError::NotCuda`],
+    /// an unknown device tag or a `cpu` with an index a
+    /// [`RecordError::Device`].
+    pub fn decode(bytes: &[u8; Self::LEN]) -> Result<CudaStagedRecord, RecordError> {
+        if bytes[..4] != CUDA_STAGED_MAGIC {
+            return Err(RecordError::NotCuda {
+                channel: "cuda_staged",
+            });
+        }
+        Ok(CudaStagedRecord {
+            target: decode_device([bytes[4], bytes[5], bytes[6]])?,
+        })
+    }
+}
+
+/// A `cuda_ipc` record: the token the receiver releases once it has copied
+/// the bytes, the device the sender's maps send the tensor to, and the
+/// sender's CUDA IPC handles (memory handle, event handle, offset and
+/// length; opaque here, laid out by the transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaIpcRecord {
+    /// The sender's token for the tensor, named in the release list.
+    pub token: u64,
+    /// The receiver's device, as the sender's maps say.
+    pub target: Device,
+    /// The IPC handles.
+    pub handles: [u8; CudaIpcRecord::HANDLES_LEN],
+}
+
+impl CudaIpcRecord {
+    /// Bytes of the handles.
+    pub const HANDLES_LEN: usize = 144;
+    /// Its length on the wire.
+    pub const LEN: usize = 4 + 3 + 8 + Self::HANDLES_LEN;
+
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(&CUDA_IPC_MAGIC);
+        out[4..7].copy_from_slice(&encode_device(self.target));
+        out[7..15].copy_from_slice(&self.token.to_le_bytes());
+        out[15..].copy_from_slice(&self.handles);
+        out
+    }
+
+    /// The record of its bytes; another magic is a [`RecordError::NotCuda`],
+    /// a bad device a [`RecordError::Device`].
+    pub fn decode(bytes: &[u8; Self::LEN]) -> Result<CudaIpcRecord, RecordError> {
+        if bytes[..4] != CUDA_IPC_MAGIC {
+            return Err(RecordError::NotCuda {
+                channel: "cuda_ipc",
+            });
+        }
+        let target = decode_device([bytes[4], bytes[5], bytes[6]])?;
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&bytes[7..15]);
+        let mut handles = [0u8; Self::HANDLES_LEN];
+        handles.copy_from_slice(&bytes[15..]);
+        Ok(CudaIpcRecord {
+            token: u64::from_le_bytes(t),
+            target,
+            handles,
+        })
+    }
+}
+
 /// One channel's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelRecord {
@@ -205,6 +328,10 @@ pub enum ChannelRecord {
     Mpt(MptRecord),
     /// A `ucx` record.
     Ucx(UcxRecord),
+    /// A `cuda_ipc` record.
+    CudaIpc(CudaIpcRecord),
+    /// A `cuda_staged` record.
+    CudaStaged(CudaStagedRecord),
 }
 
 impl ChannelRecord {
@@ -215,6 +342,8 @@ impl ChannelRecord {
             ChannelRecord::Shm => RecordFormat::Shm,
             ChannelRecord::Mpt(_) => RecordFormat::Mpt,
             ChannelRecord::Ucx(_) => RecordFormat::Ucx,
+            ChannelRecord::CudaIpc(_) => RecordFormat::CudaIpc,
+            ChannelRecord::CudaStaged(_) => RecordFormat::CudaStaged,
         }
     }
 
@@ -240,6 +369,14 @@ impl ChannelRecord {
                 .try_into()
                 .map(|b| ChannelRecord::Ucx(UcxRecord::decode(b)))
                 .map_err(|_| wrong()),
+            RecordFormat::CudaIpc => {
+                let b = bytes.try_into().map_err(|_| wrong())?;
+                CudaIpcRecord::decode(b).map(ChannelRecord::CudaIpc)
+            }
+            RecordFormat::CudaStaged => {
+                let b = bytes.try_into().map_err(|_| wrong())?;
+                CudaStagedRecord::decode(b).map(ChannelRecord::CudaStaged)
+            }
         }
     }
 
@@ -250,6 +387,8 @@ impl ChannelRecord {
             ChannelRecord::Shm => {}
             ChannelRecord::Mpt(r) => out.extend_from_slice(&r.encode()),
             ChannelRecord::Ucx(r) => out.extend_from_slice(&r.encode()),
+            ChannelRecord::CudaIpc(r) => out.extend_from_slice(&r.encode()),
+            ChannelRecord::CudaStaged(r) => out.extend_from_slice(&r.encode()),
         }
     }
 }
@@ -368,6 +507,26 @@ pub enum RecordError {
         expected: usize,
         /// The length given.
         got: usize,
+    },
+    /// Where a CUDA channel's record was expected, the bytes do not start
+    /// with its magic: the peer sent the tensor on another channel (the two
+    /// workers' device maps disagree), or garbage.
+    #[error(
+        "expected a {channel} record, found none: the peer chose another channel for this \
+         tensor (do the two workers' device maps agree?)"
+    )]
+    NotCuda {
+        /// The channel whose record was expected.
+        channel: &'static str,
+    },
+    /// A CUDA record names no device (an unknown tag, or `cpu` with an
+    /// index).
+    #[error("a CUDA record names no device: tag {tag}, index {index}")]
+    Device {
+        /// The tag byte.
+        tag: u8,
+        /// The index.
+        index: u16,
     },
     /// A release list that does not hold whole tokens.
     #[error("a release list of {len} bytes does not hold whole {RELEASE_TOKEN_LEN}-byte tokens")]

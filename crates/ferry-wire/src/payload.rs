@@ -34,10 +34,17 @@ const TENSOR_TOKEN: &str = "$ferry::tensor";
 /// Implemented by the transport's raw tensor and by the libtorch layer.
 /// The sender keeps the value alive until its channel reports the bytes sent.
 pub trait OutgoingTensor: Send + Sync + 'static {
-    /// The tensor's descriptor; `byte_len` equals `bytes().len()`.
+    /// The tensor's descriptor; `byte_len` equals `bytes().len()` for a
+    /// host tensor.
     fn descriptor(&self) -> TensorDescriptor;
-    /// The bytes that travel (host memory).
+    /// The bytes that travel (host memory); empty for a device tensor.
     fn bytes(&self) -> &[u8];
+    /// The device address of the bytes of a tensor on a CUDA device
+    /// (`descriptor().device` is `cuda:N`): `byte_len` bytes there travel.
+    /// `None` (the default) for a host tensor.
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A received tensor: its descriptor and the destination its bytes were

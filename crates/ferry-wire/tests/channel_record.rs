@@ -5,19 +5,28 @@
 #![allow(clippy::unwrap_used)]
 
 use ferry_wire::channel_record::{
-    encode_release, release_len, ChannelRecord, CmaRecord, Mode, MptRecord, Prelude, RecordError,
-    RecordFormat, ReleaseList, UcxRecord, RELEASE_TOKEN_LEN,
+    encode_release, release_len, ChannelRecord, CmaRecord, CudaIpcRecord, CudaStagedRecord, Mode,
+    MptRecord, Prelude, RecordError, RecordFormat, ReleaseList, UcxRecord, RELEASE_TOKEN_LEN,
 };
 use ferry_wire::mpt_lane::{ChunkHeader, LaneError, LaneHello, LANE_MAGIC};
 use ferry_wire::WireError;
 use proptest::prelude::*;
 
-const FORMATS: [RecordFormat; 4] = [
+const FORMATS: [RecordFormat; 6] = [
     RecordFormat::Cma,
     RecordFormat::Shm,
     RecordFormat::Mpt,
     RecordFormat::Ucx,
+    RecordFormat::CudaIpc,
+    RecordFormat::CudaStaged,
 ];
+
+fn device() -> impl Strategy<Value = ferry_wire::Device> {
+    prop_oneof![
+        Just(ferry_wire::Device::Cpu),
+        any::<u16>().prop_map(ferry_wire::Device::Cuda)
+    ]
+}
 
 fn record() -> impl Strategy<Value = ChannelRecord> {
     prop_oneof![
@@ -26,6 +35,21 @@ fn record() -> impl Strategy<Value = ChannelRecord> {
         Just(ChannelRecord::Shm),
         any::<u64>().prop_map(|seq| ChannelRecord::Mpt(MptRecord { seq })),
         any::<u64>().prop_map(|seq| ChannelRecord::Ucx(UcxRecord { seq })),
+        (
+            any::<u64>(),
+            device(),
+            prop::collection::vec(any::<u8>(), CudaIpcRecord::HANDLES_LEN)
+        )
+            .prop_map(|(token, target, h)| {
+                let mut handles = [0u8; CudaIpcRecord::HANDLES_LEN];
+                handles.copy_from_slice(&h);
+                ChannelRecord::CudaIpc(CudaIpcRecord {
+                    token,
+                    target,
+                    handles,
+                })
+            }),
+        device().prop_map(|target| ChannelRecord::CudaStaged(CudaStagedRecord { target })),
     ]
 }
 
@@ -219,4 +243,68 @@ fn errors_read_as_what_was_wrong() {
         e.to_string(),
         "channel record: a release list of 9 bytes does not hold whole 8-byte tokens"
     );
+}
+
+#[test]
+fn cuda_records_refuse_bytes_that_name_no_device() {
+    for bytes in [[2u8, 0, 0], [0, 1, 0], [255, 7, 7]] {
+        let tag = bytes[0];
+        let index = u16::from_le_bytes([bytes[1], bytes[2]]);
+        let staged = [&b"CDS1"[..], &bytes].concat();
+        assert_eq!(
+            ChannelRecord::decode(RecordFormat::CudaStaged, &staged),
+            Err(RecordError::Device { tag, index })
+        );
+        let mut ipc = [0u8; CudaIpcRecord::LEN];
+        ipc[..4].copy_from_slice(b"CDI1");
+        ipc[4..7].copy_from_slice(&bytes);
+        assert_eq!(
+            ChannelRecord::decode(RecordFormat::CudaIpc, &ipc),
+            Err(RecordError::Device { tag, index })
+        );
+    }
+    let err = ChannelRecord::decode(RecordFormat::CudaStaged, b"CDS1\x02\0\0").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a CUDA record names no device: tag 2, index 0"
+    );
+}
+
+/// Another channel's record where a CUDA one was expected (the two ends'
+/// device maps disagree) is refused, never read as a CUDA record.
+#[test]
+fn another_channels_record_is_not_taken_for_a_cuda_one() {
+    let mpt = [1u8, 0, 0, 0, 0, 0, 0, 0]; // an mpt or ucx record, seq 1
+    let ipc = CudaIpcRecord {
+        token: 0,
+        target: ferry_wire::Device::Cuda(0),
+        handles: [0; CudaIpcRecord::HANDLES_LEN],
+    }
+    .encode();
+    assert_eq!(
+        ChannelRecord::decode(RecordFormat::CudaStaged, &mpt[..CudaStagedRecord::LEN]),
+        Err(RecordError::NotCuda {
+            channel: "cuda_staged"
+        })
+    );
+    assert_eq!(
+        ChannelRecord::decode(RecordFormat::CudaStaged, &ipc[..CudaStagedRecord::LEN]),
+        Err(RecordError::NotCuda {
+            channel: "cuda_staged"
+        })
+    );
+    let staged = CudaStagedRecord {
+        target: ferry_wire::Device::Cuda(0),
+    }
+    .encode();
+    let mut padded = [0u8; CudaIpcRecord::LEN];
+    padded[..staged.len()].copy_from_slice(&staged);
+    let err = ChannelRecord::decode(RecordFormat::CudaIpc, &padded).unwrap_err();
+    assert_eq!(
+        err,
+        RecordError::NotCuda {
+            channel: "cuda_ipc"
+        }
+    );
+    assert!(err.to_string().contains("device maps agree"), "{err}");
 }

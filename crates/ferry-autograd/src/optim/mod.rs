@@ -495,7 +495,44 @@ impl LocalOptimizer {
     /// parameters have been updated, and that parameter's state may have been.
     pub fn step(&mut self, grads: &[Option<Tensor>]) -> Result<(), OptimError> {
         self.check_grads(grads)?;
-        tch::no_grad(|| self.apply(grads))
+        tch::no_grad(|| self.apply(grads, 1.0))
+    }
+
+    /// [`step`](Self::step) as if every gradient had been multiplied by
+    /// `grad_scale` first, which saves that pass over the gradients (a
+    /// pipeline's `scale_grads`, for instance, can hand its division by the
+    /// microbatch count to the optimizer this way). The gradients are not
+    /// modified. Plain SGD (no momentum, no weight decay) folds the scale
+    /// into its step size, with the same result as scaling first up to
+    /// rounding (bit for bit when `grad_scale` is a power of two); the
+    /// other algorithms scale a temporary copy of each gradient.
+    ///
+    /// ```
+    /// use ferry_autograd::optim::LocalOptimizer;
+    /// use ferry_autograd::OptimizerKind;
+    /// use tch::Tensor;
+    ///
+    /// let p = Tensor::from_slice(&[1.0f32]);
+    /// let mut opt = LocalOptimizer::new(OptimizerKind::sgd(0.5), vec![p.shallow_clone()])?;
+    /// // The sum of 4 microbatches' gradients, stepped as their mean.
+    /// opt.step_scaled(&[Some(Tensor::from_slice(&[8.0f32]))], 0.25)?;
+    /// assert_eq!(p.double_value(&[0]), 0.0); // 1 - 0.5 * (8 / 4)
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn step_scaled(
+        &mut self,
+        grads: &[Option<Tensor>],
+        grad_scale: f64,
+    ) -> Result<(), OptimError> {
+        if !grad_scale.is_finite() {
+            return Err(OptimError::InvalidHyperParameter {
+                name: "grad_scale",
+                value: grad_scale,
+                expected: "a finite number",
+            });
+        }
+        self.check_grads(grads)?;
+        tch::no_grad(|| self.apply(grads, grad_scale))
     }
 
     fn check_grads(&self, grads: &[Option<Tensor>]) -> Result<(), OptimError> {
@@ -542,22 +579,38 @@ impl LocalOptimizer {
         Ok(())
     }
 
-    fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<(), OptimError> {
+    fn apply(&mut self, grads: &[Option<Tensor>], grad_scale: f64) -> Result<(), OptimError> {
         let params = self.params.iter_mut().zip(grads).enumerate();
+        // The gradient as the algorithm should see it: scaled into a
+        // temporary unless the scale is 1.
+        let scaled = |grad: &Tensor| -> Result<Tensor, tch::TchError> {
+            if grad_scale == 1.0 {
+                Ok(grad.shallow_clone())
+            } else {
+                scalar::mul(grad, grad_scale)
+            }
+        };
         match &mut self.algorithm {
             Algorithm::Sgd(hp, states) => {
                 for ((index, (param, grad)), state) in params.zip(states.iter_mut()) {
                     if let Some(grad) = present(grad) {
-                        sgd::step(hp, param, grad, state)
-                            .map_err(|source| OptimError::Torch { index, source })?;
+                        let torch = |source| OptimError::Torch { index, source };
+                        if hp.momentum == 0.0 && hp.weight_decay == 0.0 {
+                            // param.add_(grad * scale, alpha=-lr), in one pass.
+                            sgd::plain_step(hp, param, grad, grad_scale).map_err(torch)?;
+                        } else {
+                            let grad = scaled(grad).map_err(torch)?;
+                            sgd::step(hp, param, &grad, state).map_err(torch)?;
+                        }
                     }
                 }
             }
             Algorithm::Adam(hp, states) => {
                 for ((index, (param, grad)), state) in params.zip(states.iter_mut()) {
                     if let Some(grad) = present(grad) {
-                        adam::step(hp, param, grad, state)
-                            .map_err(|source| OptimError::Torch { index, source })?;
+                        let torch = |source| OptimError::Torch { index, source };
+                        let grad = scaled(grad).map_err(torch)?;
+                        adam::step(hp, param, &grad, state).map_err(torch)?;
                     }
                 }
             }

@@ -63,3 +63,14 @@ pub(crate) fn step(
     // param.add_(grad, alpha=-lr)
     add_scaled_(param, &d_p, -hp.lr)
 }
+
+/// SGD without momentum or weight decay on `grad * grad_scale`:
+/// `param.add_(grad, alpha=-lr * grad_scale)`. `grad` is never modified.
+pub(crate) fn plain_step(
+    hp: &SgdParams,
+    param: &mut Tensor,
+    grad: &Tensor,
+    grad_scale: f64,
+) -> Result<(), TchError> {
+    add_scaled_(param, grad, -hp.lr * grad_scale)
+}

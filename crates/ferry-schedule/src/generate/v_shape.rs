@@ -34,7 +34,8 @@ pub(super) fn zbv_rank(ranks: usize, micro: usize, rank: usize) -> Vec<Option<Ac
     for _ in 0..ranks - rank {
         row.push(act(chunk1, F, f1));
         f1 += 1;
-        row.extend([act(chunk1, I, b1), act(chunk1, W, b1)]);
+        row.push(act(chunk1, I, b1));
+        row.push(act(chunk1, W, b1));
         b1 += 1;
     }
     while f1 < f0 || f0 < padded {
@@ -42,11 +43,13 @@ pub(super) fn zbv_rank(ranks: usize, micro: usize, rank: usize) -> Vec<Option<Ac
             row.push(act(chunk0, F, f0));
             f0 += 1;
         }
-        row.extend([act(chunk0, I, b0), act(chunk0, W, b0)]);
+        row.push(act(chunk0, I, b0));
+        row.push(act(chunk0, W, b0));
         b0 += 1;
         row.push(act(chunk1, F, f1));
         f1 += 1;
-        row.extend([act(chunk1, I, b1), act(chunk1, W, b1)]);
+        row.push(act(chunk1, I, b1));
+        row.push(act(chunk1, W, b1));
         b1 += 1;
     }
     let w0 = b0;

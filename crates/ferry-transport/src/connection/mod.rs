@@ -798,6 +798,7 @@ impl PeerConnection {
                 #[cfg(feature = "ucx")]
                 ucx: ucx.clone().filter(|_| uses_ucx_in),
                 cma_threads: local.config.cma_threads,
+                cuda: crate::framing::CudaSide::new(&local.config),
             },
             shared.clone(),
         );
@@ -809,6 +810,7 @@ impl PeerConnection {
                 #[cfg(feature = "ucx")]
                 ucx: ucx.filter(|_| uses_ucx_out),
                 small_tensor_bytes: local.config.small_tensor_bytes,
+                cuda: crate::framing::CudaSide::new(&local.config),
             },
             shared,
         );
