@@ -53,6 +53,9 @@ pub const MAX_HOSTS: usize = 250;
 /// The name of each host's link to the others.
 pub const LINK: &str = "ferry0";
 
+/// How long [`Hosts::create`] waits for each host's link to be up.
+const LINK_UP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The bridge's name in the switch namespace (three hosts or more).
 const BRIDGE: &str = "br0";
 
@@ -398,8 +401,73 @@ impl Hosts {
             }
             run("nsenter", &[&net, "ip", "-batch", "-"], Some(&script))?;
         }
+        if count > 1 {
+            for h in 0..count {
+                set.wait_link_running(h)?;
+            }
+        }
         tracing::debug!(hosts = ?set, "hosts ready");
         Ok(set)
+    }
+
+    /// Waits until host `host`'s link is operationally up (`state UP`:
+    /// the kernel reports it `IFF_RUNNING`). A veth end becomes so
+    /// asynchronously after `ip link set up` (the kernel's link watch), and
+    /// programs that look for running interfaces when they start (UCX's
+    /// TCP transport) would otherwise find only `lo` on a loaded machine.
+    /// Woken by `ip monitor link` in the host's network namespace, with
+    /// the state checked again at each event (and every 50 ms, should the
+    /// monitor have subscribed after the change); [`LINK_UP_DEADLINE`] at
+    /// most.
+    fn wait_link_running(&self, host: usize) -> Result<(), HostsError> {
+        let net = format!("--net={}", self.hosts[host].ns("net"));
+        let step = format!("nsenter {net} ip -o monitor link (waiting for {LINK} to be up)");
+        let setup = |reason: String| HostsError::Setup {
+            step: step.clone(),
+            reason,
+        };
+        let is_up = || -> Result<bool, HostsError> {
+            let out = Command::new("nsenter")
+                .args([&net, "ip", "-o", "link", "show", "dev", LINK])
+                .output()
+                .map_err(|e| setup(format!("cannot run `ip link show`: {e}")))?;
+            Ok(String::from_utf8_lossy(&out.stdout).contains("state UP"))
+        };
+        let mut monitor = Command::new("nsenter")
+            .args([&net, "ip", "-o", "monitor", "link"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| setup(format!("cannot run it: {e}")))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(out) = monitor.stdout.take() {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    if line.is_err() || tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let deadline = std::time::Instant::now() + LINK_UP_DEADLINE;
+        let result = loop {
+            match is_up() {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break Err(setup(format!(
+                    "{LINK} on host {host} was not up within {LINK_UP_DEADLINE:?}"
+                )));
+            }
+            // An event, the tick, or the monitor's end: check again.
+            let _ = rx.recv_timeout((deadline - now).min(std::time::Duration::from_millis(50)));
+        };
+        let _ = monitor.kill();
+        let _ = monitor.wait();
+        result
     }
 
     /// How many hosts the set holds.
