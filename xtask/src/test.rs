@@ -54,11 +54,9 @@ struct CrossHostPath {
 
 /// The cross-host paths: `mpt` is what selection picks between hosts by
 /// default (`cma` and `shm` ruled out by their domains), `tcp` forces the
-/// tensors inline on the TCP connection. UCX over TCP (`FERRY_CHANNELS=ucx
-/// FERRY_TRANSPORTS=ucx UCX_TLS=tcp`, `--features ferry-rpc/ucx`) is not
-/// here yet: inside these hosts UCX's TCP transport finds only `lo` and
-/// cannot reach the peer ("no active messages transport ... tcp/lo -
-/// Destination is unreachable"), which the hosts' set-up has to fix first.
+/// tensors inline on the TCP connection, and with the `ucx` feature the
+/// `ucx` channel and the `ucx` transport go over UCX's TCP transport (which
+/// finds the hosts' link since each host mounts its own sysfs).
 const CROSS_HOST_PATHS: &[CrossHostPath] = &[
     CrossHostPath {
         name: "mpt",
@@ -69,6 +67,24 @@ const CROSS_HOST_PATHS: &[CrossHostPath] = &[
         name: "tcp",
         env: &[("FERRY_CHANNELS", "inline")],
         cargo_args: &[],
+    },
+    CrossHostPath {
+        name: "the ucx channel (UCX_TLS=tcp)",
+        env: &[
+            ("FERRY_CHANNELS", "ucx"),
+            ("FERRY_TRANSPORTS", "tcp"),
+            ("UCX_TLS", "tcp"),
+        ],
+        cargo_args: &["--features", "ucx"],
+    },
+    CrossHostPath {
+        name: "the ucx transport (UCX_TLS=tcp)",
+        env: &[
+            ("FERRY_CHANNELS", "inline"),
+            ("FERRY_TRANSPORTS", "ucx"),
+            ("UCX_TLS", "tcp"),
+        ],
+        cargo_args: &["--features", "ucx"],
     },
 ];
 
@@ -321,7 +337,30 @@ pub(crate) fn main() -> Result<()> {
                 Ok("skipped")
             })?,
             None => {
+                if std::path::Path::new(LIBUCP).exists() {
+                    // The UCX links across hosts: selected over UCX's TCP,
+                    // falling back to `mpt` where UCX cannot reach the peer.
+                    steps.step("cross-host UCX links (feature ucx)", || {
+                        run(&mut cargo(&[
+                            "nextest",
+                            "run",
+                            "-p",
+                            "ferry-rpc",
+                            "--features",
+                            "ucx",
+                            "--test",
+                            "cross_host",
+                            "--profile",
+                            profile,
+                            "-E",
+                            "test(/^ucx::/)",
+                        ]))
+                    })?;
+                }
                 for path in CROSS_HOST_PATHS {
+                    if path.cargo_args.contains(&"ucx") && !std::path::Path::new(LIBUCP).exists() {
+                        continue;
+                    }
                     steps.step(
                         &format!("rpc suite across hosts over {}", path.name),
                         || {

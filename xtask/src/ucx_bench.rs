@@ -119,6 +119,13 @@ fn rpc_sync(transport: &str, tls: Option<&str>) -> Result<f64> {
     }
     run(&mut c)?;
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    let used = &v["link"]["transport"];
+    if used.as_str() != Some(transport) {
+        bail!(
+            "rpc_latency asked for transport {transport} but ran over {used} (link: {})",
+            v["link"]
+        );
+    }
     v["cells"][0]["rpc_sync"]["median_ms"]
         .as_f64()
         .map(|ms| ms * 1e3)

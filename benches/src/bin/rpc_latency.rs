@@ -192,6 +192,16 @@ fn caller(c: &Config) -> Result<Value> {
         );
         cells.push(cell);
     }
+    // The link the calls went over (a transport that could not be used
+    // falls back to another: the figures say which one they measured).
+    let link = ferry::rpc::agent()?.link_info(CALLEE)?.map(|l| {
+        json!({
+            "transport": l.transport,
+            "outgoing": l.outgoing.iter().map(|c| c.channel.clone()).collect::<Vec<_>>(),
+            "ucx_fallback": l.ucx_fallback.map(|f| f.to_string()),
+        })
+    });
+    eprintln!("[ferry] link: {}", link.clone().unwrap_or(Value::Null));
     eprintln!("[ferry] throughput ...");
     let tput = measure_tput(c)?;
     eprintln!("[ferry] authentication cost ...");
@@ -207,6 +217,7 @@ fn caller(c: &Config) -> Result<Value> {
             "inflight": c.inflight, "tput_seconds": c.tput_seconds, "tput_runs": c.tput_runs,
         },
         "cells": cells,
+        "link": link,
         "throughput_empty": tput,
         "peak_rss": peak_rss,
         "auth": auth,

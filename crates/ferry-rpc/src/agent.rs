@@ -78,6 +78,9 @@ pub struct LinkInfo {
     pub outgoing: Vec<ferry_wire::ChannelChoice>,
     /// Channels of the tensors this worker receives from the peer.
     pub incoming: Vec<ferry_wire::ChannelChoice>,
+    /// Why UCX was left out after the selection picked it (the link then
+    /// runs on the next viable transport and channels), if it was.
+    pub ucx_fallback: Option<ferry_transport::UcxFallback>,
 }
 
 pub(crate) struct Inner {

@@ -9,32 +9,19 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
-use std::time::Duration;
 
-use ferry_rpc::store::{Store, TcpStore, TcpStoreServer};
+use ferry_rpc::store::{Store, TcpStore};
 use ferry_rpc::{Function, Functions, RpcOptions};
+use ferry_testkit::outsider::{
+    captured_handshake, group_secret, host_side_store, replay, side_store, wrong_secret, WAIT as T,
+};
 use ferry_testkit::{worker_rank, world_wrapped_ok};
-use ferry_transport::auth::{self, AuthMessage, Secret};
 use ferry_transport::{Endpoint, PeerConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ADD: Function<(i64, i64), i64> = Function::new("add");
 /// Plants a key in the group's store: if an outsider ever ran it, the
 /// key would be there.
 const PLANT: Function<String, ()> = Function::new("plant");
-
-const T: Duration = Duration::from_secs(30);
-const SIDE: &str = "FERRY_TEST_SIDE_STORE";
-
-fn group_secret() -> Secret {
-    Secret::new(b"the group's own secret, 32 bytes".to_vec()).unwrap()
-}
-
-fn side_store(rt: &tokio::runtime::Runtime) -> TcpStore {
-    let addr: SocketAddr = std::env::var(SIDE).unwrap().parse().unwrap();
-    rt.block_on(TcpStore::connect(addr, T)).unwrap()
-}
 
 fn log_warnings() {
     let _ = tracing_subscriber::fmt()
@@ -92,50 +79,6 @@ fn member(rank: u32) {
     ferry_rpc::shutdown().unwrap();
 }
 
-/// The bytes a member with the group's secret writes during a handshake
-/// (its hello and its proof).
-fn captured_handshake() -> Vec<u8> {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (mut listener_side, mut member_side) = tokio::io::duplex(1024);
-        let s = group_secret();
-        let listener = async {
-            // A listener that records what it reads, as a sniffer would.
-            let mut seen = Vec::new();
-            let mut buf = [0u8; 38];
-            listener_side.read_exact(&mut buf).await.unwrap();
-            seen.extend_from_slice(&buf);
-            let mut h = auth::Handshake::new(auth::Role::Accept, s.key().clone(), [5; 32]);
-            let (hello, _) = AuthMessage::decode(&buf).unwrap().unwrap();
-            let challenge = h.receive(hello).send.unwrap();
-            listener_side.write_all(&challenge.encode()).await.unwrap();
-            listener_side.read_exact(&mut buf).await.unwrap();
-            seen.extend_from_slice(&buf);
-            let (proof, _) = AuthMessage::decode(&buf).unwrap().unwrap();
-            let accepted = h.receive(proof).send.unwrap();
-            listener_side.write_all(&accepted.encode()).await.unwrap();
-            seen
-        };
-        let (seen, key) = tokio::join!(listener, auth::connect(&mut member_side, s.key(), T));
-        key.unwrap();
-        seen
-    })
-}
-
-/// Replays `captured` to `addr`: the listener answers with a challenge
-/// over a fresh nonce, refuses the replayed proof and closes.
-async fn replay(addr: SocketAddr, captured: &[u8]) {
-    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
-    raw.write_all(captured).await.unwrap();
-    let mut back = Vec::new();
-    tokio::time::timeout(T, raw.read_to_end(&mut back))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(back.len(), 6 + 64 + 6, "{back:?}");
-    assert_eq!(&back[back.len() - 6..], &AuthMessage::Refused.encode()[..]);
-}
-
 fn outsider() {
     log_warnings();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -152,7 +95,7 @@ fn outsider() {
             .parse()
             .unwrap();
         let captured = side.get("captured").await.unwrap();
-        let wrong = Secret::new(b"a guess at the group's secret!!!".to_vec()).unwrap();
+        let wrong = wrong_secret();
 
         // The RPC port: another secret, none, a replayed handshake.
         let mut with_wrong = Endpoint::new("worker1", 1);
@@ -187,22 +130,13 @@ fn outsider() {
 fn an_outsider_cannot_call_or_touch_the_store_and_the_group_serves_on() {
     const TEST: &str = "an_outsider_cannot_call_or_touch_the_store_and_the_group_serves_on";
     // The parent hosts the side store (plain: it is the test's, not the group's).
-    static SIDE_ENV: OnceLock<&'static str> = OnceLock::new();
-    let parent = worker_rank(TEST).is_none();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let _side = parent.then(|| {
-        let server = rt
-            .block_on(TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()))
-            .unwrap();
-        let env: &'static str =
-            Box::leak(format!("{SIDE}={}", server.local_addr()).into_boxed_str());
-        SIDE_ENV.set(env).unwrap();
-        server
-    });
+    let side = host_side_store(&rt, worker_rank(TEST).is_none());
+    let env = side.as_ref().map_or("", |(_, env)| *env);
     let Some(outputs) = world_wrapped_ok(
         TEST,
         3,
-        |_| vec!["env", SIDE_ENV.get().unwrap()],
+        |_| vec!["env", env],
         |rank| if rank < 2 { member(rank) } else { outsider() },
     ) else {
         return;

@@ -30,8 +30,8 @@ const MAKE_TENSOR: Function<i64, RawTensor> = Function::new("make_tensor");
 
 /// A cross-host path: the channel list a worker is given (`None`: every
 /// channel this build knows, as by default) and the link selection must
-/// then make between two hosts. A `ucx` path (UCX over TCP, on branch
-/// `ucx`) joins this list and the xtask's `CROSS_HOST_PATHS`.
+/// then make between two hosts. The `ucx` paths (built with feature
+/// `ucx`) are in [`ucx`] below.
 struct Path {
     /// `FERRY_CHANNELS`-style list, or `None` for the defaults.
     channels: Option<&'static str>,
@@ -70,8 +70,8 @@ fn many_sizes(seed: u8) -> Vec<RawTensor> {
     out
 }
 
-/// Options with every known channel and transport (whatever the
-/// environment says), restricted to `channels` if given.
+/// Options with every known channel and transport but UCX's (whatever
+/// the environment says), restricted to `channels` if given.
 fn options(rank: u32, channels: Option<&str>) -> RpcOptions {
     let mut f = Functions::new();
     f.add(ADD, |(a, b)| a + b);
@@ -83,6 +83,10 @@ fn options(rank: u32, channels: Option<&str>) -> RpcOptions {
         .init_timeout(Duration::from_secs(60));
     o.channels = channel::default_channels();
     o.transports = channel::default_transports();
+    // The UCX paths (feature `ucx`) have tests of their own (module
+    // `ucx`): these keep to the paths of a build without UCX.
+    o.channels.retain(|c| c.name != channel::UCX);
+    o.transports.retain(|t| t.name != channel::UCX_TRANSPORT);
     o.channel_config.small_tensor_bytes = 0;
     match channels {
         Some(list) => o.channels(list).unwrap(),
@@ -366,4 +370,122 @@ fn separate_pid_namespaces_on_one_network_select_mpt() {
             ("CMA_DOMAIN", NotSameHost::Pid),
         ],
     );
+}
+
+/// UCX across hosts (feature `ucx`): UCX's TCP transport reaches the other
+/// host over the hosts' link and is selected; UCX's shared-memory
+/// transports do not reach it, nor does a UCX bound to loopback, and the
+/// link falls back to `mpt` over `tcp` with the typed reason recorded.
+#[cfg(feature = "ucx")]
+mod ucx {
+    use super::*;
+
+    /// Workers offering `ucx`, `mpt` and `inline` over the `ucx` and `tcp`
+    /// transports with UCX's transports `tls`; each prints its link and,
+    /// if UCX fell back, what each side found (`FALLBACK{peer}=local/peer`,
+    /// each `endpoint`, `exchange` or `ok`).
+    fn ucx_across_hosts(
+        test: &str,
+        tls: &'static str,
+        env: &'static [(&str, &str)],
+    ) -> Option<Vec<Output>> {
+        let outputs = world_across_hosts(test, 2, |rank| {
+            for (k, v) in env {
+                // Before UCX reads its configuration (at the first context).
+                std::env::set_var(k, v);
+            }
+            if let Err(why) = ferry_transport::ucx::viability() {
+                println!("SKIPPED {test}: {why}");
+                return;
+            }
+            let mut o = options(rank, Some("ucx,mpt,inline"));
+            o.transports = channel::parse_transports("ucx,tcp").unwrap();
+            o.channel_config.ucx_tls = Some(tls.into());
+            ferry_rpc::init_rpc(o).unwrap();
+            exchange_and_report(rank, 2);
+            let agent = ferry_rpc::agent().unwrap();
+            let peer = 1 - rank;
+            let link = agent.link_info(peer).unwrap().unwrap();
+            let side = |u: &Option<ferry_transport::UcxUnusable>| match u {
+                None => "ok",
+                Some(ferry_transport::UcxUnusable::Endpoint(_)) => "endpoint",
+                Some(ferry_transport::UcxUnusable::Exchange(_)) => "exchange",
+            };
+            match link.ucx_fallback {
+                Some(why) => {
+                    println!("FALLBACK{peer}={}/{}", side(&why.local), side(&why.peer));
+                    println!("REASON{peer}={why}");
+                }
+                None => println!("FALLBACK{peer}=none"),
+            }
+            ferry_rpc::shutdown().unwrap();
+        })?;
+        all_succeeded(test, &outputs);
+        if outputs.iter().any(|o| o.stdout.contains("SKIPPED")) {
+            return None;
+        }
+        Some(outputs)
+    }
+
+    #[test]
+    fn across_hosts_ucx_over_its_tcp_transport_is_selected() {
+        const TEST: &str = "ucx::across_hosts_ucx_over_its_tcp_transport_is_selected";
+        let Some(outputs) = ucx_across_hosts(TEST, "tcp", &[]) else {
+            return;
+        };
+        assert_eq!(
+            one(&outputs[0], "LINK1"),
+            "ucx/ucx/ucx",
+            "{}",
+            outputs[0].stdout
+        );
+        assert_eq!(
+            one(&outputs[1], "LINK0"),
+            "ucx/ucx/ucx",
+            "{}",
+            outputs[1].stdout
+        );
+        assert_eq!(one(&outputs[0], "FALLBACK1"), "none");
+        assert_eq!(one(&outputs[1], "FALLBACK0"), "none");
+    }
+
+    /// UCX's shared-memory transports cannot reach another host: both
+    /// sides find no endpoint (or no first exchange) and fall back.
+    #[test]
+    fn across_hosts_ucx_shared_memory_is_not_viable_and_falls_back_to_mpt() {
+        const TEST: &str =
+            "ucx::across_hosts_ucx_shared_memory_is_not_viable_and_falls_back_to_mpt";
+        let Some(outputs) = ucx_across_hosts(TEST, "shm,self", &[]) else {
+            return;
+        };
+        assert_fell_back(&outputs);
+    }
+
+    /// A UCX whose TCP transport is bound to loopback advertises an
+    /// address the other host cannot reach: the first exchange (or the
+    /// endpoint) fails and the link falls back.
+    #[test]
+    fn across_hosts_ucx_bound_to_loopback_falls_back_to_mpt() {
+        const TEST: &str = "ucx::across_hosts_ucx_bound_to_loopback_falls_back_to_mpt";
+        let Some(outputs) = ucx_across_hosts(TEST, "tcp", &[("UCX_NET_DEVICES", "lo")]) else {
+            return;
+        };
+        assert_fell_back(&outputs);
+    }
+
+    fn assert_fell_back(outputs: &[Output]) {
+        assert_eq!(one(&outputs[0], "LINK1"), "tcp/mpt/mpt");
+        assert_eq!(one(&outputs[1], "LINK0"), "tcp/mpt/mpt");
+        let (a, b) = (one(&outputs[0], "FALLBACK1"), one(&outputs[1], "FALLBACK0"));
+        assert_ne!(a, "none", "{}", outputs[0].stdout);
+        // Each side's view of the other is the other's view of itself.
+        let swap = |s: &str| {
+            let (l, p) = s.split_once('/').unwrap();
+            format!("{p}/{l}")
+        };
+        assert_eq!(swap(&a), b);
+        assert_ne!(a, "ok/ok");
+        println!("rank 0: {}", one(&outputs[0], "REASON1"));
+        println!("rank 1: {}", one(&outputs[1], "REASON0"));
+    }
 }

@@ -9,31 +9,21 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use ferry_rpc::store::{Store, TcpStore, TcpStoreServer};
+use ferry_rpc::store::Store;
 use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_rref::{RRef, RRefContext, RemoteExt};
+use ferry_testkit::outsider::{
+    captured_handshake, group_secret, host_side_store, replay, side_store, wrong_secret, WAIT as T,
+};
 use ferry_testkit::{worker_rank, world_wrapped_ok};
-use ferry_transport::auth::{self, AuthMessage, Secret};
+use ferry_transport::auth::Secret;
 use ferry_transport::{Endpoint, PeerConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ADD: Function<(i64, i64), i64> = Function::new("add");
 const OWNED: Function<(), usize> = Function::new("owned");
-const T: Duration = Duration::from_secs(30);
-const SIDE: &str = "FERRY_TEST_SIDE_STORE";
 const TEST: &str = "an_outsider_cannot_create_an_rref_and_a_member_can";
-
-fn group_secret() -> Secret {
-    Secret::new(b"the group's own secret, 32 bytes".to_vec()).unwrap()
-}
-
-fn side(rt: &tokio::runtime::Runtime) -> TcpStore {
-    let addr: SocketAddr = std::env::var(SIDE).unwrap().parse().unwrap();
-    rt.block_on(TcpStore::connect(addr, T)).unwrap()
-}
 
 fn options(rank: u32, secret: Option<Secret>) -> RpcOptions {
     let mut f = Functions::new();
@@ -56,7 +46,7 @@ fn member(rank: u32) {
     ferry_rpc::init_rpc(o).unwrap();
     let agent = ferry_rpc::agent().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let side = side(&rt);
+    let side = side_store(&rt);
     if rank == 0 {
         let me = agent.worker_addr(0u32).unwrap().to_string();
         rt.block_on(side.set("owner", me.into_bytes())).unwrap();
@@ -80,50 +70,10 @@ fn member(rank: u32) {
     assert!(ctx.leaked().is_empty());
 }
 
-/// The bytes a member with the group's secret writes during a handshake
-/// (its hello and its proof), recorded by the listener it talks to.
-fn captured_handshake() -> Vec<u8> {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (mut listener_side, mut member_side) = tokio::io::duplex(1024);
-        let s = group_secret();
-        let listener = async {
-            let mut seen = Vec::new();
-            let mut h = auth::Handshake::new(auth::Role::Accept, s.key().clone(), [7; 32]);
-            for _ in 0..2 {
-                let mut buf = [0u8; 38];
-                listener_side.read_exact(&mut buf).await.unwrap();
-                seen.extend_from_slice(&buf);
-                let (m, _) = AuthMessage::decode(&buf).unwrap().unwrap();
-                let reply = h.receive(m).send.unwrap();
-                listener_side.write_all(&reply.encode()).await.unwrap();
-            }
-            seen
-        };
-        let (seen, key) = tokio::join!(listener, auth::connect(&mut member_side, s.key(), T));
-        key.unwrap();
-        seen
-    })
-}
-
-/// Replays `captured` to `addr`: the listener answers with a challenge
-/// over its own fresh nonce, refuses the replayed proof and closes.
-async fn replay(addr: SocketAddr, captured: &[u8]) {
-    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
-    raw.write_all(captured).await.unwrap();
-    let mut back = Vec::new();
-    tokio::time::timeout(T, raw.read_to_end(&mut back))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(back.len(), 6 + 64 + 6, "{back:?}");
-    assert_eq!(&back[back.len() - 6..], &AuthMessage::Refused.encode()[..]);
-}
-
 fn outsider() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let side = side(&rt);
-    let wrong = Secret::new(b"a guess at the group's secret!!!".to_vec()).unwrap();
+    let side = side_store(&rt);
+    let wrong = wrong_secret();
     // Joining the group, as rank 1, fails at the store: no agent, no `remote`.
     for secret in [Some(wrong.clone()), None] {
         let mut o = options(1, secret);
@@ -160,20 +110,13 @@ fn outsider() {
 
 #[test]
 fn an_outsider_cannot_create_an_rref_and_a_member_can() {
-    static SIDE_ENV: OnceLock<&'static str> = OnceLock::new();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let _side = worker_rank(TEST).is_none().then(|| {
-        let server = rt
-            .block_on(TcpStoreServer::bind("127.0.0.1:0".parse().unwrap()))
-            .unwrap();
-        let env = format!("{SIDE}={}", server.local_addr());
-        SIDE_ENV.set(Box::leak(env.into_boxed_str())).unwrap();
-        server
-    });
+    let side = host_side_store(&rt, worker_rank(TEST).is_none());
+    let env = side.as_ref().map_or("", |(_, env)| *env);
     let Some(outputs) = world_wrapped_ok(
         TEST,
         3,
-        |_| vec!["env", SIDE_ENV.get().unwrap()],
+        |_| vec!["env", env],
         |rank| if rank < 2 { member(rank) } else { outsider() },
     ) else {
         return;

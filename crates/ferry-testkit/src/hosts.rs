@@ -4,8 +4,9 @@
 //! share System V IPC and see each other's pids, so CMA and shared-memory
 //! transports could still work between them. A [`Hosts`] set gives every
 //! host its own **network, IPC and PID namespaces**, and a UTS namespace
-//! (host name `ferry-host-{h}`) and mount namespace (its own `/proc` and
-//! `/dev/shm`) besides, and joins the hosts by
+//! (host name `ferry-host-{h}`) and mount namespace (its own `/proc`,
+//! `/dev/shm` and `/sys`, whose `/sys/class/net` lists the host's own
+//! interfaces) besides, and joins the hosts by
 //! veth links with addresses of the test's own ([`SUBNET`]`.{h+1}/24` for
 //! host `h`, loopback up in each):
 //!
@@ -52,14 +53,25 @@ pub const MAX_HOSTS: usize = 250;
 /// The name of each host's link to the others.
 pub const LINK: &str = "ferry0";
 
+/// How long [`Hosts::create`] waits for each host's link to be up.
+const LINK_UP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The bridge's name in the switch namespace (three hosts or more).
 const BRIDGE: &str = "br0";
 
 /// The shell a host's anchor runs (`$1`: the host name): it names the host,
 /// gives it a `/dev/shm` of its own, says it is up, then waits for its
 /// stdin to close (the test process dropping the set, or dying).
+///
+/// It also mounts a `/sys` of its own: sysfs shows the network devices of
+/// the namespace it was mounted in, so the machine's `/sys/class/net`
+/// would list the machine's interfaces, not the host's. Programs that
+/// enumerate interfaces there (UCX's TCP transport does, then checks each
+/// in the current namespace) would otherwise find only `lo` on a host and
+/// never its link.
 const HOST_SCRIPT: &str = "echo \"$1\" > /proc/sys/kernel/hostname && \
      { [ ! -d /dev/shm ] || mount -t tmpfs -o mode=1777 tmpfs /dev/shm; } && \
+     mount -t sysfs -o ro sysfs /sys && \
      echo ready && read _";
 
 /// The shell the switch's anchor runs.
@@ -389,8 +401,73 @@ impl Hosts {
             }
             run("nsenter", &[&net, "ip", "-batch", "-"], Some(&script))?;
         }
+        if count > 1 {
+            for h in 0..count {
+                set.wait_link_running(h)?;
+            }
+        }
         tracing::debug!(hosts = ?set, "hosts ready");
         Ok(set)
+    }
+
+    /// Waits until host `host`'s link is operationally up (`state UP`:
+    /// the kernel reports it `IFF_RUNNING`). A veth end becomes so
+    /// asynchronously after `ip link set up` (the kernel's link watch), and
+    /// programs that look for running interfaces when they start (UCX's
+    /// TCP transport) would otherwise find only `lo` on a loaded machine.
+    /// Woken by `ip monitor link` in the host's network namespace, with
+    /// the state checked again at each event (and every 50 ms, should the
+    /// monitor have subscribed after the change); [`LINK_UP_DEADLINE`] at
+    /// most.
+    fn wait_link_running(&self, host: usize) -> Result<(), HostsError> {
+        let net = format!("--net={}", self.hosts[host].ns("net"));
+        let step = format!("nsenter {net} ip -o monitor link (waiting for {LINK} to be up)");
+        let setup = |reason: String| HostsError::Setup {
+            step: step.clone(),
+            reason,
+        };
+        let is_up = || -> Result<bool, HostsError> {
+            let out = Command::new("nsenter")
+                .args([&net, "ip", "-o", "link", "show", "dev", LINK])
+                .output()
+                .map_err(|e| setup(format!("cannot run `ip link show`: {e}")))?;
+            Ok(String::from_utf8_lossy(&out.stdout).contains("state UP"))
+        };
+        let mut monitor = Command::new("nsenter")
+            .args([&net, "ip", "-o", "monitor", "link"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| setup(format!("cannot run it: {e}")))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(out) = monitor.stdout.take() {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    if line.is_err() || tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let deadline = std::time::Instant::now() + LINK_UP_DEADLINE;
+        let result = loop {
+            match is_up() {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break Err(setup(format!(
+                    "{LINK} on host {host} was not up within {LINK_UP_DEADLINE:?}"
+                )));
+            }
+            // An event, the tick, or the monitor's end: check again.
+            let _ = rx.recv_timeout((deadline - now).min(std::time::Duration::from_millis(50)));
+        };
+        let _ = monitor.kill();
+        let _ = monitor.wait();
+        result
     }
 
     /// How many hosts the set holds.
@@ -515,6 +592,12 @@ mod tests {
                 "{addrs}"
             );
             assert!(on(&hosts, h, "ip -o link show lo").contains("UP"));
+            // Its own sysfs: the host's interfaces, not the machine's.
+            assert_eq!(
+                on(&hosts, h, "ls /sys/class/net"),
+                format!("{LINK}\nlo"),
+                "host {h}"
+            );
             assert_eq!(
                 on(&hosts, h, "cat /proc/sys/kernel/hostname"),
                 hosts.name(h)

@@ -32,6 +32,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub mod hosts;
+#[cfg(feature = "outsider")]
+pub mod outsider;
 pub use hosts::{Hosts, HostsError};
 
 /// Set to `1`, it makes [`world`], [`world_ok`] and the wrapped variants

@@ -87,7 +87,10 @@ pub mod ucx;
 
 pub use alloc::{host_destination_len, Allocator, RawAllocator, RecvBuffer};
 #[cfg(not(loom))]
-pub use connection::{Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, MAX_MPT_LANES};
+pub use connection::{
+    Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, UcxFallback, UcxUnusable,
+    MAX_MPT_LANES,
+};
 pub use error::TransportError;
 #[cfg(not(loom))]
 pub use framing::{

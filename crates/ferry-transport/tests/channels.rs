@@ -8,39 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use ferry_transport::{channel, Endpoint, RawTensor};
-use ferry_wire::DType;
 
-use common::{decode, message, pair};
-
-/// An endpoint offering only `channels` and `transports`, sending every
-/// tensor over its channel when `small` is 0.
-fn endpoint(name: &str, rank: u32, channels: &str, transports: &str, small: usize) -> Endpoint {
-    let mut e = Endpoint::new(name, rank);
-    e.channels = channel::parse_channels(channels).unwrap();
-    e.transports = channel::parse_transports(transports).unwrap();
-    e.config.small_tensor_bytes = small;
-    e.config.mpt_lanes = 3;
-    e
-}
-
-fn sample(len: usize, seed: u8) -> RawTensor {
-    let bytes: Vec<u8> = (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
-        .collect();
-    RawTensor::from_bytes(DType::U8, &[len as i64], &bytes).unwrap()
-}
-
-/// Tensors of many sizes in one message, including a strided view.
-fn mixed(seed: u8) -> (String, Vec<RawTensor>, RawTensor) {
-    let sizes = [0usize, 1, 4095, 70_000, (4 << 20) + 3, 9 << 20];
-    let tensors = sizes.iter().map(|&n| sample(n, seed)).collect();
-    let m = RawTensor::from_slice(
-        &(0..600 * 500).map(|i| i as f32).collect::<Vec<_>>(),
-        &[600, 500],
-    )
-    .unwrap();
-    (format!("mixed {seed}"), tensors, m.t().unwrap())
-}
+use common::{assert_link, decode, endpoint, exchange_mixed, message, pair, sample};
 
 /// Sends mixed messages both ways, checks every byte, and checks that the
 /// connection uses the expected transport and channel.
@@ -50,54 +19,8 @@ async fn exchange(channels: &str, transports: &str, small: usize, transport: &st
         endpoint("client", 1, channels, transports, small),
     )
     .await;
-    for conn in [&server, &client] {
-        assert_eq!(conn.transport, transport, "{channels} / {transports}");
-        assert_eq!(conn.outgoing_channels()[0].channel, chosen);
-        assert_eq!(conn.incoming_channels()[0].channel, chosen);
-    }
-    type Mixed = (String, Vec<RawTensor>, RawTensor);
-    let expected: Vec<Mixed> = (0..3u8).map(mixed).collect();
-    let batch: Vec<_> = expected
-        .iter()
-        .enumerate()
-        .map(|(i, m)| message(i as u64, m))
-        .collect();
-    // Writes and reads run together: a stream or ring holds less than a batch.
-    let send = async { client.writer.write_batch(&batch).await.unwrap() };
-    let recv = async {
-        let mut got = Vec::new();
-        for i in 0..3u8 {
-            let m: Mixed = decode(server.reader.read().await.unwrap().unwrap());
-            assert!(
-                m == expected[usize::from(i)],
-                "message {i} over {chosen} differs"
-            );
-            got.push(m);
-        }
-        got
-    };
-    let ((), got) = tokio::join!(send, recv);
-    // Echo them back: the server sends from the storage it received into.
-    let send = async {
-        for (i, m) in got.iter().enumerate() {
-            server
-                .writer
-                .write(&message(10 + i as u64, m))
-                .await
-                .unwrap();
-        }
-    };
-    let recv = async {
-        for i in 0..3u8 {
-            let m: Mixed = decode(client.reader.read().await.unwrap().unwrap());
-            assert!(
-                m == expected[usize::from(i)],
-                "echo {i} over {chosen} differs"
-            );
-        }
-    };
-    tokio::join!(send, recv);
-    drop(got);
+    assert_link([&server, &client], transport, chosen);
+    exchange_mixed(&mut server, &mut client, chosen).await;
     // Out-of-band tensors are released once the receiver has copied them:
     // a round of empty batches carries the releases back.
     server.writer.write_batch(&[]).await.unwrap();

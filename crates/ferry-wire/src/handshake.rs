@@ -12,8 +12,11 @@ use crate::{Device, Limits, WireError};
 
 /// Version of the connection protocol spoken after the handshake.
 ///
-/// Version 2 added [`Handshake::ucx_address`].
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 2 added [`Handshake::ucx_address`]; version 3 the UCX check
+/// after the handshake (when `ucx` is selected, each side sends a second
+/// handshake with its `ucx.check` property, and the accepting side's holds
+/// the selection without UCX should either check have failed).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A transport (a way to carry control messages) a worker can use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -134,6 +134,7 @@ impl Inner {
                 transport: connection.transport,
                 outgoing: connection.outgoing_channels().to_vec(),
                 incoming: connection.incoming_channels().to_vec(),
+                ucx_fallback: connection.ucx_fallback.clone(),
             },
         );
         let releases = connection.writer.release_signal();

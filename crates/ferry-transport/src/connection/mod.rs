@@ -16,7 +16,8 @@
 //! With the `shm` transport the frames then travel through the shared
 //! rings; the TCP connection stays open unused beside them.
 
-use std::net::SocketAddr;
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +44,11 @@ const PROP_SHM_SOCKET: &str = "shm.socket";
 const PROP_MPT_ADDR: &str = "mpt.addr";
 /// Handshake property: how many lanes per direction the connecting side opens.
 const PROP_MPT_LANES: &str = "mpt.lanes";
+/// Handshake property of the UCX check (see [`UcxFallback`]): `ok`, or
+/// `endpoint: <why>` / `exchange: <why>`.
+const PROP_UCX_CHECK: &str = "ucx.check";
+/// How long each side waits for the peer's UCX probe.
+const UCX_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most `mpt` lanes per direction accepted from a peer.
 pub const MAX_MPT_LANES: usize = 64;
 /// How long the accepting side waits for the connecting side to finish
@@ -125,7 +131,6 @@ impl Endpoint {
     }
 
     /// Whether this side offers a `ucx` transport or channel.
-    #[cfg(feature = "ucx")]
     fn offers_ucx(&self) -> bool {
         self.transports
             .iter()
@@ -134,7 +139,6 @@ impl Endpoint {
     }
 
     /// This endpoint without its `ucx` offers.
-    #[cfg(feature = "ucx")]
     fn without_ucx(&self) -> Endpoint {
         let mut e = self.clone();
         e.transports.retain(|t| t.name != channel::UCX_TRANSPORT);
@@ -165,6 +169,8 @@ pub struct Connection<R, W> {
     pub reader: FrameReader<R>,
     /// Writes frames to the peer.
     pub writer: FrameWriter<W>,
+    /// Why UCX was left out after the selection picked it, if it was.
+    pub ucx_fallback: Option<UcxFallback>,
 }
 
 impl<R, W> Connection<R, W> {
@@ -178,6 +184,143 @@ impl<R, W> Connection<R, W> {
     }
 }
 
+/// Why UCX, though selected for a connection, could not be used by one side.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UcxUnusable {
+    /// No endpoint to the peer's UCX worker: the peer sent no worker
+    /// address, or UCX found none of its transports reaching it (e.g. the
+    /// two sides' `UCX_TLS` have nothing in common).
+    #[error("no UCX endpoint to the peer's worker: {}", PeerText::new(.0))]
+    Endpoint(String),
+    /// The endpoint exists, but the first UCX exchange (a probe each way)
+    /// failed or did not arrive in time.
+    #[error("the first UCX exchange failed: {}", PeerText::new(.0))]
+    Exchange(String),
+}
+
+/// Why a connection fell back from UCX to the next viable transport and
+/// channels: what each side's UCX check found (at least one failed).
+///
+/// When the selection picks the `ucx` transport or channel, both sides
+/// connect their UCX endpoints and send each other a probe; each reports
+/// the result over TCP. Should either fail, both compute the selection
+/// again without UCX (e.g. `mpt` over `tcp`), log a warning with this
+/// reason and record it in [`Connection::ucx_fallback`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("UCX is unusable with this peer ({})", Sides(.local, .peer))]
+pub struct UcxFallback {
+    /// What this side found, if it failed.
+    pub local: Option<UcxUnusable>,
+    /// What the peer reported, if it failed.
+    pub peer: Option<UcxUnusable>,
+}
+
+/// Shows both sides' failures.
+struct Sides<'a>(&'a Option<UcxUnusable>, &'a Option<UcxUnusable>);
+
+impl std::fmt::Display for Sides<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.0, self.1) {
+            (Some(l), Some(p)) => write!(f, "this side: {l}; the peer: {p}"),
+            (Some(l), None) => write!(f, "this side: {l}"),
+            (None, Some(p)) => write!(f, "the peer: {p}"),
+            (None, None) => f.write_str("no side failed"),
+        }
+    }
+}
+
+/// Connects `worker` to the peer's worker and exchanges the probe.
+async fn ucx_check(
+    worker: Option<UcxWorker>,
+    peer: &Handshake,
+    nonce: u64,
+) -> Result<UcxLink, UcxUnusable> {
+    let worker =
+        worker.ok_or_else(|| UcxUnusable::Endpoint("this side has no UCX worker".into()))?;
+    let address = peer
+        .ucx_address
+        .as_deref()
+        .ok_or_else(|| UcxUnusable::Endpoint("the peer sent no UCX worker address".into()))?;
+    let name = PeerText::new(&peer.worker_name).to_string();
+    let link = worker
+        .connect(address, &name)
+        .map_err(|e| UcxUnusable::Endpoint(e.to_string()))?;
+    link.probe(nonce, UCX_CHECK_TIMEOUT)
+        .await
+        .map_err(UcxUnusable::Exchange)?;
+    Ok(link)
+}
+
+/// The `ucx.check` property for a check's result.
+fn check_text<T>(result: &Result<T, UcxUnusable>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(UcxUnusable::Endpoint(why)) => format!("endpoint: {why}"),
+        Err(UcxUnusable::Exchange(why)) => format!("exchange: {why}"),
+    }
+}
+
+/// The peer's check result from its `ucx.check` property: `None` when it
+/// succeeded.
+fn parse_check(
+    h: &Handshake,
+    fail: &impl Fn(String) -> TransportError,
+) -> Result<Option<UcxUnusable>, TransportError> {
+    let text = property(h, PROP_UCX_CHECK)
+        .ok_or_else(|| fail("the peer sent no UCX check result".into()))?;
+    if text == "ok" {
+        return Ok(None);
+    }
+    if let Some(why) = text.strip_prefix("endpoint: ") {
+        return Ok(Some(UcxUnusable::Endpoint(why.into())));
+    }
+    if let Some(why) = text.strip_prefix("exchange: ") {
+        return Ok(Some(UcxUnusable::Exchange(why.into())));
+    }
+    Err(fail(format!(
+        "the peer's UCX check result {:?} is none of ok, endpoint: ..., exchange: ...",
+        PeerText::new(text)
+    )))
+}
+
+fn warn_fallback(peer: &Handshake, why: &UcxFallback) {
+    tracing::warn!(
+        peer = %PeerText::new(&peer.worker_name),
+        reason = %why,
+        "UCX selected but unusable: falling back to the next viable transport and channels"
+    );
+}
+
+/// What the accepting side listens on for the set-up after the handshake.
+#[derive(Default)]
+struct Listeners {
+    shm: Option<tokio::net::UnixListener>,
+    lanes: Option<LaneListener>,
+}
+
+/// Binds what `agreement` needs set up (the shared-memory socket, the
+/// `mpt` lane listener) and the handshake properties that name them.
+async fn bind_listeners(
+    agreement: &Agreement,
+    nonce: u64,
+    local_ip: IpAddr,
+) -> std::io::Result<(Vec<(String, String)>, Listeners)> {
+    let mut props = Vec::new();
+    let mut listeners = Listeners::default();
+    if agreement.needs_shm() {
+        // No pid in the name: the peer learns nothing it does not need.
+        let name = format!("ferry/{nonce:016x}{:016x}", fresh_nonce());
+        listeners.shm = Some(bind_abstract(&name)?);
+        props.push((PROP_SHM_SOCKET.into(), name));
+    }
+    if agreement.uses(channel::MPT) {
+        let l = LaneListener::bind(local_ip).await?;
+        props.push((PROP_MPT_ADDR.into(), format!("{}/{nonce}", l.local_addr())));
+        listeners.lanes = Some(l);
+    }
+    Ok((props, listeners))
+}
+
 /// A connection to a peer process: TCP, or shared-memory rings on one host.
 pub type PeerConnection = Connection<PeerReader, PeerWriter>;
 
@@ -185,9 +328,9 @@ mod setup;
 mod stream;
 
 #[cfg(feature = "ucx")]
-use crate::ucx::UcxWorker;
+use crate::ucx::{UcxLink, UcxWorker};
 #[cfg(not(feature = "ucx"))]
-use no_ucx::UcxWorker;
+use no_ucx::{UcxLink, UcxWorker};
 use setup::{accept_setup, bind_abstract, connect_setup, fresh_nonce};
 
 /// Stand-ins for a build without the `ucx` feature: never constructed.
@@ -213,6 +356,12 @@ mod no_ucx {
         }
         pub(super) fn connect(self, _: &[u8], _: &str) -> Result<UcxLink, TransportError> {
             match self {}
+        }
+    }
+
+    impl UcxLink {
+        pub(super) async fn probe(&self, _: u64, _: std::time::Duration) -> Result<(), String> {
+            match *self {}
         }
     }
 }
@@ -402,74 +551,89 @@ impl PeerConnection {
             reason,
         };
         let nonce = fresh_nonce();
+        let mut local: Cow<'_, Endpoint> = Cow::Borrowed(local);
         // The connecting side offers UCX only with a worker whose address
         // it can send; a worker that cannot be created drops the offers.
-        #[cfg_attr(not(feature = "ucx"), allow(unused_mut))]
         let mut ucx_worker: Option<UcxWorker> = None;
-        #[cfg(feature = "ucx")]
-        let narrowed: Option<Endpoint> = if role == Role::Connect && local.offers_ucx() {
+        if role == Role::Connect && local.offers_ucx() {
             match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
-                Ok(w) => {
-                    ucx_worker = Some(w);
-                    None
-                }
+                Ok(w) => ucx_worker = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "UCX offers withdrawn from this connection");
-                    Some(local.without_ucx())
+                    local = Cow::Owned(local.without_ucx());
                 }
             }
-        } else {
-            None
-        };
-        #[cfg(feature = "ucx")]
-        let local: &Endpoint = narrowed.as_ref().unwrap_or(local);
+        }
+        let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
+        let lane_props = vec![(PROP_MPT_LANES.to_owned(), lanes.to_string())];
+        let mut ucx: Option<UcxLink> = None;
+        let mut ucx_fallback: Option<UcxFallback> = None;
         let (agreement, setup) = match role {
             Role::Connect => {
-                let lanes = local.config.mpt_lanes.clamp(1, MAX_MPT_LANES);
-                let props = vec![(PROP_MPT_LANES.into(), lanes.to_string())];
                 writer
                     .write(&handshake_message(local.handshake(
                         None,
                         Vec::new(),
-                        props,
+                        lane_props.clone(),
                         ucx_worker.as_ref().map(|w| w.address().to_vec()),
                     ))?)
                     .await?;
                 let peer = read_handshake(&mut reader, &fail).await?;
-                let agreement = Agreement::compute(local, peer)?;
+                let mut agreement = Agreement::compute(&local, peer)?;
                 verify(&agreement.outgoing, &agreement.peer.selection)?;
-                if !agreement.needs_ucx() {
-                    ucx_worker = None;
+                if agreement.needs_ucx() {
+                    // The UCX check: this side's result first, then the
+                    // peer's (with, should either have failed, the peer's
+                    // set-up of the selection without UCX).
+                    let mine = ucx_check(ucx_worker.take(), &agreement.peer, nonce).await;
+                    let mut props = lane_props.clone();
+                    props.push((PROP_UCX_CHECK.into(), check_text(&mine)));
+                    writer
+                        .write(&handshake_message(local.handshake(
+                            None,
+                            Vec::new(),
+                            props,
+                            None,
+                        ))?)
+                        .await?;
+                    let reply = read_handshake(&mut reader, &fail).await?;
+                    let theirs = parse_check(&reply, &fail)?;
+                    match (mine, theirs) {
+                        (Ok(link), None) => ucx = Some(link),
+                        (mine, theirs) => {
+                            let why = UcxFallback {
+                                local: mine.err(),
+                                peer: theirs,
+                            };
+                            warn_fallback(&agreement.peer, &why);
+                            ucx_fallback = Some(why);
+                            local = Cow::Owned(local.without_ucx());
+                            agreement = Agreement::compute(&local, reply)?;
+                            verify(&agreement.outgoing, &agreement.peer.selection)?;
+                        }
+                    }
                 }
-                let setup = connect_setup(&agreement, local, session.as_ref(), &fail).await?;
+                let setup = connect_setup(&agreement, &local, session.as_ref(), &fail).await?;
                 (agreement, setup)
             }
             Role::Accept => {
                 let peer = read_handshake(&mut reader, &fail).await?;
-                let agreement = Agreement::compute(local, peer)?;
-                let mut props = Vec::new();
-                let shm_listener = if agreement.needs_shm() {
-                    // No pid in the name: the peer learns nothing it does not need.
-                    let name = format!("ferry/{nonce:016x}{:016x}", fresh_nonce());
-                    let listener = bind_abstract(&name).map_err(&io_err)?;
-                    props.push((PROP_SHM_SOCKET.into(), name));
-                    Some(listener)
-                } else {
-                    None
-                };
-                let lane_listener = if agreement.uses(channel::MPT) {
-                    let l = LaneListener::bind(local_ip).await.map_err(&io_err)?;
-                    props.push((PROP_MPT_ADDR.into(), format!("{}/{nonce}", l.local_addr())));
-                    Some(l)
-                } else {
-                    None
-                };
+                let mut agreement = Agreement::compute(&local, peer)?;
                 if agreement.needs_ucx() {
-                    ucx_worker = Some(UcxWorker::new(
-                        local.config.ucx_tls.as_deref(),
-                        local.config.ucx_spin,
-                    )?);
+                    match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
+                        Ok(w) => ucx_worker = Some(w),
+                        Err(e) => {
+                            // Selected without UCX: the peer sees no UCX
+                            // offer in the reply and computes the same.
+                            tracing::warn!(error = %e, "UCX offers withdrawn from this connection");
+                            local = Cow::Owned(local.without_ucx());
+                            agreement = Agreement::compute(&local, agreement.peer)?;
+                        }
+                    }
                 }
+                let (mut props, mut listeners) = bind_listeners(&agreement, nonce, local_ip)
+                    .await
+                    .map_err(&io_err)?;
                 writer
                     .write(&handshake_message(local.handshake(
                         Some(&agreement.peer),
@@ -478,12 +642,47 @@ impl PeerConnection {
                         ucx_worker.as_ref().map(|w| w.address().to_vec()),
                     ))?)
                     .await?;
+                if agreement.needs_ucx() {
+                    let mine = ucx_check(ucx_worker.take(), &agreement.peer, nonce).await;
+                    let verdict = read_handshake(&mut reader, &fail).await?;
+                    let theirs = parse_check(&verdict, &fail)?;
+                    match (mine, theirs) {
+                        (Ok(link), None) => {
+                            ucx = Some(link);
+                            props = vec![(PROP_UCX_CHECK.into(), check_text(&Ok(())))];
+                        }
+                        (mine, theirs) => {
+                            let text = check_text(&mine);
+                            let why = UcxFallback {
+                                local: mine.err(),
+                                peer: theirs,
+                            };
+                            warn_fallback(&agreement.peer, &why);
+                            ucx_fallback = Some(why);
+                            local = Cow::Owned(local.without_ucx());
+                            agreement = Agreement::compute(&local, verdict)?;
+                            drop(listeners);
+                            (props, listeners) = bind_listeners(&agreement, nonce, local_ip)
+                                .await
+                                .map_err(&io_err)?;
+                            props.push((PROP_UCX_CHECK.into(), text));
+                        }
+                    }
+                    writer
+                        .write(&handshake_message(local.handshake(
+                            Some(&agreement.peer),
+                            agreement.incoming.clone(),
+                            props,
+                            None,
+                        ))?)
+                        .await?;
+                }
                 let setup = tokio::time::timeout(
                     SETUP_TIMEOUT,
                     accept_setup(
                         &agreement,
-                        shm_listener,
-                        lane_listener,
+                        listeners.shm,
+                        listeners.lanes,
                         nonce,
                         session.as_ref(),
                         &fail,
@@ -501,7 +700,9 @@ impl PeerConnection {
                 local.keepalive.apply(lane).map_err(&io_err)?;
             }
         }
-        let needs_ucx = agreement.needs_ucx();
+        if agreement.needs_ucx() != ucx.is_some() {
+            return Err(fail("ucx is selected but this side has no UCX link".into()));
+        }
         let Agreement {
             peer,
             outgoing,
@@ -511,20 +712,6 @@ impl PeerConnection {
         // The name the peer states, as errors and logs show it (escaped
         // and bounded: the agent has not yet checked it against its group).
         let name = PeerText::new(&peer.worker_name).to_string();
-        let ucx = match ucx_worker {
-            Some(worker) if needs_ucx => {
-                let address = peer.ucx_address.as_deref().ok_or_else(|| {
-                    fail("ucx is selected but the peer sent no UCX worker address".into())
-                })?;
-                Some(worker.connect(address, &name)?)
-            }
-            _ if needs_ucx => {
-                return Err(fail(
-                    "ucx is selected but this side has no UCX worker".into(),
-                ))
-            }
-            _ => None,
-        };
         // Only the process the kernel vouches for, never a pid a peer states.
         let peer_pid = setup.peer_pid;
         let uses_cma_in = incoming.iter().any(|c| c.channel == channel::CMA);
@@ -632,6 +819,7 @@ impl PeerConnection {
             transport,
             reader,
             writer,
+            ucx_fallback,
         })
     }
 }
@@ -661,4 +849,72 @@ async fn read_handshake<R: AsyncRead + Unpin>(
         )));
     }
     Handshake::decode(&msg.payload).map_err(|e| fail(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_check(text: Option<&str>) -> Handshake {
+        Handshake {
+            protocol_version: PROTOCOL_VERSION,
+            worker_name: "peer".into(),
+            rank: 1,
+            transports: Vec::new(),
+            channels: Vec::new(),
+            selection: Vec::new(),
+            properties: text
+                .map(|t| vec![(PROP_UCX_CHECK.to_owned(), t.to_owned())])
+                .unwrap_or_default(),
+            limits: Limits::default(),
+            ucx_address: None,
+        }
+    }
+
+    fn fail(reason: String) -> TransportError {
+        TransportError::Handshake {
+            peer: "peer".into(),
+            reason,
+        }
+    }
+
+    #[test]
+    fn check_results_travel_typed() {
+        let results: [Result<(), UcxUnusable>; 3] = [
+            Ok(()),
+            Err(UcxUnusable::Endpoint("Destination is unreachable".into())),
+            Err(UcxUnusable::Exchange(
+                "no probe from the peer within 10s".into(),
+            )),
+        ];
+        for r in results {
+            let h = with_check(Some(&check_text(&r)));
+            assert_eq!(parse_check(&h, &fail).unwrap(), r.err());
+        }
+    }
+
+    #[test]
+    fn a_missing_or_malformed_check_result_fails_the_handshake() {
+        for (h, want) in [
+            (with_check(None), "sent no UCX check result"),
+            (with_check(Some("maybe")), "is none of ok"),
+        ] {
+            let err = parse_check(&h, &fail).expect_err("refused");
+            assert!(err.to_string().contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_fallback_names_each_side_that_failed() {
+        let why = UcxFallback {
+            local: None,
+            peer: Some(UcxUnusable::Exchange("timed out".into())),
+        };
+        let text = why.to_string();
+        assert!(
+            text.contains("the peer: the first UCX exchange failed: timed out"),
+            "{text}"
+        );
+        assert!(!text.contains("this side"), "{text}");
+    }
 }

@@ -25,6 +25,9 @@ use super::{UcxLink, FRAME_TAG};
 
 /// Largest chunk of the stream in one tag message.
 pub(crate) const CHUNK: usize = 256 << 10;
+/// Writes up to this size first try a send UCX completes at once (see
+/// [`UcxLink::try_send_now`]).
+const IMMEDIATE_MAX: usize = 8 << 10;
 /// Sends not yet completed before a write waits.
 const MAX_UNFINISHED_SENDS: usize = 256;
 /// After the TCP connection closed, how long the reader still waits for the
@@ -39,10 +42,15 @@ fn to_io(e: crate::TransportError) -> io::Error {
 pub struct UcxReader {
     link: UcxLink,
     seq: u64,
-    buf: Vec<u8>,
+    /// The chunk being read (boxed: each receive owns its buffer as a
+    /// `Box<dyn Any>`, and this box travels with the receive and comes
+    /// back with it, so no receive allocates one).
+    #[allow(clippy::box_collection)]
+    buf: Box<Vec<u8>>,
     /// The buffer of the next receive, posted as soon as one completes so
     /// the next chunk lands straight in it.
-    spare: Vec<u8>,
+    #[allow(clippy::box_collection)]
+    spare: Option<Box<Vec<u8>>>,
     pos: usize,
     end: usize,
     posted: Option<Pending>,
@@ -66,8 +74,8 @@ impl UcxReader {
         UcxReader {
             link,
             seq: 0,
-            buf: Vec::new(),
-            spare: Vec::new(),
+            buf: Box::default(),
+            spare: None,
             pos: 0,
             end: 0,
             posted: None,
@@ -80,13 +88,13 @@ impl UcxReader {
 
     /// Posts the receive of chunk `seq` into the spare buffer.
     fn post(&mut self) -> io::Result<()> {
-        let mut buf = std::mem::take(&mut self.spare);
+        let mut buf = self.spare.take().unwrap_or_default();
         buf.resize(CHUNK, 0);
         let ptr = buf.as_mut_ptr();
         let tag = FRAME_TAG | self.seq;
         // SAFETY: `buf` owns the bytes and moves into the request (a Vec's
         // heap memory does not move with it).
-        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, Box::new(buf)) };
+        let posted = unsafe { self.link.recv(tag, ptr, CHUNK, buf) };
         self.posted = Some(posted.map_err(to_io)?);
         Ok(())
     }
@@ -149,9 +157,8 @@ impl AsyncRead for UcxReader {
                     this.posted = None;
                     let done = keep
                         .downcast::<Vec<u8>>()
-                        .map(|b| *b)
                         .map_err(|_| io::Error::other("a UCX receive returned another buffer"))?;
-                    this.spare = std::mem::replace(&mut this.buf, done);
+                    this.spare = Some(std::mem::replace(&mut this.buf, done));
                     this.seq += 1;
                     this.pos = 0;
                     this.end = len;
@@ -186,6 +193,8 @@ impl AsyncRead for UcxReader {
 pub struct UcxWriter {
     link: UcxLink,
     seq: u64,
+    /// Where the slices of a small vectored write are joined.
+    scratch: Vec<u8>,
     tcp: OwnedWriteHalf,
     ended: bool,
 }
@@ -195,6 +204,7 @@ impl UcxWriter {
         UcxWriter {
             link,
             seq: 0,
+            scratch: Vec::new(),
             tcp,
             ended: false,
         }
@@ -245,6 +255,27 @@ impl AsyncWrite for UcxWriter {
             return Poll::Ready(Ok(0));
         }
         std::task::ready!(this.poll_room(cx, MAX_UNFINISHED_SENDS))?;
+        // A small write goes out from the caller's bytes (or a reused
+        // scratch copy of several slices) when UCX completes it at once,
+        // without allocating; otherwise from a copy UCX keeps.
+        if total <= IMMEDIATE_MAX {
+            let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
+            let bytes: &[u8] = match first {
+                Some(b) if b.len() == total => b,
+                _ => {
+                    this.scratch.clear();
+                    for b in bufs {
+                        this.scratch.extend_from_slice(b);
+                    }
+                    &this.scratch
+                }
+            };
+            let tag = FRAME_TAG | this.seq;
+            if this.link.try_send_now(tag, bytes).map_err(to_io)? {
+                this.seq += 1;
+                return Poll::Ready(Ok(total));
+            }
+        }
         let n = total.min(CHUNK);
         let mut chunk = Vec::with_capacity(n);
         for b in bufs {

@@ -35,6 +35,10 @@ use crate::{channel, TransportError};
 const BACKSTOP: Duration = Duration::from_millis(5);
 /// Progress calls per lock while draining.
 const DRAIN: usize = 64;
+/// Tag of the probe each side sends once its endpoint exists (see
+/// [`UcxLink::probe`]): in the frames' half of the tag space, above any
+/// chunk sequence number a connection reaches.
+const PROBE_TAG: u64 = super::FRAME_TAG | (1 << 62);
 
 /// Where a request's callback reports.
 #[derive(Default)]
@@ -472,9 +476,13 @@ impl UcxWorker {
 }
 
 /// The progress task: progress, arm, sleep on the event fd (or the
-/// backstop timer), until the last handle of the link is gone.
+/// backstop timer), until the last handle of the link is gone. One timer
+/// serves every wait: it is reset, not created anew, each time the task
+/// goes to sleep.
 async fn drive(shared: Arc<Shared>) {
     let api = shared.api;
+    let backstop = tokio::time::sleep(BACKSTOP);
+    tokio::pin!(backstop);
     loop {
         let armed = {
             let mut state = shared.lock();
@@ -492,13 +500,16 @@ async fn drive(shared: Arc<Shared>) {
         let Some(fd) = shared.efd.as_ref() else {
             return;
         };
+        backstop
+            .as_mut()
+            .reset(tokio::time::Instant::now() + BACKSTOP);
         tokio::select! {
             ready = fd.readable() => {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
             }
-            _ = tokio::time::sleep(BACKSTOP) => {}
+            _ = &mut backstop => {}
             _ = shared.stop.notified() => return,
         }
     }
@@ -606,6 +617,49 @@ impl UcxLink {
         Ok(())
     }
 
+    /// Sends `bytes` with `tag` if UCX can complete the send at once
+    /// (copying the bytes into its own buffers, as it does for small
+    /// messages): `Ok(true)`. `Ok(false)`: UCX would have to keep the
+    /// buffer, and nothing was sent (send it with [`Self::send_kept`]).
+    pub(crate) fn try_send_now(&self, tag: u64, bytes: &[u8]) -> Result<bool, TransportError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let state = self.shared.lock();
+        // SAFETY: zeroed is a valid parameter block.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+        param.datatype = contig();
+        // SAFETY: a live endpoint under the lock; with FORCE_IMM_CMPL UCX
+        // either completes the send within the call (the bytes are not
+        // used after it returns) or refuses it with UCS_ERR_NO_RESOURCE.
+        let request = unsafe {
+            self.shared.api.ucp_tag_send_nbx(
+                state.ep,
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+                tag,
+                &param,
+            )
+        };
+        if request.is_null() {
+            return Ok(true);
+        }
+        let status = ptr_status(request);
+        if is_request(request) {
+            // Not expected with FORCE_IMM_CMPL; should UCX return one, the
+            // bytes may still be read: that is not allowed here.
+            return Err(self.error(
+                "UCX kept an immediate send's buffer",
+                sys::UCS_ERR_INVALID_PARAM,
+            ));
+        }
+        if status == sys::UCS_ERR_NO_RESOURCE {
+            return Ok(false);
+        }
+        Err(self.error("posting a UCX send failed", status))
+    }
+
     /// Unfinished fire-and-forget sends and cancelled requests.
     pub(crate) fn in_flight(&self) -> usize {
         self.shared.lock().inflight.len()
@@ -639,6 +693,32 @@ impl UcxLink {
             keep: Some(keep),
             spun: false,
         })
+    }
+}
+
+impl UcxLink {
+    /// The first UCX exchange of a connection: sends `PROBE_TAG` with
+    /// `nonce` to the peer and waits, at most `timeout`, for the peer's
+    /// probe. `Ok` once the peer's probe arrived whole, so the path from
+    /// the peer to this side carries messages; the peer checks the other
+    /// direction. An error says what failed (UCX's status, the endpoint's
+    /// failure, or the time that ran out).
+    pub(crate) async fn probe(&self, nonce: u64, timeout: Duration) -> Result<(), String> {
+        let mut dest = Box::new(0u64);
+        let dptr = (&mut *dest as *mut u64).cast::<u8>();
+        // SAFETY: the boxed u64 owns the 8 bytes, moves with the request
+        // and does not move its heap bytes when moved.
+        let pending = unsafe { self.recv(PROBE_TAG, dptr, 8, dest) }.map_err(|e| e.to_string())?;
+        let msg = Box::new(nonce.to_le_bytes());
+        let mptr = msg.as_ptr();
+        // SAFETY: as above, for the message's bytes.
+        unsafe { self.send_kept(PROBE_TAG, mptr, 8, msg) }.map_err(|e| e.to_string())?;
+        match tokio::time::timeout(timeout, pending).await {
+            Err(_) => Err(format!("no probe from the peer within {timeout:?}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok((_, 8))) => Ok(()),
+            Ok(Ok((_, n))) => Err(format!("the peer's probe had {n} bytes instead of 8")),
+        }
     }
 }
 
@@ -862,5 +942,20 @@ mod tests {
             .unwrap();
         assert_eq!(got, 64);
         assert_eq!(*keep.downcast::<Vec<u8>>().unwrap(), vec![42u8; 64]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_cross_both_ways_and_a_missing_one_is_an_error() {
+        let Some((a, b)) = linked("tcp") else {
+            return;
+        };
+        let (x, y) = tokio::join!(
+            a.probe(1, Duration::from_secs(30)),
+            b.probe(2, Duration::from_secs(30))
+        );
+        assert_eq!((x, y), (Ok(()), Ok(())));
+        // The peer sends no probe this time: the wait ends with the reason.
+        let err = a.probe(3, Duration::from_millis(20)).await.unwrap_err();
+        assert_eq!(err, "no probe from the peer within 20ms");
     }
 }
