@@ -131,6 +131,106 @@ std::unordered_set<Node*> leading_to(const std::vector<Node*>& nodes,
     if (leads(n)) out.insert(n);
   return out;
 }
+// Whether `node` runs no hooks of any kind.
+bool hookless(Node* node) {
+  return node->pre_hooks().empty() && node->post_hooks().empty() &&
+         node->tensor_pre_hooks().empty() && node->retains_grad_hooks().empty();
+}
+
+// A linear layer's weight product recognised in the graph: `node`
+// (AddmmBackward0 with a bias, MmBackward0 without) makes, through its
+// edge `mat2_index` and a TBackward0, the gradient of the parameter whose
+// accumulated gradient is `acc`: `acc += alpha * grad^T mat1`.
+struct LinearWeight {
+  size_t mat2_index;
+  at::Tensor mat1;
+  double alpha;
+  at::Tensor* acc;
+};
+
+// Whether `t` is a plain dense real matrix.
+bool dense_matrix(const at::Tensor& t) {
+  return t.defined() && t.dim() == 2 && t.layout() == at::kStrided && !t.is_conj() &&
+         !t.is_neg() && at::isFloatingType(t.scalar_type());
+}
+
+// Recognises `F.linear`'s shape at `node` (AddmmBackward0 or MmBackward0,
+// whose second matrix is a parameter transposed, TBackward0 then the
+// parameter's AccumulateGrad, all without hooks), for a parameter with an
+// accumulated gradient in `accs` of the matching dtype, device and shape.
+bool linear_weight(Node* node, const std::unordered_map<const void*, at::Tensor*>& accs,
+                   LinearWeight* out) {
+  using torch::autograd::generated::AddmmBackward0;
+  using torch::autograd::generated::MmBackward0;
+  using torch::autograd::generated::TBackward0;
+  if (auto* addmm = dynamic_cast<AddmmBackward0*>(node)) {
+    if (addmm->alpha.isComplex()) return false;
+    out->alpha = addmm->alpha.toDouble();
+    out->mat2_index = 2;
+    out->mat1 = addmm->mat1_.unpack();
+  } else if (auto* mm = dynamic_cast<MmBackward0*>(node)) {
+    out->alpha = 1.0;
+    out->mat2_index = 1;
+    out->mat1 = mm->self_.unpack();
+  } else {
+    return false;
+  }
+  if (!hookless(node) || node->next_edges().size() <= out->mat2_index) return false;
+  auto* transpose = dynamic_cast<TBackward0*>(node->next_edges()[out->mat2_index].function.get());
+  if (transpose == nullptr || !hookless(transpose) || transpose->next_edges().size() != 1)
+    return false;
+  auto* acc_node =
+      dynamic_cast<torch::autograd::AccumulateGrad*>(transpose->next_edges()[0].function.get());
+  if (acc_node == nullptr || !hookless(acc_node)) return false;
+  auto found = accs.find(acc_node->variable.unsafeGetTensorImpl());
+  if (found == accs.end()) return false;
+  at::Tensor& acc = *found->second;
+  const at::Tensor& mat1 = out->mat1;
+  if (!dense_matrix(mat1) || !dense_matrix(acc) || mat1.scalar_type() != acc.scalar_type() ||
+      mat1.device() != acc.device() || acc.size(1) != mat1.size(1))
+    return false;
+  out->acc = &acc;
+  return true;
+}
+
+// Adds the weight gradient `grad` of a recognised linear product to its
+// accumulated gradient with one GEMM and cuts the edge it served, so that
+// the node does not compute it again. False (and nothing done) when the
+// gradient does not fit the product.
+bool fuse_into(Node* node, const LinearWeight& w, const at::Tensor& grad) {
+  const at::Tensor& acc = *w.acc;
+  if (!dense_matrix(grad) || grad.scalar_type() != acc.scalar_type() ||
+      grad.device() != acc.device() || acc.size(0) != grad.size(1) ||
+      grad.size(0) != w.mat1.size(0))
+    return false;
+  at::NoGradGuard no_grad;
+  w.acc->addmm_(grad.t(), w.mat1, /*beta=*/1, /*alpha=*/w.alpha);
+  // Assigned in place, as the input-path edges are: the node then skips
+  // that output (task_should_compute_output sees no edge).
+  node->next_edges()[w.mat2_index] = Edge();
+  return true;
+}
+
+// For a weight node of a split backward's capture (W): fuses its linear
+// weight product with the captured gradient.
+void fuse_linear_weight(const NodePtr& node, const variable_list& captured,
+                        const std::unordered_map<const void*, at::Tensor*>& accs) {
+  if (captured.size() != 1 || !captured[0].defined()) return;
+  LinearWeight w;
+  if (linear_weight(node.get(), accs, &w)) fuse_into(node.get(), w, captured[0]);
+}
+
+// A pre-hook that fuses a linear weight product when the node's gradient
+// arrives during a backward pass that releases the graph.
+struct FuseHook : torch::autograd::FunctionPreHook {
+  FuseHook(Node* node, LinearWeight w) : node(node), w(std::move(w)) {}
+  variable_list operator()(const variable_list& grads) override {
+    if (grads.size() == 1 && grads[0].defined()) fuse_into(node, w, grads[0]);
+    return grads;
+  }
+  Node* node;
+  LinearWeight w;
+};
 }  // namespace
 
 extern "C" {
@@ -158,6 +258,45 @@ char* ferry_grad(const at::Tensor* const* roots, const at::Tensor* const* grad_o
       }
       for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
       auto res = torch::autograd::grad(r, in, g, keep_graph != 0, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+      for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
+      return nullptr;
+  });
+}
+
+// ferry_grad without keeping the graph, for a caller that accumulates the
+// gradients: `accs` has one entry per input, its accumulated gradient or
+// null. Where an input is a linear layer's weight with an accumulated
+// gradient, the layer's product adds its gradient to it in place (a pre-hook
+// on the product's node, fuse_into) and `outputs` holds only the rest of
+// that input's gradient (undefined when there is none).
+char* ferry_grad_accumulating(const at::Tensor* const* roots,
+                              const at::Tensor* const* grad_outputs, int n,
+                              const at::Tensor* const* inputs, int ninputs,
+                              at::Tensor* const* accs, at::Tensor** outputs) {
+  // The hooks come off when this scope ends, by return or throw.
+  Hooks hooked;
+  return guarded("ferry_grad_accumulating", [&]() -> char* {
+      std::vector<at::Tensor> r, g, in;
+      for (int i = 0; i < n; ++i) {
+        r.push_back(*roots[i]);
+        g.push_back(*grad_outputs[i]);
+      }
+      for (int i = 0; i < ninputs; ++i) in.push_back(*inputs[i]);
+      std::unordered_map<const void*, at::Tensor*> acc_of;
+      for (int i = 0; i < ninputs; ++i)
+        if (accs[i] != nullptr && accs[i]->defined())
+          acc_of.emplace(inputs[i]->unsafeGetTensorImpl(), accs[i]);
+      if (!acc_of.empty())
+        for (Node* node : reachable(r)) {
+          LinearWeight w;
+          if (!linear_weight(node, acc_of, &w)) continue;
+          NodePtr ptr = node->getptr();
+          auto hook = std::make_unique<FuseHook>(node, std::move(w));
+          hooked.emplace_back(ptr, hook.get());
+          node->add_pre_hook(std::move(hook));
+        }
+      auto res = torch::autograd::grad(r, in, g, /*keep_graph=*/false, /*create_graph=*/false,
                                        /*allow_unused=*/true);
       for (int i = 0; i < ninputs; ++i) outputs[i] = new at::Tensor(res[i]);
       return nullptr;
@@ -284,74 +423,6 @@ char* ferry_backward_input(const at::Tensor* const* roots, const at::Tensor* con
   });
 }
 
-}  // extern "C"
-
-namespace {
-// Whether `node` runs no hooks of any kind.
-bool hookless(Node* node) {
-  return node->pre_hooks().empty() && node->post_hooks().empty() &&
-         node->tensor_pre_hooks().empty() && node->retains_grad_hooks().empty();
-}
-
-// For a weight node that is a linear layer's matrix product, adds its
-// weight's gradient straight into that parameter's accumulated gradient
-// with one GEMM (`acc += alpha * grad^T mat1`), instead of making a
-// gradient-sized tensor for the caller to add, and cuts the edge it served
-// so that the engine does not compute it again. The shape recognised is
-// `F.linear`'s: AddmmBackward0 (with a bias) or MmBackward0 (without),
-// whose second matrix is the weight transposed (TBackward0) feeding the
-// parameter's AccumulateGrad. Anything else (hooks, other dtypes or
-// layouts, an accumulator that does not match) is left to the engine.
-void fuse_linear_weight(const NodePtr& node, const variable_list& captured,
-                        const std::unordered_map<const void*, at::Tensor*>& accs) {
-  using torch::autograd::generated::AddmmBackward0;
-  using torch::autograd::generated::MmBackward0;
-  using torch::autograd::generated::TBackward0;
-  if (captured.size() != 1 || !captured[0].defined()) return;
-  const at::Tensor& grad = captured[0];
-  size_t mat2_index;
-  at::Tensor mat1;
-  double alpha = 1.0;
-  if (auto* addmm = dynamic_cast<AddmmBackward0*>(node.get())) {
-    if (addmm->alpha.isComplex()) return;
-    alpha = addmm->alpha.toDouble();
-    mat2_index = 2;
-    mat1 = addmm->mat1_.unpack();
-  } else if (auto* mm = dynamic_cast<MmBackward0*>(node.get())) {
-    mat2_index = 1;
-    mat1 = mm->self_.unpack();
-  } else {
-    return;
-  }
-  if (!hookless(node.get()) || node->next_edges().size() <= mat2_index) return;
-  Edge& edge = node->next_edges()[mat2_index];
-  auto* transpose = dynamic_cast<TBackward0*>(edge.function.get());
-  if (transpose == nullptr || !hookless(transpose) || transpose->next_edges().size() != 1) return;
-  auto* acc_node =
-      dynamic_cast<torch::autograd::AccumulateGrad*>(transpose->next_edges()[0].function.get());
-  if (acc_node == nullptr || !hookless(acc_node)) return;
-  auto found = accs.find(acc_node->variable.unsafeGetTensorImpl());
-  if (found == accs.end()) return;
-  at::Tensor& acc = *found->second;
-  auto dense = [](const at::Tensor& t) {
-    return t.defined() && t.dim() == 2 && t.layout() == at::kStrided && !t.is_conj() &&
-           !t.is_neg() && at::isFloatingType(t.scalar_type());
-  };
-  if (!dense(mat1) || !dense(grad) || !dense(acc)) return;
-  if (mat1.scalar_type() != acc.scalar_type() || grad.scalar_type() != acc.scalar_type() ||
-      mat1.device() != acc.device() || grad.device() != acc.device())
-    return;
-  if (acc.size(0) != grad.size(1) || acc.size(1) != mat1.size(1) || grad.size(0) != mat1.size(0))
-    return;
-  // No graph for this: the accumulated gradient is plain data.
-  at::NoGradGuard no_grad;
-  acc.addmm_(grad.t(), mat1, /*beta=*/1, /*alpha=*/alpha);
-  // Assigned in place, as the input-path edges are.
-  edge = Edge();
-}
-}  // namespace
-
-extern "C" {
 
 // The weight half (W) from a capture of ferry_backward_input: writes the
 // gradients of `params` to `outputs` (undefined where unreached) and frees

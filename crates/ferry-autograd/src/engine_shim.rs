@@ -23,6 +23,15 @@ extern "C" {
         keep_graph: c_int,
         outputs: *mut *mut AtTensor,
     ) -> *mut c_char;
+    fn ferry_grad_accumulating(
+        roots: *const *const AtTensor,
+        grad_outputs: *const *const AtTensor,
+        n: c_int,
+        inputs: *const *const AtTensor,
+        ninputs: c_int,
+        accs: *const *mut AtTensor,
+        outputs: *mut *mut AtTensor,
+    ) -> *mut c_char;
     fn ferry_backward_input(
         roots: *const *const AtTensor,
         grad_outputs: *const *const AtTensor,
@@ -95,6 +104,68 @@ pub(crate) fn tensor_id(t: &Tensor) -> usize {
 
 /// Gradients of `roots`, seeded with `grad_outputs`, with respect to
 /// `inputs`: `None` where an input is not reached. `.grad` is not touched.
+/// The pointers to hand the shim for `accumulated` (one per input, null
+/// where `None`), or an error when the counts differ.
+fn acc_pointers(
+    accumulated: &mut [Option<Tensor>],
+    inputs: usize,
+) -> Result<Vec<*mut AtTensor>, String> {
+    if accumulated.len() != inputs {
+        return Err(format!(
+            "{} accumulated gradients for {inputs} tensors",
+            accumulated.len()
+        ));
+    }
+    Ok(accumulated
+        .iter_mut()
+        .map(|a| match a {
+            Some(t) => t.as_mut_ptr() as *mut AtTensor,
+            None => std::ptr::null_mut(),
+        })
+        .collect())
+}
+
+/// [`grad`] without keeping the graph, adding linear layers' weight
+/// gradients into `accumulated` (one entry per input) in place; the result
+/// holds the rest of each input's gradient.
+pub(crate) fn grad_accumulating(
+    roots: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    accumulated: &mut [Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>, String> {
+    if roots.len() != grad_outputs.len() {
+        return Err(format!(
+            "{} roots but {} gradients",
+            roots.len(),
+            grad_outputs.len()
+        ));
+    }
+    let accs = acc_pointers(accumulated, inputs.len())?;
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let r: Vec<_> = roots.iter().map(ptr).collect();
+    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
+    let i: Vec<_> = inputs.iter().map(ptr).collect();
+    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
+    // SAFETY: every pointer is a live tch tensor for the duration of the
+    // call (the accumulated ones exclusively borrowed); `out` and `accs`
+    // have one slot per input.
+    check(unsafe {
+        ferry_grad_accumulating(
+            r.as_ptr(),
+            g.as_ptr(),
+            r.len() as c_int,
+            i.as_ptr(),
+            i.len() as c_int,
+            accs.as_ptr(),
+            out.as_mut_ptr(),
+        )
+    })?;
+    Ok(owned_outputs(out))
+}
+
 pub(crate) fn grad(
     roots: &[Tensor],
     grad_outputs: &[Tensor],
@@ -202,22 +273,8 @@ pub(crate) fn backward_weight(
 ) -> Result<Vec<Option<Tensor>>, String> {
     let split = std::mem::replace(&mut captured.0, std::ptr::null_mut());
     let p: Vec<_> = params.iter().map(ptr).collect();
-    let accs: Option<Vec<*mut AtTensor>> = match accumulated {
-        Some(accs) if accs.len() != params.len() => {
-            return Err(format!(
-                "{} accumulated gradients for {} parameters",
-                accs.len(),
-                params.len()
-            ))
-        }
-        Some(accs) => Some(
-            accs.iter_mut()
-                .map(|a| match a {
-                    Some(t) => t.as_mut_ptr() as *mut AtTensor,
-                    None => std::ptr::null_mut(),
-                })
-                .collect(),
-        ),
+    let accs = match accumulated {
+        Some(accs) => Some(acc_pointers(accs, params.len())?),
         None => None,
     };
     let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); params.len()];

@@ -154,6 +154,40 @@ pub fn grad(
     engine_shim::grad(roots, grad_outputs, inputs, keep_graph).map_err(engine_error)
 }
 
+/// [`grad`] for a caller that accumulates the gradients (of parameters,
+/// typically, over microbatches), without keeping the graph:
+/// `accumulated[i]` is `inputs[i]`'s accumulated gradient, or `None`.
+/// Where an input is a linear layer's weight (`F.linear`, or `mm` with the
+/// weight transposed) with an accumulated gradient, the layer's own matrix
+/// product adds its gradient into it in place (`acc += grad^T x`, one GEMM
+/// with no gradient-sized temporary and no separate addition), and the
+/// result holds only the rest of that input's gradient (`None` when there
+/// is none). Add the result to `accumulated` as after [`grad`]: the sums
+/// are the same, up to the order of floating-point additions.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+///
+/// let opts = (Kind::Float, tch::Device::Cpu);
+/// let w = Tensor::ones([2, 3], opts).set_requires_grad(true);
+/// let b = Tensor::zeros([2], opts).set_requires_grad(true);
+/// let y = Tensor::ones([4, 3], opts).linear(&w, Some(&b)).sum(Kind::Float);
+/// let mut acc = [Some(Tensor::zeros([2, 3], opts)), None];
+/// let rest = ferry_autograd::grad_accumulating(&[y], &[Tensor::from(1.0f32)], &[w, b], &mut acc)?;
+/// assert!(rest[0].is_none()); // the weight's went into acc
+/// assert_eq!(acc[0].as_ref().unwrap().sum(Kind::Float).double_value(&[]), 24.0);
+/// assert_eq!(rest[1].as_ref().unwrap().sum(Kind::Float).double_value(&[]), 8.0); // the bias's
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn grad_accumulating(
+    roots: &[tch::Tensor],
+    grad_outputs: &[tch::Tensor],
+    inputs: &[tch::Tensor],
+    accumulated: &mut [Option<tch::Tensor>],
+) -> Result<Vec<Option<tch::Tensor>>, AutogradError> {
+    engine_shim::grad_accumulating(roots, grad_outputs, inputs, accumulated).map_err(engine_error)
+}
+
 /// The input half of a backward split in two, as zero-bubble pipeline
 /// schedules run it (their I action): the gradients of `roots`, seeded with
 /// `grad_outputs`, with respect to `inputs`, keeping the graph for the

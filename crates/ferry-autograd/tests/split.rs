@@ -217,3 +217,78 @@ fn run_accumulating_adds_linear_weight_gradients_in_place() {
         assert!(rest[5].is_some(), "w4 has nothing accumulated");
     }
 }
+
+/// `grad_accumulating` (a full backward that accumulates): accumulated
+/// plus rest equals accumulated plus the full gradient, with and without
+/// an input that requires grad (a pipeline's first stage has none, so its
+/// first layer's product feeds only the weight and the bias), for linear
+/// layers with and without a bias, a shared weight, `mm`, an elementwise
+/// scale and a parameter with nothing accumulated.
+#[test]
+fn grad_accumulating_adds_linear_weight_gradients_in_place() {
+    for (kind, input_grad) in [
+        (Kind::Double, true),
+        (Kind::Double, false),
+        (Kind::Float, true),
+        (Kind::Float, false),
+    ] {
+        let opts = (kind, Device::Cpu);
+        tch::manual_seed(11);
+        let p = |shape: &[i64]| Tensor::randn(shape, opts).set_requires_grad(true);
+        let params = vec![p(&[6, 5]), p(&[6, 6]), p(&[6]), p(&[4, 6]), p(&[3, 4])];
+        let x = Tensor::randn([7, 5], opts).set_requires_grad(input_grad);
+        // The first layer has no bias, so without an input gradient its
+        // product feeds nothing but the weight.
+        let build = |x: &Tensor, p: &[Tensor]| {
+            let h = x.linear::<&Tensor>(&p[0], None).relu();
+            let h = h.linear::<&Tensor>(&p[1], None).tanh();
+            let h = h.linear::<&Tensor>(&p[1], None) * &p[2];
+            let h = h.mm(&p[3].tr());
+            vec![h.linear::<&Tensor>(&p[4], None).sum(kind)]
+        };
+        let seeds = vec![Tensor::ones([], opts)];
+        let mut inputs: Vec<Tensor> = if input_grad {
+            vec![x.shallow_clone()]
+        } else {
+            vec![]
+        };
+        let offset = inputs.len();
+        inputs.extend(shallow(&params));
+        let full = ferry_autograd::grad(&build(&x, &params), &seeds, &inputs, false).unwrap();
+        let before: Vec<Option<Tensor>> = (0..inputs.len())
+            .map(|i| (i >= offset && i != offset + 4).then(|| inputs[i].randn_like()))
+            .collect();
+        let mut acc: Vec<Option<Tensor>> = before
+            .iter()
+            .map(|b| b.as_ref().map(Tensor::copy))
+            .collect();
+        let rest =
+            ferry_autograd::grad_accumulating(&build(&x, &params), &seeds, &inputs, &mut acc)
+                .unwrap();
+        let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+        for i in 0..inputs.len() {
+            let want = match &before[i] {
+                Some(b) => b + full[i].as_ref().unwrap(),
+                None => full[i].as_ref().unwrap().copy(),
+            };
+            let got = match (&acc[i], &rest[i]) {
+                (Some(a), Some(r)) => a + r,
+                (Some(a), None) => a.copy(),
+                (None, Some(r)) => r.copy(),
+                (None, None) => panic!("input {i}: no gradient at all"),
+            };
+            assert!(got.allclose(&want, tol, tol, false), "{kind:?} input {i}");
+        }
+        for i in [0, 1, 3] {
+            assert!(
+                rest[offset + i].is_none(),
+                "{kind:?}: parameter {i} is fused"
+            );
+        }
+        assert!(rest[offset + 2].is_some(), "the scale is elementwise");
+        assert!(
+            rest[offset + 4].is_some(),
+            "nothing accumulated for the last"
+        );
+    }
+}

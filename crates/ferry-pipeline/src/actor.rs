@@ -487,10 +487,10 @@ impl RankActor {
             .flatten()
             .map(|t| t.shallow_clone())
             .collect();
-        let (want_inputs, want_params, keep) = match part {
-            Part::Full => (true, true, false),
-            Part::Input => (true, false, true),
-            Part::Weight => (false, true, false),
+        let (want_inputs, want_params) = match part {
+            Part::Full => (true, true),
+            Part::Input => (true, false),
+            Part::Weight => (false, true),
         };
         let want_inputs = want_inputs && stage > 0 && !leaves.is_empty();
         let mut inputs: Vec<tch::Tensor> = Vec::new();
@@ -526,30 +526,41 @@ impl RankActor {
                             .run_accumulating(&saved.roots, &seeds, &inputs, &mut slot.grads)
                             .map_err(failed)?
                     }
-                    // Stage 0 (no I ran): the whole backward, weights only.
+                    // Stage 0 (no I ran): the whole backward, weights only,
+                    // linear layers' straight into the accumulated ones.
                     None => {
-                        ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
+                        slot.settle()
+                            .map_err(|e| format!("cannot scale gradients: {e}"))?;
+                        ferry_autograd::grad_accumulating(
+                            &saved.roots,
+                            &seeds,
+                            &inputs,
+                            &mut slot.grads,
+                        )
+                        .map_err(failed)?
                     }
                 },
-                // B with gradients already accumulated: as I then W, so
-                // that linear layers' weight gradients go straight into
-                // the accumulated ones (the same work otherwise).
-                Part::Full if want_inputs && slot.grads.iter().any(Option::is_some) => {
-                    let (leaves, params) = inputs.split_at(inputs.len() - slot.params.len());
-                    let (mut grads, weight) =
-                        ferry_autograd::backward_input(&saved.roots, &seeds, leaves, params)
-                            .map_err(failed)?;
+                // B: linear layers' weight gradients go straight into the
+                // accumulated ones; the rest comes back to add below.
+                Part::Full => {
                     slot.settle()
                         .map_err(|e| format!("cannot scale gradients: {e}"))?;
-                    grads.extend(
-                        weight
-                            .run_accumulating(&saved.roots, &seeds, params, &mut slot.grads)
-                            .map_err(failed)?,
+                    let mut accumulated: Vec<Option<tch::Tensor>> = (0..inputs.len()
+                        - slot.params.len())
+                        .map(|_| None)
+                        .collect();
+                    accumulated.extend(
+                        slot.grads
+                            .iter_mut()
+                            .map(|g| g.as_mut().map(|g| g.shallow_clone())),
                     );
-                    grads
-                }
-                Part::Full => {
-                    ferry_autograd::grad(&saved.roots, &seeds, &inputs, keep).map_err(failed)?
+                    ferry_autograd::grad_accumulating(
+                        &saved.roots,
+                        &seeds,
+                        &inputs,
+                        &mut accumulated,
+                    )
+                    .map_err(failed)?
                 }
             }
         };
