@@ -6,7 +6,7 @@ use crate::setup::{
     ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
     with_libtorch,
 };
-use crate::steps::{cargo, cmd, is_ci, run, succeeds, Steps};
+use crate::steps::{cargo, is_ci, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -89,50 +89,14 @@ const CROSS_HOST_PATHS: &[CrossHostPath] = &[
 ];
 
 /// Why workers cannot be run on separate hosts here (`None`: they can):
-/// it takes root, `ip` (iproute2), `unshare` and `nsenter` (util-linux),
-/// and a kernel that grants new network, IPC, PID, UTS and mount
-/// namespaces. The tests
-/// themselves check the same at run time (`ferry_testkit::hosts`).
+/// root (CAP_SYS_ADMIN, CAP_NET_ADMIN), `ip` (iproute2), `unshare` and
+/// `nsenter` (util-linux), and a kernel that grants the namespaces a host
+/// gets. The same check the tests make at run time
+/// (`ferry_testkit::hosts::availability`).
 fn cross_host_unavailable() -> Option<String> {
-    let euid = std::process::Command::new("id").arg("-u").output().ok();
-    let euid = euid.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    if euid.as_deref() != Some("0") {
-        return Some(format!(
-            "not root (euid {}): namespaces and veth links need root",
-            euid.as_deref().unwrap_or("unknown")
-        ));
-    }
-    for (tool, arg, package) in [
-        ("ip", "-V", "iproute2"),
-        ("unshare", "--version", "util-linux"),
-        ("nsenter", "--version", "util-linux"),
-    ] {
-        if !succeeds(&mut cmd(tool, &[arg])) {
-            return Some(format!("`{tool} {arg}` does not run (install {package})"));
-        }
-    }
-    // The namespaces a host gets (`ferry_testkit::hosts`).
-    let probe = [
-        "--net",
-        "--ipc",
-        "--pid",
-        "--uts",
-        "--mount",
-        "--fork",
-        "--kill-child",
-        "--mount-proc",
-        "true",
-    ];
-    let out = cmd("unshare", &probe).output();
-    match out {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!(
-            "`unshare {}` failed: {}",
-            probe.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Some(format!("cannot run `unshare`: {e}")),
-    }
+    ferry_testkit::hosts::availability()
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// `--workspace` plus one `--exclude` per crate in [`LIBTORCH_CRATES`].
