@@ -125,6 +125,51 @@ fn acc_pointers(
         .collect())
 }
 
+/// A shim entry point that runs a backward pass from `roots` to `inputs`:
+/// (roots, their gradients, root count, inputs, input count, outputs).
+type Pass<'a> = dyn FnOnce(
+        *const *const AtTensor,
+        *const *const AtTensor,
+        c_int,
+        *const *const AtTensor,
+        c_int,
+        *mut *mut AtTensor,
+    ) -> *mut c_char
+    + 'a;
+
+/// Checks the counts, hands `pass` the tensors as the shim takes them and
+/// one output slot per input, and takes the outputs back.
+fn backward_pass(
+    roots: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    pass: Box<Pass<'_>>,
+) -> Result<Vec<Option<Tensor>>, String> {
+    if roots.len() != grad_outputs.len() {
+        return Err(format!(
+            "{} roots but {} gradients",
+            roots.len(),
+            grad_outputs.len()
+        ));
+    }
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let r: Vec<_> = roots.iter().map(ptr).collect();
+    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
+    let i: Vec<_> = inputs.iter().map(ptr).collect();
+    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
+    check(pass(
+        r.as_ptr(),
+        g.as_ptr(),
+        r.len() as c_int,
+        i.as_ptr(),
+        i.len() as c_int,
+        out.as_mut_ptr(),
+    ))?;
+    Ok(owned_outputs(out))
+}
+
 /// [`grad`] without keeping the graph, adding linear layers' weight
 /// gradients into `accumulated` (one entry per input) in place; the result
 /// holds the rest of each input's gradient.
@@ -134,72 +179,38 @@ pub(crate) fn grad_accumulating(
     inputs: &[Tensor],
     accumulated: &mut [Option<Tensor>],
 ) -> Result<Vec<Option<Tensor>>, String> {
-    if roots.len() != grad_outputs.len() {
-        return Err(format!(
-            "{} roots but {} gradients",
-            roots.len(),
-            grad_outputs.len()
-        ));
-    }
     let accs = acc_pointers(accumulated, inputs.len())?;
-    if inputs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let r: Vec<_> = roots.iter().map(ptr).collect();
-    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
-    let i: Vec<_> = inputs.iter().map(ptr).collect();
-    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
-    // SAFETY: every pointer is a live tch tensor for the duration of the
-    // call (the accumulated ones exclusively borrowed); `out` and `accs`
-    // have one slot per input.
-    check(unsafe {
-        ferry_grad_accumulating(
-            r.as_ptr(),
-            g.as_ptr(),
-            r.len() as c_int,
-            i.as_ptr(),
-            i.len() as c_int,
-            accs.as_ptr(),
-            out.as_mut_ptr(),
-        )
-    })?;
-    Ok(owned_outputs(out))
+    backward_pass(
+        roots,
+        grad_outputs,
+        inputs,
+        Box::new(|r, g, n, i, ni, out| {
+            // SAFETY: live tch tensors for the call (the accumulated ones
+            // exclusively borrowed); `out` and `accs` have one slot per
+            // input.
+            unsafe { ferry_grad_accumulating(r, g, n, i, ni, accs.as_ptr(), out) }
+        }),
+    )
 }
 
+/// Gradients of `roots` (seeded with `grad_outputs`) with respect to
+/// `inputs`, without touching `.grad`.
 pub(crate) fn grad(
     roots: &[Tensor],
     grad_outputs: &[Tensor],
     inputs: &[Tensor],
     keep_graph: bool,
 ) -> Result<Vec<Option<Tensor>>, String> {
-    if roots.len() != grad_outputs.len() {
-        return Err(format!(
-            "{} roots but {} gradients",
-            roots.len(),
-            grad_outputs.len()
-        ));
-    }
-    if inputs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let r: Vec<_> = roots.iter().map(ptr).collect();
-    let g: Vec<_> = grad_outputs.iter().map(ptr).collect();
-    let i: Vec<_> = inputs.iter().map(ptr).collect();
-    let mut out: Vec<*mut AtTensor> = vec![std::ptr::null_mut(); inputs.len()];
-    // SAFETY: every pointer is a live tch tensor for the duration of the
-    // call; `out` has room for one tensor per input.
-    check(unsafe {
-        ferry_grad(
-            r.as_ptr(),
-            g.as_ptr(),
-            r.len() as c_int,
-            i.as_ptr(),
-            i.len() as c_int,
-            c_int::from(keep_graph),
-            out.as_mut_ptr(),
-        )
-    })?;
-    Ok(owned_outputs(out))
+    backward_pass(
+        roots,
+        grad_outputs,
+        inputs,
+        Box::new(|r, g, n, i, ni, out| {
+            // SAFETY: live tch tensors for the call; `out` has one slot
+            // per input.
+            unsafe { ferry_grad(r, g, n, i, ni, c_int::from(keep_graph), out) }
+        }),
+    )
 }
 
 /// What the input half of a split backward captured for the weight half
