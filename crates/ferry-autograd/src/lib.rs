@@ -253,7 +253,8 @@ impl WeightBackward {
     /// gradient-sized temporary and no separate addition, and the result
     /// holds only the rest of each gradient (`None` where nothing is left),
     /// for the caller to add as before. Other layers, hooks and parameters
-    /// without an accumulated gradient go through [`run`](Self::run)'s path.
+    /// without an accumulated gradient go through [`run`](Self::run)'s path;
+    /// without a capture, the pass from the roots is [`grad_accumulating`].
     ///
     /// ```
     /// use tch::{Kind, Tensor};
@@ -279,7 +280,7 @@ impl WeightBackward {
         match self.0 {
             Some(captured) => engine_shim::backward_weight(captured, params, Some(accumulated))
                 .map_err(engine_error),
-            None => grad(roots, grad_outputs, params, false),
+            None => grad_accumulating(roots, grad_outputs, params, accumulated),
         }
     }
 

@@ -501,6 +501,12 @@ impl RankActor {
             inputs.extend(slot.params.iter().map(|t| t.shallow_clone()));
         }
         let failed = |e: ferry_autograd::AutogradError| format!("backward failed: {e}");
+        // B and W add into the accumulated gradients in place: a deferred
+        // scale_grads division goes first.
+        if want_params {
+            slot.settle()
+                .map_err(|e| format!("cannot scale gradients: {e}"))?;
+        }
         let grads: Vec<Option<tch::Tensor>> = if saved.roots.is_empty() || inputs.is_empty() {
             (0..inputs.len()).map(|_| None).collect()
         } else {
@@ -519,40 +525,30 @@ impl RankActor {
                 Part::Weight => match saved.weight.take() {
                     // Linear layers' weight gradients go straight into the
                     // accumulated ones; the rest comes back to add below.
-                    Some(weight) => {
-                        slot.settle()
-                            .map_err(|e| format!("cannot scale gradients: {e}"))?;
-                        weight
-                            .run_accumulating(&saved.roots, &seeds, &inputs, &mut slot.grads)
-                            .map_err(failed)?
-                    }
+                    Some(weight) => weight
+                        .run_accumulating(&saved.roots, &seeds, &inputs, &mut slot.grads)
+                        .map_err(failed)?,
                     // Stage 0 (no I ran): the whole backward, weights only,
                     // linear layers' straight into the accumulated ones.
-                    None => {
-                        slot.settle()
-                            .map_err(|e| format!("cannot scale gradients: {e}"))?;
-                        ferry_autograd::grad_accumulating(
-                            &saved.roots,
-                            &seeds,
-                            &inputs,
-                            &mut slot.grads,
-                        )
-                        .map_err(failed)?
-                    }
+                    None => ferry_autograd::grad_accumulating(
+                        &saved.roots,
+                        &seeds,
+                        &inputs,
+                        &mut slot.grads,
+                    )
+                    .map_err(failed)?,
                 },
                 // B: linear layers' weight gradients go straight into the
                 // accumulated ones; the rest comes back to add below.
                 Part::Full => {
-                    slot.settle()
-                        .map_err(|e| format!("cannot scale gradients: {e}"))?;
                     let mut accumulated: Vec<Option<tch::Tensor>> = (0..inputs.len()
                         - slot.params.len())
                         .map(|_| None)
                         .collect();
                     accumulated.extend(
                         slot.grads
-                            .iter_mut()
-                            .map(|g| g.as_mut().map(|g| g.shallow_clone())),
+                            .iter()
+                            .map(|g| g.as_ref().map(tch::Tensor::shallow_clone)),
                     );
                     ferry_autograd::grad_accumulating(
                         &saved.roots,

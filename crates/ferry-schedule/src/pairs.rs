@@ -269,11 +269,31 @@ impl Extent {
     }
 }
 
+/// Widens a stage-major grid of `stages` rows of `mbs` microbatch slots so
+/// that microbatch `mb` (at least `mbs`) fits: by half again at least, to
+/// at most `limit` cells in all. Returns the new row length, or `None` when
+/// `mb` cannot fit within `limit` (the fast paths then give up).
+pub(crate) fn widen_to_fit<T: Copy>(
+    grid: &mut Vec<T>,
+    stages: usize,
+    mbs: usize,
+    mb: usize,
+    limit: usize,
+    fill: T,
+) -> Option<usize> {
+    let grown = (mb + 1).max(mbs + mbs / 2).min(limit / stages);
+    if mb >= grown {
+        return None;
+    }
+    widen(grid, stages, mbs, grown, fill);
+    Some(grown)
+}
+
 /// Widens a stage-major grid of `stages` rows of `old` microbatch slots
 /// each to rows of `new` slots (filled with `fill`), keeping every entry
 /// at its (stage, microbatch): the fast paths' tables, laid out so that a
 /// stage's successive microbatches are side by side.
-pub(crate) fn widen<T: Copy>(grid: &mut Vec<T>, stages: usize, old: usize, new: usize, fill: T) {
+fn widen<T: Copy>(grid: &mut Vec<T>, stages: usize, old: usize, new: usize, fill: T) {
     let mut wider = vec![fill; stages * new];
     for (to, from) in wider.chunks_exact_mut(new).zip(grid.chunks_exact(old)) {
         to[..old].copy_from_slice(from);

@@ -137,13 +137,7 @@ pub(super) fn add_send_recv(compute: &Schedule, stage_to_rank: &[usize]) -> Opti
                     return None;
                 }
                 if mb >= mbs {
-                    let grown = (mb + 1).max(mbs + mbs / 2).min(limit / width);
-                    if mb >= grown {
-                        return None;
-                    }
-                    let old = mbs;
-                    mbs = grown;
-                    crate::pairs::widen(&mut done, width, old, mbs, [0; 4]);
+                    mbs = crate::pairs::widen_to_fit(&mut done, width, mbs, mb, limit, [0; 4])?;
                 }
                 let p = stage * mbs + mb;
                 // Where a blocked rank's receive cell is, whatever the layout.

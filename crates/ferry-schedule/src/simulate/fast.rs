@@ -104,13 +104,8 @@ pub(super) fn run<'a>(
                 return None;
             }
             if mb >= mbs {
-                let grown = (mb + 1).max(mbs + mbs / 2).min(limit / width);
-                if mb >= grown {
-                    return None;
-                }
-                let old = mbs;
-                mbs = grown;
-                crate::pairs::widen(&mut pairs, width, old, mbs, Pair::default());
+                mbs =
+                    crate::pairs::widen_to_fit(&mut pairs, width, mbs, mb, limit, Pair::default())?;
             }
             let p = stage * mbs + mb;
             let half = match kind {
