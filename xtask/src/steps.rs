@@ -23,17 +23,33 @@ pub(crate) fn cmd(program: &str, args: &[&str]) -> Command {
 
 /// `cargo` with the given arguments, from the repository root.
 ///
-/// Under CI (`CI=true`) incremental compilation is off unless
-/// `CARGO_INCREMENTAL` says otherwise: a CI run builds once from a clean
-/// clone, where incremental data only costs time and disk (it was half of
-/// a long-lived `target/`), and CI machines' disks can be small.
+/// Under CI (`CI=true`), unless the environment already says otherwise:
+/// - incremental compilation is off: a CI run builds once from a clean
+///   clone, where incremental data only costs time and disk (it was half of
+///   a long-lived `target/`);
+/// - debug info is line tables only, in both profiles: backtraces still
+///   name files and lines, and the artifacts take about half the disk.
+///
+/// CI machines' disks can be small: one CI run failed with "No space left
+/// on device" while building the libtorch crates' tests.
 pub(crate) fn cargo(args: &[&str]) -> Command {
     let mut c = cmd("cargo", args);
-    if is_ci() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
-        c.env("CARGO_INCREMENTAL", "0");
+    if is_ci() {
+        for (key, value) in CI_CARGO_ENV {
+            if std::env::var_os(key).is_none() {
+                c.env(key, value);
+            }
+        }
     }
     c
 }
+
+/// The environment [`cargo`] sets under CI, where not already set.
+const CI_CARGO_ENV: &[(&str, &str)] = &[
+    ("CARGO_INCREMENTAL", "0"),
+    ("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"),
+    ("CARGO_PROFILE_RELEASE_DEBUG", "line-tables-only"),
+];
 
 /// Whether this is a CI run (`CI=true`).
 pub(crate) fn is_ci() -> bool {
@@ -126,6 +142,10 @@ impl Steps {
                     "\nxtask: step `{name}` FAILED after {:.1}s",
                     took.as_secs_f64()
                 );
+                // Running out of disk is a common cause; say how much is left.
+                if let Some(free) = free_gib(&root()) {
+                    eprintln!("xtask: {free:.1} GiB free on the repository's disk");
+                }
                 Err(e.context(format!("step `{name}` failed")))
             }
         }
@@ -143,6 +163,9 @@ impl Steps {
             eprintln!("  {name:<width$}  {:>7.1}s  {word}", took.as_secs_f64());
         }
         eprintln!("  {:<width$}  {:>7.1}s", "total", total.as_secs_f64());
+        if let Some(free) = free_gib(&root()) {
+            eprintln!("  ({free:.1} GiB free on the repository's disk)");
+        }
     }
 }
 

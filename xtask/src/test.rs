@@ -6,7 +6,7 @@ use crate::setup::{
     ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
     with_libtorch,
 };
-use crate::steps::{cargo, is_ci, run, Steps};
+use crate::steps::{cargo, is_ci, root, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -368,7 +368,14 @@ pub(crate) fn main() -> Result<()> {
             LOOM_TARGET_DIR,
             "shm::",
         ])
-        .env("RUSTFLAGS", "--cfg loom"))
+        .env("RUSTFLAGS", "--cfg loom"))?;
+        // `--cfg loom` rebuilds every crate for this step alone; a CI run
+        // (a clean clone, nothing to cache for) gives that disk back.
+        if is_ci() {
+            std::fs::remove_dir_all(root().join(LOOM_TARGET_DIR))
+                .with_context(|| format!("removing {LOOM_TARGET_DIR}"))?;
+        }
+        Ok(())
     })?;
     // The libtorch crates, built against the .venv's PyTorch.
     steps.step("clippy (libtorch crates)", || {

@@ -49,6 +49,10 @@ const WORLD_DEADLINE: Duration = Duration::from_secs(120);
 pub struct Output {
     /// Exit status success.
     pub success: bool,
+    /// How the process ended, as the OS reports it: `exit status: 0`,
+    /// `signal: 11 (SIGSEGV) (core dumped)`, … A rank whose test passed can
+    /// still fail here, in what runs at process exit.
+    pub status: String,
     /// Standard output.
     pub stdout: String,
     /// Standard error.
@@ -245,11 +249,15 @@ fn launch(test: &str, plan: Vec<Placement>, master_addr: &str) -> Vec<Output> {
             });
             let _ = out.read_to_string(&mut stdout);
             stderr.push_str(&t.join().unwrap_or_default());
-            let success = child.wait().map(|s| s.success()).unwrap_or(false);
+            let (success, status) = match child.wait() {
+                Ok(s) => (s.success(), s.to_string()),
+                Err(e) => (false, format!("could not wait for the process: {e}")),
+            };
             let _ = tx.send((
                 rank,
                 Output {
                     success,
+                    status,
                     stdout,
                     stderr,
                 },
@@ -290,8 +298,8 @@ pub fn world_wrapped_ok(
     for (rank, o) in outputs.iter().enumerate() {
         assert!(
             o.success,
-            "rank {rank} of {test} failed\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            o.stdout, o.stderr
+            "rank {rank} of {test} failed ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            o.status, o.stdout, o.stderr
         );
     }
     Some(outputs)
