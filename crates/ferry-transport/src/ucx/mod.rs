@@ -36,10 +36,15 @@
 //!   TCP peer without it), and go without where `UCX_TLS` names only
 //!   shared-memory transports (which have none); the `ucx` transport's
 //!   reader watches the connection's TCP socket for the peer's exit.
+//! - **Process exit.** An exit handler (module `exit`) stops every thread from
+//!   entering UCX before UCX's library destructors run: a process may exit
+//!   with connections open and busy, or drop them on other threads while
+//!   it exits.
 //! - **UCX's own transports.** `UCX_*` environment variables pass through
 //!   (UCX reads them); [`ChannelConfig::ucx_tls`](crate::ChannelConfig)
 //!   (the RPC layer's `FERRY_UCX_TLS`) sets `UCX_TLS` for Ferry's context.
 
+mod exit;
 mod stream;
 pub mod sys;
 mod worker;
@@ -73,7 +78,9 @@ pub fn api() -> Result<&'static sys::Ucp, TransportError> {
         if std::env::var_os("UCX_VFS_ENABLE").is_none() {
             std::env::set_var("UCX_VFS_ENABLE", "n");
         }
-        load(LIBRARY).map_err(|e| e.to_string())
+        let api = load(LIBRARY).map_err(|e| e.to_string())?;
+        exit::register_handler();
+        Ok(api)
     })
     .as_ref()
     .map_err(|reason| TransportError::Unavailable {

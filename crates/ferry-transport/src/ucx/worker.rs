@@ -20,14 +20,14 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
-use super::{context, status_text, sys, Context};
+use super::{context, exit, status_text, sys, Context};
 use crate::{channel, TransportError};
 
 /// How long the progress task sleeps on the event fd at most (a backstop
@@ -134,11 +134,16 @@ pub(crate) struct Shared {
     stop: Notify,
     efd: Option<AsyncFd<RawFd>>,
     spin: Duration,
-    peer: String,
+    /// The peer's name, set when the endpoint connects.
+    peer: OnceLock<String>,
     _context: Arc<Context>,
 }
 
 impl Shared {
+    fn peer(&self) -> &str {
+        self.peer.get().map_or("", String::as_str)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -146,7 +151,7 @@ impl Shared {
     fn fail(&self, reason: String) {
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if failed.is_none() {
-            tracing::warn!(peer = %self.peer, %reason, "UCX link failed");
+            tracing::warn!(peer = %self.peer(), %reason, "UCX link failed");
             *failed = Some(reason);
         }
         self.has_failed.store(true, Ordering::Release);
@@ -164,7 +169,7 @@ impl Shared {
             .unwrap_or_default();
         Some(TransportError::Channel {
             channel: channel::UCX,
-            peer: self.peer.clone(),
+            peer: self.peer().to_owned(),
             reason,
         })
     }
@@ -212,42 +217,63 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // The fd belongs to the worker: deregister it first.
         drop(self.efd.take());
+        // Under the registry's lock, so the process does not exit in the
+        // middle; once it is exiting, UCX is left alone (see `exit`).
+        let registry = exit::registry();
         let api = self.api;
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if !state.ep.is_null() {
-            // SAFETY: zeroed is a valid parameter block; the endpoint is live.
-            let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
-            // SAFETY: the endpoint is live and closed once.
-            let req = unsafe { api.ucp_ep_close_nbx(state.ep, &param) };
-            if is_request(req) {
-                for _ in 0..10_000 {
-                    // SAFETY: worker and request are live.
-                    unsafe { api.ucp_worker_progress(state.worker) };
-                    // SAFETY: as above.
-                    if unsafe { api.ucp_request_check_status(req) } != sys::UCS_INPROGRESS {
-                        break;
-                    }
-                }
-                // SAFETY: freed once; UCX completes or drops it with the worker.
-                unsafe { api.ucp_request_free(req) };
-            }
-            state.ep = std::ptr::null_mut();
+        if registry.exiting {
+            // What UCX may still write is leaked, not freed.
+            std::mem::forget(std::mem::take(&mut state.inflight));
+            return;
         }
-        for f in &state.inflight {
-            // SAFETY: a live request of this worker; cancelled and released
-            // (the worker's destruction below ends it either way).
-            unsafe {
-                api.ucp_request_cancel(state.worker, f.request);
-            }
-        }
-        // SAFETY: every request and the endpoint are done with; nothing of
-        // this worker is used after this.
-        unsafe { api.ucp_worker_destroy(state.worker) };
-        // The buffers in `inflight` are dropped after the worker is gone.
-        state.inflight.clear();
+        destroy(api, state);
     }
+}
+
+impl exit::Quiesce for Shared {
+    fn quiesce(&self) {
+        let state = self.lock();
+        // Kept locked: nothing uses this worker again in this process.
+        std::mem::forget(state);
+    }
+}
+
+/// Closes the endpoint, cancels what is in flight and destroys the worker.
+fn destroy(api: &sys::Ucp, state: &mut State) {
+    if !state.ep.is_null() {
+        // SAFETY: zeroed is a valid parameter block; the endpoint is live.
+        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+        // SAFETY: the endpoint is live and closed once.
+        let req = unsafe { api.ucp_ep_close_nbx(state.ep, &param) };
+        if is_request(req) {
+            for _ in 0..10_000 {
+                // SAFETY: worker and request are live.
+                unsafe { api.ucp_worker_progress(state.worker) };
+                // SAFETY: as above.
+                if unsafe { api.ucp_request_check_status(req) } != sys::UCS_INPROGRESS {
+                    break;
+                }
+            }
+            // SAFETY: freed once; UCX completes or drops it with the worker.
+            unsafe { api.ucp_request_free(req) };
+        }
+        state.ep = std::ptr::null_mut();
+    }
+    for f in &state.inflight {
+        // SAFETY: a live request of this worker; cancelled and released
+        // (the worker's destruction below ends it either way).
+        unsafe {
+            api.ucp_request_cancel(state.worker, f.request);
+        }
+    }
+    // SAFETY: every request and the endpoint are done with; nothing of
+    // this worker is used after this.
+    unsafe { api.ucp_worker_destroy(state.worker) };
+    // The buffers in `inflight` are dropped after the worker is gone.
+    state.inflight.clear();
 }
 
 fn is_request(ptr: *mut c_void) -> bool {
@@ -317,10 +343,43 @@ fn may_detect_peer_failure(tls: Option<&str>) -> bool {
     })
 }
 
+/// A new worker's address and event fd, or what failed with UCX's status.
+fn describe(
+    api: &sys::Ucp,
+    worker: sys::ucp_worker_h,
+) -> Result<(Vec<u8>, RawFd), (&'static str, sys::ucs_status_t)> {
+    let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: a live worker; out-parameters.
+    let status = unsafe { api.ucp_worker_get_address(worker, &mut addr, &mut len) };
+    if status != sys::UCS_OK {
+        return Err(("reading the UCX worker's address failed", status));
+    }
+    // SAFETY: UCX returned `len` bytes at `addr`, released right after.
+    let address = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+    // SAFETY: released once.
+    unsafe { api.ucp_worker_release_address(worker, addr) };
+    let mut efd: RawFd = -1;
+    // SAFETY: a live worker created with wakeup events; out-parameter.
+    let status = unsafe { api.ucp_worker_get_efd(worker, &mut efd) };
+    if status != sys::UCS_OK {
+        return Err(("the UCX worker has no event fd", status));
+    }
+    Ok((address, efd))
+}
+
 impl UcxWorker {
     /// Creates a worker on the context for `tls`.
     pub(crate) fn new(tls: Option<&str>, spin: Duration) -> Result<Self, TransportError> {
         let api = super::api()?;
+        // Held until the worker is registered (see `exit`).
+        let mut registry = exit::registry();
+        if registry.exiting {
+            return Err(TransportError::Unavailable {
+                what: "UCX",
+                reason: "the process is exiting".into(),
+            });
+        }
         let ctx = context(tls)?;
         let unavailable = |what: &str, status| TransportError::Unavailable {
             what: "UCX",
@@ -341,7 +400,31 @@ impl UcxWorker {
         if status != sys::UCS_OK {
             return Err(unavailable("creating a UCX worker failed", status));
         }
-        let mut shared = Arc::new(Shared {
+        // What UCX says of the new worker; on failure the worker is
+        // destroyed here (no `Shared` owns it yet).
+        let described = describe(api, worker).inspect_err(|_| {
+            // SAFETY: created above, used by nothing else.
+            unsafe { api.ucp_worker_destroy(worker) };
+        });
+        let (address, efd) = match described {
+            Ok(d) => d,
+            Err((what, status)) => return Err(unavailable(what, status)),
+        };
+        // SAFETY: the worker owns the fd and keeps it open until it is
+        // destroyed, which `Shared::drop` does only after dropping this.
+        let fd =
+            match unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) } {
+                Ok(fd) => fd,
+                Err(e) => {
+                    // SAFETY: as above.
+                    unsafe { api.ucp_worker_destroy(worker) };
+                    return Err(TransportError::Unavailable {
+                        what: "UCX",
+                        reason: format!("cannot watch the UCX worker's event fd: {e}"),
+                    });
+                }
+            };
+        let shared = Arc::new(Shared {
             api,
             state: Mutex::new(State {
                 worker,
@@ -352,41 +435,14 @@ impl UcxWorker {
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             stop: Notify::new(),
-            efd: None,
+            efd: Some(fd),
             spin,
-            peer: String::new(),
+            peer: OnceLock::new(),
             _context: ctx,
         });
-        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
-        let mut len = 0usize;
-        // SAFETY: a live worker; out-parameters.
-        let status = unsafe { api.ucp_worker_get_address(worker, &mut addr, &mut len) };
-        if status != sys::UCS_OK {
-            return Err(unavailable(
-                "reading the UCX worker's address failed",
-                status,
-            ));
-        }
-        // SAFETY: UCX returned `len` bytes at `addr`, released right after.
-        let address = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
-        // SAFETY: released once.
-        unsafe { api.ucp_worker_release_address(worker, addr) };
-        let mut efd: RawFd = -1;
-        // SAFETY: a live worker created with wakeup events; out-parameter.
-        let status = unsafe { api.ucp_worker_get_efd(worker, &mut efd) };
-        if status != sys::UCS_OK {
-            return Err(unavailable("the UCX worker has no event fd", status));
-        }
-        // SAFETY: the worker owns the fd and keeps it open until it is
-        // destroyed, which `Shared::drop` does only after dropping this.
-        let fd = unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }
-            .map_err(|e| TransportError::Unavailable {
-                what: "UCX",
-                reason: format!("cannot watch the UCX worker's event fd: {e}"),
-            })?;
-        if let Some(s) = Arc::get_mut(&mut shared) {
-            s.efd = Some(fd);
-        }
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        registry.push(weak);
+        drop(registry);
         let env_tls = std::env::var("UCX_TLS").ok();
         let peer_mode = may_detect_peer_failure(tls.or(env_tls.as_deref()));
         Ok(UcxWorker {
@@ -409,13 +465,9 @@ impl UcxWorker {
         peer: &str,
     ) -> Result<UcxLink, TransportError> {
         let UcxWorker {
-            mut shared,
-            peer_mode,
-            ..
+            shared, peer_mode, ..
         } = self;
-        if let Some(s) = Arc::get_mut(&mut shared) {
-            s.peer = peer.to_owned();
-        }
+        let _ = shared.peer.set(peer.to_owned());
         let api = shared.api;
         {
             let mut state = shared.lock();
@@ -524,7 +576,7 @@ impl UcxLink {
     fn error(&self, what: &str, status: sys::ucs_status_t) -> TransportError {
         TransportError::Channel {
             channel: channel::UCX,
-            peer: self.shared.peer.clone(),
+            peer: self.shared.peer().to_owned(),
             reason: format!("{what}: {}", status_text(self.shared.api, status)),
         }
     }
@@ -758,7 +810,7 @@ impl Pending {
         let Some(c) = self.completion.clone() else {
             return Poll::Ready(Err(TransportError::Channel {
                 channel: channel::UCX,
-                peer: shared.peer.clone(),
+                peer: shared.peer().to_owned(),
                 reason: "a UCX receive was polled after it finished".into(),
             }));
         };
