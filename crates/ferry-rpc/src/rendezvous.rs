@@ -134,8 +134,20 @@ pub(crate) async fn rendezvous(o: &RpcOptions) -> Result<Rendezvous, RpcError> {
         });
         addrs.push(r.addr);
     }
-    // Rank 0 keeps the store up until everyone has read the table.
-    store.set(&format!("ready/{}", o.rank), Vec::new()).await?;
+    // Rank 0 keeps the store up until everyone has read the table. It
+    // may close it as soon as the last `ready` is stored (when it fails
+    // the rendezvous too, e.g. on a duplicate name, and its process
+    // exits), before the reply to that `set` reaches this worker: the
+    // store closing here, after the table was read, changes nothing. Seen
+    // across hosts: "the store connection is closed" where every rank
+    // should have failed with the duplicate name.
+    match store.set(&format!("ready/{}", o.rank), Vec::new()).await {
+        Ok(()) => {}
+        Err(crate::store::StoreError::Closed) if o.rank != 0 => {
+            debug!("the store closed after the rendezvous table was read");
+        }
+        Err(e) => return Err(e.into()),
+    }
     if o.rank == 0 {
         let ready: Vec<String> = (0..o.world_size).map(|r| format!("ready/{r}")).collect();
         store.wait(&ready, o.init_timeout).await?;
