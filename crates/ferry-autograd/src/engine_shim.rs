@@ -125,25 +125,21 @@ fn acc_pointers(
         .collect())
 }
 
-/// A shim entry point that runs a backward pass from `roots` to `inputs`:
-/// (roots, their gradients, root count, inputs, input count, outputs).
-type Pass<'a> = dyn FnOnce(
+/// Checks the counts, hands `pass` (a shim entry point) the tensors as the
+/// shim takes them: (roots, their gradients, root count, inputs, input
+/// count, one output slot per input), and takes the outputs back.
+fn backward_pass(
+    roots: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    pass: impl FnOnce(
         *const *const AtTensor,
         *const *const AtTensor,
         c_int,
         *const *const AtTensor,
         c_int,
         *mut *mut AtTensor,
-    ) -> *mut c_char
-    + 'a;
-
-/// Checks the counts, hands `pass` the tensors as the shim takes them and
-/// one output slot per input, and takes the outputs back.
-fn backward_pass(
-    roots: &[Tensor],
-    grad_outputs: &[Tensor],
-    inputs: &[Tensor],
-    pass: Box<Pass<'_>>,
+    ) -> *mut c_char,
 ) -> Result<Vec<Option<Tensor>>, String> {
     if roots.len() != grad_outputs.len() {
         return Err(format!(
@@ -180,17 +176,12 @@ pub(crate) fn grad_accumulating(
     accumulated: &mut [Option<Tensor>],
 ) -> Result<Vec<Option<Tensor>>, String> {
     let accs = acc_pointers(accumulated, inputs.len())?;
-    backward_pass(
-        roots,
-        grad_outputs,
-        inputs,
-        Box::new(|r, g, n, i, ni, out| {
-            // SAFETY: live tch tensors for the call (the accumulated ones
-            // exclusively borrowed); `out` and `accs` have one slot per
-            // input.
-            unsafe { ferry_grad_accumulating(r, g, n, i, ni, accs.as_ptr(), out) }
-        }),
-    )
+    backward_pass(roots, grad_outputs, inputs, |r, g, n, i, ni, out| {
+        // SAFETY: live tch tensors for the call (the accumulated ones
+        // exclusively borrowed); `out` and `accs` have one slot per
+        // input.
+        unsafe { ferry_grad_accumulating(r, g, n, i, ni, accs.as_ptr(), out) }
+    })
 }
 
 /// Gradients of `roots` (seeded with `grad_outputs`) with respect to
@@ -201,16 +192,11 @@ pub(crate) fn grad(
     inputs: &[Tensor],
     keep_graph: bool,
 ) -> Result<Vec<Option<Tensor>>, String> {
-    backward_pass(
-        roots,
-        grad_outputs,
-        inputs,
-        Box::new(|r, g, n, i, ni, out| {
-            // SAFETY: live tch tensors for the call; `out` has one slot
-            // per input.
-            unsafe { ferry_grad(r, g, n, i, ni, c_int::from(keep_graph), out) }
-        }),
-    )
+    backward_pass(roots, grad_outputs, inputs, |r, g, n, i, ni, out| {
+        // SAFETY: live tch tensors for the call; `out` has one slot
+        // per input.
+        unsafe { ferry_grad(r, g, n, i, ni, c_int::from(keep_graph), out) }
+    })
 }
 
 /// What the input half of a split backward captured for the weight half
