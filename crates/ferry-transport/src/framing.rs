@@ -845,7 +845,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         ReleaseSignal(self.shared.clone())
     }
 
-    /// `cma` tensors sent and not yet released by the peer.
+    /// `cma` and `cuda_ipc` tensors sent and not yet released by the peer.
     pub fn tensors_in_flight(&self) -> usize {
         self.shared.lock_pending().len()
     }

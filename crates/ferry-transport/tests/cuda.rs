@@ -5,6 +5,10 @@
 //! - `cuda_staged` between two real connections: device → device, CPU →
 //!   device and device → CPU through the device maps, sizes with partial
 //!   last chunks, bytes checked;
+//! - `cuda_ipc` between two connections of one process (CUDA does not open
+//!   a process's own IPC handles: the receiver copies from the exporter's
+//!   memory after its event), and records reaching outside the exported
+//!   allocation refused in both processes;
 //! - `cuda_ipc` over a connection between two processes (selected for
 //!   cuda:0 → cuda:0 on one host; the sender's tensor is released by the
 //!   receiver's release frame);
@@ -60,6 +64,14 @@ fn endpoint(name: &str, rank: u32, peer: &str, map: &[(Device, Device)]) -> Endp
     e
 }
 
+/// `e` without the `cuda_ipc` channel, so device pairs on one host take
+/// `cuda_staged`.
+fn without_ipc(mut e: Endpoint) -> Endpoint {
+    e.channels
+        .retain(|o| o.name != ferry_transport::channel::CUDA_IPC);
+    e
+}
+
 fn request(id: u64, tensor: Arc<dyn ferry_wire::payload::OutgoingTensor>) -> OutgoingMessage {
     OutgoingMessage {
         kind: MessageKind::REQUEST,
@@ -77,20 +89,28 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
     // The client's cuda:0 maps onto the server's last device; the server's
     // map is the reverse.
     let (mut server, mut client) = pair(
-        endpoint(
+        without_ipc(endpoint(
             "s",
             0,
             "c",
             &[(last, Device::Cuda(0)), (Device::Cpu, Device::Cpu)],
-        ),
-        endpoint(
+        )),
+        without_ipc(endpoint(
             "c",
             1,
             "s",
             &[(Device::Cuda(0), last), (Device::Cpu, Device::Cpu)],
-        ),
+        )),
     )
     .await;
+    assert_eq!(
+        client
+            .writer
+            .selection()
+            .channel_for(Device::Cuda(0), last)
+            .unwrap(),
+        ferry_transport::channel::CUDA_STAGED
+    );
     for (id, len) in [
         (1u64, 1usize),
         (2, (1 << 20) + 13),
@@ -99,12 +119,11 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
     ] {
         let data = pattern(len, id as u8);
         let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &data).unwrap();
-        client
-            .writer
-            .write(&request(id, Arc::new(t)))
-            .await
-            .unwrap();
-        let got = server.reader.read().await.unwrap().unwrap();
+        // Both ends at once: the stream holds less than a tensor.
+        let message = request(id, Arc::new(t));
+        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
+        sent.unwrap();
+        let got = got.unwrap().unwrap();
         assert_eq!(got.header.request_id, id);
         let incoming = got.tensors.into_iter().next().unwrap();
         assert_eq!(incoming.descriptor.device, last);
@@ -126,13 +145,12 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
     .await;
     let data = pattern(3 << 20, 5);
     let cpu = RawTensor::from_bytes(DType::U8, &[data.len() as i64], &data).unwrap();
-    client
-        .writer
-        .write(&request(1, Arc::new(cpu)))
-        .await
-        .unwrap();
-    let got = server.reader.read().await.unwrap().unwrap();
+    let message = request(1, Arc::new(cpu));
+    let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
+    sent.unwrap();
     let on_gpu = got
+        .unwrap()
+        .unwrap()
         .tensors
         .into_iter()
         .next()
@@ -143,13 +161,12 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
     assert_eq!(on_gpu.descriptor().device, Device::Cuda(0));
     assert!(on_gpu.to_host().unwrap() == data);
 
-    server
-        .writer
-        .write(&request(2, Arc::new(*on_gpu)))
-        .await
-        .unwrap();
-    let got = client.reader.read().await.unwrap().unwrap();
+    let message = request(2, Arc::new(*on_gpu));
+    let (sent, got) = tokio::join!(server.writer.write(&message), client.reader.read());
+    sent.unwrap();
     let back = got
+        .unwrap()
+        .unwrap()
         .tensors
         .into_iter()
         .next()
@@ -158,6 +175,92 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
         .downcast::<RawTensor>()
         .unwrap();
     assert!(back.storage().as_bytes() == data.as_slice());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_ipc_between_connections_of_one_process() {
+    let Some(_) = gpus() else { return };
+    let (mut server, mut client) = pair(
+        endpoint("s", 0, "c", &[(Device::Cuda(0), Device::Cuda(0))]),
+        endpoint("c", 1, "s", &[(Device::Cuda(0), Device::Cuda(0))]),
+    )
+    .await;
+    assert_eq!(
+        client
+            .writer
+            .selection()
+            .channel_for(Device::Cuda(0), Device::Cuda(0))
+            .unwrap(),
+        ferry_transport::channel::CUDA_IPC
+    );
+    for (id, len) in [(1u64, 1usize), (2, (3 << 20) + 5), (3, 64 << 20)] {
+        let data = pattern(len, id as u8);
+        let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &data).unwrap();
+        let message = request(id, Arc::new(t));
+        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
+        sent.unwrap();
+        assert_eq!(client.writer.tensors_in_flight(), 1, "kept until released");
+        let t = got
+            .unwrap()
+            .unwrap()
+            .tensors
+            .into_iter()
+            .next()
+            .unwrap()
+            .storage
+            .downcast::<CudaTensor>()
+            .unwrap();
+        assert!(t.to_host().unwrap() == data, "{len} bytes differ");
+        // The reply carries the release of the tensor's token.
+        let reply = OutgoingMessage {
+            kind: MessageKind::RESPONSE,
+            flags: Flags::NONE,
+            request_id: id,
+            payload: Vec::new(),
+            tensors: Vec::new(),
+        };
+        let (sent, got) = tokio::join!(server.writer.write(&reply), client.reader.read());
+        sent.unwrap();
+        assert_eq!(got.unwrap().unwrap().header.request_id, id);
+        assert_eq!(
+            client.writer.tensors_in_flight(),
+            0,
+            "released by the reply"
+        );
+    }
+}
+
+/// `record` moved to start `shift` bytes further into its allocation.
+fn shifted(record: IpcRecord, shift: u64) -> IpcRecord {
+    IpcRecord {
+        offset: record.offset + shift,
+        ..record
+    }
+}
+
+#[test]
+fn a_record_outside_its_allocation_is_refused_within_one_process() {
+    let Some(_) = gpus() else { return };
+    let len = 1 << 20;
+    let src =
+        CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &pattern(len, 3)).unwrap();
+    let dst = CudaTensor::alloc(ferry_wire::TensorDescriptor::contiguous(
+        DType::U8,
+        &[len as i64],
+        Device::Cuda(0),
+    ))
+    .unwrap();
+    // SAFETY: `src` outlives the export.
+    let export = unsafe { IpcExport::new(src.context(), src.ptr(), len) }.unwrap();
+    let ctx = context(Device::Cuda(0)).unwrap();
+    // SAFETY: `dst` holds `len` bytes; the export is alive.
+    unsafe { ipc::receive(&ctx, &export.record(), dst.ptr()) }.unwrap();
+    assert!(dst.to_host().unwrap() == pattern(len, 3));
+    // SAFETY: as above; the range check refuses before any copy.
+    let err = unsafe { ipc::receive(&ctx, &shifted(export.record(), len as u64), dst.ptr()) }
+        .unwrap_err();
+    assert!(err.contains("outside the exported allocation"), "{err}");
+    drop(export);
 }
 
 const IPC_CHILD: &str = "FERRY_CUDA_IPC_CHILD_RECORD";
@@ -224,6 +327,12 @@ fn cuda_ipc_child() {
     // until this process exits.
     unsafe { ipc::receive(&ctx, &record, dst.ptr()) }.unwrap();
     assert!(dst.to_host().unwrap() == pattern(IPC_LEN, 77));
+    // A record reaching past the exported allocation is refused before any
+    // copy (the allocation may be rounded up, but not by a whole length).
+    // SAFETY: as above; nothing is copied.
+    let err =
+        unsafe { ipc::receive(&ctx, &shifted(record, IPC_LEN as u64), dst.ptr()) }.unwrap_err();
+    assert!(err.contains("outside the exported allocation"), "{err}");
     println!("IPC-OK");
 }
 

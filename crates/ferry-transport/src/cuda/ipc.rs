@@ -6,8 +6,18 @@
 //! its destination. The sender keeps the buffer (and the event) alive until
 //! the receiver acknowledged the copy, i.e. until [`IpcExport`] is dropped
 //! after the ack.
+//!
+//! CUDA refuses to open a process's own IPC handles
+//! (`CUDA_ERROR_INVALID_CONTEXT`), so two connections of one process (a
+//! loopback pair, or two workers sharing a process) cannot use them. Every
+//! export is therefore also registered in this process, by its event
+//! handle; a receiver that finds the record there waits on the exporter's
+//! own event and copies from its memory directly. Either way the copy is
+//! bounded by the exported allocation: a record whose offset and length
+//! reach outside it is refused before anything is copied.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{result, sys};
 use ferry_wire::payload::OutgoingTensor;
@@ -93,6 +103,37 @@ fn handle_from<T: Copy>(bytes: &[u8; 64], empty: T) -> T {
     out
 }
 
+/// An export as its own process sees it: the event and the allocation
+/// (`CUevent` as an address: the map is shared between threads).
+struct LocalExport {
+    event: usize,
+    base: sys::CUdeviceptr,
+    size: usize,
+}
+
+/// This process's live exports, by their event handle's bytes. An entry
+/// lives exactly as long as its [`IpcExport`]; a same-process receiver
+/// copies while holding the lock, so an export cannot go mid-copy.
+fn local_exports() -> MutexGuard<'static, HashMap<[u8; 64], LocalExport>> {
+    static LOCAL: OnceLock<Mutex<HashMap<[u8; 64], LocalExport>>> = OnceLock::new();
+    LOCAL
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Refuses a record whose bytes do not lie inside the `size`-byte
+/// allocation they claim to come from.
+fn check_range(record: &IpcRecord, size: usize) -> Result<(), String> {
+    match record.offset.checked_add(record.len) {
+        Some(end) if end <= size as u64 => Ok(()),
+        _ => Err(format!(
+            "the record's {} bytes at offset {} lie outside the exported allocation of {size} bytes",
+            record.len, record.offset
+        )),
+    }
+}
+
 /// The sender's side of one `cuda_ipc` transfer; keeps the event alive
 /// (the caller keeps the tensor's memory alive) until dropped, which it
 /// must be only after the receiver's ack.
@@ -160,6 +201,14 @@ impl IpcExport {
         let handle = unsafe { handle.assume_init() };
         let mut export = export;
         export.record.event = handle_bytes(&handle);
+        local_exports().insert(
+            export.record.event,
+            LocalExport {
+                event: export.event as usize,
+                base,
+                size,
+            },
+        );
         Ok(export)
     }
 
@@ -171,6 +220,8 @@ impl IpcExport {
 
 impl Drop for IpcExport {
     fn drop(&mut self) {
+        // Waits for a same-process copy from this export to finish.
+        local_exports().remove(&self.record.event);
         // SAFETY: created in `new`, destroyed once.
         let _ = unsafe { result::event::destroy(self.event) };
     }
@@ -201,18 +252,45 @@ unsafe impl Sync for IpcExport {}
 /// Receives one `cuda_ipc` transfer: opens the sender's handles, makes
 /// `ctx`'s stream wait for the sender's event, copies `record.len` bytes
 /// device to device into `dst`, waits for the copy and closes the handles.
+/// A record exported by this very process is copied from the exporter's
+/// memory after its event instead (CUDA does not open a process's own
+/// handles). A record reaching outside the exported allocation is refused.
 /// After it returns the sender may be acked.
 ///
 /// # Safety
 /// `dst` points to at least `record.len` bytes of device memory of `ctx`'s
-/// device; the record came from an [`IpcExport`] of another process on this
-/// host that is still alive.
+/// device; the record came from an [`IpcExport`] on this host that is
+/// still alive.
 pub unsafe fn receive(
     ctx: &DeviceContext,
     record: &IpcRecord,
     dst: sys::CUdeviceptr,
 ) -> Result<(), String> {
     ctx.make_current()?;
+    let len = usize::try_from(record.len).map_err(|e| e.to_string())?;
+    {
+        let local = local_exports();
+        if let Some(export) = local.get(&record.event) {
+            check_range(record, export.size)?;
+            let copied = (|| {
+                // SAFETY: the event is the live export's (its entry is
+                // held); the stream is ours.
+                unsafe { sys::cuStreamWaitEvent(ctx.stream(), export.event as sys::CUevent, 0) }
+                    .result()
+                    .map_err(text)?;
+                // SAFETY: the source range lies inside the export's live
+                // allocation (checked); `dst` as the caller promised.
+                unsafe {
+                    sys::cuMemcpyDtoDAsync_v2(dst, export.base + record.offset, len, ctx.stream())
+                }
+                .result()
+                .map_err(text)
+            })();
+            // The entry (and so the allocation) stays until the copy is done.
+            let synced = ctx.synchronize();
+            return copied.and(synced);
+        }
+    }
     // SAFETY: zeroed plain C structs, filled from the record's bytes.
     let (mem, event_handle) = unsafe {
         (
@@ -232,6 +310,13 @@ pub unsafe fn receive(
     .result()
     .map_err(text)?;
     let copied = (|| {
+        let mut mapped_base: sys::CUdeviceptr = 0;
+        let mut mapped: usize = 0;
+        // SAFETY: out-parameters; `base` was just mapped.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut mapped_base, &mut mapped, base) }
+            .result()
+            .map_err(text)?;
+        check_range(record, mapped)?;
         let mut event = std::ptr::null_mut();
         // SAFETY: an out-parameter.
         unsafe { sys::cuIpcOpenEventHandle(&mut event, event_handle) }
@@ -243,16 +328,9 @@ pub unsafe fn receive(
                 .result()
                 .map_err(text)?;
             // SAFETY: ranges as the caller promised.
-            unsafe {
-                sys::cuMemcpyDtoDAsync_v2(
-                    dst,
-                    base + record.offset,
-                    usize::try_from(record.len).map_err(|e| e.to_string())?,
-                    ctx.stream(),
-                )
-            }
-            .result()
-            .map_err(text)?;
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, base + record.offset, len, ctx.stream()) }
+                .result()
+                .map_err(text)?;
             ctx.synchronize()
         })();
         // SAFETY: opened above, destroyed once.
@@ -283,5 +361,22 @@ mod tests {
         };
         assert_eq!(IpcRecord::decode(&r.encode()), Some(r));
         assert_eq!(IpcRecord::decode(&r.encode()[1..]), None);
+    }
+
+    #[test]
+    fn records_outside_their_allocation_are_refused() {
+        let r = |offset, len| IpcRecord {
+            mem: [0; 64],
+            event: [0; 64],
+            offset,
+            len,
+        };
+        assert!(check_range(&r(0, 4096), 4096).is_ok());
+        assert!(check_range(&r(4000, 96), 4096).is_ok());
+        assert!(check_range(&r(0, 0), 0).is_ok());
+        let e = check_range(&r(4000, 97), 4096).unwrap_err();
+        assert!(e.contains("97 bytes at offset 4000"), "{e}");
+        assert!(e.contains("4096 bytes"), "{e}");
+        assert!(check_range(&r(u64::MAX, 2), 4096).is_err());
     }
 }
