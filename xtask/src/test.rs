@@ -404,6 +404,20 @@ pub(crate) fn main() -> Result<()> {
             run(with_libtorch(&mut cargo(&libtorch_args(&["test"], &[]))))
         })?;
     }
+    // ferry-tch with `cuda`: libtorch's CUDA backend loader, CUDA tensors
+    // refused without a GPU; the GPU case skips here (it runs where CUDA is).
+    steps.step("cuda: ferry-tch with feature cuda", || {
+        run(with_libtorch(&mut cargo(&[
+            "test",
+            "-p",
+            "ferry-tch",
+            "--features",
+            "cuda",
+            "--lib",
+            "--test",
+            "cuda",
+        ])))
+    })?;
     steps.step("fuzz harness compiles", || {
         run(&mut cargo(&[
             "check",

@@ -34,6 +34,8 @@
 pub use tch;
 
 mod alloc;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod dtype;
 pub mod grad;
 mod outgoing;
@@ -45,6 +47,8 @@ use std::sync::Arc;
 use ferry_rpc::RpcOptions;
 
 pub use alloc::TchAllocator;
+#[cfg(feature = "cuda")]
+pub use cuda::load_cuda_backend;
 pub use dtype::{dtype_of, kind_of};
 pub use tensor::Tensor;
 
@@ -85,8 +89,14 @@ pub enum TchError {
 
 /// Makes a worker receive tensors as libtorch tensors (installs
 /// [`TchAllocator`]). Tensors sent as `ferry_transport::RawTensor` then
-/// still decode as [`Tensor`] (with one copy), not as `RawTensor`.
+/// still decode as [`Tensor`] (with one copy), not as `RawTensor`. With
+/// feature `cuda` it also loads libtorch's CUDA backend
+/// ([`load_cuda_backend`]; without it, CUDA stays unavailable to libtorch).
 pub fn install(options: &mut RpcOptions) {
+    #[cfg(feature = "cuda")]
+    if let Err(reason) = load_cuda_backend() {
+        tracing::info!(%reason, "libtorch has no CUDA in this process");
+    }
     options.allocator = Arc::new(TchAllocator);
 }
 

@@ -4,7 +4,8 @@
 //! available on this host", and the allocator itself refuses a CUDA
 //! destination with a typed error, never a panic. With CUDA (feature
 //! `cuda`, a device, and a libtorch that sees it): two worker processes
-//! echo CUDA tensors through device maps, received on the mapped device.
+//! echo CUDA tensors through device maps, received on the mapped device,
+//! alone and nested in a payload beside CPU tensors.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use ferry_transport::{Allocator, Endpoint, PeerConnection, TransportError};
 use ferry_wire::{DType, Device, TensorDescriptor};
 
 fn cuda_here() -> bool {
+    #[cfg(feature = "cuda")]
+    let _ = ferry_tch::load_cuda_backend();
     ferry_transport::cuda::availability().is_ok() && tch::Cuda::is_available()
 }
 
@@ -81,6 +84,9 @@ fn a_cuda_descriptor_over_a_connection_says_cuda_is_not_available() {
 }
 
 const ECHO: Function<Tensor, Tensor> = Function::new("echo");
+/// A payload with CUDA and CPU tensors nested in it.
+type Nested = (String, Vec<Tensor>, Option<Tensor>);
+const ECHO_NESTED: Function<Nested, Nested> = Function::new("echo_nested");
 
 #[test]
 fn cuda_tensors_are_echoed_onto_the_mapped_device() {
@@ -100,6 +106,7 @@ fn cuda_tensors_are_echoed_onto_the_mapped_device() {
             let peer = format!("worker{}", 1 - rank);
             let mut functions = Functions::new();
             functions.add(ECHO, |t| t);
+            functions.add(ECHO_NESTED, |n| n);
             let mut options = RpcOptions::from_env(format!("worker{rank}"))
                 .unwrap()
                 .functions(functions)
@@ -114,6 +121,27 @@ fn cuda_tensors_are_echoed_onto_the_mapped_device() {
                     .unwrap();
                 assert_eq!(back.device(), tch::Device::Cuda(0));
                 assert!(back.equal(&t));
+                // Nested, mixed with CPU tensors, shapes of their own.
+                let gpu = tch::Tensor::randn([3, 5], (tch::Kind::Float, tch::Device::Cuda(0)));
+                let cpu = tch::Tensor::arange(7, (tch::Kind::Int64, tch::Device::Cpu));
+                let big = tch::Tensor::ones([257, 1031], (tch::Kind::Double, tch::Device::Cuda(0)));
+                let sent: Nested = (
+                    "mixed".into(),
+                    vec![
+                        Tensor::from(gpu.shallow_clone()),
+                        Tensor::from(cpu.shallow_clone()),
+                    ],
+                    Some(Tensor::from(big.shallow_clone())),
+                );
+                let (name, list, last) = ECHO_NESTED.rpc_sync("worker1", sent).unwrap();
+                assert_eq!(name, "mixed");
+                assert_eq!(list[0].device(), tch::Device::Cuda(0));
+                assert!(list[0].equal(&gpu));
+                assert_eq!(list[1].device(), tch::Device::Cpu);
+                assert!(list[1].equal(&cpu));
+                let last = last.unwrap();
+                assert_eq!(last.device(), tch::Device::Cuda(0));
+                assert!(last.equal(&big));
             }
             ferry_rpc::shutdown().unwrap();
         },

@@ -51,6 +51,24 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Where `got` differs from `want`: how many bytes, the first and last
+/// offsets and the bytes at the first; `None` when equal.
+fn diff(got: &[u8], want: &[u8]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} bytes, not {}", got.len(), want.len()));
+    }
+    let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    let (&first, &last) = (bad.first()?, bad.last()?);
+    let end = (first + 8).min(got.len());
+    Some(format!(
+        "{} of {} bytes differ, offsets {first}..={last}; at {first}: got {:?}, want {:?}",
+        bad.len(),
+        got.len(),
+        &got[first..end],
+        &want[first..end]
+    ))
+}
+
 fn endpoint(name: &str, rank: u32, peer: &str, map: &[(Device, Device)]) -> Endpoint {
     let mut maps = DeviceMaps::new();
     maps.set_device_map(peer, map.iter().copied()).unwrap();
@@ -111,11 +129,14 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
             .unwrap(),
         ferry_transport::channel::CUDA_STAGED
     );
+    let mut failures = Vec::new();
     for (id, len) in [
         (1u64, 1usize),
-        (2, (1 << 20) + 13),
-        (3, 5 << 20),
-        (4, (64 << 20) + 1),
+        (2, 1 << 20),
+        (3, (1 << 20) + 13),
+        (4, (2 << 20) + 13),
+        (5, 5 << 20),
+        (6, (64 << 20) + 1),
     ] {
         let data = pattern(len, id as u8);
         let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &data).unwrap();
@@ -129,8 +150,11 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
         assert_eq!(incoming.descriptor.device, last);
         let t = incoming.storage.downcast::<CudaTensor>().unwrap();
         assert_eq!(t.descriptor().device, last);
-        assert!(t.to_host().unwrap() == data, "{len} bytes differ");
+        if let Some(d) = diff(&t.to_host().unwrap(), &data) {
+            failures.push(format!("{len}-byte tensor: {d}"));
+        }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,38 +167,46 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
         endpoint("c", 1, "s", &[(Device::Cpu, Device::Cuda(0))]),
     )
     .await;
-    let data = pattern(3 << 20, 5);
-    let cpu = RawTensor::from_bytes(DType::U8, &[data.len() as i64], &data).unwrap();
-    let message = request(1, Arc::new(cpu));
-    let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
-    sent.unwrap();
-    let on_gpu = got
-        .unwrap()
-        .unwrap()
-        .tensors
-        .into_iter()
-        .next()
-        .unwrap()
-        .storage
-        .downcast::<CudaTensor>()
-        .unwrap();
-    assert_eq!(on_gpu.descriptor().device, Device::Cuda(0));
-    assert!(on_gpu.to_host().unwrap() == data);
+    let mut failures = Vec::new();
+    for (id, len) in [(1u64, 3usize << 20), (3, (3 << 20) + 7), (5, 13)] {
+        let data = pattern(len, id as u8);
+        let cpu = RawTensor::from_bytes(DType::U8, &[data.len() as i64], &data).unwrap();
+        let message = request(id, Arc::new(cpu));
+        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
+        sent.unwrap();
+        let on_gpu = got
+            .unwrap()
+            .unwrap()
+            .tensors
+            .into_iter()
+            .next()
+            .unwrap()
+            .storage
+            .downcast::<CudaTensor>()
+            .unwrap();
+        assert_eq!(on_gpu.descriptor().device, Device::Cuda(0));
+        if let Some(d) = diff(&on_gpu.to_host().unwrap(), &data) {
+            failures.push(format!("{len} bytes, cpu to gpu: {d}"));
+        }
 
-    let message = request(2, Arc::new(*on_gpu));
-    let (sent, got) = tokio::join!(server.writer.write(&message), client.reader.read());
-    sent.unwrap();
-    let back = got
-        .unwrap()
-        .unwrap()
-        .tensors
-        .into_iter()
-        .next()
-        .unwrap()
-        .storage
-        .downcast::<RawTensor>()
-        .unwrap();
-    assert!(back.storage().as_bytes() == data.as_slice());
+        let message = request(id + 1, Arc::new(*on_gpu));
+        let (sent, got) = tokio::join!(server.writer.write(&message), client.reader.read());
+        sent.unwrap();
+        let back = got
+            .unwrap()
+            .unwrap()
+            .tensors
+            .into_iter()
+            .next()
+            .unwrap()
+            .storage
+            .downcast::<RawTensor>()
+            .unwrap();
+        if let Some(d) = diff(back.storage().as_bytes(), &data) {
+            failures.push(format!("{len} bytes, gpu to cpu: {d}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,7 +61,16 @@ pub fn context(device: Device) -> Result<Arc<DeviceContext>, CudaUnavailable> {
 }
 
 /// A device's primary context made current on the calling thread, with a
-/// non-blocking stream of its own; released when dropped.
+/// stream of its own; released when dropped.
+///
+/// The stream is a blocking one (not `CU_STREAM_NON_BLOCKING`): its work is
+/// ordered after the work queued before it on the legacy default stream,
+/// which is where libtorch (and so `tch`) runs its kernels unless told
+/// otherwise, and the other way round. A tensor a kernel is still writing
+/// is therefore not copied out early, and one Ferry is filling is not read
+/// early, without a host synchronisation. A GPU run found the need: with a
+/// non-blocking stream, a device-to-host copy started right after an
+/// upload read bytes the upload's DMA had not yet written.
 #[derive(Debug)]
 pub struct DeviceContext {
     device: sys::CUdevice,
@@ -96,8 +105,7 @@ impl DeviceContext {
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(init)?;
         // SAFETY: a context just retained.
         unsafe { result::ctx::set_current(ctx) }.map_err(init)?;
-        let stream =
-            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(init)?;
+        let stream = result::stream::create(result::stream::StreamKind::Default).map_err(init)?;
         Ok(DeviceContext {
             device: dev,
             ctx,
@@ -141,24 +149,30 @@ impl DeviceContext {
         unsafe { result::free_sync(ptr) }.map_err(text)
     }
 
-    /// Copies host bytes to device memory and waits.
+    /// Copies host bytes to device memory on the context's stream and waits
+    /// until they are there (a synchronous copy from pageable memory may
+    /// return before its DMA has landed).
     ///
     /// # Safety
     /// `dst` points to at least `src.len()` bytes of device memory.
     pub unsafe fn upload(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<(), String> {
         self.make_current()?;
-        // SAFETY: the caller's promise; the slice outlives the copy.
-        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(text)
+        // SAFETY: the caller's promise; the slice outlives the copy, which
+        // is waited for below.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream) }.map_err(text)?;
+        self.synchronize()
     }
 
-    /// Copies device memory into host bytes and waits.
+    /// Copies device memory into host bytes on the context's stream (after
+    /// the work queued there) and waits.
     ///
     /// # Safety
     /// `src` points to at least `dst.len()` bytes of device memory.
     pub unsafe fn download(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<(), String> {
         self.make_current()?;
-        // SAFETY: the caller's promise.
-        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(text)
+        // SAFETY: the caller's promise; waited for below.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }.map_err(text)?;
+        self.synchronize()
     }
 }
 
