@@ -27,7 +27,7 @@ use ferry_transport::cuda::driver::{context, CudaAllocator, CudaTensor};
 use ferry_transport::cuda::ipc::{self, IpcExport, IpcRecord};
 use ferry_transport::cuda::staged::StagedOptions;
 use ferry_transport::device_map::DeviceMaps;
-use ferry_transport::{Endpoint, OutgoingMessage, RawTensor};
+use ferry_transport::{Endpoint, IncomingMessage, OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::{DType, Device, Flags, MessageKind};
 
 /// The device count, or `None` after printing why the group is skipped.
@@ -67,6 +67,29 @@ fn diff(got: &[u8], want: &[u8]) -> Option<String> {
         &got[first..end],
         &want[first..end]
     ))
+}
+
+/// Writes `message` on `from` while `to` reads it (both at once: the
+/// stream holds less than a tensor); what `to` read.
+async fn exchange(
+    from: &mut PeerConnection,
+    to: &mut PeerConnection,
+    message: &OutgoingMessage,
+) -> IncomingMessage {
+    let (sent, got) = tokio::join!(from.writer.write(message), to.reader.read());
+    sent.unwrap();
+    got.unwrap().unwrap()
+}
+
+/// The first tensor of `m`, as the storage type its allocator made.
+fn first<T: 'static>(m: IncomingMessage) -> Box<T> {
+    m.tensors
+        .into_iter()
+        .next()
+        .unwrap()
+        .storage
+        .downcast::<T>()
+        .unwrap()
 }
 
 fn endpoint(name: &str, rank: u32, peer: &str, map: &[(Device, Device)]) -> Endpoint {
@@ -140,11 +163,7 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
     ] {
         let data = pattern(len, id as u8);
         let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &data).unwrap();
-        // Both ends at once: the stream holds less than a tensor.
-        let message = request(id, Arc::new(t));
-        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
-        sent.unwrap();
-        let got = got.unwrap().unwrap();
+        let got = exchange(&mut client, &mut server, &request(id, Arc::new(t))).await;
         assert_eq!(got.header.request_id, id);
         let incoming = got.tensors.into_iter().next().unwrap();
         assert_eq!(incoming.descriptor.device, last);
@@ -171,37 +190,15 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
     for (id, len) in [(1u64, 3usize << 20), (3, (3 << 20) + 7), (5, 13)] {
         let data = pattern(len, id as u8);
         let cpu = RawTensor::from_bytes(DType::U8, &[data.len() as i64], &data).unwrap();
-        let message = request(id, Arc::new(cpu));
-        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
-        sent.unwrap();
-        let on_gpu = got
-            .unwrap()
-            .unwrap()
-            .tensors
-            .into_iter()
-            .next()
-            .unwrap()
-            .storage
-            .downcast::<CudaTensor>()
-            .unwrap();
+        let got = exchange(&mut client, &mut server, &request(id, Arc::new(cpu))).await;
+        let on_gpu = first::<CudaTensor>(got);
         assert_eq!(on_gpu.descriptor().device, Device::Cuda(0));
         if let Some(d) = diff(&on_gpu.to_host().unwrap(), &data) {
             failures.push(format!("{len} bytes, cpu to gpu: {d}"));
         }
 
         let message = request(id + 1, Arc::new(*on_gpu));
-        let (sent, got) = tokio::join!(server.writer.write(&message), client.reader.read());
-        sent.unwrap();
-        let back = got
-            .unwrap()
-            .unwrap()
-            .tensors
-            .into_iter()
-            .next()
-            .unwrap()
-            .storage
-            .downcast::<RawTensor>()
-            .unwrap();
+        let back = first::<RawTensor>(exchange(&mut server, &mut client, &message).await);
         if let Some(d) = diff(back.storage().as_bytes(), &data) {
             failures.push(format!("{len} bytes, gpu to cpu: {d}"));
         }
@@ -228,20 +225,9 @@ async fn cuda_ipc_between_connections_of_one_process() {
     for (id, len) in [(1u64, 1usize), (2, (3 << 20) + 5), (3, 64 << 20)] {
         let data = pattern(len, id as u8);
         let t = CudaTensor::from_host(Device::Cuda(0), DType::U8, &[len as i64], &data).unwrap();
-        let message = request(id, Arc::new(t));
-        let (sent, got) = tokio::join!(client.writer.write(&message), server.reader.read());
-        sent.unwrap();
+        let got = exchange(&mut client, &mut server, &request(id, Arc::new(t))).await;
         assert_eq!(client.writer.tensors_in_flight(), 1, "kept until released");
-        let t = got
-            .unwrap()
-            .unwrap()
-            .tensors
-            .into_iter()
-            .next()
-            .unwrap()
-            .storage
-            .downcast::<CudaTensor>()
-            .unwrap();
+        let t = first::<CudaTensor>(got);
         assert!(t.to_host().unwrap() == data, "{len} bytes differ");
         // The reply carries the release of the tensor's token.
         let reply = OutgoingMessage {
@@ -251,9 +237,8 @@ async fn cuda_ipc_between_connections_of_one_process() {
             payload: Vec::new(),
             tensors: Vec::new(),
         };
-        let (sent, got) = tokio::join!(server.writer.write(&reply), client.reader.read());
-        sent.unwrap();
-        assert_eq!(got.unwrap().unwrap().header.request_id, id);
+        let got = exchange(&mut server, &mut client, &reply).await;
+        assert_eq!(got.header.request_id, id);
         assert_eq!(
             client.writer.tensors_in_flight(),
             0,
