@@ -22,7 +22,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::pair;
+use common::{assert_child_succeeded, pair, run_test_in_child};
 use ferry_transport::cuda::driver::{context, CudaAllocator, CudaTensor};
 use ferry_transport::cuda::ipc::{self, IpcExport, IpcRecord};
 use ferry_transport::cuda::staged::StagedOptions;
@@ -51,8 +51,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Where `got` differs from `want`: how many bytes, the first and last
-/// offsets and the bytes at the first; `None` when equal.
+/// Adds to `failures`, under `what`, where `got` differs from `want`: how
+/// many bytes, the first and last offsets and the bytes at the first.
+fn check_bytes(failures: &mut Vec<String>, what: String, got: &[u8], want: &[u8]) {
+    if let Some(d) = diff(got, want) {
+        failures.push(format!("{what}: {d}"));
+    }
+}
+
 fn diff(got: &[u8], want: &[u8]) -> Option<String> {
     if got.len() != want.len() {
         return Some(format!("{} bytes, not {}", got.len(), want.len()));
@@ -123,6 +129,17 @@ fn request(id: u64, tensor: Arc<dyn ferry_wire::payload::OutgoingTensor>) -> Out
     }
 }
 
+/// An empty reply to request `id`.
+fn reply(id: u64) -> OutgoingMessage {
+    OutgoingMessage {
+        kind: MessageKind::RESPONSE,
+        flags: Flags::NONE,
+        request_id: id,
+        payload: Vec::new(),
+        tensors: Vec::new(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuda_staged_moves_device_tensors_between_connections() {
     let Some(n) = gpus() else { return };
@@ -169,9 +186,12 @@ async fn cuda_staged_moves_device_tensors_between_connections() {
         assert_eq!(incoming.descriptor.device, last);
         let t = incoming.storage.downcast::<CudaTensor>().unwrap();
         assert_eq!(t.descriptor().device, last);
-        if let Some(d) = diff(&t.to_host().unwrap(), &data) {
-            failures.push(format!("{len}-byte tensor: {d}"));
-        }
+        check_bytes(
+            &mut failures,
+            format!("{len}-byte tensor"),
+            &t.to_host().unwrap(),
+            &data,
+        );
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -193,15 +213,13 @@ async fn cuda_staged_maps_cpu_onto_a_gpu_and_back() {
         let got = exchange(&mut client, &mut server, &request(id, Arc::new(cpu))).await;
         let on_gpu = first::<CudaTensor>(got);
         assert_eq!(on_gpu.descriptor().device, Device::Cuda(0));
-        if let Some(d) = diff(&on_gpu.to_host().unwrap(), &data) {
-            failures.push(format!("{len} bytes, cpu to gpu: {d}"));
-        }
+        let what = format!("{len} bytes, cpu to gpu");
+        check_bytes(&mut failures, what, &on_gpu.to_host().unwrap(), &data);
 
         let message = request(id + 1, Arc::new(*on_gpu));
         let back = first::<RawTensor>(exchange(&mut server, &mut client, &message).await);
-        if let Some(d) = diff(back.storage().as_bytes(), &data) {
-            failures.push(format!("{len} bytes, gpu to cpu: {d}"));
-        }
+        let what = format!("{len} bytes, gpu to cpu");
+        check_bytes(&mut failures, what, back.storage().as_bytes(), &data);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -230,14 +248,7 @@ async fn cuda_ipc_between_connections_of_one_process() {
         let t = first::<CudaTensor>(got);
         assert!(t.to_host().unwrap() == data, "{len} bytes differ");
         // The reply carries the release of the tensor's token.
-        let reply = OutgoingMessage {
-            kind: MessageKind::RESPONSE,
-            flags: Flags::NONE,
-            request_id: id,
-            payload: Vec::new(),
-            tensors: Vec::new(),
-        };
-        let got = exchange(&mut server, &mut client, &reply).await;
+        let got = exchange(&mut server, &mut client, &reply(id)).await;
         assert_eq!(got.header.request_id, id);
         assert_eq!(
             client.writer.tensors_in_flight(),
@@ -305,22 +316,12 @@ fn cuda_ipc_moves_a_device_buffer_to_another_process() {
     // SAFETY: the tensor's allocation outlives the export (dropped below,
     // after the child's exit).
     let export = unsafe { IpcExport::new(t.context(), t.ptr(), IPC_LEN) }.unwrap();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "cuda_ipc_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(IPC_CHILD, hex(&export.record().encode()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_test_in_child(
+        "cuda_ipc_child",
+        (IPC_CHILD, &hex(&export.record().encode())),
     );
+    assert_child_succeeded(&out, "the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("IPC-OK"), "{stdout}");
     drop(export);
     drop(t);
@@ -365,15 +366,7 @@ async fn cuda_ipc_carries_tensors_between_processes_over_a_connection() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let child = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "cuda_ipc_connection_child",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CONN_CHILD, addr.to_string())
-            .output()
+        run_test_in_child("cuda_ipc_connection_child", (CONN_CHILD, &addr.to_string()))
     });
     let server = async {
         let (s, _) = listener.accept().await.unwrap();
@@ -405,25 +398,14 @@ async fn cuda_ipc_carries_tensors_between_processes_over_a_connection() {
                 "tensor {id}"
             );
             // The reply carries the release of the tensor's token.
-            let reply = OutgoingMessage {
-                kind: MessageKind::RESPONSE,
-                flags: Flags::NONE,
-                request_id: id,
-                payload: Vec::new(),
-                tensors: Vec::new(),
-            };
-            conn.writer.write(&reply).await.unwrap();
+            conn.writer.write(&reply(id)).await.unwrap();
         }
         conn
     };
     let (out, _conn) = tokio::join!(child, server);
-    let out = out.unwrap().unwrap();
+    let out = out.unwrap();
+    assert_child_succeeded(&out, "the child");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("IPC-CONN-OK"), "{stdout}");
 }
 

@@ -11,7 +11,10 @@ use std::ffi::{c_char, c_int, c_void};
 
 use ferry_transport::{Endpoint, PeerConnection, TransportError, UcxUnusable};
 
-use common::{assert_link, decode, endpoint, exchange_mixed, message, mixed, pair, Mixed};
+use common::{
+    assert_child_succeeded, assert_link, decode, endpoint, exchange_mixed, message, mixed, pair,
+    run_test_in_child, Mixed,
+};
 
 /// Whether UCX loads here; prints why not when it does not.
 fn ucx_here(test: &str) -> bool {
@@ -233,21 +236,11 @@ fn a_process_exiting_with_busy_ucx_links_exits_cleanly() {
     if !ucx_here(TEST) {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
     for tls in ["tcp", "shm,self"] {
         for round in 0..4 {
-            let out = std::process::Command::new(&exe)
-                .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
-                .env(EXIT_CHILD, tls)
-                .output()
-                .unwrap();
+            let out = run_test_in_child(TEST, (EXIT_CHILD, tls));
+            assert_child_succeeded(&out, &format!("child {round} (UCX_TLS={tls})"));
             let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "child {round} (UCX_TLS={tls}) ended with {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
             assert!(
                 stdout.contains("EXCHANGED=") && stdout.contains("LATE_DROP=done"),
                 "child {round} (UCX_TLS={tls}) did not do its part:\n{stdout}"

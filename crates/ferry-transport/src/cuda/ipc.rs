@@ -272,23 +272,19 @@ pub unsafe fn receive(
         let local = local_exports();
         if let Some(export) = local.get(&record.event) {
             check_range(record, export.size)?;
-            let copied = (|| {
-                // SAFETY: the event is the live export's (its entry is
-                // held); the stream is ours.
-                unsafe { sys::cuStreamWaitEvent(ctx.stream(), export.event as sys::CUevent, 0) }
-                    .result()
-                    .map_err(text)?;
-                // SAFETY: the source range lies inside the export's live
-                // allocation (checked); `dst` as the caller promised.
-                unsafe {
-                    sys::cuMemcpyDtoDAsync_v2(dst, export.base + record.offset, len, ctx.stream())
-                }
-                .result()
-                .map_err(text)
-            })();
-            // The entry (and so the allocation) stays until the copy is done.
-            let synced = ctx.synchronize();
-            return copied.and(synced);
+            // SAFETY: the event and the allocation are the live export's
+            // (its entry is held until the copy is done); the source range
+            // lies inside the allocation (checked); `dst` as the caller
+            // promised.
+            return unsafe {
+                copy_after(
+                    ctx,
+                    export.event as sys::CUevent,
+                    export.base + record.offset,
+                    dst,
+                    len,
+                )
+            };
         }
     }
     // SAFETY: zeroed plain C structs, filled from the record's bytes.
@@ -322,29 +318,44 @@ pub unsafe fn receive(
         unsafe { sys::cuIpcOpenEventHandle(&mut event, event_handle) }
             .result()
             .map_err(text)?;
-        let done = (|| {
-            // SAFETY: the stream is ours, the event the sender's.
-            unsafe { sys::cuStreamWaitEvent(ctx.stream(), event, 0) }
-                .result()
-                .map_err(text)?;
-            // SAFETY: ranges as the caller promised.
-            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, base + record.offset, len, ctx.stream()) }
-                .result()
-                .map_err(text)?;
-            ctx.synchronize()
-        })();
+        // SAFETY: the event was just opened; the source range lies inside
+        // the mapping (checked); `dst` as the caller promised.
+        let done = unsafe { copy_after(ctx, event, base + record.offset, dst, len) };
         // SAFETY: opened above, destroyed once.
         let _ = unsafe { result::event::destroy(event) };
         done
     })();
-    // The copy is done (or failed and the stream was synchronised): the
-    // mapping may go.
-    let _ = ctx.synchronize();
+    // Nothing reads the mapping any more (`copy_after` waited for the
+    // stream, and nothing was queued if it did not run): it may go.
     // SAFETY: opened above, closed once.
     let closed = unsafe { sys::cuIpcCloseMemHandle(base) }
         .result()
         .map_err(text);
     copied.and(closed)
+}
+
+/// Makes `ctx`'s stream wait for `event`, copies `len` bytes device to
+/// device from `src` to `dst` on it, and waits for the stream, also when
+/// the copy could not be queued (so nothing is in flight afterwards).
+///
+/// # Safety
+/// `event` is live; `src` and `dst` each hold `len` bytes of device memory
+/// that stay allocated until this returns.
+unsafe fn copy_after(
+    ctx: &DeviceContext,
+    event: sys::CUevent,
+    src: sys::CUdeviceptr,
+    dst: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), String> {
+    // SAFETY: the caller's promises; the stream is ours.
+    let queued = unsafe { sys::cuStreamWaitEvent(ctx.stream(), event, 0) }
+        .result()
+        // SAFETY: as above.
+        .and_then(|()| unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ctx.stream()) }.result())
+        .map_err(text);
+    let synced = ctx.synchronize();
+    queued.and(synced)
 }
 
 #[cfg(test)]

@@ -22,6 +22,27 @@ pub(crate) async fn pair(server: Endpoint, client: Endpoint) -> (PeerConnection,
     (accept.await.unwrap(), c)
 }
 
+/// Runs this test binary's test `test` alone in a child process with `env`
+/// set (the child's side of a multi-process test), and waits for it.
+pub(crate) fn run_test_in_child(test: &str, env: (&str, &str)) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env.0, env.1)
+        .output()
+        .unwrap()
+}
+
+/// Panics unless `out` (of `what`) exited successfully, showing its output.
+pub(crate) fn assert_child_succeeded(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} ended with {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A request carrying `value`.
 pub(crate) fn message<T: serde::Serialize>(id: u64, value: &T) -> OutgoingMessage {
     let e = payload::encode(value).unwrap();
