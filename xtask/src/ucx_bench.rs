@@ -5,6 +5,14 @@
 //! example `ucx_bench`, which also measures the latency with no spin);
 //! then the empty `rpc_sync` round trip (`ferry-benches`' `rpc_latency`,
 //! size 0) over the `ucx` transport against Ferry's own `shm` transport.
+//!
+//! The two sides alternate, [`ROUNDS`] times: the rows show the medians
+//! and the range of the per-round ratios. Where `UCX_TLS` names a network
+//! transport, Ferry's endpoints ask for UCX's peer-failure handling (UCX
+//! 1.13 aborts the process on a failed TCP peer without it), with which
+//! UCX carries rendezvous data as fragments the receiver copies out; so
+//! `ucx_perftest` is measured both plain and with `-e` (the same
+//! endpoints), and the ratio is given against each.
 //! Prints the ratios and writes `target/ferry-bench/ucx.json`.
 
 use std::io::{BufRead, BufReader};
@@ -23,13 +31,24 @@ const PERFTEST: &str = "/usr/bin/ucx_perftest";
 const SIZES: [u64; 2] = [4 << 20, 64 << 20];
 /// The target: Ferry's bandwidth at least this share of UCX's.
 const BANDWIDTH_TARGET: f64 = 0.9;
+/// Rounds of the comparison, the sides alternating within each.
+const ROUNDS: usize = 3;
 
 /// The `ucx_perftest` figures of one test: (50th percentile latency in
 /// µs, overall bandwidth in MB/s) from its `Final:` line.
-fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(f64, f64)> {
+/// `err_handling`: endpoints with UCX's peer-failure handling (`-e`).
+fn perftest(
+    tls: &str,
+    test: &str,
+    size: u64,
+    iters: u32,
+    port: u16,
+    err_handling: bool,
+) -> Result<(f64, f64)> {
     let args = |c: &mut Command| {
         c.env("UCX_TLS", tls)
             .args(["-p", &port.to_string()])
+            .args(err_handling.then_some("-e"))
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
     };
@@ -87,6 +106,24 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32, port: u16) -> Result<(
         bail!("unexpected ucx_perftest line {line:?}");
     }
     Ok((cols[1], cols[5]))
+}
+
+/// The median of `values` (0 when empty).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `min-max` of `values`, two decimals.
+fn range(values: &[f64]) -> String {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}-{hi:.2}")
 }
 
 /// Ferry's `ucx_bench` for `tls`, over `channel` and `transport`.
@@ -166,47 +203,99 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
     let mut rows = Vec::new();
     let mut result = json!({});
     for (i, tls) in ["shm", "tcp"].into_iter().enumerate() {
-        let mut cell = json!({});
-        steps.step(&format!("ucx_perftest and Ferry, UCX_TLS={tls}"), || {
-            let port = 13_500 + 10 * i as u16;
-            let (lat, _) = perftest(tls, "tag_lat", 8, 20_000, port)?;
-            let mut bw = json!({});
-            for (j, size) in SIZES.into_iter().enumerate() {
-                let iters = (4u64 << 30).div_ceil(size).clamp(16, 1000) as u32;
-                let (_, mb_s) = perftest(tls, "tag_bw", size, iters, port + 1 + j as u16)?;
-                bw[size.to_string()] = json!(mb_s);
-            }
-            cell = json!({
-                "ucx_perftest": {"latency_us": lat, "bandwidth_mb_s": bw},
-                "ferry": ferry(tls, "ucx", "ucx")?,
-            });
-            Ok(())
-        })?;
-        let f = &cell["ferry"];
-        let p = &cell["ucx_perftest"];
+        // Ferry's endpoints ask for peer-failure handling exactly where
+        // UCX_TLS names a network transport (see the module's doc).
+        let with_e = tls != "shm";
+        let mut rounds = Vec::new();
+        steps.step(
+            &format!("ucx_perftest and Ferry, UCX_TLS={tls}, {ROUNDS} rounds alternating"),
+            || {
+                for round in 0..ROUNDS {
+                    let port = 13_500 + 100 * i as u16 + 10 * round as u16;
+                    let (lat, _) = perftest(tls, "tag_lat", 8, 20_000, port, false)?;
+                    let mut bw = json!({});
+                    let mut bw_e = json!({});
+                    for (j, size) in SIZES.into_iter().enumerate() {
+                        let iters = (4u64 << 30).div_ceil(size).clamp(16, 1000) as u32;
+                        let port = port + 1 + 2 * j as u16;
+                        let (_, mb_s) = perftest(tls, "tag_bw", size, iters, port, false)?;
+                        bw[size.to_string()] = json!(mb_s);
+                        if with_e {
+                            let (_, mb_s) = perftest(tls, "tag_bw", size, iters, port + 1, true)?;
+                            bw_e[size.to_string()] = json!(mb_s);
+                        }
+                    }
+                    let mut peer = json!({"latency_us": lat, "bandwidth_mb_s": bw});
+                    if with_e {
+                        peer["bandwidth_mb_s_err_handling"] = bw_e;
+                    }
+                    rounds.push(json!({"ucx_perftest": peer, "ferry": ferry(tls, "ucx", "ucx")?}));
+                }
+                Ok(())
+            },
+        )?;
+        let get = |r: &Value, side: &str, field: &str, key: &str| {
+            r[side][field][key].as_f64().unwrap_or(0.0)
+        };
         for size in SIZES {
             let key = size.to_string();
-            let (fv, pv) = (
-                f["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0),
-                p["bandwidth_mb_s"][&key].as_f64().unwrap_or(0.0),
-            );
-            let ratio = fv / pv;
-            rows.push(format!(
-                "{tls:>4}  bandwidth {:>3} MiB   Ferry {fv:>9.1} MB/s   ucx_perftest {pv:>9.1} MB/s   ratio {ratio:.2} (target >= {BANDWIDTH_TARGET}) {}",
-                size >> 20,
-                if ratio >= BANDWIDTH_TARGET { "met" } else { "MISSED" }
-            ));
+            let f: Vec<f64> = rounds
+                .iter()
+                .map(|r| get(r, "ferry", "bandwidth_mb_s", &key))
+                .collect();
+            let mut peers = vec![("ucx_perftest", "bandwidth_mb_s")];
+            if with_e {
+                peers.push(("ucx_perftest -e", "bandwidth_mb_s_err_handling"));
+            }
+            for (name, field) in peers {
+                let p: Vec<f64> = rounds
+                    .iter()
+                    .map(|r| get(r, "ucx_perftest", field, &key))
+                    .collect();
+                let per_round: Vec<f64> = f.iter().zip(&p).map(|(f, p)| f / p).collect();
+                let (fv, pv) = (median(&f), median(&p));
+                let ratio = fv / pv;
+                rows.push(format!(
+                    "{tls:>4}  bandwidth {:>3} MiB   Ferry {fv:>9.1} MB/s   {name:<15} {pv:>9.1} MB/s   ratio {ratio:.2} (rounds {}; target >= {BANDWIDTH_TARGET}) {}",
+                    size >> 20,
+                    range(&per_round),
+                    if ratio >= BANDWIDTH_TARGET { "met" } else { "MISSED" }
+                ));
+            }
         }
+        let lat = |side: &str, field: &str| {
+            median(
+                &rounds
+                    .iter()
+                    .map(|r| r[side][field].as_f64().unwrap_or(0.0))
+                    .collect::<Vec<_>>(),
+            )
+        };
         let (fl, fl0, pl) = (
-            f["latency_us"].as_f64().unwrap_or(0.0),
-            f["latency_us_no_spin"].as_f64().unwrap_or(0.0),
-            p["latency_us"].as_f64().unwrap_or(0.0),
+            lat("ferry", "latency_us"),
+            lat("ferry", "latency_us_no_spin"),
+            lat("ucx_perftest", "latency_us"),
         );
         rows.push(format!(
             "{tls:>4}  one-way latency 8 B  Ferry {fl:.2} us (no spin {fl0:.2} us)   ucx_perftest {pl:.2} us   Ferry/UCX {:.2}",
             fl / pl
         ));
-        result[tls] = cell;
+        // Ferry's medians stand for the same-host comparison below; every
+        // round is kept.
+        let mut ferry_bw = json!({});
+        for size in SIZES {
+            let key = size.to_string();
+            ferry_bw[&key] = json!(median(
+                &rounds
+                    .iter()
+                    .map(|r| get(r, "ferry", "bandwidth_mb_s", &key))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        result[tls] = json!({
+            "ferry": {"bandwidth_mb_s": ferry_bw, "latency_us": fl, "latency_us_no_spin": fl0},
+            "rounds": rounds,
+        });
     }
     // One host: the same measurement over Ferry's own same-host channels,
     // which sets the `ucx` channel's priority below or above them.

@@ -122,6 +122,22 @@ pub(crate) fn status_text(api: &sys::Ucp, status: sys::ucs_status_t) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
+/// Whether a `UCX_TLS` list (`None`: UCX's default, every transport) may
+/// carry data over shared memory: no list, an exclusion list (`^...`),
+/// `all`, or one that names a shared-memory transport.
+fn may_use_shared_memory(tls: Option<&str>) -> bool {
+    let Some(list) = tls.map(str::trim) else {
+        return true;
+    };
+    list.starts_with('^')
+        || list.split(',').map(str::trim).any(|t| {
+            matches!(
+                t,
+                "all" | "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem"
+            )
+        })
+}
+
 /// A UCP context (one per process and `UCX_TLS` choice; never cleaned up).
 pub(crate) struct Context {
     pub(crate) handle: sys::ucp_context_h,
@@ -157,14 +173,21 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     if status != sys::UCS_OK {
         return Err(fail("reading UCX's configuration failed", status));
     }
-    // Rendezvous by put: the sender writes the bytes when the receiver's
-    // ready-to-receive arrives, then a message tells the receiver it is
-    // done, which wakes a receiver asleep on its event fd. With get (UCX's
-    // choice on shared memory) the receiver's own copy completes only on
-    // a later progress call that no event announces: a sleeping receiver
-    // then waits for the backstop timer (measured: 0.6 GB/s instead of
-    // 9 GB/s at 4 MiB). `UCX_RNDV_SCHEME` in the environment still wins.
-    if std::env::var_os("UCX_RNDV_SCHEME").is_none() {
+    // Rendezvous by put where shared memory may carry it: the sender
+    // writes the bytes when the receiver's ready-to-receive arrives, then
+    // a message tells the receiver it is done, which wakes a receiver
+    // asleep on its event fd. With get (UCX's choice on shared memory) the
+    // receiver's own copy completes only on a later progress call that no
+    // event announces: a sleeping receiver then waits for the backstop
+    // timer (measured: 0.6 GB/s instead of 9 GB/s at 4 MiB). Over network
+    // transports the data itself arrives as an event, and UCX's own choice
+    // is faster (tcp, 4 MiB: 4.1 GB/s against 3.2-3.5 by put, which UCX
+    // 1.13 carries over tcp as fragments the receiver copies out).
+    // `UCX_RNDV_SCHEME` in the environment still wins.
+    let env_tls = std::env::var("UCX_TLS").ok();
+    if std::env::var_os("UCX_RNDV_SCHEME").is_none()
+        && may_use_shared_memory(tls.or(env_tls.as_deref()))
+    {
         // SAFETY: `config` is live; both strings are NUL-terminated.
         let status = unsafe {
             api.ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"put_zcopy".as_ptr())
@@ -222,6 +245,28 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rendezvous_by_put_is_asked_for_only_where_shared_memory_may_carry_data() {
+        for tls in [
+            None,
+            Some("shm"),
+            Some("sm,tcp"),
+            Some("^ib"),
+            Some(" all"),
+            Some("posix"),
+        ] {
+            assert!(may_use_shared_memory(tls), "{tls:?}");
+        }
+        for tls in [
+            Some("tcp"),
+            Some("rc,ud"),
+            Some("tcp, rc_x"),
+            Some("self,tcp"),
+        ] {
+            assert!(!may_use_shared_memory(tls), "{tls:?}");
+        }
+    }
 
     #[test]
     fn a_missing_library_is_a_typed_error_naming_the_loader() {

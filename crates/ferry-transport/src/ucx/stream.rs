@@ -218,17 +218,10 @@ impl UcxWriter {
         unsafe { self.link.send_kept(tag, ptr, len, Box::new(chunk)) }.map_err(to_io)
     }
 
-    /// Waits (by yielding) while too many sends are unfinished.
+    /// Waits while more than `limit` sends are unfinished (the progress
+    /// task's sweep wakes this task when one finishes).
     fn poll_room(&mut self, cx: &mut Context<'_>, limit: usize) -> Poll<io::Result<()>> {
-        if let Some(e) = self.link.failure() {
-            return Poll::Ready(Err(to_io(e)));
-        }
-        if self.link.in_flight() > limit {
-            // The progress task completes them; check again soon.
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        Poll::Ready(Ok(()))
+        self.link.poll_in_flight_at_most(cx, limit).map_err(to_io)
     }
 }
 

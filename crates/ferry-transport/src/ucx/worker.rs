@@ -12,9 +12,14 @@
 //! A task waiting for a request first spins on `ucp_worker_progress` for
 //! at most the configured spin time, then registers its waker in the
 //! completion and sleeps. The connection's progress task arms the worker
-//! and sleeps on its event fd (tokio `AsyncFd`, plus a backstop timer);
-//! each time it wakes it progresses the worker, and the callbacks of the
-//! requests that completed wake their tasks.
+//! and sleeps on its event fd (tokio `AsyncFd`, plus a backstop timer)
+//! only while something needs UCX's events: a task asleep on a request,
+//! or a send UCX has not finished. Each time it wakes it progresses the
+//! worker, and the callbacks of the requests that completed wake their
+//! tasks. While nothing needs them the worker stays unarmed: an armed
+//! worker makes the peer signal it for the next message (a system call
+//! there, a wake-up here), which a task spinning for that message does
+//! not need.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -71,6 +76,10 @@ impl Completion {
     fn lock_waker(&self) -> MutexGuard<'_, Option<Waker>> {
         self.waker.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// A task sleeps on this request: it waits for the progress task.
+    fn has_sleeper(&self) -> bool {
+        !self.is_done() && self.lock_waker().is_some()
+    }
 }
 
 unsafe extern "C" fn recv_done(
@@ -120,6 +129,10 @@ struct State {
     inflight: Vec<Inflight>,
     /// Completions tasks wait on, woken when the link fails.
     waiters: Vec<Weak<Completion>>,
+    /// A writer waiting for in-flight requests to finish
+    /// ([`UcxLink::poll_in_flight_at_most`]), woken by the sweep that
+    /// shortens the list (or by the link's failure).
+    room: Option<Waker>,
 }
 
 // SAFETY: the worker is created `UCS_THREAD_MODE_SERIALIZED` and only used
@@ -132,6 +145,9 @@ pub(crate) struct Shared {
     failed: Mutex<Option<String>>,
     has_failed: AtomicBool,
     stop: Notify,
+    /// Tells the progress task that something now needs UCX's events (a
+    /// task went to sleep on a request, or a send is in flight).
+    wanted: Notify,
     efd: Option<AsyncFd<RawFd>>,
     spin: Duration,
     /// The peer's name, set when the endpoint connects.
@@ -184,6 +200,7 @@ impl Shared {
             }
         }
         let api = self.api;
+        let before = state.inflight.len();
         state.inflight.retain(|f| {
             let status = match &f.completion {
                 Some(c) if !c.is_done() => return true,
@@ -201,7 +218,13 @@ impl Shared {
             unsafe { api.ucp_request_free(f.request) };
             false
         });
-        if self.has_failed.load(Ordering::Acquire) {
+        let failed = self.has_failed.load(Ordering::Acquire);
+        if state.inflight.len() < before || failed {
+            if let Some(waker) = state.room.take() {
+                waker.wake();
+            }
+        }
+        if failed {
             for w in state.waiters.drain(..) {
                 if let Some(c) = w.upgrade() {
                     if let Some(waker) = c.lock_waker().take() {
@@ -209,6 +232,27 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+}
+
+impl State {
+    /// Whether the progress task must arm the worker and watch its event
+    /// fd: a send (or a cancelled request) is unfinished, or a task sleeps
+    /// on a receive. A task that polls (spins) progresses by itself.
+    fn needs_events(&self) -> bool {
+        !self.inflight.is_empty()
+            || self
+                .waiters
+                .iter()
+                .any(|w| w.upgrade().is_some_and(|c| c.has_sleeper()))
+    }
+
+    /// Adds an unfinished request; the first one wakes the progress task.
+    fn push_inflight(&mut self, shared: &Shared, inflight: Inflight) {
+        self.inflight.push(inflight);
+        if self.inflight.len() == 1 {
+            shared.wanted.notify_one();
         }
     }
 }
@@ -431,10 +475,12 @@ impl UcxWorker {
                 ep: std::ptr::null_mut(),
                 inflight: Vec::new(),
                 waiters: Vec::new(),
+                room: None,
             }),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             stop: Notify::new(),
+            wanted: Notify::new(),
             efd: Some(fd),
             spin,
             peer: OnceLock::new(),
@@ -527,10 +573,12 @@ impl UcxWorker {
     }
 }
 
-/// The progress task: progress, arm, sleep on the event fd (or the
-/// backstop timer), until the last handle of the link is gone. One timer
-/// serves every wait: it is reset, not created anew, each time the task
-/// goes to sleep.
+/// The progress task, until the last handle of the link is gone:
+/// progress; then, while something needs UCX's events
+/// ([`State::needs_events`]), arm the worker and sleep on its event fd,
+/// otherwise sleep until something does ([`Shared::wanted`]); the backstop
+/// timer bounds either sleep. One timer serves every wait: it is reset,
+/// not created anew, each time the task goes to sleep.
 async fn drive(shared: Arc<Shared>) {
     let api = shared.api;
     let backstop = tokio::time::sleep(BACKSTOP);
@@ -539,11 +587,15 @@ async fn drive(shared: Arc<Shared>) {
         let armed = {
             let mut state = shared.lock();
             shared.progress(&mut state);
-            // SAFETY: a live worker, under the lock.
-            let status = unsafe { api.ucp_worker_arm(state.worker) };
-            status == sys::UCS_OK
+            if state.needs_events() {
+                // SAFETY: a live worker, under the lock.
+                let status = unsafe { api.ucp_worker_arm(state.worker) };
+                Some(status == sys::UCS_OK)
+            } else {
+                None
+            }
         };
-        if !armed {
+        if armed == Some(false) {
             // Events are pending (UCS_ERR_BUSY): progress again, letting
             // other tasks run in between.
             tokio::task::yield_now().await;
@@ -555,14 +607,22 @@ async fn drive(shared: Arc<Shared>) {
         backstop
             .as_mut()
             .reset(tokio::time::Instant::now() + BACKSTOP);
-        tokio::select! {
-            ready = fd.readable() => {
-                if let Ok(mut guard) = ready {
-                    guard.clear_ready();
+        if armed.is_some() {
+            tokio::select! {
+                ready = fd.readable() => {
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
                 }
+                _ = &mut backstop => {}
+                _ = shared.stop.notified() => return,
             }
-            _ = &mut backstop => {}
-            _ = shared.stop.notified() => return,
+        } else {
+            tokio::select! {
+                _ = shared.wanted.notified() => {}
+                _ = &mut backstop => {}
+                _ = shared.stop.notified() => return,
+            }
         }
     }
 }
@@ -660,11 +720,12 @@ impl UcxLink {
             return Err(self.error("posting a UCX send failed", ptr_status(request)));
         }
         if !request.is_null() {
-            state.inflight.push(Inflight {
+            let inflight = Inflight {
                 request,
                 completion: None,
                 _keep: keep,
-            });
+            };
+            state.push_inflight(&self.shared, inflight);
         }
         Ok(())
     }
@@ -713,8 +774,43 @@ impl UcxLink {
     }
 
     /// Unfinished fire-and-forget sends and cancelled requests.
+    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
         self.shared.lock().inflight.len()
+    }
+
+    /// Whether the progress task arms the worker (see
+    /// [`State::needs_events`]).
+    #[cfg(test)]
+    fn needs_events(&self) -> bool {
+        self.shared.lock().needs_events()
+    }
+
+    /// `Ready` once at most `limit` sends (and cancelled requests) are
+    /// unfinished, or with the link's failure. Otherwise the task sleeps
+    /// until the progress task's sweep finishes one: no polling.
+    pub(crate) fn poll_in_flight_at_most(
+        &self,
+        cx: &mut TaskContext<'_>,
+        limit: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        if let Some(e) = self.failure() {
+            return Poll::Ready(Err(e));
+        }
+        let mut state = self.shared.lock();
+        if state.inflight.len() <= limit {
+            return Poll::Ready(Ok(()));
+        }
+        match &mut state.room {
+            Some(w) => w.clone_from(cx.waker()),
+            None => state.room = Some(cx.waker().clone()),
+        }
+        drop(state);
+        // The failure may have come between the check and the waker.
+        if let Some(e) = self.failure() {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Pending
     }
 
     /// Posts a receive into memory owned by `keep`, returning the request
@@ -834,7 +930,11 @@ impl Pending {
                 });
             }
             if !c.is_done() {
-                *c.lock_waker() = Some(cx.waker().clone());
+                let first = c.lock_waker().replace(cx.waker().clone()).is_none();
+                if first {
+                    // The progress task now has to watch for this request.
+                    shared.wanted.notify_one();
+                }
                 if !c.is_done() {
                     if let Some(e) = shared.failure() {
                         return Poll::Ready(Err(e));
@@ -885,11 +985,12 @@ impl Drop for Pending {
         }
         // Freed by the sweep once UCX completed it (the cancel completes
         // it with UCS_ERR_CANCELED, or the data arrived first).
-        state.inflight.push(Inflight {
+        let inflight = Inflight {
             request: self.request,
             completion: Some(completion),
             _keep: Box::new(keep),
-        });
+        };
+        state.push_inflight(shared, inflight);
         shared.progress(&mut state);
     }
 }
@@ -905,11 +1006,15 @@ mod tests {
     /// Two workers of this process connected to each other, or `None`
     /// (with the reason printed) where UCX does not load.
     fn linked(tls: &str) -> Option<(UcxLink, UcxLink)> {
+        linked_spinning(tls, Duration::from_micros(20))
+    }
+
+    /// As [`linked`], with waits that spin for `spin`.
+    fn linked_spinning(tls: &str, spin: Duration) -> Option<(UcxLink, UcxLink)> {
         if let Err(reason) = super::super::viability() {
             eprintln!("skipped: {reason}");
             return None;
         }
-        let spin = Duration::from_micros(20);
         let a = UcxWorker::new(Some(tls), spin).unwrap();
         let b = UcxWorker::new(Some(tls), spin).unwrap();
         let (addr_a, addr_b) = (a.address().to_vec(), b.address().to_vec());
@@ -960,6 +1065,72 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_worker_is_armed_only_while_a_send_is_unfinished_or_a_task_sleeps() {
+        let Some((a, b)) = linked_spinning("shm,self", Duration::ZERO) else {
+            return;
+        };
+        // Nothing posted: nobody needs UCX's events, so no peer is asked to
+        // signal this side.
+        assert!(!a.needs_events() && !b.needs_events());
+        // A rendezvous send stays unfinished until the receiver posts.
+        let len = 4 << 20;
+        let bytes = vec![9u8; len];
+        let ptr = bytes.as_ptr();
+        // SAFETY: the Vec owns the bytes and is kept with the request.
+        unsafe { a.send_kept(7, ptr, len, Box::new(bytes)) }.unwrap();
+        assert!(a.needs_events());
+        // A receive that is posted but not awaited needs nothing yet.
+        let mut dest = vec![0u8; len];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let mut pending = unsafe { b.recv(7, dptr, len, Box::new(dest)) }.unwrap();
+        let (keep, got) = (&mut pending).await.unwrap();
+        assert_eq!(got, len);
+        assert!(keep.downcast::<Vec<u8>>().unwrap().iter().all(|&x| x == 9));
+        // The sender's progress task finishes the send; then it disarms.
+        while a.in_flight() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!a.needs_events());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receive_asleep_before_its_message_is_sent_is_woken_by_the_progress_task() {
+        for tls in ["shm,self", "tcp"] {
+            let Some((a, b)) = linked_spinning(tls, Duration::ZERO) else {
+                return;
+            };
+            for (tag, len) in [(1u64, 8usize), (2, 4 << 20)] {
+                let mut dest = vec![0u8; len];
+                let dptr = dest.as_mut_ptr();
+                // SAFETY: `dest`'s heap bytes move with it into the request.
+                let mut pending = unsafe { b.recv(tag, dptr, len, Box::new(dest)) }.unwrap();
+                // One poll: nothing has been sent, so the task goes to sleep
+                // and only the progress task can wake it.
+                let first = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(pending.poll_done(cx).is_pending())
+                })
+                .await;
+                assert!(first, "{tls}: a receive completed before its send");
+                assert!(b.needs_events(), "{tls}: a sleeping receive arms nothing");
+                let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let ptr = bytes.as_ptr();
+                // SAFETY: the Vec owns the bytes and is kept with the request.
+                unsafe { a.send_kept(tag, ptr, len, Box::new(bytes)) }.unwrap();
+                let (keep, got) = tokio::time::timeout(Duration::from_secs(30), &mut pending)
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{tls}: a sleeping receive of {len} bytes was never woken")
+                    })
+                    .unwrap();
+                assert_eq!(got, len);
+                let dest = keep.downcast::<Vec<u8>>().unwrap();
+                assert!(dest.iter().enumerate().all(|(i, &x)| x == i as u8));
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
