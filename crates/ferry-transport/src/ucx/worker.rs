@@ -27,7 +27,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
@@ -144,6 +144,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     failed: Mutex<Option<String>>,
     has_failed: AtomicBool,
+    /// Senders waiting for the state lock (see [`Shared::lock_for_send`]).
+    senders: AtomicUsize,
     stop: Notify,
     /// Tells the progress task that something now needs UCX's events (a
     /// task went to sleep on a request, or a send is in flight).
@@ -162,6 +164,17 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lock, for a send: a task spinning on progress (on another
+    /// thread: the RPC caller sends from its own) leaves the lock alone
+    /// while a sender waits for it, so the sender takes it at once instead
+    /// of parking on it and being woken by a system call.
+    fn lock_for_send(&self) -> MutexGuard<'_, State> {
+        self.senders.fetch_add(1, Ordering::AcqRel);
+        let state = self.lock();
+        self.senders.fetch_sub(1, Ordering::AcqRel);
+        state
     }
 
     fn fail(&self, reason: String) {
@@ -199,6 +212,52 @@ impl Shared {
                 break;
             }
         }
+        self.sweep(state);
+    }
+
+    /// Spins on progress until `done` holds (`true`), or until `idle` has
+    /// passed since UCX last reported progress (`false`): a transfer whose
+    /// bytes keep arriving (or leaving) is polled to its end, the way
+    /// `ucx_perftest` polls, instead of sleeping on the event fd between
+    /// its fragments; a quiet link costs at most `idle`. Rounds of
+    /// [`SPIN_ITERATIONS`](crate::shm::SPIN_ITERATIONS) checks, the CPU
+    /// yielded to the OS in between (a thread with work on this core, often
+    /// the one about to answer, runs first). `idle` zero: one round.
+    /// `done` gets the state and whether this check's progress call
+    /// reported anything.
+    fn spin(&self, idle: Duration, mut done: impl FnMut(&mut State, bool) -> bool) -> bool {
+        let mut quiet_since = Instant::now();
+        loop {
+            let mut active = false;
+            for _ in 0..crate::shm::SPIN_ITERATIONS {
+                if self.senders.load(Ordering::Acquire) > 0 {
+                    // A sender waits for the lock (see `lock_for_send`).
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if let Ok(mut state) = self.state.try_lock() {
+                    // SAFETY: a live worker, under the lock.
+                    let progressed = unsafe { self.api.ucp_worker_progress(state.worker) } != 0;
+                    active |= progressed;
+                    if done(&mut state, progressed) {
+                        return true;
+                    }
+                }
+                std::hint::spin_loop();
+            }
+            if active {
+                quiet_since = Instant::now();
+            }
+            if idle.is_zero() || quiet_since.elapsed() >= idle {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Frees the finished requests of the in-flight list, waking a writer
+    /// waiting for room, and every waiter when the link failed.
+    fn sweep(&self, state: &mut State) {
         let api = self.api;
         let before = state.inflight.len();
         state.inflight.retain(|f| {
@@ -479,6 +538,7 @@ impl UcxWorker {
             }),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
+            senders: AtomicUsize::new(0),
             stop: Notify::new(),
             wanted: Notify::new(),
             efd: Some(fd),
@@ -702,7 +762,7 @@ impl UcxLink {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        let mut state = self.shared.lock();
+        let mut state = self.shared.lock_for_send();
         // No callback: nobody waits for a fire-and-forget send; the sweep
         // checks its status.
         // SAFETY: zeroed is a valid parameter block.
@@ -738,7 +798,7 @@ impl UcxLink {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        let state = self.shared.lock();
+        let state = self.shared.lock_for_send();
         // SAFETY: zeroed is a valid parameter block.
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
@@ -797,7 +857,18 @@ impl UcxLink {
         if let Some(e) = self.failure() {
             return Poll::Ready(Err(e));
         }
-        let mut state = self.shared.lock();
+        let shared = &self.shared;
+        if shared.lock_for_send().inflight.len() <= limit {
+            return Poll::Ready(Ok(()));
+        }
+        // Progress the sends while they move, as a receive does.
+        shared.spin(shared.spin, |state, progressed| {
+            if progressed {
+                shared.sweep(state);
+            }
+            state.inflight.len() <= limit
+        });
+        let mut state = shared.lock();
         if state.inflight.len() <= limit {
             return Poll::Ready(Ok(()));
         }
@@ -918,15 +989,12 @@ impl Pending {
             // progress task wakes this one.
             if !self.spun {
                 self.spun = true;
-                crate::shm::spin_until(shared.spin, || {
-                    if let Ok(mut state) = shared.state.try_lock() {
-                        // SAFETY: a live worker, under the lock.
-                        unsafe { shared.api.ucp_worker_progress(state.worker) };
-                        if c.is_done() {
-                            shared.progress(&mut state);
-                        }
+                shared.spin(shared.spin, |state, _| {
+                    let done = c.is_done();
+                    if done {
+                        shared.progress(state);
                     }
-                    c.is_done()
+                    done
                 });
             }
             if !c.is_done() {
