@@ -1067,6 +1067,7 @@ impl Drop for Pending {
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use std::task::Poll;
     use std::time::Duration;
 
     use super::{UcxLink, UcxWorker};
@@ -1163,6 +1164,41 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(!a.needs_events());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_waiting_for_room_sleeps_until_a_send_finishes() {
+        let Some((a, b)) = linked_spinning("tcp", Duration::ZERO) else {
+            return;
+        };
+        let len = 4 << 20;
+        let bytes = vec![3u8; len];
+        let ptr = bytes.as_ptr();
+        // SAFETY: the Vec owns the bytes and is kept with the request.
+        unsafe { a.send_kept(11, ptr, len, Box::new(bytes)) }.unwrap();
+        // The rendezvous send cannot finish before the receiver posts: a
+        // writer that wants none in flight waits, with its waker kept for
+        // the sweep.
+        let waiting =
+            std::future::poll_fn(|cx| Poll::Ready(a.poll_in_flight_at_most(cx, 0).is_pending()))
+                .await;
+        assert!(waiting, "a send finished before its receiver posted");
+        let room = tokio::spawn({
+            let a = a.clone();
+            async move { std::future::poll_fn(|cx| a.poll_in_flight_at_most(cx, 0)).await }
+        });
+        let mut dest = vec![0u8; len];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let pending = unsafe { b.recv(11, dptr, len, Box::new(dest)) }.unwrap();
+        let (_, got) = pending.await.unwrap();
+        assert_eq!(got, len);
+        tokio::time::timeout(Duration::from_secs(30), room)
+            .await
+            .expect("the writer was never woken once its send finished")
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.in_flight(), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
