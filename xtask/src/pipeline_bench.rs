@@ -203,27 +203,12 @@ impl Side {
     }
 }
 
-/// The median of `values` (`None` if empty).
-fn median(values: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
-}
-
 /// One number over the runs: the median of the runs' values, the least and
 /// the greatest, and every run's value (`null` where a run lacks it).
 fn over_runs(values: &[Option<f64>]) -> Value {
     let present: Vec<f64> = values.iter().flatten().copied().collect();
     json!({
-        "median": median(&present),
+        "median": table::median(&present),
         "min": present.iter().copied().reduce(f64::min),
         "max": present.iter().copied().reduce(f64::max),
         "runs": values,

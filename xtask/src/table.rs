@@ -373,6 +373,21 @@ pub(crate) fn write_json(path: &Path, rows: &[Row]) -> Result<()> {
     std::fs::write(path, to_json(rows)).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The median of `values` (`None` if empty).
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
 /// Reads one JSON result object.
 pub(crate) fn read_result(path: &Path) -> Result<Value> {
     let text =

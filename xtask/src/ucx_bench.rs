@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use crate::bench::{out_path, release_binary, write_result};
 use crate::setup::ensure_debian_package;
 use crate::steps::{cargo, run, Steps};
+use crate::table;
 
 const PERFTEST: &str = "/usr/bin/ucx_perftest";
 /// Bandwidth sizes, bytes.
@@ -111,15 +112,9 @@ fn perftest(
     Ok((cols[1], cols[5]))
 }
 
-/// The median of `values` (0 when empty).
+/// The median of `values` (0 when there are none).
 fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+    table::median(values).unwrap_or(0.0)
 }
 
 /// `min-max` of `values`, two decimals.

@@ -52,16 +52,49 @@ fn spin(ready: impl FnMut() -> bool) -> bool {
 /// answer from another process within microseconds should wait before it
 /// parks (the rings here, a caller waiting for its reply).
 pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
+    spin_while_active(budget, || {
+        if ready() {
+            Check::Ready
+        } else {
+            Check::Waiting
+        }
+    })
+}
+
+/// What one check of [`spin_while_active`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// What was waited for holds: stop.
+    Ready,
+    /// Not yet, but something moved (bytes of a transfer arrived): the
+    /// idle time starts again.
+    Progressed,
+    /// Not yet, and nothing moved.
+    Waiting,
+}
+
+/// As [`spin_until`], except that the budget is idle time: it starts
+/// again after every round in which a check reported
+/// [`Check::Progressed`], so a transfer whose bytes keep moving is polled
+/// to its end and only a quiet wait gives up after `idle`. `true` as soon
+/// as a check reports [`Check::Ready`]; a zero `idle` is one round.
+pub fn spin_while_active(idle: Duration, mut check: impl FnMut() -> Check) -> bool {
+    let mut quiet_since = Instant::now();
     loop {
+        let mut active = false;
         for _ in 0..SPIN_ITERATIONS {
-            if ready() {
-                return true;
+            match check() {
+                Check::Ready => return true,
+                Check::Progressed => active = true,
+                Check::Waiting => {}
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= budget {
-            return ready();
+        if active {
+            quiet_since = Instant::now();
+        }
+        if quiet_since.elapsed() >= idle {
+            return check() == Check::Ready;
         }
         std::thread::yield_now();
     }
@@ -542,5 +575,44 @@ impl Drop for ShmWriter {
         if let Err(e) = self.close() {
             tracing::warn!("cannot signal the shm reader on close: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spin_lasts_while_checks_report_progress() {
+        // An hour of idle budget: only the checks end this spin. Far more
+        // checks than one round report progress before the last is ready.
+        let mut checks = 0;
+        let ready = spin_while_active(Duration::from_secs(3600), || {
+            checks += 1;
+            if checks == 10 * SPIN_ITERATIONS {
+                Check::Ready
+            } else {
+                Check::Progressed
+            }
+        });
+        assert!(ready);
+        assert_eq!(checks, 10 * SPIN_ITERATIONS);
+    }
+
+    #[test]
+    fn a_spin_with_no_idle_time_is_one_round_and_a_last_check() {
+        let mut checks = 0;
+        let ready = spin_while_active(Duration::ZERO, || {
+            checks += 1;
+            Check::Progressed
+        });
+        assert!(!ready);
+        assert_eq!(checks, SPIN_ITERATIONS + 1);
+        // spin_until keeps its meaning: ready on the last check counts.
+        let mut checks = 0;
+        assert!(spin_until(Duration::ZERO, || {
+            checks += 1;
+            checks > SPIN_ITERATIONS
+        }));
     }
 }

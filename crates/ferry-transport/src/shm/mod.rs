@@ -80,6 +80,9 @@ pub use segment::{Segment, MAX_SEGMENT_LEN};
 #[cfg(not(loom))]
 pub use fdpass::{recv_fds, send_fds, MAX_FDS_PER_MESSAGE};
 #[cfg(not(loom))]
-pub use io::{spin_until, PeerGone, ShmReader, ShmWriter, SPIN_BUDGET, SPIN_ITERATIONS};
+pub use io::{
+    spin_until, spin_while_active, Check, PeerGone, ShmReader, ShmWriter, SPIN_BUDGET,
+    SPIN_ITERATIONS,
+};
 #[cfg(not(loom))]
 pub use link::ShmLink;

@@ -122,6 +122,22 @@ pub(crate) fn status_text(api: &sys::Ucp, status: sys::ucs_status_t) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
+/// The `UCX_TLS` list UCX will use: Ferry's own (`tls`), else the
+/// environment's; `None`: UCX's default, every transport.
+pub(crate) fn effective_tls(tls: Option<&str>) -> Option<String> {
+    tls.map(str::to_owned)
+        .or_else(|| std::env::var("UCX_TLS").ok())
+}
+
+/// Whether `name`, one entry of a `UCX_TLS` list, is one of UCX's
+/// shared-memory transports (or their aliases).
+pub(crate) fn is_shared_memory(name: &str) -> bool {
+    matches!(
+        name,
+        "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem"
+    )
+}
+
 /// Whether a `UCX_TLS` list (`None`: UCX's default, every transport) may
 /// carry data over shared memory: no list, an exclusion list (`^...`),
 /// `all`, or one that names a shared-memory transport.
@@ -130,12 +146,10 @@ fn may_use_shared_memory(tls: Option<&str>) -> bool {
         return true;
     };
     list.starts_with('^')
-        || list.split(',').map(str::trim).any(|t| {
-            matches!(
-                t,
-                "all" | "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem"
-            )
-        })
+        || list
+            .split(',')
+            .map(str::trim)
+            .any(|t| t == "all" || is_shared_memory(t))
 }
 
 /// A UCP context (one per process and `UCX_TLS` choice; never cleaned up).
@@ -184,9 +198,8 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     // is faster (tcp, 4 MiB: 4.1 GB/s against 3.2-3.5 by put, which UCX
     // 1.13 carries over tcp as fragments the receiver copies out).
     // `UCX_RNDV_SCHEME` in the environment still wins.
-    let env_tls = std::env::var("UCX_TLS").ok();
     if std::env::var_os("UCX_RNDV_SCHEME").is_none()
-        && may_use_shared_memory(tls.or(env_tls.as_deref()))
+        && may_use_shared_memory(effective_tls(tls).as_deref())
     {
         // SAFETY: `config` is live; both strings are NUL-terminated.
         let status = unsafe {

@@ -27,12 +27,13 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 use super::{context, exit, status_text, sys, Context};
+use crate::shm::{spin_while_active, Check};
 use crate::{channel, TransportError};
 
 /// How long the progress task sleeps on the event fd at most (a backstop
@@ -215,44 +216,30 @@ impl Shared {
         self.sweep(state);
     }
 
-    /// Spins on progress until `done` holds (`true`), or until `idle` has
-    /// passed since UCX last reported progress (`false`): a transfer whose
-    /// bytes keep arriving (or leaving) is polled to its end, the way
-    /// `ucx_perftest` polls, instead of sleeping on the event fd between
-    /// its fragments; a quiet link costs at most `idle`. Rounds of
-    /// [`SPIN_ITERATIONS`](crate::shm::SPIN_ITERATIONS) checks, the CPU
-    /// yielded to the OS in between (a thread with work on this core, often
-    /// the one about to answer, runs first). `idle` zero: one round.
-    /// `done` gets the state and whether this check's progress call
-    /// reported anything.
+    /// Spins on progress ([`spin_while_active`]) until `done` holds
+    /// (`true`), or until `idle` has passed since UCX last reported
+    /// progress (`false`): a transfer whose bytes keep arriving (or
+    /// leaving) is polled to its end, the way `ucx_perftest` polls, instead
+    /// of sleeping on the event fd between its fragments; a quiet link
+    /// costs at most `idle`. A check leaves the lock alone while a sender
+    /// waits for it (see [`Shared::lock_for_send`]). `done` gets the state
+    /// and whether this check's progress call reported anything.
     fn spin(&self, idle: Duration, mut done: impl FnMut(&mut State, bool) -> bool) -> bool {
-        let mut quiet_since = Instant::now();
-        loop {
-            let mut active = false;
-            for _ in 0..crate::shm::SPIN_ITERATIONS {
-                if self.senders.load(Ordering::Acquire) > 0 {
-                    // A sender waits for the lock (see `lock_for_send`).
-                    std::hint::spin_loop();
-                    continue;
-                }
-                if let Ok(mut state) = self.state.try_lock() {
-                    // SAFETY: a live worker, under the lock.
-                    let progressed = unsafe { self.api.ucp_worker_progress(state.worker) } != 0;
-                    active |= progressed;
-                    if done(&mut state, progressed) {
-                        return true;
-                    }
-                }
-                std::hint::spin_loop();
+        spin_while_active(idle, || {
+            if self.senders.load(Ordering::Acquire) > 0 {
+                return Check::Waiting;
             }
-            if active {
-                quiet_since = Instant::now();
+            let Ok(mut state) = self.state.try_lock() else {
+                return Check::Waiting;
+            };
+            // SAFETY: a live worker, under the lock.
+            let progressed = unsafe { self.api.ucp_worker_progress(state.worker) } != 0;
+            match (done(&mut state, progressed), progressed) {
+                (true, _) => Check::Ready,
+                (false, true) => Check::Progressed,
+                (false, false) => Check::Waiting,
             }
-            if idle.is_zero() || quiet_since.elapsed() >= idle {
-                return false;
-            }
-            std::thread::yield_now();
-        }
+        })
     }
 
     /// Frees the finished requests of the in-flight list, waking a writer
@@ -433,15 +420,13 @@ pub(crate) struct UcxWorker {
 }
 
 /// Whether a `UCX_TLS` list (`None`: UCX's default, every transport) names
-/// a transport other than the shared-memory ones, which have no peer
-/// failure detection in UCX 1.13.
+/// a transport other than the shared-memory ones and `self`, which have no
+/// peer failure detection in UCX 1.13.
 fn may_detect_peer_failure(tls: Option<&str>) -> bool {
     tls.is_none_or(|list| {
         list.split(',').map(str::trim).any(|t| {
-            !matches!(
-                t.trim_start_matches('^'),
-                "shm" | "sm" | "mm" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "self" | ""
-            )
+            let t = t.trim_start_matches('^');
+            !(super::is_shared_memory(t) || t == "self" || t.is_empty())
         })
     })
 }
@@ -549,8 +534,7 @@ impl UcxWorker {
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         registry.push(weak);
         drop(registry);
-        let env_tls = std::env::var("UCX_TLS").ok();
-        let peer_mode = may_detect_peer_failure(tls.or(env_tls.as_deref()));
+        let peer_mode = may_detect_peer_failure(super::effective_tls(tls).as_deref());
         Ok(UcxWorker {
             shared,
             address,
@@ -667,22 +651,20 @@ async fn drive(shared: Arc<Shared>) {
         backstop
             .as_mut()
             .reset(tokio::time::Instant::now() + BACKSTOP);
-        if armed.is_some() {
-            tokio::select! {
-                ready = fd.readable() => {
-                    if let Ok(mut guard) = ready {
-                        guard.clear_ready();
-                    }
+        // Armed: UCX's events; not armed: until something needs them.
+        let events = async {
+            if armed.is_some() {
+                if let Ok(mut guard) = fd.readable().await {
+                    guard.clear_ready();
                 }
-                _ = &mut backstop => {}
-                _ = shared.stop.notified() => return,
+            } else {
+                shared.wanted.notified().await;
             }
-        } else {
-            tokio::select! {
-                _ = shared.wanted.notified() => {}
-                _ = &mut backstop => {}
-                _ = shared.stop.notified() => return,
-            }
+        };
+        tokio::select! {
+            _ = events => {}
+            _ = &mut backstop => {}
+            _ = shared.stop.notified() => return,
         }
     }
 }
@@ -868,7 +850,7 @@ impl UcxLink {
             }
             state.inflight.len() <= limit
         });
-        let mut state = shared.lock();
+        let mut state = shared.lock_for_send();
         if state.inflight.len() <= limit {
             return Poll::Ready(Ok(()));
         }
