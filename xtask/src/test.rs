@@ -289,6 +289,26 @@ pub(crate) fn main() -> Result<()> {
                 },
             )?;
         }
+        // Once more over the `shm` rings with no spin: every reader,
+        // writer and caller that finds nothing sleeps at once, so every
+        // message takes the wake-up paths the spin usually hides.
+        steps.step(
+            "rpc suite over transport shm, channel shm, FERRY_SPIN_US=0",
+            || {
+                run(
+                    cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"])
+                        .args(["--profile", profile])
+                        .args([
+                            "-E",
+                            "not test(cma_across_user_namespaces_falls_back_to_shm)",
+                        ])
+                        .env("FERRY_TRANSPORTS", "shm")
+                        .env("FERRY_CHANNELS", "shm")
+                        .env("FERRY_SMALL_TENSOR_BYTES", "0")
+                        .env("FERRY_SPIN_US", "0"),
+                )
+            },
+        )?;
         ucx_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
         cuda_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
         // The suite again with every rank on a host of its own, over each

@@ -113,6 +113,12 @@ struct Config {
     /// libtorch intra-op threads per process (and in the baseline).
     #[arg(long, default_value_t = 1)]
     threads: i32,
+    /// How long (µs) the workers' `shm` readers and waiting callers poll
+    /// before they sleep (`ChannelConfig::spin`; default: `FERRY_SPIN_US`,
+    /// else Ferry's 50). A short spin leaves more of a small host's cores
+    /// to the compute threads, and costs a wake-up per late message.
+    #[arg(long)]
+    spin_us: Option<u64>,
     /// Skip the one-process baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -498,10 +504,17 @@ fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
     let mut options = RpcOptions::from_env(format!("worker{rank}"))?
         .rpc_timeout(Duration::from_secs_f64(c.rpc_timeout))
         .functions(functions);
+    if let Some(us) = c.spin_us {
+        options.channel_config.spin = Duration::from_micros(us);
+    }
+    let spin_us = options.channel_config.spin.as_micros() as u64;
     ferry_pipeline::install(&mut options, model::stages());
     ferry_rpc::init_rpc(options)?;
     let result = if rank == 0 {
-        let result = driver(c).and_then(|r| Ok(std::fs::write(part, serde_json::to_vec(&r)?)?));
+        let result = driver(c).and_then(|mut r| {
+            r["spin_us"] = json!(spin_us);
+            Ok(std::fs::write(part, serde_json::to_vec(&r)?)?)
+        });
         let told = DONE.rpc_sync("worker1", ());
         result.and(Ok(told?))
     } else {
@@ -556,7 +569,7 @@ fn main() -> Result<()> {
         "config": {
             "schedules": c.schedules, "microbatches": c.microbatches, "steps": c.steps,
             "warmup": c.warmup, "layers": c.layers, "width": c.width, "batch": c.batch,
-            "lr": c.lr, "threads": c.threads, "quick": c.quick, "rpc_timeout": c.rpc_timeout,
+            "lr": c.lr, "threads": c.threads, "spin_us": result["spin_us"], "quick": c.quick, "rpc_timeout": c.rpc_timeout,
         },
         "host": {
             "cpu_count": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),

@@ -6,8 +6,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
-use ferry_transport::shm::{spin_until, SPIN_BUDGET};
+use ferry_transport::shm::spin_until;
 use ferry_transport::IncomingMessage;
 use ferry_wire::{payload, MessageKind, PeerText};
 use parking_lot::{Condvar, Mutex};
@@ -29,6 +30,9 @@ pub(crate) struct CallSlot {
     done: Condvar,
     /// Set once `state` is `Done`: what a waiting thread spins on.
     completed: AtomicBool,
+    /// How long a waiting thread spins on `completed` before it parks
+    /// ([`ChannelConfig::spin`](ferry_transport::ChannelConfig::spin)).
+    spin: Duration,
     /// Whether `watches` holds any (read and written under `state`'s lock).
     watched: AtomicBool,
     /// Told how the call ended before its caller is (see [`crate::watch`]).
@@ -42,11 +46,12 @@ enum SlotState {
 }
 
 impl CallSlot {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(spin: Duration) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(SlotState::Waiting(None)),
             done: Condvar::new(),
             completed: AtomicBool::new(false),
+            spin,
             watched: AtomicBool::new(false),
             watches: Mutex::new(Watches::default()),
         })
@@ -57,6 +62,7 @@ impl CallSlot {
             state: Mutex::new(SlotState::Done(result)),
             done: Condvar::new(),
             completed: AtomicBool::new(true),
+            spin: Duration::ZERO,
             watched: AtomicBool::new(false),
             watches: Mutex::new(Watches::default()),
         })
@@ -147,12 +153,12 @@ impl CallSlot {
         }
     }
 
-    /// Re-checks for up to [`SPIN_BUDGET`] before the caller parks: a
+    /// Re-checks for up to the slot's spin before the caller parks: a
     /// reply that comes within it costs no futex wake-up on either side.
     /// The CPU is yielded between rounds, so a thread with work to do on
     /// this core (the one delivering the reply, say) gets to run.
     fn spin_until_completed(&self) {
-        spin_until(SPIN_BUDGET, || self.completed.load(Ordering::Acquire));
+        spin_until(self.spin, || self.completed.load(Ordering::Acquire));
     }
 
     fn is_done(&self) -> bool {

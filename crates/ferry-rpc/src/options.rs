@@ -130,9 +130,10 @@ impl RpcOptions {
     /// the channel; 0 sends every tensor over its channel) and
     /// `FERRY_MPT_LANES`; with the `ucx` feature `FERRY_UCX_TLS` (UCX's
     /// transports for Ferry's UCX context, e.g. `shm,self` or `tcp`; the
-    /// `UCX_*` variables pass through to UCX too) and `FERRY_UCX_SPIN_US`
-    /// (how long a waiting task spins on UCX progress before it sleeps,
-    /// [`ChannelConfig::ucx_spin`]); and the receive limits `FERRY_MAX_TENSOR_BYTES`,
+    /// `UCX_*` variables pass through to UCX too); `FERRY_SPIN_US` (how
+    /// long a side waiting for a peer on this host, an `shm` ring, a UCX
+    /// request or a caller awaiting its reply, polls before it sleeps,
+    /// [`ChannelConfig::spin`]); and the receive limits `FERRY_MAX_TENSOR_BYTES`,
     /// `FERRY_MAX_MESSAGE_TENSOR_BYTES` and `FERRY_FRAME_STALL_TIMEOUT_MS`
     /// (see [`Limits`]); `FERRY_AUTH_SECRET` (the group's shared secret,
     /// [`auth`](Self::auth)) and `FERRY_LISTEN_IP` (see
@@ -262,8 +263,8 @@ impl RpcOptions {
             let tls = tls.trim();
             o.channel_config.ucx_tls = (!tls.is_empty()).then(|| tls.to_owned());
         }
-        if let Some(us) = size("FERRY_UCX_SPIN_US")? {
-            o.channel_config.ucx_spin = Duration::from_micros(us as u64);
+        if let Some(us) = size("FERRY_SPIN_US")? {
+            o.channel_config.spin = Duration::from_micros(us as u64);
         }
         if let Some(n) = size("FERRY_MAX_TENSOR_BYTES")? {
             o.limits.max_tensor_bytes = n as u64;
@@ -454,6 +455,28 @@ mod env_tests {
                 local_world_size: 2,
                 group_rank: 1
             }
+        );
+    }
+
+    #[test]
+    fn spin_is_read_in_microseconds() {
+        let base = [("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")];
+        assert_eq!(
+            from(&base).unwrap().channel_config.spin,
+            ferry_transport::DEFAULT_SPIN
+        );
+        let mut vars = base.to_vec();
+        vars.push(("FERRY_SPIN_US", "5"));
+        assert_eq!(
+            from(&vars).unwrap().channel_config.spin,
+            Duration::from_micros(5)
+        );
+        vars.pop();
+        vars.push(("FERRY_SPIN_US", "5us"));
+        let e = refused(&vars);
+        assert!(
+            e.to_string().contains("FERRY_SPIN_US is not a number"),
+            "{e}"
         );
     }
 

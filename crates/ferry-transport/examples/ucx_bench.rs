@@ -49,7 +49,7 @@ fn args() -> Result<Args, Error> {
         tls: "shm".into(),
         channel: "ucx".into(),
         transport: "ucx".into(),
-        spin_us: ferry_transport::DEFAULT_UCX_SPIN.as_micros() as u64,
+        spin_us: ferry_transport::DEFAULT_SPIN.as_micros() as u64,
         sizes: vec![4 << 20, 64 << 20],
         iters: 20_000,
         bytes_per_run: 2 << 30,
@@ -83,7 +83,7 @@ fn endpoint(a: &Args, spin_us: u64) -> Result<Endpoint, Error> {
     e.transports = channel::parse_transports(&a.transport)?;
     e.config.small_tensor_bytes = 0;
     e.config.ucx_tls = Some(a.tls.clone());
-    e.config.ucx_spin = Duration::from_micros(spin_us);
+    e.config.spin = Duration::from_micros(spin_us);
     Ok(e)
 }
 

@@ -43,8 +43,8 @@ use crate::{
 const MAX_IOV: usize = 512;
 /// Read buffer: small frames are read many at a time.
 const READ_BUFFER: usize = 64 << 10;
-/// Default for [`ChannelConfig::ucx_spin`].
-pub const DEFAULT_UCX_SPIN: std::time::Duration = crate::shm::SPIN_BUDGET;
+/// Default for [`ChannelConfig::spin`].
+pub const DEFAULT_SPIN: std::time::Duration = crate::shm::SPIN_BUDGET;
 /// Default for [`ChannelConfig::small_tensor_bytes`].
 pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
 /// Tensors at least this large are pulled by `cma` off the async runtime's
@@ -114,9 +114,17 @@ pub struct ChannelConfig {
     /// e.g. `"shm,self"` or `"tcp"`); `None`: UCX's default, or `UCX_TLS`
     /// from the environment.
     pub ucx_tls: Option<String>,
-    /// How long a task waiting for a UCX request spins on progress before
-    /// it sleeps on the worker's event fd (zero: sleep at once).
-    pub ucx_spin: std::time::Duration,
+    /// How long a side waiting for a peer on this host polls before it
+    /// sleeps: a reader or writer of the `shm` rings (transport and
+    /// channel) before it waits on the ring's eventfd, a task waiting for a
+    /// UCX request before it waits on the worker's event fd, and, in
+    /// `ferry-rpc`, a caller before it parks until its reply. Polling
+    /// saves the wake-up when the answer comes within it (the RPC latency
+    /// figures rely on the default, [`DEFAULT_SPIN`]); a shorter spin leaves
+    /// the CPU to other threads sooner, which pays where compute threads
+    /// share few cores with the readers (a pipeline stage on a small
+    /// host). Zero: one round of checks, then sleep.
+    pub spin: std::time::Duration,
     /// Chunk size and staging slots of the `cuda_staged` channel.
     pub cuda_staged: crate::cuda::staged::StagedOptions,
     /// Per peer worker, which of its devices each local device maps to
@@ -136,7 +144,7 @@ impl Default for ChannelConfig {
             shm_transport_ring: 2 << 20,
             shm_channel_ring: 8 << 20,
             ucx_tls: None,
-            ucx_spin: DEFAULT_UCX_SPIN,
+            spin: DEFAULT_SPIN,
             cuda_staged: crate::cuda::staged::StagedOptions::default(),
             device_maps: Arc::default(),
         }

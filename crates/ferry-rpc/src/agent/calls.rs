@@ -238,7 +238,7 @@ impl Inner {
         timeout: Duration,
     ) -> Result<Arc<CallSlot>, RpcError> {
         self.running()?;
-        let slot = CallSlot::new();
+        let slot = CallSlot::new(self.endpoint.config.spin);
         let link = self.link(rank);
         self.active.fetch_add(1, Ordering::SeqCst);
         // Counted while the call is outstanding, so no shutdown round

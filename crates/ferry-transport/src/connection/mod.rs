@@ -556,7 +556,7 @@ impl PeerConnection {
         // it can send; a worker that cannot be created drops the offers.
         let mut ucx_worker: Option<UcxWorker> = None;
         if role == Role::Connect && local.offers_ucx() {
-            match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
+            match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.spin) {
                 Ok(w) => ucx_worker = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "UCX offers withdrawn from this connection");
@@ -620,7 +620,7 @@ impl PeerConnection {
                 let peer = read_handshake(&mut reader, &fail).await?;
                 let mut agreement = Agreement::compute(&local, peer)?;
                 if agreement.needs_ucx() {
-                    match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.ucx_spin) {
+                    match UcxWorker::new(local.config.ucx_tls.as_deref(), local.config.spin) {
                         Ok(w) => ucx_worker = Some(w),
                         Err(e) => {
                             // Selected without UCX: the peer sees no UCX
@@ -725,7 +725,9 @@ impl PeerConnection {
         let (frames, data) = (setup.frames, setup.data);
         let (data_reader, data_writer) = match data {
             Some(link) => {
-                let (r, w) = link.split(gone.clone().map(|g| g.future()));
+                let (mut r, mut w) = link.split(gone.clone().map(|g| g.future()));
+                r.set_spin(local.config.spin);
+                w.set_spin(local.config.spin);
                 (
                     Some(Box::new(r) as Box<dyn AsyncRead + Send + Unpin>),
                     Some(Box::new(w) as Box<dyn AsyncWrite + Send + Unpin>),
@@ -745,7 +747,9 @@ impl PeerConnection {
             // From here on frames travel through the rings. Nothing may be
             // buffered from the TCP stream: both ends send nothing on it
             // after the handshake when the shm transport is selected.
-            let (sr, sw) = link.split(gone.map(|g| g.future()));
+            let (mut sr, mut sw) = link.split(gone.map(|g| g.future()));
+            sr.set_spin(local.config.spin);
+            sw.set_spin(local.config.spin);
             reader = reader
                 .map_stream(|r| match r {
                     PeerReader::Tcp(tcp) | PeerReader::Shm(_, tcp) => PeerReader::Shm(sr, tcp),

@@ -41,11 +41,6 @@ pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
 /// guard against a peer that signals without making progress).
 const MAX_WAKES_PER_POLL: u32 = 8;
 
-/// Re-checks `ready()` for up to [`SPIN_BUDGET`]; `true` as soon as it is.
-fn spin(ready: impl FnMut() -> bool) -> bool {
-    spin_until(SPIN_BUDGET, ready)
-}
-
 /// Re-checks `ready()` for up to `budget` in rounds of [`SPIN_ITERATIONS`]
 /// checks ([`std::hint::spin_loop`] in between), yielding the CPU between
 /// rounds; `true` as soon as it holds. How any side that expects an
@@ -219,7 +214,8 @@ fn peer_gone(kind: io::ErrorKind) -> io::Error {
 /// The reading side of one ring direction: an [`AsyncRead`] that copies
 /// bytes out of shared memory.
 ///
-/// An empty ring is first re-checked for up to [`SPIN_BUDGET`] (after one
+/// An empty ring is first re-checked for up to its spin ([`SPIN_BUDGET`]
+/// unless [set](ShmReader::set_spin)) (after one
 /// yield to the scheduler if [`yield_before_spin`](Self::yield_before_spin)
 /// asked for it), then the reader sets `reader_sleeping` and waits on the
 /// data-available eventfd. Once the writer has shut down (or was dropped) and the ring is
@@ -233,6 +229,9 @@ pub struct ShmReader {
     space_ready: Signal,
     gone: Gone,
     armed: bool,
+    /// How long an empty ring is re-checked before the reader sleeps
+    /// ([`ShmReader::set_spin`]).
+    spin: Duration,
     /// Set by [`ShmReader::yield_before_spin`]; cleared by the yield.
     yield_before_spin: bool,
     /// Keeps the mapping alive while `ring` points into it.
@@ -262,6 +261,7 @@ impl ShmReader {
             space_ready,
             gone,
             armed: false,
+            spin: SPIN_BUDGET,
             yield_before_spin: false,
             _segment: segment,
         }
@@ -272,12 +272,21 @@ impl ShmReader {
         self.ring.capacity()
     }
 
+    /// How long a read that finds the ring empty re-checks it before it
+    /// sleeps on the eventfd ([`SPIN_BUDGET`] unless set; zero: one round
+    /// of [`SPIN_ITERATIONS`] checks). A shorter spin leaves more CPU to
+    /// other threads on the same cores (compute, say) and costs a wake-up
+    /// whenever the peer answers later than it.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
     /// The next time a read finds the ring empty, yield to the tokio
     /// scheduler once (`tokio::task::yield_now`) before spinning.
     ///
     /// For a reader whose last message woke or spawned a task: tokio runs
     /// that task on this thread, but only after the reading task returns,
-    /// which a spinning reader does only after [`SPIN_BUDGET`], while the
+    /// which a spinning reader does only after its spin, while the
     /// message it waits for may be the one that task is to cause. While the
     /// ring holds bytes the reader reads on; it yields when it would spin.
     pub fn yield_before_spin(&mut self) {
@@ -346,7 +355,7 @@ impl AsyncRead for ShmReader {
                     }
                 }
                 let ring = &this.ring;
-                if spin(|| ring.readable() > 0 || ring.is_closed()) {
+                if spin_until(this.spin, || ring.readable() > 0 || ring.is_closed()) {
                     continue;
                 }
                 if !this.ring.arm_reader_wait() {
@@ -390,8 +399,8 @@ impl Drop for ShmReader {
 /// bytes into shared memory.
 ///
 /// Writes complete as soon as the bytes are in the ring (there is nothing
-/// to flush). A full ring is first re-checked for up to [`SPIN_BUDGET`],
-/// then the writer sets `writer_sleeping` and waits on the
+/// to flush). A full ring is first re-checked for up to its spin
+/// ([`SPIN_BUDGET`] unless [set](ShmWriter::set_spin)), then the writer sets `writer_sleeping` and waits on the
 /// space-available eventfd. `poll_shutdown` (and dropping the writer) marks
 /// the ring closed and wakes the reader, which sees end of stream after the
 /// remaining bytes. Writes fail with [`io::ErrorKind::BrokenPipe`] after
@@ -403,6 +412,8 @@ pub struct ShmWriter {
     space_ready: Wait,
     gone: Gone,
     armed: bool,
+    /// How long a full ring is re-checked before the writer sleeps.
+    spin: Duration,
     shut: bool,
     /// Keeps the mapping alive while `ring` points into it.
     _segment: Arc<Segment>,
@@ -432,6 +443,7 @@ impl ShmWriter {
             space_ready,
             gone,
             armed: false,
+            spin: SPIN_BUDGET,
             shut: false,
             _segment: segment,
         }
@@ -440,6 +452,13 @@ impl ShmWriter {
     /// The ring's capacity in bytes.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()
+    }
+
+    /// How long a write that finds the ring full re-checks it before it
+    /// sleeps on the eventfd ([`SPIN_BUDGET`] unless set); as
+    /// [`ShmReader::set_spin`].
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     fn disarm(&mut self) {
@@ -483,7 +502,7 @@ impl ShmWriter {
             }
             if !self.armed {
                 let ring = &self.ring;
-                if spin(|| ring.writable() > 0 || ring.is_reader_closed()) {
+                if spin_until(self.spin, || ring.writable() > 0 || ring.is_reader_closed()) {
                     continue;
                 }
                 if !self.ring.arm_writer_wait() {

@@ -23,7 +23,7 @@
 //!   completes it: a request dropped early is cancelled and kept, with its
 //!   buffer, until UCX reports it done.
 //! - **Progress.** A waiting task spins on `ucp_worker_progress` for a
-//!   short bounded time ([`ChannelConfig::ucx_spin`](crate::ChannelConfig),
+//!   short bounded time ([`ChannelConfig::spin`](crate::ChannelConfig),
 //!   rounds of checks with the CPU yielded to the OS in between, like the
 //!   `shm` rings), then sleeps; a progress task per connection arms the
 //!   worker (`ucp_worker_arm`) and sleeps on its event fd under tokio
