@@ -127,6 +127,22 @@ fn with(prefix: &[&'static str], rest: &[&'static str]) -> Vec<&'static str> {
     args
 }
 
+/// The multi-process RPC suite (nextest profile `profile`) with every
+/// tensor over `channel` and the frames over `transport`. The test of the
+/// fallback between the default channels is left out: it needs them.
+fn rpc_suite_over(profile: &str, transport: &str, channel: &str) -> std::process::Command {
+    let mut c = cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"]);
+    c.args(["--profile", profile])
+        .args([
+            "-E",
+            "not test(cma_across_user_namespaces_falls_back_to_shm)",
+        ])
+        .env("FERRY_TRANSPORTS", transport)
+        .env("FERRY_CHANNELS", channel)
+        .env("FERRY_SMALL_TENSOR_BYTES", "0");
+    c
+}
+
 /// The UCX tests (`ferry-transport`'s `tests/ucx.rs` and unit tests), then
 /// the RPC suite once per [`UCX_COMBINATIONS`], all built with the `ucx`
 /// feature. `runner` is `nextest run --profile P` or `test`.
@@ -273,20 +289,7 @@ pub(crate) fn main() -> Result<()> {
         for (transport, channel) in LINK_COMBINATIONS {
             steps.step(
                 &format!("rpc suite over transport {transport}, channel {channel}"),
-                || {
-                    run(
-                        cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"])
-                            .args(["--profile", profile])
-                            // It checks the fallback between the default channels.
-                            .args([
-                                "-E",
-                                "not test(cma_across_user_namespaces_falls_back_to_shm)",
-                            ])
-                            .env("FERRY_TRANSPORTS", transport)
-                            .env("FERRY_CHANNELS", channel)
-                            .env("FERRY_SMALL_TENSOR_BYTES", "0"),
-                    )
-                },
+                || run(&mut rpc_suite_over(profile, transport, channel)),
             )?;
         }
         // Once more over the `shm` rings with no spin: every reader,
@@ -294,20 +297,7 @@ pub(crate) fn main() -> Result<()> {
         // message takes the wake-up paths the spin usually hides.
         steps.step(
             "rpc suite over transport shm, channel shm, FERRY_SPIN_US=0",
-            || {
-                run(
-                    cargo(&["nextest", "run", "-p", "ferry-rpc", "--test", "rpc"])
-                        .args(["--profile", profile])
-                        .args([
-                            "-E",
-                            "not test(cma_across_user_namespaces_falls_back_to_shm)",
-                        ])
-                        .env("FERRY_TRANSPORTS", "shm")
-                        .env("FERRY_CHANNELS", "shm")
-                        .env("FERRY_SMALL_TENSOR_BYTES", "0")
-                        .env("FERRY_SPIN_US", "0"),
-                )
-            },
+            || run(rpc_suite_over(profile, "shm", "shm").env("FERRY_SPIN_US", "0")),
         )?;
         ucx_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
         cuda_tests(&mut steps, &["nextest", "run", "--profile", profile])?;
