@@ -25,8 +25,10 @@ use super::wake::{Signal, Wait};
 /// it looks at the clock and yields the CPU ([`SPIN_BUDGET`]).
 pub const SPIN_ITERATIONS: u32 = 64;
 
-/// How long a side that finds the ring empty (reader) or full (writer)
-/// keeps re-checking it before it announces that it is going to sleep:
+/// How long, unless set otherwise ([`ShmReader::set_spin`],
+/// [`ShmWriter::set_spin`], `ChannelConfig::spin`), a side that finds the
+/// ring empty (reader) or full (writer) keeps re-checking it before it
+/// announces that it is going to sleep:
 /// rounds of [`SPIN_ITERATIONS`] checks, the CPU yielded
 /// ([`std::thread::yield_now`]) between rounds, so that a thread with work
 /// to do on this core (often the one about to answer) runs first. Like
@@ -215,9 +217,8 @@ fn peer_gone(kind: io::ErrorKind) -> io::Error {
 /// bytes out of shared memory.
 ///
 /// An empty ring is first re-checked for up to its spin ([`SPIN_BUDGET`]
-/// unless [set](ShmReader::set_spin)) (after one
-/// yield to the scheduler if [`yield_before_spin`](Self::yield_before_spin)
-/// asked for it), then the reader sets `reader_sleeping` and waits on the
+/// unless [set](ShmReader::set_spin)), after one yield to the scheduler
+/// if [`yield_before_spin`](Self::yield_before_spin) asked for it; then the reader sets `reader_sleeping` and waits on the
 /// data-available eventfd. Once the writer has shut down (or was dropped) and the ring is
 /// drained, reads return 0 bytes (end of stream). If the [`PeerGone`]
 /// future completes while the reader waits, the read fails with
@@ -400,8 +401,8 @@ impl Drop for ShmReader {
 ///
 /// Writes complete as soon as the bytes are in the ring (there is nothing
 /// to flush). A full ring is first re-checked for up to its spin
-/// ([`SPIN_BUDGET`] unless [set](ShmWriter::set_spin)), then the writer sets `writer_sleeping` and waits on the
-/// space-available eventfd. `poll_shutdown` (and dropping the writer) marks
+/// ([`SPIN_BUDGET`] unless [set](ShmWriter::set_spin)), then the writer
+/// sets `writer_sleeping` and waits on the space-available eventfd. `poll_shutdown` (and dropping the writer) marks
 /// the ring closed and wakes the reader, which sees end of stream after the
 /// remaining bytes. Writes fail with [`io::ErrorKind::BrokenPipe`] after
 /// shutdown, once the reader was dropped, or if the [`PeerGone`] future
