@@ -293,8 +293,8 @@ pub(crate) fn main() -> Result<()> {
             )?;
         }
         // Once more over the `shm` rings with no spin: every reader,
-        // writer and caller that finds nothing sleeps at once, so every
-        // message takes the wake-up paths the spin usually hides.
+        // writer and caller that finds nothing sleeps after one round of
+        // checks, so messages take the wake-up paths the spin usually hides.
         steps.step(
             "rpc suite over transport shm, channel shm, FERRY_SPIN_US=0",
             || run(rpc_suite_over(profile, "shm", "shm").env("FERRY_SPIN_US", "0")),
