@@ -75,11 +75,22 @@ pub enum Check {
 /// [`Check::Progressed`], so a transfer whose bytes keep moving is polled
 /// to its end and only a quiet wait gives up after `idle`. `true` as soon
 /// as a check reports [`Check::Ready`]; a zero `idle` is one round.
-pub fn spin_while_active(idle: Duration, mut check: impl FnMut() -> Check) -> bool {
+pub fn spin_while_active(idle: Duration, check: impl FnMut() -> Check) -> bool {
+    spin_while_active_in_rounds(idle, SPIN_ITERATIONS, check)
+}
+
+/// As [`spin_while_active`], with `checks` checks per round instead of
+/// [`SPIN_ITERATIONS`]: fewer for a check that is expensive (a UCX
+/// progress call), so the CPU is still yielded every few microseconds.
+pub fn spin_while_active_in_rounds(
+    idle: Duration,
+    checks: u32,
+    mut check: impl FnMut() -> Check,
+) -> bool {
     let mut quiet_since = Instant::now();
     loop {
         let mut active = false;
-        for _ in 0..SPIN_ITERATIONS {
+        for _ in 0..checks {
             match check() {
                 Check::Ready => return true,
                 Check::Progressed => active = true,
@@ -634,5 +645,18 @@ mod tests {
             checks += 1;
             checks > SPIN_ITERATIONS
         }));
+    }
+
+    #[test]
+    fn a_round_has_as_many_checks_as_asked_for() {
+        for per_round in [1, 4, 16] {
+            let mut checks = 0;
+            let ready = spin_while_active_in_rounds(Duration::ZERO, per_round, || {
+                checks += 1;
+                Check::Waiting
+            });
+            assert!(!ready);
+            assert_eq!(checks, per_round + 1, "{per_round} per round");
+        }
     }
 }
