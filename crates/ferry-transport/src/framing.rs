@@ -43,8 +43,6 @@ use crate::{
 const MAX_IOV: usize = 512;
 /// Read buffer: small frames are read many at a time.
 const READ_BUFFER: usize = 64 << 10;
-/// Default for [`ChannelConfig::spin`].
-pub const DEFAULT_SPIN: std::time::Duration = crate::shm::SPIN_BUDGET;
 /// Default for [`ChannelConfig::small_tensor_bytes`].
 pub const DEFAULT_SMALL_TENSOR_BYTES: usize = 64 << 10;
 /// Tensors at least this large are pulled by `cma` off the async runtime's
@@ -120,7 +118,7 @@ pub struct ChannelConfig {
     /// UCX request before it waits on the worker's event fd, and, in
     /// `ferry-rpc`, a caller before it parks until its reply. Polling
     /// saves the wake-up when the answer comes within it (the RPC latency
-    /// figures rely on the default, [`DEFAULT_SPIN`]); a shorter spin leaves
+    /// figures rely on the default, [`SPIN_BUDGET`](crate::shm::SPIN_BUDGET)); a shorter spin leaves
     /// the CPU to other threads sooner, which pays where compute threads
     /// share few cores with the readers (a pipeline stage on a small
     /// host). Zero: one round of checks, then sleep.
@@ -144,7 +142,7 @@ impl Default for ChannelConfig {
             shm_transport_ring: 2 << 20,
             shm_channel_ring: 8 << 20,
             ucx_tls: None,
-            spin: DEFAULT_SPIN,
+            spin: crate::shm::SPIN_BUDGET,
             cuda_staged: crate::cuda::staged::StagedOptions::default(),
             device_maps: Arc::default(),
         }

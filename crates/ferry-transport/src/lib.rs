@@ -95,7 +95,6 @@ pub use error::TransportError;
 #[cfg(not(loom))]
 pub use framing::{
     ChannelConfig, FrameReader, FrameWriter, ReleaseSignal, DEFAULT_SMALL_TENSOR_BYTES,
-    DEFAULT_SPIN,
 };
 pub use keepalive::{Keepalive, KeepaliveError};
 pub use message::{IncomingMessage, OutgoingMessage};
