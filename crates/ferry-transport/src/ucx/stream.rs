@@ -164,7 +164,11 @@ impl AsyncRead for UcxReader {
                     this.end = len;
                     if len == 0 {
                         this.eof = true;
-                    } else {
+                    } else if len == CHUNK {
+                        // Part of a longer write: the next chunk is likely
+                        // on its way, so it should land straight in the
+                        // spare buffer. After a shorter one the next read
+                        // posts, once these bytes are handed on.
                         this.post()?;
                     }
                 }

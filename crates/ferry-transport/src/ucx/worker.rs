@@ -983,7 +983,11 @@ impl Pending {
                 shared.spin(shared.spin, |state, _| {
                     let done = c.is_done();
                     if done {
-                        shared.progress(state);
+                        // Only the sweep: the progress call that completed
+                        // this receive ran just now, and whatever else it
+                        // completed is swept; more progress would delay
+                        // handing these bytes on.
+                        shared.sweep(state);
                     }
                     done
                 });
