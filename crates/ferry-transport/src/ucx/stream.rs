@@ -305,3 +305,110 @@ impl AsyncWrite for UcxWriter {
         Pin::new(&mut this.tcp).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::{UcxReader, UcxWriter, CHUNK, IMMEDIATE_MAX};
+    use crate::ucx::worker::tests::linked;
+
+    /// Writes of `sizes`, each of bytes numbered from where it starts in
+    /// the stream.
+    fn payload(sizes: &[usize]) -> Vec<Vec<u8>> {
+        let mut at = 0usize;
+        sizes
+            .iter()
+            .map(|&n| {
+                let w = (at..at + n).map(|i| (i % 251) as u8).collect();
+                at += n;
+                w
+            })
+            .collect()
+    }
+
+    /// A writer on one link and a reader on the other, with the TCP
+    /// connection each watches.
+    async fn stream(tls: &str) -> Option<(UcxWriter, UcxReader)> {
+        let (a, b) = linked(tls)?;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (dialed, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (_, write_half) = dialed.unwrap().into_split();
+        let (read_half, _) = accepted.unwrap().0.into_split();
+        Some((UcxWriter::new(a, write_half), UcxReader::new(b, read_half)))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_of_every_size_around_a_chunk_arrive_whole_and_in_order() {
+        let sizes = [
+            1,
+            100,
+            IMMEDIATE_MAX,
+            IMMEDIATE_MAX + 1,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            3 * CHUNK + 7,
+            5,
+        ];
+        for tls in ["shm,self", "tcp"] {
+            let Some((mut writer, mut reader)) = stream(tls).await else {
+                return;
+            };
+            let writes = payload(&sizes);
+            let expected: Vec<u8> = writes.concat();
+            let send = async {
+                for w in &writes {
+                    writer.write_all(w).await.unwrap();
+                }
+                writer.shutdown().await.unwrap();
+            };
+            // Reads of an odd size, so chunks are handed on in pieces.
+            let recv = async {
+                let mut got = Vec::new();
+                let mut buf = vec![0u8; 1000];
+                loop {
+                    let n = reader.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break got;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+            };
+            let ((), got) = tokio::join!(send, recv);
+            assert_eq!(got.len(), expected.len(), "UCX_TLS={tls}: length");
+            assert!(got == expected, "UCX_TLS={tls}: the bytes differ");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_next_receive_is_posted_at_once_only_after_a_full_chunk() {
+        let Some((mut writer, mut reader)) = stream("shm,self").await else {
+            return;
+        };
+        // A short write: handed on with no receive posted behind it.
+        writer.write_all(&[7u8; 10]).await.unwrap();
+        let mut buf = vec![0u8; 10];
+        reader.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [7u8; 10]);
+        assert!(
+            reader.posted.is_none(),
+            "a receive was posted after a short chunk"
+        );
+        // A full chunk: the next one is expected, and its receive is posted
+        // before these bytes are handed on.
+        writer.write_all(&vec![9u8; CHUNK]).await.unwrap();
+        let mut buf = vec![0u8; CHUNK];
+        reader.read_exact(&mut buf).await.unwrap();
+        assert!(buf.iter().all(|&b| b == 9));
+        assert!(
+            reader.posted.is_some(),
+            "no receive was posted after a full chunk"
+        );
+        // And the stream still ends cleanly.
+        writer.shutdown().await.unwrap();
+        assert_eq!(reader.read(&mut buf).await.unwrap(), 0);
+    }
+}

@@ -1059,7 +1059,7 @@ impl Drop for Pending {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use std::task::Poll;
@@ -1069,7 +1069,7 @@ mod tests {
 
     /// Two workers of this process connected to each other, or `None`
     /// (with the reason printed) where UCX does not load.
-    fn linked(tls: &str) -> Option<(UcxLink, UcxLink)> {
+    pub(crate) fn linked(tls: &str) -> Option<(UcxLink, UcxLink)> {
         linked_spinning(tls, Duration::from_micros(20))
     }
 
