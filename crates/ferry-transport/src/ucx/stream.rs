@@ -2,10 +2,13 @@
 //!
 //! The writer sends each write (at most [`CHUNK`] bytes, copied: the
 //! frame layer's buffers are reused as soon as a write returns) as one
-//! tag message, numbered per direction; the reader keeps one receive of
-//! the next number posted, into a [`CHUNK`]-byte buffer. An empty message
-//! ends the stream ([`UcxWriter`]'s shutdown). UCX's stream API is not
-//! used: it lost data when both ends connect to each other by address.
+//! tag message, numbered per direction; the reader posts the receive of
+//! the next number into a [`CHUNK`]-byte buffer: right after a full chunk
+//! (more of the same write is on its way, and lands straight in the
+//! buffer), otherwise when it next reads, so a short message is handed on
+//! without a UCX call in between. An empty message ends the stream
+//! ([`UcxWriter`]'s shutdown). UCX's stream API is not used: it lost data
+//! when both ends connect to each other by address.
 //!
 //! The TCP connection of the handshake stays open beside: the reader
 //! watches it, so a peer that exits is noticed even where UCX's own
