@@ -118,8 +118,9 @@ pub struct ChannelConfig {
     /// UCX request before it waits on the worker's event fd, and, in
     /// `ferry-rpc`, a caller before it parks until its reply. Polling
     /// saves the wake-up when the answer comes within it (the RPC latency
-    /// figures rely on the default, [`SPIN_BUDGET`](crate::shm::SPIN_BUDGET)); a shorter spin leaves
-    /// the CPU to other threads sooner, which pays where compute threads
+    /// figures rely on the default,
+    /// [`SPIN_BUDGET`](crate::shm::SPIN_BUDGET)); a shorter spin leaves the
+    /// CPU to other threads sooner, which pays where compute threads
     /// share few cores with the readers (a pipeline stage on a small
     /// host). Zero: one round of checks, then sleep.
     pub spin: std::time::Duration,

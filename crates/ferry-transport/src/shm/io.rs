@@ -82,7 +82,7 @@ pub fn spin_while_active(idle: Duration, check: impl FnMut() -> Check) -> bool {
 /// As [`spin_while_active`], with `checks` checks per round instead of
 /// [`SPIN_ITERATIONS`]: fewer for a check that is expensive (a UCX
 /// progress call), so the CPU is still yielded every few microseconds.
-pub fn spin_while_active_in_rounds(
+pub(crate) fn spin_while_active_in_rounds(
     idle: Duration,
     checks: u32,
     mut check: impl FnMut() -> Check,

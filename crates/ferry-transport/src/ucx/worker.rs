@@ -225,7 +225,8 @@ impl Shared {
         self.sweep(state);
     }
 
-    /// Spins on progress ([`spin_while_active`]) until `done` holds
+    /// Spins on progress ([`spin_while_active_in_rounds`], with
+    /// [`PROGRESS_CALLS_PER_ROUND`] calls per round) until `done` holds
     /// (`true`), or until `idle` has passed since UCX last reported
     /// progress (`false`): a transfer whose bytes keep arriving (or
     /// leaving) is polled to its end, the way `ucx_perftest` polls, instead
@@ -695,7 +696,7 @@ impl UcxLink {
     /// Posts a tagged receive of at most `len` bytes into `ptr`.
     ///
     /// # Safety
-    /// As [`Self::post_send`]; the bytes must also be writable.
+    /// As [`Self::send_kept`]; the bytes must also be writable.
     unsafe fn post_recv(
         &self,
         state: &mut State,
