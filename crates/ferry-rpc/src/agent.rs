@@ -135,9 +135,11 @@ impl Agent {
     /// group does not assemble within `init_timeout`.
     pub fn start(options: RpcOptions) -> Result<Agent, RpcError> {
         options.validate()?;
+        let thread_starts = options.hooks.thread_starts.clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.io_threads)
             .thread_name(format!("ferry-{}", options.name))
+            .on_thread_start(move || thread_starts.iter().for_each(|start| start()))
             .enable_all()
             .build()
             .map_err(|e| RpcError::Config(format!("cannot start the agent's runtime: {e}")))?;

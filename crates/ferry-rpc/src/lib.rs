@@ -93,7 +93,7 @@ pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
 pub use protocol::Extension;
 pub use schema::Schema;
 pub use scope::CallScope;
-pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service};
+pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service, ThreadStart};
 pub use topology::LocalTopology;
 pub use torchelastic::TorchElastic;
 pub use typed::Function;

@@ -97,7 +97,11 @@ pub struct Hooks {
     pub(crate) services: Vec<(MessageKind, Arc<dyn Service>)>,
     pub(crate) interceptors: Vec<Arc<dyn Interceptor>>,
     pub(crate) layers: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    pub(crate) thread_starts: Vec<Arc<ThreadStart>>,
 }
+
+/// What [`Hooks::on_thread_start`] runs.
+pub type ThreadStart = dyn Fn() + Send + Sync;
 
 impl Hooks {
     /// Registers a service for `kind`.
@@ -122,6 +126,27 @@ impl Hooks {
         self.interceptors.push(interceptor);
         self
     }
+    /// Runs `start` first on every thread the agent starts: its I/O
+    /// threads and the blocking pool's threads, which run the registered
+    /// functions. For per-thread settings of a library the functions call,
+    /// which a thread does not inherit from the one that made them (libtorch's
+    /// intra-op thread count: `ferry_tch::install` adds such a hook). Hooks
+    /// run in the order they were added.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// static STARTED: AtomicUsize = AtomicUsize::new(0);
+    /// let mut options = ferry_rpc::RpcOptions::new("worker0", 0, 1, "127.0.0.1:0".parse().unwrap());
+    /// options.hooks.on_thread_start(Arc::new(|| {
+    ///     STARTED.fetch_add(1, Ordering::Relaxed);
+    /// }));
+    /// ```
+    pub fn on_thread_start(&mut self, start: Arc<ThreadStart>) -> &mut Self {
+        self.thread_starts.push(start);
+        self
+    }
 }
 
 impl std::fmt::Debug for Hooks {
@@ -137,6 +162,7 @@ impl std::fmt::Debug for Hooks {
             )
             .field("interceptors", &self.interceptors.len())
             .field("layers", &self.layers.len())
+            .field("thread_starts", &self.thread_starts.len())
             .finish()
     }
 }

@@ -29,6 +29,8 @@ static LAST_EXTENSION: Mutex<Option<String>> = Mutex::new(None);
 thread_local! {
     /// Set by the `Tagger` interceptor's scope while a call it saw runs.
     static SCOPE_TAG: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    /// Set by the thread-start hook of [`options`] on every agent thread.
+    static HOOKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Tensors of every kind inside nested containers.
@@ -74,6 +76,10 @@ const EXIT_PROCESS: Function<(), ()> = Function::new("exit_process");
 const NOT_SYNC: Function<u64, std::cell::RefCell<u64>> = Function::new("not_sync");
 /// The same from an async body.
 const NOT_SYNC_ASYNC: Function<u64, std::cell::RefCell<u64>> = Function::new("not_sync_async");
+/// Whether the thread-start hook ran on the thread of a blocking function.
+const HOOKED_BLOCKING: Function<(), bool> = Function::new("hooked_blocking");
+/// The same on the thread of an async function.
+const HOOKED_ASYNC: Function<(), bool> = Function::new("hooked_async");
 /// Registered nowhere.
 const NO_SUCH_FN: Function<(), ()> = Function::new("no_such_fn");
 
@@ -134,6 +140,11 @@ fn functions() -> Functions {
     f.add_async(NOT_SYNC_ASYNC, |n| async move {
         Ok::<_, RpcError>(std::cell::RefCell::new(n + 2))
     });
+    f.add(HOOKED_BLOCKING, |()| HOOKED.get());
+    f.add_async(
+        HOOKED_ASYNC,
+        |()| async move { Ok::<_, RpcError>(HOOKED.get()) },
+    );
     f
 }
 
@@ -144,10 +155,14 @@ fn exit_process((): ()) {
 }
 
 fn options(rank: u32) -> RpcOptions {
-    RpcOptions::from_env(worker_name(rank))
+    let mut options = RpcOptions::from_env(worker_name(rank))
         .unwrap()
         .functions(functions())
-        .init_timeout(Duration::from_secs(60))
+        .init_timeout(Duration::from_secs(60));
+    options
+        .hooks
+        .on_thread_start(std::sync::Arc::new(|| HOOKED.set(true)));
+    options
 }
 
 fn start(rank: u32) {
@@ -191,6 +206,37 @@ fn call_to_self_by_name_and_by_rank() {
         );
         ferry_rpc::shutdown().unwrap();
     });
+}
+
+/// A hook added with `Hooks::on_thread_start` has run on the threads that
+/// run blocking and async functions, and only on the agent's threads.
+#[test]
+fn the_thread_start_hook_runs_on_the_threads_that_run_functions() {
+    world_ok(
+        "the_thread_start_hook_runs_on_the_threads_that_run_functions",
+        2,
+        |rank| {
+            start(rank);
+            if rank == 0 {
+                // Not on a thread the agent did not start.
+                assert!(!HOOKED.get());
+                assert!(!std::thread::spawn(|| HOOKED.get()).join().unwrap());
+                for to in [0, 1] {
+                    // Several calls, so more than one pool thread may serve them.
+                    let blocking: Vec<_> =
+                        (0..8).map(|_| HOOKED_BLOCKING.rpc_async(to, ())).collect();
+                    for call in blocking {
+                        assert!(call.wait().unwrap(), "a blocking function on worker{to}");
+                    }
+                    assert!(
+                        HOOKED_ASYNC.rpc_sync(to, ()).unwrap(),
+                        "an async function on worker{to}"
+                    );
+                }
+            }
+            ferry_rpc::shutdown().unwrap();
+        },
+    );
 }
 
 /// A registered function's result need only be `Send`: a reply encodes

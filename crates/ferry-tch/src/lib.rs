@@ -92,12 +92,29 @@ pub enum TchError {
 /// still decode as [`Tensor`] (with one copy), not as `RawTensor`. With
 /// feature `cuda` it also loads libtorch's CUDA backend
 /// ([`load_cuda_backend`]; without it, CUDA stays unavailable to libtorch).
+///
+/// It also makes the agent's threads, which run the registered functions,
+/// use the process's libtorch intra-op thread count
+/// ([`tch::set_num_threads`]; set it before the agent starts). OpenMP and
+/// MKL keep that count per thread, and a thread that libtorch's own
+/// parallel ops have not touched yet uses every core in its GEMMs, so
+/// without this a worker set to one thread would run its functions'
+/// matrix products on all of them (PyTorch's RPC threads apply the count
+/// the same way).
 pub fn install(options: &mut RpcOptions) {
     #[cfg(feature = "cuda")]
     if let Err(reason) = load_cuda_backend() {
         tracing::info!(%reason, "libtorch has no CUDA in this process");
     }
     options.allocator = Arc::new(TchAllocator);
+    options.hooks.on_thread_start(Arc::new(apply_thread_count));
+}
+
+/// Applies the process's libtorch intra-op thread count to this thread:
+/// libtorch's first query of the count on a thread sets OpenMP's and MKL's
+/// for it from the count the process set.
+fn apply_thread_count() {
+    let _ = tch::get_num_threads();
 }
 
 /// A libtorch tensor in a payload: its entry in the message's tensor table

@@ -27,6 +27,8 @@ const ADD: Function<(Tensor, Tensor), Tensor> = Function::new("add");
 /// Size, stride, contiguity and `requires_grad` of the tensor received.
 const DESCRIBE: Function<Tensor, Description> = Function::new("describe");
 const RAW_SUM: Function<Tensor, f64> = Function::new("raw_sum");
+/// OpenMP's thread count on the thread running it (what MKL's GEMMs use).
+const OMP_THREADS: Function<(), i32> = Function::new("omp_threads");
 
 /// Size, stride, contiguity and `requires_grad`.
 type Description = (Vec<i64>, Vec<i64>, bool, bool);
@@ -41,7 +43,20 @@ fn functions() -> Functions {
         (t.size(), t.stride(), t.is_contiguous(), t.requires_grad())
     });
     f.add(RAW_SUM, |t| t.sum(Kind::Double).double_value(&[]));
+    f.add(OMP_THREADS, |()| omp_max_threads());
     f
+}
+
+/// `omp_get_max_threads()` of the OpenMP runtime libtorch loaded, on this
+/// thread.
+fn omp_max_threads() -> i32 {
+    // SAFETY: a lookup in the libraries already loaded; the symbol, when
+    // found, is OpenMP's `int omp_get_max_threads(void)`.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"omp_get_max_threads".as_ptr()) };
+    assert!(!f.is_null(), "libtorch loaded no OpenMP runtime");
+    // SAFETY: as above.
+    let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(f) };
+    f()
 }
 
 fn init(rank: u32) {
@@ -88,6 +103,33 @@ fn bytes_equal(a: &tch::Tensor, b: &tch::Tensor) -> bool {
     let a = a.contiguous().view_dtype(Kind::Uint8);
     let b = b.contiguous().view_dtype(Kind::Uint8);
     a.size() == b.size() && a.equal(&b)
+}
+
+/// The functions run with the intra-op thread count the process set, not
+/// OpenMP's default for a new thread (every core).
+#[test]
+fn functions_run_with_the_process_thread_count() {
+    world_ok("functions_run_with_the_process_thread_count", 2, |rank| {
+        let cores = std::thread::available_parallelism().unwrap().get() as i32;
+        // Not what a new thread gets by default.
+        let wanted = cores + 1;
+        tch::set_num_threads(wanted);
+        init(rank);
+        if rank == 0 {
+            if std::env::var_os("OMP_NUM_THREADS").is_none() {
+                // A thread libtorch has not touched gets OpenMP's default.
+                let plain = std::thread::spawn(omp_max_threads).join().unwrap();
+                assert_eq!(plain, cores);
+            }
+            for to in [0, 1] {
+                let calls: Vec<_> = (0..4).map(|_| OMP_THREADS.rpc_async(to, ())).collect();
+                for call in calls {
+                    assert_eq!(call.wait().unwrap(), wanted, "a function on worker{to}");
+                }
+            }
+        }
+        ferry_rpc::shutdown().unwrap();
+    });
 }
 
 #[test]
