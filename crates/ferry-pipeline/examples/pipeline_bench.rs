@@ -119,6 +119,10 @@ struct Config {
     /// to the compute threads, and costs a wake-up per late message.
     #[arg(long)]
     spin_us: Option<u64>,
+    /// How long (µs) a rank waiting for an input polls before it sleeps
+    /// (`PipelineBuilder::wait_spin`; default: Ferry's 3000).
+    #[arg(long)]
+    wait_spin_us: Option<u64>,
     /// Skip the one-process baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -151,6 +155,12 @@ fn schedule_name(text: &str) -> std::result::Result<String, String> {
 }
 
 impl Config {
+    /// `--wait-spin-us`, else the pipeline's default.
+    fn wait_spin(&self) -> Duration {
+        self.wait_spin_us
+            .map_or(ferry_pipeline::DEFAULT_WAIT_SPIN, Duration::from_micros)
+    }
+
     fn parse_checked() -> Result<Config> {
         let mut c = Config::parse();
         if c.quick {
@@ -275,6 +285,7 @@ fn cell(
         .loss(model::MSE)
         .optimizer(OptimizerKind::sgd(c.lr))
         .timeout(Duration::from_secs_f64(c.rpc_timeout))
+        .wait_spin(c.wait_spin())
         .build()?;
     pipeline.set_trace(true);
     let stage_to_rank = pipeline.stage_to_rank().to_vec();
@@ -569,7 +580,8 @@ fn main() -> Result<()> {
         "config": {
             "schedules": c.schedules, "microbatches": c.microbatches, "steps": c.steps,
             "warmup": c.warmup, "layers": c.layers, "width": c.width, "batch": c.batch,
-            "lr": c.lr, "threads": c.threads, "spin_us": result["spin_us"], "quick": c.quick, "rpc_timeout": c.rpc_timeout,
+            "lr": c.lr, "threads": c.threads, "spin_us": result["spin_us"],
+            "wait_spin_us": c.wait_spin().as_micros() as u64, "quick": c.quick, "rpc_timeout": c.rpc_timeout,
         },
         "host": {
             "cpu_count": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),

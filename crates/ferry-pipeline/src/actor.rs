@@ -39,6 +39,9 @@ pub(crate) struct RankActor {
     /// which a running step holds during compute).
     pub local_stages: Vec<usize>,
     pub mailbox: Mailbox<Delivery>,
+    /// How long a wait for an input polls before it sleeps
+    /// ([`PipelineBuilder::wait_spin`](crate::PipelineBuilder::wait_spin)).
+    pub wait_spin: Duration,
 }
 
 /// A failure inside a step, before it is named for the driver.
@@ -242,27 +245,29 @@ impl RankActor {
 
     /// Takes the value `key` names, waiting for it.
     fn receive(&self, run: &StepRun<'_>, key: Key) -> Result<Delivery, String> {
-        self.mailbox.take(key, run.limit).map_err(|e| match e {
-            WaitError::Aborted(reason) => format!("{ABORTED}{reason}"),
-            WaitError::TimedOut(limit) => format!(
-                "no {} for microbatch {} arrived from stage {} (worker {}) within {limit:?}",
-                match key.direction {
-                    Direction::Forward => "activation",
-                    Direction::Backward => "gradient",
-                },
-                key.microbatch,
-                match key.direction {
-                    Direction::Forward => key.stage.wrapping_sub(1),
-                    Direction::Backward => key.stage + 1,
-                },
-                match key.direction {
-                    Direction::Forward => self.stage_workers.get(key.stage.wrapping_sub(1)),
-                    Direction::Backward => self.stage_workers.get(key.stage + 1),
-                }
-                .map(String::as_str)
-                .unwrap_or("?"),
-            ),
-        })
+        self.mailbox
+            .take(key, run.limit, self.wait_spin)
+            .map_err(|e| match e {
+                WaitError::Aborted(reason) => format!("{ABORTED}{reason}"),
+                WaitError::TimedOut(limit) => format!(
+                    "no {} for microbatch {} arrived from stage {} (worker {}) within {limit:?}",
+                    match key.direction {
+                        Direction::Forward => "activation",
+                        Direction::Backward => "gradient",
+                    },
+                    key.microbatch,
+                    match key.direction {
+                        Direction::Forward => key.stage.wrapping_sub(1),
+                        Direction::Backward => key.stage + 1,
+                    },
+                    match key.direction {
+                        Direction::Forward => self.stage_workers.get(key.stage.wrapping_sub(1)),
+                        Direction::Backward => self.stage_workers.get(key.stage + 1),
+                    }
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                ),
+            })
     }
 
     fn forward(&self, run: &mut StepRun<'_>, stage: usize, mb: usize) -> Result<(), String> {

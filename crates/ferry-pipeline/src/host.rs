@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_autograd::optim::{LocalOptimizer, OptimizerKind};
 use ferry_rpc::{Agent, Functions, RpcOptions};
@@ -99,6 +100,7 @@ impl PipelineHost {
             slots: Mutex::new(slots),
             local_stages,
             mailbox: Default::default(),
+            wait_spin: Duration::from_micros(request.wait_spin_us),
         };
         tracing::debug!(worker = %actor.worker, pipeline = request.pipeline, rank = actor.rank, stages = ?actor.local_stages, "pipeline rank created");
         self.ranks.lock().insert(request.pipeline, Arc::new(actor));

@@ -99,7 +99,7 @@ mod slot;
 mod stage;
 mod timeline;
 
-pub use driver::{Pipeline, PipelineBuilder, StepOutput};
+pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN};
 pub use error::PipelineError;
 pub use host::{install, PipelineHost};
 pub use memory::{

@@ -65,6 +65,8 @@ pub(crate) struct CreateRank {
     pub scale_grads: bool,
     /// The optimizer (postcard of `OptimizerKind`), one per stage.
     pub optimizer: Option<Vec<u8>>,
+    /// How long a wait for an input polls before it sleeps, µs.
+    pub wait_spin_us: u64,
 }
 
 /// Runs one step on a rank.
