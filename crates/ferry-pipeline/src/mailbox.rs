@@ -323,7 +323,7 @@ mod tests {
     }
 
     #[test]
-    fn a_polling_wait_that_finds_nothing_sleeps_until_its_limit() {
+    fn a_polling_wait_is_cut_to_the_waits_limit() {
         let mailbox = Mailbox::<u8>::default();
         // The poll is cut to the wait's limit: zero here, so no poll at all.
         assert_eq!(
