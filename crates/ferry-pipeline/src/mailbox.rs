@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use ferry_transport::shm::spin_until;
 use parking_lot::{Condvar, Mutex};
 
 /// How many finished and aborted steps a mailbox remembers, to drop their
@@ -59,8 +60,16 @@ struct State<V> {
     finished: BTreeSet<u64>,
 }
 
-/// Spin-loop hints between two checks of a polling wait.
-const POLL_ROUND: usize = 64;
+impl<V> State<V> {
+    /// What a wait for `key` ends with now, if anything: the abort of its
+    /// step, or its value (taken out).
+    fn take_now(&mut self, key: Key) -> Option<Result<V, WaitError>> {
+        if let Some(reason) = self.aborted.get(&key.step) {
+            return Some(Err(WaitError::Aborted(reason.clone())));
+        }
+        self.values.remove(&key).map(Ok)
+    }
+}
 
 /// Values waiting for their actions.
 pub(crate) struct Mailbox<V> {
@@ -107,11 +116,8 @@ impl<V> Mailbox<V> {
         }
         let mut state = self.state.lock();
         loop {
-            if let Some(reason) = state.aborted.get(&key.step) {
-                return Err(WaitError::Aborted(reason.clone()));
-            }
-            if let Some(value) = state.values.remove(&key) {
-                return Ok(value);
+            if let Some(taken) = State::take_now(&mut state, key) {
+                return taken;
             }
             if self.arrived.wait_until(&mut state, deadline).timed_out() {
                 return match state.values.remove(&key) {
@@ -123,8 +129,9 @@ impl<V> Mailbox<V> {
     }
 
     /// Polls for the value for `key` (or the abort of its step) for up to
-    /// `spin`, yielding the CPU between rounds of checks; `None` when
-    /// neither came within it. A thread that polls keeps its core awake, so
+    /// `spin`, the way the rings wait for their peer
+    /// ([`spin_until`]: rounds of checks, the CPU yielded between them);
+    /// `None` when neither came within it. A thread that polls keeps its core awake, so
     /// the thread that receives the value runs at once when it arrives: on
     /// a virtual machine an idle core sleeps, and waking it took 1.5–3.5 ms
     /// for the first input of a step (measured on the 2-vCPU bench host).
@@ -132,25 +139,12 @@ impl<V> Mailbox<V> {
         if spin.is_zero() {
             return None;
         }
-        let until = Instant::now() + spin;
-        loop {
-            {
-                let mut state = self.state.lock();
-                if let Some(reason) = state.aborted.get(&key.step) {
-                    return Some(Err(WaitError::Aborted(reason.clone())));
-                }
-                if let Some(value) = state.values.remove(&key) {
-                    return Some(Ok(value));
-                }
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            for _ in 0..POLL_ROUND {
-                std::hint::spin_loop();
-            }
-            std::thread::yield_now();
-        }
+        let mut taken = None;
+        spin_until(spin, || {
+            taken = State::take_now(&mut self.state.lock(), key);
+            taken.is_some()
+        });
+        taken
     }
 
     /// Aborts `step`: its waits end with `reason`, its values are dropped.

@@ -99,8 +99,8 @@ pub enum TchError {
 /// MKL keep that count per thread, and a thread that libtorch's own
 /// parallel ops have not touched yet uses every core in its GEMMs, so
 /// without this a worker set to one thread would run its functions'
-/// matrix products on all of them (PyTorch's RPC threads apply the count
-/// the same way).
+/// matrix products on all of them (PyTorch's autograd and inter-op
+/// threads apply the count the same way, with `at::init_num_threads`).
 pub fn install(options: &mut RpcOptions) {
     #[cfg(feature = "cuda")]
     if let Err(reason) = load_cuda_backend() {

@@ -47,10 +47,9 @@ const DRAIN: usize = 64;
 /// few, so over tcp the rings' round
 /// ([`SPIN_ITERATIONS`](crate::shm::SPIN_ITERATIONS), 64) would hold the
 /// core for about 16 µs, while on a small host the thread that must answer
-/// may be waiting for it. Measured on the 2-vCPU
-/// VM, empty `rpc_sync` over UCX shm, median of 10 alternating runs: 64
-/// per round 18.1 µs, 16 16.1, 4 16.7, 1 16.3 (Ferry's `shm` transport
-/// 13.3); bandwidth unchanged.
+/// may be waiting for it. Measured on the 2-vCPU VM, empty `rpc_sync` over
+/// UCX shm, median of 10 alternating runs: 64 per round 18.1 µs, 16 16.1,
+/// 4 16.7, 1 16.3 (Ferry's `shm` transport 13.3); bandwidth unchanged.
 const PROGRESS_CALLS_PER_ROUND: u32 = 16;
 /// Tag of the probe each side sends once its endpoint exists (see
 /// [`UcxLink::probe`]): in the frames' half of the tag space, above any
