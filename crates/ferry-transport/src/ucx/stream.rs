@@ -28,8 +28,8 @@ use super::{UcxLink, FRAME_TAG};
 
 /// Largest chunk of the stream in one tag message.
 pub(crate) const CHUNK: usize = 256 << 10;
-/// Writes up to this size first try a send UCX completes at once (see
-/// [`UcxLink::try_send_now`]).
+/// Writes up to this size are copied into the writer's scratch buffer and
+/// sent from there (see [`UcxLink::send_or_keep`]).
 const IMMEDIATE_MAX: usize = 8 << 10;
 /// Sends not yet completed before a write waits.
 const MAX_UNFINISHED_SENDS: usize = 256;
@@ -255,26 +255,29 @@ impl AsyncWrite for UcxWriter {
             return Poll::Ready(Ok(0));
         }
         std::task::ready!(this.poll_room(cx, MAX_UNFINISHED_SENDS))?;
-        // A small write goes out from the caller's bytes (or a reused
-        // scratch copy of several slices) when UCX completes it at once,
-        // without allocating; otherwise from a copy UCX keeps.
+        // A small write is joined into the reused scratch buffer and sent
+        // from there in one UCX call, which completes at once when UCX
+        // copies it into its own buffers (small messages, room in its
+        // queues): no allocation. Should UCX keep the bytes instead, the
+        // scratch buffer goes with the send and a new one is grown.
         if total <= IMMEDIATE_MAX {
-            let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
-            let bytes: &[u8] = match first {
-                Some(b) if b.len() == total => b,
-                _ => {
-                    this.scratch.clear();
-                    for b in bufs {
-                        this.scratch.extend_from_slice(b);
-                    }
-                    &this.scratch
-                }
-            };
-            let tag = FRAME_TAG | this.seq;
-            if this.link.try_send_now(tag, bytes).map_err(to_io)? {
-                this.seq += 1;
-                return Poll::Ready(Ok(total));
+            this.scratch.clear();
+            for b in bufs {
+                this.scratch.extend_from_slice(b);
             }
+            let tag = FRAME_TAG | this.seq;
+            this.seq += 1;
+            let scratch = &mut this.scratch;
+            let (ptr, len) = (scratch.as_ptr(), scratch.len());
+            // SAFETY: the scratch bytes are not touched during the call;
+            // if UCX keeps them, the Vec moves into the send (its heap
+            // bytes do not move) and is held until UCX is done.
+            unsafe {
+                this.link
+                    .send_or_keep(tag, ptr, len, || Box::new(std::mem::take(scratch)))
+            }
+            .map_err(to_io)?;
+            return Poll::Ready(Ok(total));
         }
         let n = total.min(CHUNK);
         let mut chunk = Vec::with_capacity(n);

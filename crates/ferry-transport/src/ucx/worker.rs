@@ -752,6 +752,28 @@ impl UcxLink {
         len: usize,
         keep: Box<dyn Any + Send>,
     ) -> Result<(), TransportError> {
+        // SAFETY: as this function's contract.
+        unsafe { self.send_or_keep(tag, ptr, len, || keep) }.map(|_| ())
+    }
+
+    /// Sends `len` bytes at `ptr` with `tag`, fire and forget, in one UCX
+    /// call. `Ok(true)`: UCX completed the send within the call (small
+    /// messages: it copied the bytes into its own buffers), so they may be
+    /// reused at once and `keep` was not called. `Ok(false)`: UCX still
+    /// reads the bytes; `keep()`, which must take ownership of them, is
+    /// held in the in-flight list until UCX completed the send.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until this returns, and after it
+    /// returns `false` for as long as what `keep()` returned lives (moving
+    /// that must not move the bytes).
+    pub(crate) unsafe fn send_or_keep(
+        &self,
+        tag: u64,
+        ptr: *const u8,
+        len: usize,
+        keep: impl FnOnce() -> Box<dyn Any + Send>,
+    ) -> Result<bool, TransportError> {
         if let Some(e) = self.failure() {
             return Err(e);
         }
@@ -762,8 +784,10 @@ impl UcxLink {
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE;
         param.datatype = contig();
-        // SAFETY: a live endpoint under the lock; `keep` owns the bytes and
-        // goes to the in-flight list until UCX is done with them.
+        // SAFETY: a live endpoint under the lock; the bytes stay valid
+        // through the call, and after it, if UCX returns a request, in
+        // what `keep` returns, which goes to the in-flight list until UCX
+        // is done with them.
         let request = unsafe {
             self.shared
                 .api
@@ -772,58 +796,16 @@ impl UcxLink {
         if is_error_ptr(request) {
             return Err(self.error("posting a UCX send failed", ptr_status(request)));
         }
-        if !request.is_null() {
-            let inflight = Inflight {
-                request,
-                completion: None,
-                _keep: keep,
-            };
-            state.push_inflight(&self.shared, inflight);
-        }
-        Ok(())
-    }
-
-    /// Sends `bytes` with `tag` if UCX can complete the send at once
-    /// (copying the bytes into its own buffers, as it does for small
-    /// messages): `Ok(true)`. `Ok(false)`: UCX would have to keep the
-    /// buffer, and nothing was sent (send it with [`Self::send_kept`]).
-    pub(crate) fn try_send_now(&self, tag: u64, bytes: &[u8]) -> Result<bool, TransportError> {
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        let state = self.shared.lock_for_send();
-        // SAFETY: zeroed is a valid parameter block.
-        let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_DATATYPE | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-        param.datatype = contig();
-        // SAFETY: a live endpoint under the lock; with FORCE_IMM_CMPL UCX
-        // either completes the send within the call (the bytes are not
-        // used after it returns) or refuses it with UCS_ERR_NO_RESOURCE.
-        let request = unsafe {
-            self.shared.api.ucp_tag_send_nbx(
-                state.ep,
-                bytes.as_ptr() as *const c_void,
-                bytes.len(),
-                tag,
-                &param,
-            )
-        };
         if request.is_null() {
             return Ok(true);
         }
-        let status = ptr_status(request);
-        if is_request(request) {
-            // Not expected with FORCE_IMM_CMPL; should UCX return one, the
-            // bytes may still be read: that is not allowed here.
-            return Err(self.error(
-                "UCX kept an immediate send's buffer",
-                sys::UCS_ERR_INVALID_PARAM,
-            ));
-        }
-        if status == sys::UCS_ERR_NO_RESOURCE {
-            return Ok(false);
-        }
-        Err(self.error("posting a UCX send failed", status))
+        let inflight = Inflight {
+            request,
+            completion: None,
+            _keep: keep(),
+        };
+        state.push_inflight(&self.shared, inflight);
+        Ok(false)
     }
 
     /// Unfinished fire-and-forget sends and cancelled requests.
@@ -1131,6 +1113,74 @@ pub(crate) mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_send_ucx_completes_at_once_leaves_its_bytes_free_and_one_it_keeps_takes_them() {
+        for tls in ["shm,self", "tcp"] {
+            let Some((a, b)) = linked(tls) else {
+                return;
+            };
+            // Small (eager): on shared memory UCX copies the bytes within
+            // the call, so the buffer is overwritten at once and the
+            // receiver still gets what was sent. Over tcp the first sends
+            // may wait for the connection, and then the bytes go with them.
+            let mut small: Vec<u8> = (0..200).map(|i| i as u8).collect();
+            let ptr = small.as_ptr();
+            let mut kept = 0;
+            // SAFETY: `keep` takes the Vec, whose heap bytes do not move.
+            let done = unsafe {
+                a.send_or_keep(21, ptr, 200, || {
+                    kept += 1;
+                    Box::new(std::mem::take(&mut small))
+                })
+            }
+            .unwrap();
+            if tls.starts_with("shm") {
+                assert!(
+                    done,
+                    "a 200-byte send over shared memory was not completed at once"
+                );
+            }
+            assert_eq!(kept, usize::from(!done), "UCX_TLS={tls}");
+            small.fill(0xFF);
+            let kept_before = kept;
+            // Large (rendezvous): it cannot finish before the receiver
+            // posts, so its bytes go with the send.
+            let len = 4 << 20;
+            let mut large: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let ptr = large.as_ptr();
+            // SAFETY: `keep` takes the Vec, whose heap bytes do not move.
+            let done = unsafe {
+                a.send_or_keep(22, ptr, len, || {
+                    kept += 1;
+                    Box::new(std::mem::take(&mut large))
+                })
+            }
+            .unwrap();
+            assert!(!done, "UCX_TLS={tls}: a rendezvous send completed at once");
+            assert_eq!((kept - kept_before, large.len()), (1, 0), "UCX_TLS={tls}");
+            assert!(
+                a.in_flight() >= 1,
+                "UCX_TLS={tls}: the kept send is not in flight"
+            );
+            for (tag, n) in [(21u64, 200usize), (22, len)] {
+                let mut dest = vec![0u8; n];
+                let dptr = dest.as_mut_ptr();
+                // SAFETY: `dest`'s heap bytes move with it into the request.
+                let pending = unsafe { b.recv(tag, dptr, n, Box::new(dest)) }.unwrap();
+                let (keep, got) = pending.await.unwrap();
+                assert_eq!(got, n, "UCX_TLS={tls}: tag {tag}");
+                let dest = keep.downcast::<Vec<u8>>().unwrap();
+                let modulus = if n == 200 { 256 } else { 251 };
+                assert!(
+                    dest.iter()
+                        .enumerate()
+                        .all(|(i, &x)| x == (i % modulus) as u8),
+                    "UCX_TLS={tls}: tag {tag}: the bytes differ"
+                );
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
