@@ -249,24 +249,17 @@ impl RankActor {
             .take(key, run.limit, self.wait_spin)
             .map_err(|e| match e {
                 WaitError::Aborted(reason) => format!("{ABORTED}{reason}"),
-                WaitError::TimedOut(limit) => format!(
-                    "no {} for microbatch {} arrived from stage {} (worker {}) within {limit:?}",
-                    match key.direction {
-                        Direction::Forward => "activation",
-                        Direction::Backward => "gradient",
-                    },
-                    key.microbatch,
-                    match key.direction {
-                        Direction::Forward => key.stage.wrapping_sub(1),
-                        Direction::Backward => key.stage + 1,
-                    },
-                    match key.direction {
-                        Direction::Forward => self.stage_workers.get(key.stage.wrapping_sub(1)),
-                        Direction::Backward => self.stage_workers.get(key.stage + 1),
-                    }
-                    .map(String::as_str)
-                    .unwrap_or("?"),
-                ),
+                WaitError::TimedOut(limit) => {
+                    let (what, from) = match key.direction {
+                        Direction::Forward => ("activation", key.stage.wrapping_sub(1)),
+                        Direction::Backward => ("gradient", key.stage + 1),
+                    };
+                    let worker = self.stage_workers.get(from).map_or("?", String::as_str);
+                    format!(
+                        "no {what} for microbatch {} arrived from stage {from} (worker {worker}) within {limit:?}",
+                        key.microbatch
+                    )
+                }
             })
     }
 

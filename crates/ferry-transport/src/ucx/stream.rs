@@ -30,7 +30,7 @@ use super::{UcxLink, FRAME_TAG};
 pub(crate) const CHUNK: usize = 256 << 10;
 /// Writes up to this size are copied into the writer's scratch buffer and
 /// sent from there (see [`UcxLink::send_or_keep`]).
-const IMMEDIATE_MAX: usize = 8 << 10;
+const SCRATCH_MAX: usize = 8 << 10;
 /// Sends not yet completed before a write waits.
 const MAX_UNFINISHED_SENDS: usize = 256;
 /// After the TCP connection closed, how long the reader still waits for the
@@ -260,7 +260,7 @@ impl AsyncWrite for UcxWriter {
         // copies it into its own buffers (small messages, room in its
         // queues): no allocation. Should UCX keep the bytes instead, the
         // scratch buffer goes with the send and a new one is grown.
-        if total <= IMMEDIATE_MAX {
+        if total <= SCRATCH_MAX {
             this.scratch.clear();
             for b in bufs {
                 this.scratch.extend_from_slice(b);
@@ -317,7 +317,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
-    use super::{UcxReader, UcxWriter, CHUNK, IMMEDIATE_MAX};
+    use super::{UcxReader, UcxWriter, CHUNK, SCRATCH_MAX};
     use crate::ucx::worker::tests::linked;
 
     /// Writes of `sizes`, each of bytes numbered from where it starts in
@@ -351,8 +351,8 @@ mod tests {
         let sizes = [
             1,
             100,
-            IMMEDIATE_MAX,
-            IMMEDIATE_MAX + 1,
+            SCRATCH_MAX,
+            SCRATCH_MAX + 1,
             CHUNK - 1,
             CHUNK,
             CHUNK + 1,
