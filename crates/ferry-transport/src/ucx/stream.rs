@@ -145,16 +145,25 @@ impl AsyncRead for UcxReader {
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
+            if std::mem::take(&mut this.yield_first) {
+                // Deferred until the worker has run what is queued, without
+                // waking another worker (a self-wake would), as the `shm`
+                // reader yields; before the receive is posted, so the task
+                // this reader woke (which may answer the message) runs
+                // first.
+                if std::pin::pin!(tokio::task::yield_now())
+                    .poll(cx)
+                    .is_pending()
+                {
+                    return Poll::Pending;
+                }
+            }
             if this.posted.is_none() {
                 this.post()?;
             }
             let Some(posted) = this.posted.as_mut() else {
                 continue;
             };
-            if std::mem::take(&mut this.yield_first) {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
             match posted.poll_done(cx) {
                 Poll::Ready(Ok((keep, len))) => {
                     this.posted = None;
