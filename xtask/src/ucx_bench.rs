@@ -120,9 +120,14 @@ fn median(values: &[f64]) -> f64 {
     table::median(values).unwrap_or(0.0)
 }
 
+/// The smallest of `values` (infinity when there are none).
+fn min(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
 /// `min-max` of `values`, two decimals.
 fn range(values: &[f64]) -> String {
-    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let lo = min(values);
     let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     format!("{lo:.2}-{hi:.2}")
 }
@@ -354,8 +359,7 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
     // A run's median depends on where its threads landed (see
     // RPC_ROUNDS); the fastest run of each side compares the two in the
     // best placement either got.
-    let fastest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    let (ucx_best, shm_best) = (fastest(&ucx_runs), fastest(&shm_runs));
+    let (ucx_best, shm_best) = (min(&ucx_runs), min(&shm_runs));
     rows.push(format!(
         "empty rpc_sync, fastest run of each   over ucx (UCX shm) {ucx_best:.2} us   over Ferry's shm {shm_best:.2} us   ucx/shm {:.2}",
         ucx_best / shm_best

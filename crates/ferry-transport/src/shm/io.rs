@@ -108,6 +108,14 @@ pub(crate) fn spin_while_active_in_rounds(
     }
 }
 
+/// Yields to the tokio scheduler once: `Pending` the first time, with the
+/// task woken after the worker has run what is queued, without waking
+/// another worker thread (a self-wake would). How a reader lets the task
+/// its last message woke run before it spins (`yield_before_spin`).
+pub(crate) fn yield_once(cx: &mut Context<'_>) -> Poll<()> {
+    std::pin::pin!(tokio::task::yield_now()).poll(cx)
+}
+
 /// A future that completes when the peer process is gone; the optional
 /// argument of [`ShmLink::split`](super::ShmLink::split).
 ///
@@ -357,14 +365,7 @@ impl AsyncRead for ShmReader {
             if !this.armed {
                 if this.yield_before_spin {
                     this.yield_before_spin = false;
-                    // Deferred until the worker has run what is queued,
-                    // without waking another worker (a self-wake would).
-                    if std::pin::pin!(tokio::task::yield_now())
-                        .poll(cx)
-                        .is_pending()
-                    {
-                        return Poll::Pending;
-                    }
+                    std::task::ready!(yield_once(cx));
                 }
                 let ring = &this.ring;
                 if spin_until(this.spin, || ring.readable() > 0 || ring.is_closed()) {

@@ -146,17 +146,9 @@ impl AsyncRead for UcxReader {
                 return Poll::Ready(Ok(()));
             }
             if std::mem::take(&mut this.yield_first) {
-                // Deferred until the worker has run what is queued, without
-                // waking another worker (a self-wake would), as the `shm`
-                // reader yields; before the receive is posted, so the task
-                // this reader woke (which may answer the message) runs
-                // first.
-                if std::pin::pin!(tokio::task::yield_now())
-                    .poll(cx)
-                    .is_pending()
-                {
-                    return Poll::Pending;
-                }
+                // Before the receive is posted, so the task this reader
+                // woke (which may answer the message) runs first.
+                std::task::ready!(crate::shm::yield_once(cx));
             }
             if this.posted.is_none() {
                 this.post()?;

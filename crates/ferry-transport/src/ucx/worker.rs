@@ -157,9 +157,6 @@ pub(crate) struct Shared {
     has_failed: AtomicBool,
     /// Senders waiting for the state lock (see [`Shared::lock_for_send`]).
     senders: AtomicUsize,
-    /// The length of [`State::inflight`], stored under the lock each time
-    /// it changes, so a writer checks for room without taking the lock.
-    inflight_len: AtomicUsize,
     stop: Notify,
     /// Tells the progress task that something now needs UCX's events (a
     /// task went to sleep on a request, or a send is in flight).
@@ -278,8 +275,6 @@ impl Shared {
             unsafe { api.ucp_request_free(f.request) };
             false
         });
-        self.inflight_len
-            .store(state.inflight.len(), Ordering::Release);
         let failed = self.has_failed.load(Ordering::Acquire);
         if state.inflight.len() < before || failed {
             if let Some(waker) = state.room.take() {
@@ -313,9 +308,6 @@ impl State {
     /// Adds an unfinished request; the first one wakes the progress task.
     fn push_inflight(&mut self, shared: &Shared, inflight: Inflight) {
         self.inflight.push(inflight);
-        shared
-            .inflight_len
-            .store(self.inflight.len(), Ordering::Release);
         if self.inflight.len() == 1 {
             shared.wanted.notify_one();
         }
@@ -543,7 +535,6 @@ impl UcxWorker {
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             senders: AtomicUsize::new(0),
-            inflight_len: AtomicUsize::new(0),
             stop: Notify::new(),
             wanted: Notify::new(),
             efd: Some(fd),
@@ -842,9 +833,7 @@ impl UcxLink {
             return Poll::Ready(Err(e));
         }
         let shared = &self.shared;
-        // Without the lock, which a spinning receive takes between its
-        // checks: a writer checks before and after every write.
-        if shared.inflight_len.load(Ordering::Acquire) <= limit {
+        if shared.lock_for_send().inflight.len() <= limit {
             return Poll::Ready(Ok(()));
         }
         // Progress the sends while they move, as a receive does.
