@@ -79,12 +79,12 @@ pub use segment::{Segment, MAX_SEGMENT_LEN};
 
 #[cfg(not(loom))]
 pub use fdpass::{recv_fds, send_fds, MAX_FDS_PER_MESSAGE};
-#[cfg(all(not(loom), feature = "ucx"))]
-pub(crate) use io::{spin_while_active_in_rounds, yield_once};
 #[cfg(not(loom))]
 pub use io::{
     spin_until, spin_while_active, Check, PeerGone, ShmReader, ShmWriter, SPIN_BUDGET,
     SPIN_ITERATIONS,
 };
+#[cfg(all(not(loom), feature = "ucx"))]
+pub(crate) use io::{spin_while_active_in_rounds, yield_once};
 #[cfg(not(loom))]
 pub use link::ShmLink;
