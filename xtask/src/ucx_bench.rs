@@ -4,13 +4,18 @@
 //! 4 MiB and 64 MiB and the small-message latency (`ferry-transport`'s
 //! example `ucx_bench`, which also measures the latency with no spin);
 //! then the empty `rpc_sync` round trip (`ferry-benches`' `rpc_latency`,
-//! size 0) over the `ucx` transport against Ferry's own `shm` transport.
+//! size 0) over the `ucx` transport against Ferry's own `shm` transport:
+//! the medians of [`RPC_ROUNDS`] runs of each side, their fastest runs,
+//! and the two sides within each of the two thread placements a run can
+//! land in ([`placement_split`]).
 //!
 //! The two sides alternate, [`ROUNDS`] times: the rows show the medians
 //! and the range of the per-round ratios. Where `UCX_TLS` names a network
 //! transport, Ferry's endpoints ask for UCX's peer-failure handling (UCX
 //! 1.13 aborts the process on a failed TCP peer without it), with which
-//! UCX carries rendezvous data as fragments the receiver copies out; so
+//! UCX carries rendezvous data as fragments the receiver copies out (it
+//! takes a lane for zero-copy rendezvous only where the memory domain can
+//! invalidate a registration, and TCP's cannot); so
 //! `ucx_perftest` is measured both plain and with `-e` (the same
 //! endpoints), and the ratio is given against each.
 //! Prints the ratios and writes `target/ferry-bench/ucx.json`.
@@ -38,8 +43,10 @@ const ROUNDS: usize = 3;
 /// second and a half). Each run's median covers about 2,000 calls, a few
 /// tens of milliseconds, in which the threads keep one placement on the
 /// cores; on the 2-core host that placement alone moves a run's median
-/// between about 11 and 23 µs, so the ratio needs many runs of each side.
-const RPC_ROUNDS: usize = 12;
+/// between about 11 and 23 µs, so the ratio needs many runs of each side,
+/// and the bench also compares the sides within each placement
+/// ([`placement_split`]).
+const RPC_ROUNDS: usize = 20;
 
 /// The `ucx_perftest` figures of one test: (50th percentile latency in
 /// µs, overall bandwidth in MB/s) from its `Final:` line.
@@ -123,6 +130,53 @@ fn median(values: &[f64]) -> f64 {
 /// The smallest of `values` (infinity when there are none).
 fn min(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// How much slower the slower of the two thread placements must be, at
+/// the widest step between consecutive runs, for [`placement_split`] to
+/// call the runs two groups (the two placements differ by about 1.5x on
+/// the 2-core host; neighbouring runs within one differ by a few %).
+const PLACEMENT_STEP: f64 = 1.2;
+
+/// The fewest runs [`placement_split`] puts in either group, so that one
+/// or two stray runs at the slow end (a run the host disturbed) do not
+/// make a group of their own.
+const PLACEMENT_MIN_RUNS: usize = 3;
+
+/// Where `runs` (the run medians of both sides together) split into the
+/// two thread placements: the midpoint of the widest step, by ratio,
+/// between consecutive sorted runs that leaves at least
+/// [`PLACEMENT_MIN_RUNS`] on each side, when that step is at least
+/// [`PLACEMENT_STEP`]; `None` when the runs form one group.
+fn placement_split(runs: &[f64]) -> Option<f64> {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    (PLACEMENT_MIN_RUNS..=n.saturating_sub(PLACEMENT_MIN_RUNS))
+        .map(|i| (sorted[i - 1], sorted[i]))
+        .filter(|&(lo, _)| lo > 0.0)
+        .max_by(|a, b| (a.1 / a.0).total_cmp(&(b.1 / b.0)))
+        .filter(|&(lo, hi)| hi / lo >= PLACEMENT_STEP)
+        .map(|(lo, hi)| (lo + hi) / 2.0)
+}
+
+/// One placement's row: how many runs of each side landed in it, their
+/// medians and the ratio of the medians.
+fn placement_row(name: &str, ucx: &[f64], shm: &[f64]) -> String {
+    let side = |runs: &[f64]| match runs.len() {
+        0 => "no runs".to_string(),
+        n => format!("{n} runs, median {:.2} us", median(runs)),
+    };
+    let ratio = if ucx.is_empty() || shm.is_empty() {
+        String::new()
+    } else {
+        format!("   ucx/shm {:.2}", median(ucx) / median(shm))
+    };
+    format!(
+        "  {name}: over ucx {}   over Ferry's shm {}{ratio}",
+        side(ucx),
+        side(shm)
+    )
 }
 
 /// `min-max` of `values`, two decimals.
@@ -364,10 +418,33 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
         "empty rpc_sync, fastest run of each   over ucx (UCX shm) {ucx_best:.2} us   over Ferry's shm {shm_best:.2} us   ucx/shm {:.2}",
         ucx_best / shm_best
     ));
+    // Each run keeps one of two placements; compare the sides within
+    // each, and count how often each side landed in the slow one.
+    let pooled: Vec<f64> = ucx_runs.iter().chain(&shm_runs).copied().collect();
+    let split = placement_split(&pooled);
+    match split {
+        Some(at) => {
+            let below = |runs: &[f64], fast: bool| -> Vec<f64> {
+                runs.iter().copied().filter(|&r| (r < at) == fast).collect()
+            };
+            rows.push(format!(
+                "empty rpc_sync by thread placement (the runs split at {at:.1} us):"
+            ));
+            for (name, fast) in [("fast placement", true), ("slow placement", false)] {
+                rows.push(placement_row(
+                    name,
+                    &below(&ucx_runs, fast),
+                    &below(&shm_runs, fast),
+                ));
+            }
+        }
+        None => rows.push("empty rpc_sync: the runs form one group (no placement split)".into()),
+    }
     result["rpc_sync_us"] = json!({
         "ucx_shm": ucx_us,
         "ferry_shm": shm_us,
         "fastest": {"ucx_shm": ucx_best, "ferry_shm": shm_best},
+        "placement_split_us": split,
         "rounds": {"ucx_shm": ucx_runs, "ferry_shm": shm_runs},
     });
     write_result(&out_path("ucx.json"), &result)?;
@@ -376,4 +453,38 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
         eprintln!("  {r}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_in_two_placements_split_at_the_widest_step() {
+        let runs = [11.2, 9.8, 18.5, 11.4, 21.1, 16.6, 12.1, 23.8];
+        let at = placement_split(&runs).expect("two groups");
+        assert!((at - (12.1 + 16.6) / 2.0).abs() < 1e-9, "{at}");
+    }
+
+    #[test]
+    fn a_stray_slow_run_does_not_make_a_group() {
+        let runs = [11.2, 9.8, 18.5, 11.4, 21.1, 16.6, 12.1, 19.0, 41.3];
+        let at = placement_split(&runs).expect("two groups");
+        assert!((at - (12.1 + 16.6) / 2.0).abs() < 1e-9, "{at}");
+    }
+
+    #[test]
+    fn runs_in_one_placement_do_not_split() {
+        assert_eq!(placement_split(&[11.0, 11.5, 12.0, 12.9, 13.4]), None);
+        assert_eq!(placement_split(&[11.0]), None);
+        assert_eq!(placement_split(&[]), None);
+    }
+
+    #[test]
+    fn a_placement_row_names_a_side_without_runs() {
+        let row = placement_row("slow placement", &[20.0, 22.0], &[]);
+        assert!(row.contains("over ucx 2 runs, median 21.00 us"), "{row}");
+        assert!(row.contains("over Ferry's shm no runs"), "{row}");
+        assert!(!row.contains("ucx/shm"), "{row}");
+    }
 }
