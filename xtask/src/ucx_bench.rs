@@ -163,14 +163,13 @@ fn placement_split(runs: &[f64]) -> Option<f64> {
 /// One placement's row: how many runs of each side landed in it, their
 /// medians and the ratio of the medians.
 fn placement_row(name: &str, ucx: &[f64], shm: &[f64]) -> String {
-    let side = |runs: &[f64]| match runs.len() {
-        0 => "no runs".to_string(),
-        n => format!("{n} runs, median {:.2} us", median(runs)),
+    let side = |runs: &[f64]| match table::median(runs) {
+        None => "no runs".to_string(),
+        Some(m) => format!("{} runs, median {m:.2} us", runs.len()),
     };
-    let ratio = if ucx.is_empty() || shm.is_empty() {
-        String::new()
-    } else {
-        format!("   ucx/shm {:.2}", median(ucx) / median(shm))
+    let ratio = match (table::median(ucx), table::median(shm)) {
+        (Some(u), Some(s)) => format!("   ucx/shm {:.2}", u / s),
+        _ => String::new(),
     };
     format!(
         "  {name}: over ucx {}   over Ferry's shm {}{ratio}",
@@ -418,13 +417,13 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
         "empty rpc_sync, fastest run of each   over ucx (UCX shm) {ucx_best:.2} us   over Ferry's shm {shm_best:.2} us   ucx/shm {:.2}",
         ucx_best / shm_best
     ));
-    // Each run keeps one of two placements; compare the sides within
-    // each, and count how often each side landed in the slow one.
+    // Each run keeps one of two placements: compare the sides within
+    // each, with how many runs of each side landed there.
     let pooled: Vec<f64> = ucx_runs.iter().chain(&shm_runs).copied().collect();
     let split = placement_split(&pooled);
     match split {
         Some(at) => {
-            let below = |runs: &[f64], fast: bool| -> Vec<f64> {
+            let in_placement = |runs: &[f64], fast: bool| -> Vec<f64> {
                 runs.iter().copied().filter(|&r| (r < at) == fast).collect()
             };
             rows.push(format!(
@@ -433,8 +432,8 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
             for (name, fast) in [("fast placement", true), ("slow placement", false)] {
                 rows.push(placement_row(
                     name,
-                    &below(&ucx_runs, fast),
-                    &below(&shm_runs, fast),
+                    &in_placement(&ucx_runs, fast),
+                    &in_placement(&shm_runs, fast),
                 ));
             }
         }
