@@ -9,17 +9,21 @@
 //! still write is never freed. Fire-and-forget sends (tensors, frame
 //! chunks) go to the same list.
 //!
-//! A task waiting for a request first spins on `ucp_worker_progress` for
-//! at most the configured spin time, then registers its waker in the
-//! completion and sleeps. The connection's progress task arms the worker
-//! and sleeps on its event fd (tokio `AsyncFd`, plus a backstop timer)
-//! only while something needs UCX's events: a task asleep on a request,
-//! or a send UCX has not finished. Each time it wakes it progresses the
-//! worker, and the callbacks of the requests that completed wake their
-//! tasks. While nothing needs them the worker stays unarmed: an armed
-//! worker makes the peer signal it for the next message (a system call
-//! there, a wake-up here), which a task spinning for that message does
-//! not need.
+//! A task waiting for a receive first spins on `ucp_worker_progress` for
+//! at most the configured spin time, then sleeps on the worker's event fd
+//! itself (tokio `AsyncFd`, plus a backstop timer): it progresses, arms
+//! the worker and waits for the fd, and again each time it wakes, until
+//! its request completes. Its waker is also kept in the completion, so a
+//! request that another task's progress call completes wakes it too. The
+//! event that ends the sleep thus wakes the waiting task directly, with
+//! no other task in between: measured on a link that sleeps before every
+//! message, 20–26% less CPU time and about 0.7 times the one-way latency
+//! over UCX's tcp and shared memory (see the user guide). The connection's progress task arms the worker and
+//! sleeps on the fd only while a send UCX has not finished is in flight;
+//! each time it wakes it progresses the worker and sweeps the finished
+//! sends. While nothing sleeps the worker stays unarmed: an armed worker
+//! makes the peer signal it for the next message (a system call there, a
+//! wake-up here), which a task spinning for that message does not need.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -41,6 +45,9 @@ use crate::{channel, TransportError};
 const BACKSTOP: Duration = Duration::from_millis(5);
 /// Progress calls per lock while draining.
 const DRAIN: usize = 64;
+/// Times a sleeping receive progresses and re-arms the worker while UCX
+/// reports events pending (`UCS_ERR_BUSY`) before it yields to tokio.
+const ARM_TRIES: usize = 4;
 /// Progress calls per round of a spinning wait before the CPU is yielded.
 /// A progress call (with the link's lock) costs about 250 ns over UCX's
 /// tcp and 25 ns over its shared memory, where an `shm` ring check costs a
@@ -86,10 +93,6 @@ impl Completion {
     }
     fn lock_waker(&self) -> MutexGuard<'_, Option<Waker>> {
         self.waker.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    /// A task sleeps on this request: it waits for the progress task.
-    fn has_sleeper(&self) -> bool {
-        !self.is_done() && self.lock_waker().is_some()
     }
 }
 
@@ -159,10 +162,12 @@ pub(crate) struct Shared {
     senders: AtomicUsize,
     stop: Notify,
     /// Tells the progress task that something now needs UCX's events (a
-    /// task went to sleep on a request, or a send is in flight).
+    /// send is in flight).
     wanted: Notify,
     efd: Option<AsyncFd<RawFd>>,
     spin: Duration,
+    /// How long a sleep on the event fd lasts at most ([`BACKSTOP`]).
+    backstop: Duration,
     /// The peer's name, set when the endpoint connects.
     peer: OnceLock<String>,
     _context: Arc<Context>,
@@ -295,14 +300,11 @@ impl Shared {
 
 impl State {
     /// Whether the progress task must arm the worker and watch its event
-    /// fd: a send (or a cancelled request) is unfinished, or a task sleeps
-    /// on a receive. A task that polls (spins) progresses by itself.
+    /// fd: a send (or a cancelled request) is unfinished. A task waiting
+    /// for a receive progresses by itself, spinning and then sleeping on
+    /// the fd (see [`Pending::poll_done`]).
     fn needs_events(&self) -> bool {
         !self.inflight.is_empty()
-            || self
-                .waiters
-                .iter()
-                .any(|w| w.upgrade().is_some_and(|c| c.has_sleeper()))
     }
 
     /// Adds an unfinished request; the first one wakes the progress task.
@@ -470,6 +472,16 @@ fn describe(
 impl UcxWorker {
     /// Creates a worker on the context for `tls`.
     pub(crate) fn new(tls: Option<&str>, spin: Duration) -> Result<Self, TransportError> {
+        Self::with_backstop(tls, spin, BACKSTOP)
+    }
+
+    /// [`new`](Self::new) with another backstop: the tests use one so
+    /// long that only the event fd can end a sleep.
+    fn with_backstop(
+        tls: Option<&str>,
+        spin: Duration,
+        backstop: Duration,
+    ) -> Result<Self, TransportError> {
         let api = super::api()?;
         // Held until the worker is registered (see `exit`).
         let mut registry = exit::registry();
@@ -539,6 +551,7 @@ impl UcxWorker {
             wanted: Notify::new(),
             efd: Some(fd),
             spin,
+            backstop,
             peer: OnceLock::new(),
             _context: ctx,
         });
@@ -629,14 +642,14 @@ impl UcxWorker {
 }
 
 /// The progress task, until the last handle of the link is gone:
-/// progress; then, while something needs UCX's events
-/// ([`State::needs_events`]), arm the worker and sleep on its event fd,
-/// otherwise sleep until something does ([`Shared::wanted`]); the backstop
-/// timer bounds either sleep. One timer serves every wait: it is reset,
-/// not created anew, each time the task goes to sleep.
+/// progress; then, while a send is unfinished ([`State::needs_events`]),
+/// arm the worker and sleep on its event fd, otherwise sleep until one is
+/// ([`Shared::wanted`]); the backstop timer bounds either sleep. One
+/// timer serves every wait: it is reset, not created anew, each time the
+/// task goes to sleep.
 async fn drive(shared: Arc<Shared>) {
     let api = shared.api;
-    let backstop = tokio::time::sleep(BACKSTOP);
+    let backstop = tokio::time::sleep(shared.backstop);
     tokio::pin!(backstop);
     loop {
         let armed = {
@@ -661,7 +674,7 @@ async fn drive(shared: Arc<Shared>) {
         };
         backstop
             .as_mut()
-            .reset(tokio::time::Instant::now() + BACKSTOP);
+            .reset(tokio::time::Instant::now() + shared.backstop);
         // Armed: UCX's events; not armed: until something needs them.
         let events = async {
             if armed.is_some() {
@@ -886,6 +899,7 @@ impl UcxLink {
             completion: Some(completion),
             keep: Some(keep),
             spun: false,
+            sleep: None,
         })
     }
 }
@@ -933,6 +947,30 @@ pub(crate) struct Pending {
     keep: Option<Box<dyn Any + Send>>,
     /// Whether this wait has spun already.
     spun: bool,
+    /// While the task sleeps: its wait for the worker's event fd.
+    sleep: Option<Sleep>,
+}
+
+/// A sleeping receive's wait: until the worker's event fd is readable (its
+/// readiness then cleared, so the next wait waits for a new event) or the
+/// backstop timer fires.
+type Sleep = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+fn sleep_on_fd(shared: Arc<Shared>) -> Sleep {
+    Box::pin(async move {
+        let backstop = tokio::time::sleep(shared.backstop);
+        let Some(fd) = shared.efd.as_ref() else {
+            return backstop.await;
+        };
+        tokio::select! {
+            ready = fd.readable() => {
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+            }
+            _ = backstop => {}
+        }
+    })
 }
 
 // SAFETY: the request pointer is only used under the link's lock.
@@ -948,53 +986,42 @@ impl Pending {
         &mut self,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Result<Received, TransportError>> {
-        let shared = &self.link.shared;
         let Some(c) = self.completion.clone() else {
             return Poll::Ready(Err(TransportError::Channel {
                 channel: channel::UCX,
-                peer: shared.peer().to_owned(),
+                peer: self.link.shared.peer().to_owned(),
                 reason: "a UCX receive was polled after it finished".into(),
             }));
         };
-        if !c.is_done() {
+        if !c.is_done() && !self.spun {
             // A bounded spin on progress, once per wait, the way the `shm`
             // transport's rings wait: rounds of checks with the CPU yielded
             // to the OS in between, so a thread with work on this core (often
-            // the one about to answer) runs first; then sleep until the
-            // progress task wakes this one.
-            if !self.spun {
-                self.spun = true;
-                shared.spin(shared.spin, |state, _| {
-                    let done = c.is_done();
-                    if done {
-                        // Only the sweep: the progress call that completed
-                        // this receive ran just now, and whatever else it
-                        // completed is swept; more progress would delay
-                        // handing these bytes on.
-                        shared.sweep(state);
-                    }
-                    done
-                });
-            }
-            if !c.is_done() {
-                let first = c.lock_waker().replace(cx.waker().clone()).is_none();
-                if first {
-                    // The progress task now has to watch for this request.
-                    shared.wanted.notify_one();
+            // the one about to answer) runs first; then sleep on the fd.
+            self.spun = true;
+            let shared = &self.link.shared;
+            shared.spin(shared.spin, |state, _| {
+                let done = c.is_done();
+                if done {
+                    // Only the sweep: the progress call that completed
+                    // this receive ran just now, and whatever else it
+                    // completed is swept; more progress would delay
+                    // handing these bytes on.
+                    shared.sweep(state);
                 }
-                if !c.is_done() {
-                    if let Some(e) = shared.failure() {
-                        return Poll::Ready(Err(e));
-                    }
-                    return Poll::Pending;
-                }
-            }
+                done
+            });
+        }
+        if !c.is_done() {
+            std::task::ready!(self.poll_sleep(&c, cx))?;
         }
         self.spun = false;
+        self.sleep = None;
         let result = c.result();
         let request = std::mem::replace(&mut self.request, std::ptr::null_mut());
         self.completion = None;
         {
+            let shared = &self.link.shared;
             let _state = shared.lock();
             // SAFETY: completed; freed once, under the lock.
             unsafe { shared.api.ucp_request_free(request) };
@@ -1007,6 +1034,89 @@ impl Pending {
         match keep {
             Some(k) => Poll::Ready(Ok((k, len))),
             None => Poll::Ready(Err(self.link.error("a UCX receive finished twice", status))),
+        }
+    }
+}
+
+impl Pending {
+    /// The sleeping half of [`poll_done`](Self::poll_done): `Ready(Ok)`
+    /// once the request completed, `Ready(Err)` with the link's failure.
+    /// Each round progresses the worker and, if the request is still
+    /// open, arms the worker and waits for its event fd (the waker also
+    /// kept in the completion, for a progress call made by another task).
+    fn poll_sleep(
+        &mut self,
+        c: &Completion,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<(), TransportError>> {
+        let shared = &self.link.shared;
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                {
+                    // Polled by another task (or with another waker): that
+                    // one is woken from now on.
+                    let mut waker = c.lock_waker();
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *waker = Some(cx.waker().clone());
+                    }
+                }
+                if sleep.as_mut().poll(cx).is_pending() {
+                    // Woken by the completion (another task's progress or
+                    // the link's failure), or polled for another reason.
+                    if c.is_done() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    if let Some(e) = shared.failure() {
+                        return Poll::Ready(Err(e));
+                    }
+                    return Poll::Pending;
+                }
+                self.sleep = None;
+            }
+            let mut armed = false;
+            for _ in 0..ARM_TRIES {
+                let mut state = shared.lock();
+                shared.progress(&mut state);
+                if c.is_done() {
+                    return Poll::Ready(Ok(()));
+                }
+                if let Some(e) = shared.failure() {
+                    return Poll::Ready(Err(e));
+                }
+                // SAFETY: a live worker, under the lock.
+                match unsafe { shared.api.ucp_worker_arm(state.worker) } {
+                    sys::UCS_OK => {
+                        armed = true;
+                        break;
+                    }
+                    // Events arrived since the progress call: again.
+                    sys::UCS_ERR_BUSY => {}
+                    status => {
+                        return Poll::Ready(Err(self
+                            .link
+                            .error("arming the UCX worker failed", status)))
+                    }
+                }
+            }
+            if !armed {
+                // UCX keeps reporting events: let other tasks run, then
+                // try again.
+                if crate::shm::yield_once(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                continue;
+            }
+            // The waker goes in before the last check: a progress call of
+            // another task that completes the request after this check
+            // finds it and wakes this task.
+            c.lock_waker().replace(cx.waker().clone());
+            if c.is_done() {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(e) = shared.failure() {
+                return Poll::Ready(Err(e));
+            }
+            self.sleep = Some(sleep_on_fd(shared.clone()));
         }
     }
 }
@@ -1059,12 +1169,22 @@ pub(crate) mod tests {
 
     /// As [`linked`], with waits that spin for `spin`.
     fn linked_spinning(tls: &str, spin: Duration) -> Option<(UcxLink, UcxLink)> {
+        linked_with(tls, spin, super::BACKSTOP)
+    }
+
+    /// As [`linked`], with waits that do not spin and sleeps that only the
+    /// event fd ends (a backstop of a day).
+    fn linked_asleep(tls: &str) -> Option<(UcxLink, UcxLink)> {
+        linked_with(tls, Duration::ZERO, Duration::from_secs(86_400))
+    }
+
+    fn linked_with(tls: &str, spin: Duration, backstop: Duration) -> Option<(UcxLink, UcxLink)> {
         if let Err(reason) = super::super::viability() {
             eprintln!("skipped: {reason}");
             return None;
         }
-        let a = UcxWorker::new(Some(tls), spin).unwrap();
-        let b = UcxWorker::new(Some(tls), spin).unwrap();
+        let a = UcxWorker::with_backstop(Some(tls), spin, backstop).unwrap();
+        let b = UcxWorker::with_backstop(Some(tls), spin, backstop).unwrap();
         let (addr_a, addr_b) = (a.address().to_vec(), b.address().to_vec());
         Some((
             a.connect(&addr_b, "b").unwrap(),
@@ -1181,7 +1301,7 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_worker_is_armed_only_while_a_send_is_unfinished_or_a_task_sleeps() {
+    async fn the_progress_task_arms_the_worker_only_while_a_send_is_unfinished() {
         let Some((a, b)) = linked_spinning("shm,self", Duration::ZERO) else {
             return;
         };
@@ -1246,9 +1366,10 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_receive_asleep_before_its_message_is_sent_is_woken_by_the_progress_task() {
+    async fn a_receive_asleep_before_its_message_is_sent_wakes_on_the_event_fd_itself() {
         for tls in ["shm,self", "tcp"] {
-            let Some((a, b)) = linked_spinning(tls, Duration::ZERO) else {
+            // No backstop: only the worker's event fd can end the sleep.
+            let Some((a, b)) = linked_asleep(tls) else {
                 return;
             };
             for (tag, len) in [(1u64, 8usize), (2, 4 << 20)] {
@@ -1257,13 +1378,17 @@ pub(crate) mod tests {
                 // SAFETY: `dest`'s heap bytes move with it into the request.
                 let mut pending = unsafe { b.recv(tag, dptr, len, Box::new(dest)) }.unwrap();
                 // One poll: nothing has been sent, so the task goes to sleep
-                // and only the progress task can wake it.
+                // on the armed worker's event fd. The progress task is not
+                // involved: it watches unfinished sends only.
                 let first = std::future::poll_fn(|cx| {
                     std::task::Poll::Ready(pending.poll_done(cx).is_pending())
                 })
                 .await;
                 assert!(first, "{tls}: a receive completed before its send");
-                assert!(b.needs_events(), "{tls}: a sleeping receive arms nothing");
+                assert!(
+                    !b.needs_events(),
+                    "{tls}: a sleeping receive made the progress task watch"
+                );
                 let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
                 let ptr = bytes.as_ptr();
                 // SAFETY: the Vec owns the bytes and is kept with the request.
@@ -1279,6 +1404,34 @@ pub(crate) mod tests {
                 assert!(dest.iter().enumerate().all(|(i, &x)| x == i as u8));
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receive_asleep_when_its_peer_goes_away_fails_with_the_links_failure() {
+        // No backstop: the event fd alone must bring the failure.
+        let Some((a, b)) = linked_asleep("tcp") else {
+            return;
+        };
+        let mut dest = vec![0u8; 64];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let mut pending = unsafe { b.recv(3, dptr, 64, Box::new(dest)) }.unwrap();
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(pending.poll_done(cx).is_pending())).await;
+        assert!(first, "a receive completed with nothing sent");
+        // The peer's worker goes, and with it its TCP connections.
+        drop(a);
+        let outcome = tokio::time::timeout(Duration::from_secs(30), &mut pending)
+            .await
+            .expect("a sleeping receive never learned that its peer went away");
+        let Err(err) = outcome else {
+            panic!("a receive from a peer that went away succeeded");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("UCX endpoint failed") || text.contains("UCX receive failed"),
+            "{text}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
