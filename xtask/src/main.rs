@@ -6,6 +6,8 @@
 //!   then in one process; a measured step beside its simulation);
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
+//! - `cargo xtask gpu-bundle`: the GPU check as prebuilt binaries and a
+//!   script, for a machine with a GPU and no Rust toolchain;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
 //!   tables against the PyTorch RPC peer (RPC latency, RRef overhead,
 //!   distributed autograd overhead), against torchft's lighthouse, and
@@ -19,6 +21,7 @@
 
 mod bench;
 mod demo;
+mod gpu_bundle;
 mod pipeline_bench;
 mod schedule_bench;
 mod setup;
@@ -57,6 +60,10 @@ commands:
                      --only: run or tabulate just that benchmark; `--only ucx`, never run by
                      default: Ferry's ucx channel vs ucx_perftest for UCX_TLS shm and tcp, and
                      rpc_sync over the ucx transport vs the shm transport)
+  gpu-bundle        build ferry-transport's CUDA tests and cuda_bench (release, feature cuda) into
+                    target/gpu-bundle/ with run.sh, for a GPU machine without cargo or network:
+                    there `bash target/gpu-bundle/run.sh` runs the GPU group and each CUDA
+                    channel's bandwidth against a device-to-device copy
   ucx-bindings      regenerate ferry-transport's UCX bindings (src/ucx/sys.rs) with bindgen
                     against libucx-dev's headers (installs libucx-dev, libclang-dev, bindgen-cli)
   help              this text
@@ -80,6 +87,10 @@ fn run() -> Result<()> {
             test::main()
         }
         "bench" => bench::main(&bench::Options::parse(&rest)?),
+        "gpu-bundle" => {
+            no_args("gpu-bundle", &rest)?;
+            gpu_bundle::main()
+        }
         "ucx-bindings" => {
             no_args("ucx-bindings", &rest)?;
             ucx_bindings::main()

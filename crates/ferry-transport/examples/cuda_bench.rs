@@ -1,21 +1,32 @@
 //! Bandwidth of the CUDA channels against a local device-to-device copy
 //! (feature `cuda`): `cargo run --release -p ferry-transport --features
-//! cuda --example cuda_bench`. Prints `SKIPPED: no CUDA device (<reason>)`
-//! on a host without one.
+//! cuda --example cuda_bench` (or, on a machine without cargo, the GPU
+//! bundle: `cargo xtask gpu-bundle`). Prints `SKIPPED: no CUDA device
+//! (<reason>)` on a host without one.
 //!
+//! Each column is the best of [`ROUNDS`] transfers of one tensor, in GB/s,
+//! and its ratio to `d2d`:
 //! - `d2d`: `cuMemcpyDtoDAsync` on one device, waited for;
 //! - `cuda_staged`: a device tensor sent over a loopback connection and
-//!   received into device memory (one way, the receiver's clock);
-//! - `cuda_ipc`: another process opens this one's IPC handles and copies
-//!   device to device (its clock, handle opening included).
+//!   received into device memory (one way: the write and the read, both in
+//!   this process);
+//! - `cuda_ipc`: the channel between two processes over a connection: a
+//!   child process sends, this one receives (opening the IPC handles,
+//!   waiting on the sender's event, copying) and answers with the reply
+//!   that releases the sender's tensor; the child's clock, from its write
+//!   until that reply;
+//! - `ipc copy`: the channel's device side alone: another process opens
+//!   this one's IPC handles and copies device to device (its clock, handle
+//!   opening included).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_transport::cuda::driver::{context, copy_device_to_device, CudaAllocator, CudaTensor};
 use ferry_transport::cuda::ipc::{self, IpcExport, IpcRecord};
 use ferry_transport::device_map::DeviceMaps;
-use ferry_transport::{Endpoint, OutgoingMessage, PeerConnection};
+use ferry_transport::{channel, Endpoint, OutgoingMessage, PeerConnection};
+use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::{DType, Device, Flags, MessageKind, TensorDescriptor};
 
 const SIZES: [usize; 2] = [4 << 20, 64 << 20];
@@ -30,17 +41,30 @@ fn tensor(len: usize) -> CudaTensor {
         .expect("device tensor")
 }
 
-fn endpoint(name: &str, rank: u32, peer: &str) -> Endpoint {
+/// An endpoint mapping the peer's cuda:0 onto this side's cuda:0, with
+/// or without the `cuda_ipc` channel (without it, one host's device pairs
+/// take `cuda_staged`).
+fn endpoint(name: &str, rank: u32, peer: &str, ipc: bool) -> Endpoint {
     let mut maps = DeviceMaps::new();
     maps.set_device_map(peer, [(Device::Cuda(0), Device::Cuda(0))])
         .expect("map");
     let mut e = Endpoint::new(name, rank);
     e.config.device_maps = Arc::new(maps);
     e.allocator = Arc::new(CudaAllocator);
-    // This column measures `cuda_staged` (on one host `cuda_ipc` would win).
-    e.channels
-        .retain(|o| o.name != ferry_transport::channel::CUDA_IPC);
+    if !ipc {
+        e.channels.retain(|o| o.name != channel::CUDA_IPC);
+    }
     e
+}
+
+fn message(kind: MessageKind, id: u64, tensors: Vec<Arc<dyn OutgoingTensor>>) -> OutgoingMessage {
+    OutgoingMessage {
+        kind,
+        flags: Flags::NONE,
+        request_id: id,
+        payload: Vec::new(),
+        tensors,
+    }
 }
 
 async fn staged(len: usize) -> f64 {
@@ -48,25 +72,19 @@ async fn staged(len: usize) -> f64 {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = endpoint("s", 0, "c");
+    let server = endpoint("s", 0, "c", false);
     let accept = tokio::spawn(async move {
         let (s, _) = listener.accept().await.expect("accept");
         PeerConnection::accept(s, &server).await.expect("handshake")
     });
-    let mut client = PeerConnection::connect(addr, &endpoint("c", 1, "s"))
+    let mut client = PeerConnection::connect(addr, &endpoint("c", 1, "s", false))
         .await
         .expect("connect");
     let mut server = accept.await.expect("join");
-    let t: Arc<dyn ferry_wire::payload::OutgoingTensor> = Arc::new(tensor(len));
+    let t: Arc<dyn OutgoingTensor> = Arc::new(tensor(len));
     let mut best = f64::MAX;
     for id in 0..ROUNDS as u64 {
-        let m = OutgoingMessage {
-            kind: MessageKind::REQUEST,
-            flags: Flags::NONE,
-            request_id: id,
-            payload: Vec::new(),
-            tensors: vec![t.clone()],
-        };
+        let m = message(MessageKind::REQUEST, id, vec![t.clone()]);
         let start = Instant::now();
         let (sent, got) = tokio::join!(client.writer.write(&m), server.reader.read());
         sent.expect("send");
@@ -87,6 +105,89 @@ fn d2d(len: usize) -> f64 {
         best = best.min(start.elapsed().as_secs_f64());
     }
     gbps(len, best)
+}
+
+/// The receiving side of `cuda_ipc` over a connection: starts the child
+/// that sends ([`ipc_connection_child`]), answers each of its tensors and
+/// returns the child's best time per size in GB/s.
+async fn ipc_connection() -> Vec<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let child = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::current_exe().expect("exe"))
+            .args(["--ipc-connection-child", &addr])
+            .output()
+            .expect("child")
+    });
+    let serve = async {
+        let (s, _) = listener.accept().await.expect("accept");
+        let mut conn = PeerConnection::accept(s, &endpoint("s", 0, "c", true))
+            .await
+            .expect("handshake");
+        let chosen = conn
+            .reader
+            .selection()
+            .channel_for(Device::Cuda(0), Device::Cuda(0))
+            .expect("a channel for cuda:0");
+        assert_eq!(chosen, channel::CUDA_IPC, "cuda_ipc selected on one host");
+        for id in 0..(SIZES.len() * ROUNDS) as u64 {
+            let got = conn
+                .reader
+                .read()
+                .await
+                .expect("receive")
+                .expect("a message");
+            drop(got);
+            // The reply carries the release of the sender's tensor.
+            conn.writer
+                .write(&message(MessageKind::RESPONSE, id, Vec::new()))
+                .await
+                .expect("reply");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), serve)
+        .await
+        .expect("cuda_ipc over a connection: the child sent nothing for 120 s");
+    let out = child.await.expect("join");
+    assert!(
+        out.status.success(),
+        "the sending child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .zip(SIZES)
+        .map(|(secs, len)| gbps(len, secs.trim().parse().expect("seconds")))
+        .collect()
+}
+
+/// The sending side of [`ipc_connection`]: per size, [`ROUNDS`] tensors,
+/// each timed from its write until the reply that releases it; prints the
+/// best time per size, one line each.
+async fn ipc_connection_child(addr: &str) {
+    let addr = addr.parse().expect("address");
+    let mut conn = PeerConnection::connect(addr, &endpoint("c", 1, "s", true))
+        .await
+        .expect("connect");
+    let mut id = 0;
+    for len in SIZES {
+        let t: Arc<dyn OutgoingTensor> = Arc::new(tensor(len));
+        let mut best = f64::MAX;
+        for _ in 0..ROUNDS {
+            let start = Instant::now();
+            conn.writer
+                .write(&message(MessageKind::REQUEST, id, vec![t.clone()]))
+                .await
+                .expect("send");
+            let reply = conn.reader.read().await.expect("reply").expect("a reply");
+            assert_eq!(reply.header.request_id, id);
+            best = best.min(start.elapsed().as_secs_f64());
+            id += 1;
+        }
+        println!("{best}");
+    }
 }
 
 fn ipc_parent(len: usize) -> f64 {
@@ -139,28 +240,44 @@ fn ipc_child(hex: &str) {
     println!("{best}");
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() == 3 && args[1] == "--ipc-child" {
-        return ipc_child(&args[2]);
+    match args.get(1).map(String::as_str) {
+        Some("--ipc-child") if args.len() == 3 => return ipc_child(&args[2]),
+        Some("--ipc-connection-child") if args.len() == 3 => {
+            return runtime().block_on(ipc_connection_child(&args[2]))
+        }
+        _ => {}
     }
     if let Err(reason) = ferry_transport::cuda::availability() {
         println!("SKIPPED: no CUDA device ({reason})");
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
+    let over_connection = rt.block_on(ipc_connection());
     println!(
-        "{:>10} {:>12} {:>14} {:>12}",
-        "size", "d2d GB/s", "staged GB/s", "ipc GB/s"
+        "{:>6} {:>9} {:>20} {:>20} {:>20}",
+        "size", "d2d GB/s", "cuda_staged GB/s", "cuda_ipc GB/s", "ipc copy GB/s"
     );
-    for len in SIZES {
+    for (len, ipc) in SIZES.into_iter().zip(over_connection) {
         let d = d2d(len);
-        let s = rt.block_on(staged(len));
-        let i = ipc_parent(len);
-        println!("{:>9}M {d:>12.2} {s:>14.2} {i:>12.2}", len >> 20);
+        let staged = rt.block_on(staged(len));
+        let copy = ipc_parent(len);
+        let cell = |v: f64| format!("{v:.2} ({:.2} of d2d)", v / d);
+        println!(
+            "{:>5}M {d:>9.2} {:>20} {:>20} {:>20}",
+            len >> 20,
+            cell(staged),
+            cell(ipc),
+            cell(copy)
+        );
     }
 }
