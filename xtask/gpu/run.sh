@@ -6,9 +6,11 @@
 #
 #   bash target/gpu-bundle/run.sh
 #
-# Exit status: 0 when every step passed on a GPU; 1 when a step failed;
-# 2 when the GPU group skipped (no usable CUDA device here), which on a
-# GPU machine is a failure of the check, not a pass.
+# Exit status: 0 when every step passed on a GPU; 1 when a step failed
+# (or ran out of its time); 2 when the GPU group skipped (no usable CUDA
+# device here), which on a GPU machine is a failure of the check, not a
+# pass. The steps' time limits add up to 9 minutes, inside the device
+# tool's 10 minutes a command.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,26 +30,26 @@ fi
 { nvidia-smi -L || echo "nvidia-smi: not found or failed"; } 2>&1 | tee "$out/gpus.txt"
 
 failed=()
-# step NAME COMMAND...: runs COMMAND with a time limit, its output to the
-# terminal and to $out/NAME.log.
+# step NAME SECONDS COMMAND...: runs COMMAND for at most SECONDS, its
+# output to the terminal and to $out/NAME.log.
 step() {
-  local name=$1
-  shift
+  local name=$1 limit=$2
+  shift 2
   echo "==> $name: $*"
-  timeout 300 "$@" 2>&1 | tee "$out/$name.log"
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "<== $name: exit $rc"
   [ "$rc" = 0 ] || failed+=("$name")
 }
 
 # Unit tests of the CUDA modules (staged pipeline, IPC records, device maps).
-step unit "$here/bin/unit" cuda:: device_map:: --test-threads=2
+step unit 60 "$here/bin/unit" cuda:: device_map:: --test-threads=2
 # The CPU-side CUDA tests (they return early where CUDA is present).
-step cuda_cpu "$here/bin/cuda_cpu" --test-threads=2
+step cuda_cpu 60 "$here/bin/cuda_cpu" --test-threads=2
 # The GPU group; --nocapture shows its SKIPPED line, if any.
-step cuda "$here/bin/cuda" --test-threads=1 --nocapture
+step cuda 240 "$here/bin/cuda" --test-threads=1 --nocapture
 # Each CUDA channel's bandwidth against a local device-to-device copy.
-step bench "$here/bin/cuda_bench"
+step bench 180 "$here/bin/cuda_bench"
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

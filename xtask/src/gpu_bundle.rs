@@ -222,9 +222,24 @@ mod tests {
     fn the_script_runs_every_binary_of_the_bundle() {
         for (_, _, file) in BINARIES {
             assert!(
-                RUN_SH.contains(&format!("$here/bin/{file}\"")),
+                RUN_SH.contains(&format!("\"$here/bin/{file}\"")),
                 "run.sh does not run bin/{file}"
             );
         }
+    }
+
+    #[test]
+    fn the_steps_fit_in_one_device_command() {
+        // The device tool runs one command for at most 10 minutes.
+        let seconds: u64 = RUN_SH
+            .lines()
+            .filter_map(|l| l.strip_prefix("step "))
+            .map(|l| {
+                let limit = l.split_whitespace().nth(1).expect("a time limit");
+                limit.parse::<u64>().expect("seconds")
+            })
+            .sum();
+        assert!(seconds > 0, "no steps found");
+        assert!(seconds <= 9 * 60, "the steps may take {seconds} s");
     }
 }
