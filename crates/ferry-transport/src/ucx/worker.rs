@@ -95,6 +95,14 @@ impl Completion {
     fn lock_waker(&self) -> MutexGuard<'_, Option<Waker>> {
         self.waker.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// Forgets the registered waker, for a task that is awake and about to
+    /// progress the worker itself: a completion its own progress call
+    /// causes must not wake it again. Such a self-wake makes tokio queue
+    /// the task once more and wake another worker thread, which then
+    /// often takes the task over (measured below, at `poll_sleep`).
+    fn unregister(&self) {
+        self.lock_waker().take();
+    }
     /// Makes `waker` the one [`complete`](Self::complete) wakes (kept when
     /// it already wakes the same task).
     fn register(&self, waker: &Waker) {
@@ -652,10 +660,14 @@ impl UcxWorker {
 
 /// The progress task, until the last handle of the link is gone:
 /// progress; then, while a send is unfinished ([`State::needs_events`]),
-/// arm the worker and sleep on its event fd, otherwise sleep until one is
-/// ([`Shared::wanted`]); the backstop timer bounds either sleep. One
-/// timer serves every wait: it is reset, not created anew, each time the
-/// task goes to sleep.
+/// arm the worker and sleep on its event fd, bounded by the backstop
+/// timer (one timer, reset rather than created anew each time);
+/// otherwise sleep until a send is unfinished ([`Shared::wanted`]), with
+/// no timer. Nothing needs this task then: a waiting receive progresses
+/// the worker itself. A timer there woke a runtime thread every 5 ms for
+/// nothing, and that thread then held tokio's I/O driver and took over the
+/// receive its events woke, so a connection's reader moved between the
+/// runtime's threads (see the user guide).
 async fn drive(shared: Arc<Shared>) {
     let api = shared.api;
     let backstop = tokio::time::sleep(shared.backstop);
@@ -681,21 +693,22 @@ async fn drive(shared: Arc<Shared>) {
         let Some(fd) = shared.efd.as_ref() else {
             return;
         };
+        if armed.is_none() {
+            // Nothing unfinished: until a send is (no timer, see above).
+            tokio::select! {
+                _ = shared.wanted.notified() => continue,
+                _ = shared.stop.notified() => return,
+            }
+        }
         backstop
             .as_mut()
             .reset(tokio::time::Instant::now() + shared.backstop);
-        // Armed: UCX's events; not armed: until something needs them.
-        let events = async {
-            if armed.is_some() {
-                if let Ok(mut guard) = fd.readable().await {
+        tokio::select! {
+            ready = fd.readable() => {
+                if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-            } else {
-                shared.wanted.notified().await;
             }
-        };
-        tokio::select! {
-            _ = events => {}
             _ = &mut backstop => {}
             _ = shared.stop.notified() => return,
         }
@@ -1078,6 +1091,9 @@ impl Pending {
                     return settled().map_or(Poll::Pending, Poll::Ready);
                 }
                 self.sleep = None;
+                // This task is awake and progresses the worker itself next:
+                // a completion it causes must not wake it again.
+                c.unregister();
             }
             let mut armed = false;
             for _ in 0..ARM_TRIES {
@@ -1403,6 +1419,71 @@ pub(crate) mod tests {
                 let dest = keep.downcast::<Vec<u8>>().unwrap();
                 assert!(dest.iter().enumerate().all(|(i, &x)| x == i as u8));
             }
+        }
+    }
+
+    /// Counts its wake-ups and tells a waiting test.
+    #[derive(Default)]
+    struct CountingWaker {
+        wakes: std::sync::atomic::AtomicUsize,
+        woken: tokio::sync::Notify,
+    }
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+            self.woken.notify_one();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receive_woken_from_its_sleep_does_not_wake_itself_again_as_it_completes() {
+        for tls in ["shm,self", "tcp"] {
+            // No backstop: only the worker's event fd can end the sleep.
+            let Some((a, b)) = linked_asleep(tls) else {
+                return;
+            };
+            let mut dest = vec![0u8; 8];
+            let dptr = dest.as_mut_ptr();
+            // SAFETY: `dest`'s heap bytes move with it into the request.
+            let mut pending = unsafe { b.recv(5, dptr, 8, Box::new(dest)) }.unwrap();
+            let counter = Arc::new(CountingWaker::default());
+            let waker = std::task::Waker::from(counter.clone());
+            let mut cx = std::task::Context::from_waker(&waker);
+            assert!(
+                pending.poll_done(&mut cx).is_pending(),
+                "{tls}: a receive completed before its send"
+            );
+            let bytes = vec![7u8; 8];
+            let ptr = bytes.as_ptr();
+            // SAFETY: the Vec owns the bytes and is kept with the request.
+            unsafe { a.send_kept(5, ptr, 8, Box::new(bytes)) }.unwrap();
+            // Each wake-up (the event fd; over tcp first for UCX's own
+            // connection set-up) leads to a poll, which progresses the
+            // worker. The poll that completes the receive must not wake the
+            // task that is polling it: tokio would queue that task again and
+            // wake another worker thread for it.
+            let got = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    counter.woken.notified().await;
+                    let before = counter.wakes.load(Ordering::SeqCst);
+                    if let Poll::Ready(done) = pending.poll_done(&mut cx) {
+                        let woken_by_itself = counter.wakes.load(Ordering::SeqCst) - before;
+                        break (done, woken_by_itself);
+                    }
+                }
+            })
+            .await;
+            let (done, woken_by_itself) =
+                got.unwrap_or_else(|_| panic!("{tls}: the sleeping receive never completed"));
+            assert_eq!(done.unwrap().1, 8);
+            assert_eq!(
+                woken_by_itself, 0,
+                "{tls}: the receive woke its own task as it completed"
+            );
         }
     }
 
