@@ -101,7 +101,7 @@ impl Completion {
     /// progress the worker itself: a completion its own progress call
     /// causes must not wake it again. Such a self-wake makes tokio queue
     /// the task once more and wake another worker thread, which then
-    /// often takes the task over (measured below, at `poll_sleep`).
+    /// often takes the task over (see the user guide).
     fn unregister(&self) {
         self.lock_waker().take();
     }
