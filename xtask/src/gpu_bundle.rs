@@ -11,6 +11,7 @@
 //! (checked here). Nothing of CUDA is needed to build: the driver is loaded
 //! at run time.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -64,7 +65,8 @@ pub(crate) fn main() -> Result<()> {
         }
         let script = bundle.join("run.sh");
         std::fs::write(&script, RUN_SH).with_context(|| format!("writing {}", script.display()))?;
-        run(std::process::Command::new("chmod").arg("+x").arg(&script))?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("making {} executable", script.display()))?;
         let bytes = size(&bundle)?;
         eprintln!("    {} MiB in {}", bytes >> 20, bundle.display());
         if bytes > MAX_BUNDLE_BYTES {
