@@ -1424,11 +1424,26 @@ pub(crate) mod tests {
         }
     }
 
-    /// Counts its wake-ups and tells a waiting test.
+    /// Records the thread of each wake-up and tells a waiting test.
     #[derive(Default)]
     struct CountingWaker {
-        wakes: std::sync::atomic::AtomicUsize,
+        wakes: std::sync::Mutex<Vec<std::thread::ThreadId>>,
         woken: tokio::sync::Notify,
+    }
+
+    impl CountingWaker {
+        /// Wake-ups so far.
+        fn count(&self) -> usize {
+            self.wakes.lock().unwrap().len()
+        }
+        /// Wake-ups after the first `from` made on this thread.
+        fn on_this_thread_since(&self, from: usize) -> usize {
+            let me = std::thread::current().id();
+            self.wakes.lock().unwrap()[from..]
+                .iter()
+                .filter(|t| **t == me)
+                .count()
+        }
     }
 
     impl std::task::Wake for CountingWaker {
@@ -1436,7 +1451,7 @@ pub(crate) mod tests {
             self.wake_by_ref();
         }
         fn wake_by_ref(self: &Arc<Self>) {
-            self.wakes.fetch_add(1, Ordering::SeqCst);
+            self.wakes.lock().unwrap().push(std::thread::current().id());
             self.woken.notify_one();
         }
     }
@@ -1467,14 +1482,16 @@ pub(crate) mod tests {
             // connection set-up) leads to a poll, which progresses the
             // worker. The poll that completes the receive must not wake the
             // task that is polling it: tokio would queue that task again and
-            // wake another worker thread for it.
+            // wake another worker thread for it. Such a wake-up happens in
+            // the poll's own progress call, on this thread; the progress
+            // task's one progress call at its start, if it comes late, may
+            // complete the receive too, but on a runtime thread.
             let got = tokio::time::timeout(Duration::from_secs(30), async {
                 loop {
                     counter.woken.notified().await;
-                    let before = counter.wakes.load(Ordering::SeqCst);
+                    let before = counter.count();
                     if let Poll::Ready(done) = pending.poll_done(&mut cx) {
-                        let woken_by_itself = counter.wakes.load(Ordering::SeqCst) - before;
-                        break (done, woken_by_itself);
+                        break (done, counter.on_this_thread_since(before));
                     }
                 }
             })
