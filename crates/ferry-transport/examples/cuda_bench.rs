@@ -133,13 +133,12 @@ async fn ipc_connection() -> Vec<f64> {
             .expect("a channel for cuda:0");
         assert_eq!(chosen, channel::CUDA_IPC, "cuda_ipc selected on one host");
         for id in 0..(SIZES.len() * ROUNDS) as u64 {
-            let got = conn
-                .reader
+            // The tensor is dropped (its device memory freed) at once.
+            conn.reader
                 .read()
                 .await
                 .expect("receive")
                 .expect("a message");
-            drop(got);
             // The reply carries the release of the sender's tensor.
             conn.writer
                 .write(&message(MessageKind::RESPONSE, id, Vec::new()))
@@ -156,8 +155,15 @@ async fn ipc_connection() -> Vec<f64> {
         "the sending child failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        SIZES.len(),
+        "one time per size from the child: {stdout}"
+    );
+    lines
+        .iter()
         .zip(SIZES)
         .map(|(secs, len)| gbps(len, secs.trim().parse().expect("seconds")))
         .collect()

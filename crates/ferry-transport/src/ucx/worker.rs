@@ -1426,12 +1426,12 @@ pub(crate) mod tests {
 
     /// Records the thread of each wake-up and tells a waiting test.
     #[derive(Default)]
-    struct CountingWaker {
+    struct WakeLog {
         wakes: std::sync::Mutex<Vec<std::thread::ThreadId>>,
         woken: tokio::sync::Notify,
     }
 
-    impl CountingWaker {
+    impl WakeLog {
         /// Wake-ups so far.
         fn count(&self) -> usize {
             self.wakes.lock().unwrap().len()
@@ -1446,7 +1446,7 @@ pub(crate) mod tests {
         }
     }
 
-    impl std::task::Wake for CountingWaker {
+    impl std::task::Wake for WakeLog {
         fn wake(self: Arc<Self>) {
             self.wake_by_ref();
         }
@@ -1467,7 +1467,7 @@ pub(crate) mod tests {
             let dptr = dest.as_mut_ptr();
             // SAFETY: `dest`'s heap bytes move with it into the request.
             let mut pending = unsafe { b.recv(5, dptr, 8, Box::new(dest)) }.unwrap();
-            let counter = Arc::new(CountingWaker::default());
+            let counter = Arc::new(WakeLog::default());
             let waker = std::task::Waker::from(counter.clone());
             let mut cx = std::task::Context::from_waker(&waker);
             assert!(
