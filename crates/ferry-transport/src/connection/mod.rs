@@ -47,6 +47,15 @@ const PROP_MPT_LANES: &str = "mpt.lanes";
 /// Handshake property of the UCX check (see [`UcxFallback`]): `ok`, or
 /// `endpoint: <why>` / `exchange: <why>`.
 const PROP_UCX_CHECK: &str = "ucx.check";
+/// Handshake property: the address of the accepting side's UCX listener
+/// (see [`UcxWorker::listen`]), where the connecting side connects through
+/// UCX's connection manager instead of to the worker address.
+const PROP_UCX_LISTENER: &str = "ucx.listener";
+/// Handshake property of the connecting side: `1` when it can connect to
+/// a UCX listener (its UCX transports include a network one, see
+/// [`UcxWorker::may_detect_peer_failure`]); the accepting side listens only
+/// then.
+const PROP_UCX_CLIENT_SERVER: &str = "ucx.client_server";
 /// How long each side waits for the peer's UCX probe.
 const UCX_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most `mpt` lanes per direction accepted from a peer.
@@ -229,22 +238,52 @@ impl std::fmt::Display for Sides<'_> {
     }
 }
 
+/// How this side's UCX endpoint connects to the peer's.
+#[derive(Clone, Copy)]
+enum UcxConnect {
+    /// To the listener the peer's handshake names, if it names one, else
+    /// to the peer's worker address (the connecting side).
+    AsPeerSays,
+    /// Accepting the peer's connection from this IP address on this
+    /// side's listener (the accepting side, listening).
+    Accept(IpAddr),
+    /// To the peer's worker address (the accepting side, not listening).
+    ToAddress,
+}
+
 /// Connects `worker` to the peer's worker and exchanges the probe.
 async fn ucx_check(
     worker: Option<UcxWorker>,
     peer: &Handshake,
     nonce: u64,
+    how: UcxConnect,
 ) -> Result<UcxLink, UcxUnusable> {
     let worker =
         worker.ok_or_else(|| UcxUnusable::Endpoint("this side has no UCX worker".into()))?;
-    let address = peer
-        .ucx_address
-        .as_deref()
-        .ok_or_else(|| UcxUnusable::Endpoint("the peer sent no UCX worker address".into()))?;
     let name = PeerText::new(&peer.worker_name).to_string();
-    let link = worker
-        .connect(address, &name)
-        .map_err(|e| UcxUnusable::Endpoint(e.to_string()))?;
+    let listener = match how {
+        UcxConnect::AsPeerSays => property(peer, PROP_UCX_LISTENER),
+        UcxConnect::Accept(_) | UcxConnect::ToAddress => None,
+    };
+    let link = match (how, listener) {
+        (UcxConnect::Accept(from), _) => worker.accept(from, &name, UCX_CHECK_TIMEOUT).await,
+        (_, Some(text)) => {
+            let addr: SocketAddr = text.parse().map_err(|_| {
+                UcxUnusable::Endpoint(format!(
+                    "the peer's UCX listener address {:?} is not an IP address and port",
+                    PeerText::new(text)
+                ))
+            })?;
+            worker.connect_to_listener(addr, &name)
+        }
+        (_, None) => {
+            let address = peer.ucx_address.as_deref().ok_or_else(|| {
+                UcxUnusable::Endpoint("the peer sent no UCX worker address".into())
+            })?;
+            worker.connect(address, &name)
+        }
+    }
+    .map_err(|e| UcxUnusable::Endpoint(e.to_string()))?;
     link.probe(nonce, UCX_CHECK_TIMEOUT)
         .await
         .map_err(UcxUnusable::Exchange)?;
@@ -355,6 +394,30 @@ mod no_ucx {
             match *self {}
         }
         pub(super) fn connect(self, _: &[u8], _: &str) -> Result<UcxLink, TransportError> {
+            match self {}
+        }
+        pub(super) fn connect_to_listener(
+            self,
+            _: std::net::SocketAddr,
+            _: &str,
+        ) -> Result<UcxLink, TransportError> {
+            match self {}
+        }
+        pub(super) fn may_detect_peer_failure(&self) -> bool {
+            match *self {}
+        }
+        pub(super) fn listen(
+            &mut self,
+            _: std::net::IpAddr,
+        ) -> Result<std::net::SocketAddr, TransportError> {
+            match *self {}
+        }
+        pub(super) async fn accept(
+            self,
+            _: std::net::IpAddr,
+            _: &str,
+            _: std::time::Duration,
+        ) -> Result<UcxLink, TransportError> {
             match self {}
         }
     }
@@ -516,6 +579,7 @@ impl PeerConnection {
         // A partitioned peer is noticed by the kernel within bounds.
         local.keepalive.apply(&stream).map_err(io_err)?;
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
+        let peer_ip = stream.peer_addr().ok().map(|a| a.ip());
         // With a secret, nothing is read from the peer before it proved it
         // holds the secret too.
         let session = match &local.auth {
@@ -570,11 +634,18 @@ impl PeerConnection {
         let mut ucx_fallback: Option<UcxFallback> = None;
         let (agreement, setup) = match role {
             Role::Connect => {
+                let mut first_props = lane_props.clone();
+                if ucx_worker
+                    .as_ref()
+                    .is_some_and(UcxWorker::may_detect_peer_failure)
+                {
+                    first_props.push((PROP_UCX_CLIENT_SERVER.into(), "1".into()));
+                }
                 writer
                     .write(&handshake_message(local.handshake(
                         None,
                         Vec::new(),
-                        lane_props.clone(),
+                        first_props,
                         ucx_worker.as_ref().map(|w| w.address().to_vec()),
                     ))?)
                     .await?;
@@ -585,7 +656,13 @@ impl PeerConnection {
                     // The UCX check: this side's result first, then the
                     // peer's (with, should either have failed, the peer's
                     // set-up of the selection without UCX).
-                    let mine = ucx_check(ucx_worker.take(), &agreement.peer, nonce).await;
+                    let mine = ucx_check(
+                        ucx_worker.take(),
+                        &agreement.peer,
+                        nonce,
+                        UcxConnect::AsPeerSays,
+                    )
+                    .await;
                     let mut props = lane_props.clone();
                     props.push((PROP_UCX_CHECK.into(), check_text(&mine)));
                     writer
@@ -634,6 +711,26 @@ impl PeerConnection {
                 let (mut props, mut listeners) = bind_listeners(&agreement, nonce, local_ip)
                     .await
                     .map_err(&io_err)?;
+                // Where UCX's transports include TCP, the peer connects to a
+                // listener (see `UcxWorker::listen`); a listener that cannot
+                // be opened leaves it the worker address.
+                let mut ucx_how = UcxConnect::ToAddress;
+                let client_server = property(&agreement.peer, PROP_UCX_CLIENT_SERVER) == Some("1");
+                if let Some(worker) = ucx_worker
+                    .as_mut()
+                    .filter(|w| client_server && w.may_detect_peer_failure())
+                {
+                    match (worker.listen(local_ip), peer_ip) {
+                        (Ok(addr), Some(from)) => {
+                            props.push((PROP_UCX_LISTENER.into(), addr.to_string()));
+                            ucx_how = UcxConnect::Accept(from);
+                        }
+                        (Ok(_), None) => {}
+                        (Err(e), _) => {
+                            tracing::warn!(error = %e, "no UCX listener: the peer connects to the worker address")
+                        }
+                    }
+                }
                 writer
                     .write(&handshake_message(local.handshake(
                         Some(&agreement.peer),
@@ -643,8 +740,27 @@ impl PeerConnection {
                     ))?)
                     .await?;
                 if agreement.needs_ucx() {
-                    let mine = ucx_check(ucx_worker.take(), &agreement.peer, nonce).await;
-                    let verdict = read_handshake(&mut reader, &fail).await?;
+                    // The peer's verdict may come first: a listener waits
+                    // for a connection that a peer whose endpoint failed
+                    // never makes, so this side's check then ends at once.
+                    let (mine, verdict) = {
+                        let check = ucx_check(ucx_worker.take(), &agreement.peer, nonce, ucx_how);
+                        let read = read_handshake(&mut reader, &fail);
+                        tokio::pin!(check, read);
+                        tokio::select! {
+                            mine = &mut check => (mine, read.await?),
+                            verdict = &mut read => {
+                                let verdict = verdict?;
+                                let mine = match parse_check(&verdict, &fail)? {
+                                    None => check.await,
+                                    Some(_) => Err(UcxUnusable::Endpoint(
+                                        "not connected: the peer's UCX check failed first".into(),
+                                    )),
+                                };
+                                (mine, verdict)
+                            }
+                        }
+                    };
                     let theirs = parse_check(&verdict, &fail)?;
                     match (mine, theirs) {
                         (Ok(link), None) => {

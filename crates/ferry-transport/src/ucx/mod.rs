@@ -45,6 +45,7 @@
 //!   (the RPC layer's `FERRY_UCX_TLS`) sets `UCX_TLS` for Ferry's context.
 
 mod exit;
+mod sockaddr;
 mod stream;
 pub mod sys;
 mod worker;

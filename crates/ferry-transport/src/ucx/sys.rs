@@ -69,6 +69,13 @@ pub struct sockaddr {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct sockaddr_storage {
+    pub ss_family: sa_family_t,
+    pub __ss_padding: [::core::ffi::c_char; 118usize],
+    pub __ss_align: ::core::ffi::c_ulong,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct ucs_sock_addr {
     pub addr: *const sockaddr,
     pub addrlen: socklen_t,
@@ -116,6 +123,12 @@ pub struct ucp_mem {
 pub type ucp_mem_h = *mut ucp_mem;
 #[repr(C)]
 #[derive(Debug)]
+pub struct ucp_listener {
+    _unused: [u8; 0],
+}
+pub type ucp_listener_h = *mut ucp_listener;
+#[repr(C)]
+#[derive(Debug)]
 pub struct ucp_worker {
     _unused: [u8; 0],
 }
@@ -143,6 +156,18 @@ pub struct ucp_err_handler {
     pub arg: *mut ::core::ffi::c_void,
 }
 pub type ucp_err_handler_t = ucp_err_handler;
+pub type ucp_listener_accept_callback_t =
+    ::core::option::Option<unsafe extern "C" fn(ep: ucp_ep_h, arg: *mut ::core::ffi::c_void)>;
+pub type ucp_listener_conn_callback_t = ::core::option::Option<
+    unsafe extern "C" fn(conn_request: ucp_conn_request_h, arg: *mut ::core::ffi::c_void),
+>;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_conn_handler {
+    pub cb: ucp_listener_conn_callback_t,
+    pub arg: *mut ::core::ffi::c_void,
+}
+pub type ucp_listener_conn_handler_t = ucp_listener_conn_handler;
 pub type ucp_stream_recv_nbx_callback_t = ::core::option::Option<
     unsafe extern "C" fn(
         request: *mut ::core::ffi::c_void,
@@ -190,6 +215,13 @@ pub struct ucp_ep_params {
     pub local_sockaddr: ucs_sock_addr_t,
 }
 pub type ucp_ep_params_t = ucp_ep_params;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_accept_handler {
+    pub cb: ucp_listener_accept_callback_t,
+    pub arg: *mut ::core::ffi::c_void,
+}
+pub type ucp_listener_accept_handler_t = ucp_listener_accept_handler;
 pub const UCS_THREAD_MODE_SINGLE: ucs_thread_mode_t = 0;
 pub const UCS_THREAD_MODE_SERIALIZED: ucs_thread_mode_t = 1;
 pub const UCS_THREAD_MODE_MULTI: ucs_thread_mode_t = 2;
@@ -229,6 +261,10 @@ pub const UCP_WORKER_PARAM_FIELD_NAME: ucp_worker_params_field = 64;
 pub const UCP_WORKER_PARAM_FIELD_AM_ALIGNMENT: ucp_worker_params_field = 128;
 pub const UCP_WORKER_PARAM_FIELD_CLIENT_ID: ucp_worker_params_field = 256;
 pub type ucp_worker_params_field = ::core::ffi::c_uint;
+pub const UCP_LISTENER_PARAM_FIELD_SOCK_ADDR: ucp_listener_params_field = 1;
+pub const UCP_LISTENER_PARAM_FIELD_ACCEPT_HANDLER: ucp_listener_params_field = 2;
+pub const UCP_LISTENER_PARAM_FIELD_CONN_HANDLER: ucp_listener_params_field = 4;
+pub type ucp_listener_params_field = ::core::ffi::c_uint;
 pub const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: ucp_ep_params_field = 1;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: ucp_ep_params_field = 2;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLER: ucp_ep_params_field = 4;
@@ -239,8 +275,17 @@ pub const UCP_EP_PARAM_FIELD_CONN_REQUEST: ucp_ep_params_field = 64;
 pub const UCP_EP_PARAM_FIELD_NAME: ucp_ep_params_field = 128;
 pub const UCP_EP_PARAM_FIELD_LOCAL_SOCK_ADDR: ucp_ep_params_field = 256;
 pub type ucp_ep_params_field = ::core::ffi::c_uint;
+pub const UCP_EP_PARAMS_FLAGS_CLIENT_SERVER: ucp_ep_params_flags_field = 1;
+pub const UCP_EP_PARAMS_FLAGS_NO_LOOPBACK: ucp_ep_params_flags_field = 2;
+pub const UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID: ucp_ep_params_flags_field = 4;
+pub type ucp_ep_params_flags_field = ::core::ffi::c_uint;
 pub const UCP_EP_CLOSE_FLAG_FORCE: ucp_ep_close_flags_t = 1;
 pub type ucp_ep_close_flags_t = ::core::ffi::c_uint;
+pub const UCP_LISTENER_ATTR_FIELD_SOCKADDR: ucp_listener_attr_field = 1;
+pub type ucp_listener_attr_field = ::core::ffi::c_uint;
+pub const UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR: ucp_conn_request_attr_field = 1;
+pub const UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID: ucp_conn_request_attr_field = 2;
+pub type ucp_conn_request_attr_field = ::core::ffi::c_uint;
 pub const UCP_DATATYPE_CONTIG: ucp_dt_type = 0;
 pub const UCP_DATATYPE_STRIDED: ucp_dt_type = 1;
 pub const UCP_DATATYPE_IOV: ucp_dt_type = 2;
@@ -292,6 +337,30 @@ pub struct ucp_worker_params {
     pub client_id: u64,
 }
 pub type ucp_worker_params_t = ucp_worker_params;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_attr {
+    pub field_mask: u64,
+    pub sockaddr: sockaddr_storage,
+}
+pub type ucp_listener_attr_t = ucp_listener_attr;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_conn_request_attr {
+    pub field_mask: u64,
+    pub client_address: sockaddr_storage,
+    pub client_id: u64,
+}
+pub type ucp_conn_request_attr_t = ucp_conn_request_attr;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_params {
+    pub field_mask: u64,
+    pub sockaddr: ucs_sock_addr_t,
+    pub accept_handler: ucp_listener_accept_handler_t,
+    pub conn_handler: ucp_listener_conn_handler_t,
+}
+pub type ucp_listener_params_t = ucp_listener_params;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ucp_tag_recv_info {
@@ -370,6 +439,20 @@ pub struct Ucp {
     pub ucp_worker_get_efd:
         unsafe extern "C" fn(worker: ucp_worker_h, fd: *mut ::core::ffi::c_int) -> ucs_status_t,
     pub ucp_worker_arm: unsafe extern "C" fn(worker: ucp_worker_h) -> ucs_status_t,
+    pub ucp_listener_create: unsafe extern "C" fn(
+        worker: ucp_worker_h,
+        params: *const ucp_listener_params_t,
+        listener_p: *mut ucp_listener_h,
+    ) -> ucs_status_t,
+    pub ucp_listener_destroy: unsafe extern "C" fn(listener: ucp_listener_h),
+    pub ucp_listener_query: unsafe extern "C" fn(
+        listener: ucp_listener_h,
+        attr: *mut ucp_listener_attr_t,
+    ) -> ucs_status_t,
+    pub ucp_conn_request_query: unsafe extern "C" fn(
+        conn_request: ucp_conn_request_h,
+        attr: *mut ucp_conn_request_attr_t,
+    ) -> ucs_status_t,
     pub ucp_ep_create: unsafe extern "C" fn(
         worker: ucp_worker_h,
         params: *const ucp_ep_params_t,
@@ -377,6 +460,10 @@ pub struct Ucp {
     ) -> ucs_status_t,
     pub ucp_ep_close_nbx:
         unsafe extern "C" fn(ep: ucp_ep_h, param: *const ucp_request_param_t) -> ucs_status_ptr_t,
+    pub ucp_listener_reject: unsafe extern "C" fn(
+        listener: ucp_listener_h,
+        conn_request: ucp_conn_request_h,
+    ) -> ucs_status_t,
     pub ucp_tag_send_nbx: unsafe extern "C" fn(
         ep: ucp_ep_h,
         buffer: *const ::core::ffi::c_void,
@@ -428,8 +515,13 @@ impl Ucp {
         let ucp_worker_progress = __library.get(b"ucp_worker_progress\0").map(|sym| *sym)?;
         let ucp_worker_get_efd = __library.get(b"ucp_worker_get_efd\0").map(|sym| *sym)?;
         let ucp_worker_arm = __library.get(b"ucp_worker_arm\0").map(|sym| *sym)?;
+        let ucp_listener_create = __library.get(b"ucp_listener_create\0").map(|sym| *sym)?;
+        let ucp_listener_destroy = __library.get(b"ucp_listener_destroy\0").map(|sym| *sym)?;
+        let ucp_listener_query = __library.get(b"ucp_listener_query\0").map(|sym| *sym)?;
+        let ucp_conn_request_query = __library.get(b"ucp_conn_request_query\0").map(|sym| *sym)?;
         let ucp_ep_create = __library.get(b"ucp_ep_create\0").map(|sym| *sym)?;
         let ucp_ep_close_nbx = __library.get(b"ucp_ep_close_nbx\0").map(|sym| *sym)?;
+        let ucp_listener_reject = __library.get(b"ucp_listener_reject\0").map(|sym| *sym)?;
         let ucp_tag_send_nbx = __library.get(b"ucp_tag_send_nbx\0").map(|sym| *sym)?;
         let ucp_tag_recv_nbx = __library.get(b"ucp_tag_recv_nbx\0").map(|sym| *sym)?;
         let ucp_request_check_status = __library
@@ -453,8 +545,13 @@ impl Ucp {
             ucp_worker_progress,
             ucp_worker_get_efd,
             ucp_worker_arm,
+            ucp_listener_create,
+            ucp_listener_destroy,
+            ucp_listener_query,
+            ucp_conn_request_query,
             ucp_ep_create,
             ucp_ep_close_nbx,
+            ucp_listener_reject,
             ucp_tag_send_nbx,
             ucp_tag_recv_nbx,
             ucp_request_check_status,
@@ -550,6 +647,31 @@ impl Ucp {
     pub unsafe fn ucp_worker_arm(&self, worker: ucp_worker_h) -> ucs_status_t {
         (self.ucp_worker_arm)(worker)
     }
+    pub unsafe fn ucp_listener_create(
+        &self,
+        worker: ucp_worker_h,
+        params: *const ucp_listener_params_t,
+        listener_p: *mut ucp_listener_h,
+    ) -> ucs_status_t {
+        (self.ucp_listener_create)(worker, params, listener_p)
+    }
+    pub unsafe fn ucp_listener_destroy(&self, listener: ucp_listener_h) {
+        (self.ucp_listener_destroy)(listener)
+    }
+    pub unsafe fn ucp_listener_query(
+        &self,
+        listener: ucp_listener_h,
+        attr: *mut ucp_listener_attr_t,
+    ) -> ucs_status_t {
+        (self.ucp_listener_query)(listener, attr)
+    }
+    pub unsafe fn ucp_conn_request_query(
+        &self,
+        conn_request: ucp_conn_request_h,
+        attr: *mut ucp_conn_request_attr_t,
+    ) -> ucs_status_t {
+        (self.ucp_conn_request_query)(conn_request, attr)
+    }
     pub unsafe fn ucp_ep_create(
         &self,
         worker: ucp_worker_h,
@@ -564,6 +686,13 @@ impl Ucp {
         param: *const ucp_request_param_t,
     ) -> ucs_status_ptr_t {
         (self.ucp_ep_close_nbx)(ep, param)
+    }
+    pub unsafe fn ucp_listener_reject(
+        &self,
+        listener: ucp_listener_h,
+        conn_request: ucp_conn_request_h,
+    ) -> ucs_status_t {
+        (self.ucp_listener_reject)(listener, conn_request)
     }
     pub unsafe fn ucp_tag_send_nbx(
         &self,

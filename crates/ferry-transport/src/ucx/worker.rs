@@ -30,6 +30,7 @@
 
 use std::any::Any;
 use std::ffi::c_void;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -39,6 +40,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
+use super::sockaddr::{self, RawSockAddr};
 use super::{context, exit, status_text, sys, Context};
 use crate::shm::{spin_while_active_in_rounds, Check};
 use crate::{channel, TransportError};
@@ -145,6 +147,36 @@ unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys
     ));
 }
 
+/// A connection request UCX's listener handed over, not yet accepted or
+/// rejected.
+struct ConnRequest(sys::ucp_conn_request_h);
+
+// SAFETY: a UCX handle, used only under the worker's state lock.
+unsafe impl Send for ConnRequest {}
+
+unsafe extern "C" fn conn_requested(request: sys::ucp_conn_request_h, arg: *mut c_void) {
+    // SAFETY: `arg` is the `Shared` that owns the listener; the listener is
+    // destroyed before the `Shared` is freed, and this runs inside
+    // progress, under the state lock its owner holds (so only the
+    // `requests` list is taken here).
+    let shared = unsafe { &*(arg as *const Shared) };
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(ConnRequest(request));
+}
+
+/// What one step of waiting for a connection request found.
+enum ListenStep {
+    /// The peer's request, to accept.
+    Accepted(ConnRequest),
+    /// UCX has events pending: progress again.
+    Busy,
+    /// The worker is armed: sleep on its event fd.
+    Armed,
+}
+
 /// A request UCX has not completed, with what it owns.
 struct Inflight {
     request: *mut c_void,
@@ -159,6 +191,9 @@ struct Inflight {
 struct State {
     worker: sys::ucp_worker_h,
     ep: sys::ucp_ep_h,
+    /// The listener of a worker that waits for its peer's client-server
+    /// connection ([`UcxWorker::listen`]); null otherwise.
+    listener: sys::ucp_listener_h,
     inflight: Vec<Inflight>,
     /// Completions tasks wait on, woken when the link fails.
     waiters: Vec<Weak<Completion>>,
@@ -177,6 +212,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     failed: Mutex<Option<String>>,
     has_failed: AtomicBool,
+    /// Connection requests the listener's callback put here.
+    requests: Mutex<Vec<ConnRequest>>,
     /// Senders waiting for the state lock (see [`Shared::lock_for_send`]).
     senders: AtomicUsize,
     stop: Notify,
@@ -277,6 +314,59 @@ impl Shared {
         })
     }
 
+    /// One step of waiting for the peer's connection request: progresses
+    /// the worker, then takes the first request from `from` among those the
+    /// listener handed over (rejecting the others), or arms the worker.
+    fn take_conn_request(&self, from: IpAddr) -> Result<ListenStep, TransportError> {
+        let api = self.api;
+        let mut state = self.lock();
+        if state.listener.is_null() {
+            return Err(TransportError::Channel {
+                channel: channel::UCX,
+                peer: self.peer().to_owned(),
+                reason: "this side's UCX worker is not listening".into(),
+            });
+        }
+        self.progress(&mut state);
+        let requests =
+            std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut accepted = None;
+        for request in requests {
+            // SAFETY: zeroed is a valid attribute block.
+            let mut attr: sys::ucp_conn_request_attr_t = unsafe { std::mem::zeroed() };
+            attr.field_mask = sys::UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR as u64;
+            // SAFETY: a request UCX handed over and not yet accepted or
+            // rejected; out-parameter.
+            let status = unsafe { api.ucp_conn_request_query(request.0, &mut attr) };
+            let client = (status == sys::UCS_OK)
+                // SAFETY: filled by UCX, as the query succeeded.
+                .then(|| unsafe { sockaddr::parse(&raw const attr.client_address) })
+                .flatten();
+            if accepted.is_none()
+                && client.is_some_and(|c| c.ip().to_canonical() == from.to_canonical())
+            {
+                accepted = Some(request);
+            } else {
+                tracing::warn!(
+                    client = ?client,
+                    expected = %from,
+                    "rejected a UCX connection request that is not the peer's"
+                );
+                // SAFETY: the listener that handed the request over is live;
+                // rejected once.
+                unsafe { api.ucp_listener_reject(state.listener, request.0) };
+            }
+        }
+        if let Some(request) = accepted {
+            return Ok(ListenStep::Accepted(request));
+        }
+        // SAFETY: a live worker, under the lock.
+        Ok(match unsafe { api.ucp_worker_arm(state.worker) } {
+            sys::UCS_ERR_BUSY => ListenStep::Busy,
+            _ => ListenStep::Armed,
+        })
+    }
+
     /// Frees the finished requests of the in-flight list, waking a writer
     /// waiting for room, and every waiter when the link failed.
     fn sweep(&self, state: &mut State) {
@@ -349,7 +439,8 @@ impl Drop for Shared {
             std::mem::forget(std::mem::take(&mut state.inflight));
             return;
         }
-        destroy(api, state);
+        let requests = self.requests.get_mut().unwrap_or_else(|p| p.into_inner());
+        destroy(api, state, requests);
     }
 }
 
@@ -361,8 +452,10 @@ impl exit::Quiesce for Shared {
     }
 }
 
-/// Closes the endpoint, cancels what is in flight and destroys the worker.
-fn destroy(api: &sys::Ucp, state: &mut State) {
+/// Closes the listener and the endpoint, cancels what is in flight and
+/// destroys the worker.
+fn destroy(api: &sys::Ucp, state: &mut State, requests: &mut Vec<ConnRequest>) {
+    close_listener(api, state, requests);
     if !state.ep.is_null() {
         // SAFETY: zeroed is a valid parameter block; the endpoint is live.
         let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -559,12 +652,14 @@ impl UcxWorker {
             state: Mutex::new(State {
                 worker,
                 ep: std::ptr::null_mut(),
+                listener: std::ptr::null_mut(),
                 inflight: Vec::new(),
                 waiters: Vec::new(),
                 room: None,
             }),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
+            requests: Mutex::new(Vec::new()),
             senders: AtomicUsize::new(0),
             stop: Notify::new(),
             wanted: Notify::new(),
@@ -585,6 +680,14 @@ impl UcxWorker {
         })
     }
 
+    /// Whether UCX's transports may include one with peer failure
+    /// detection (a network one): where they do, the endpoint asks for
+    /// peer-failure handling, and the accepting side listens
+    /// ([`listen`](Self::listen)).
+    pub(crate) fn may_detect_peer_failure(&self) -> bool {
+        self.peer_mode
+    }
+
     /// The worker's address, for the peer.
     pub(crate) fn address(&self) -> &[u8] {
         &self.address
@@ -596,6 +699,148 @@ impl UcxWorker {
         self,
         peer_address: &[u8],
         peer: &str,
+    ) -> Result<UcxLink, TransportError> {
+        self.connect_with(peer, "connecting to the peer's UCX worker", |params| {
+            params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64;
+            params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
+        })
+    }
+
+    /// Connects to the peer's listener at `addr` ([`listen`](Self::listen)
+    /// on its side) through UCX's connection manager, and starts the
+    /// progress task (on the current tokio runtime).
+    pub(crate) fn connect_to_listener(
+        self,
+        addr: SocketAddr,
+        peer: &str,
+    ) -> Result<UcxLink, TransportError> {
+        let raw = RawSockAddr::new(addr);
+        self.connect_with(
+            peer,
+            &format!("connecting to the peer's UCX listener at {addr}"),
+            |params| {
+                params.field_mask |=
+                    (sys::UCP_EP_PARAM_FIELD_SOCK_ADDR | sys::UCP_EP_PARAM_FIELD_FLAGS) as u64;
+                params.sockaddr = raw.as_ucs();
+                params.flags = sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+            },
+        )
+    }
+
+    /// Starts listening, on `ip` and a port the system picks, for the
+    /// peer's client-server connection ([`connect_to_listener`] on its
+    /// side), and returns the address the peer connects to; the worker then
+    /// connects with [`accept`](Self::accept).
+    ///
+    /// Why: an endpoint UCX connects through its connection manager has its
+    /// TCP lanes connected endpoint to endpoint, which lets UCX 1.13 keep
+    /// zero-copy rendezvous (both sides' sockets close on a failure, so no
+    /// memory registration needs invalidating) together with peer-failure
+    /// handling. An endpoint created from a worker address with peer-failure
+    /// handling gets neither over TCP, and its bulk data goes as fragments
+    /// the receiver copies (see the user guide).
+    ///
+    /// [`connect_to_listener`]: Self::connect_to_listener
+    pub(crate) fn listen(&mut self, ip: IpAddr) -> Result<SocketAddr, TransportError> {
+        let shared = &self.shared;
+        let api = shared.api;
+        let fail = |what: &str, status| TransportError::Unavailable {
+            what: "UCX",
+            reason: format!("{what}: {}", status_text(api, status)),
+        };
+        let raw = RawSockAddr::new(SocketAddr::new(ip, 0));
+        // SAFETY: zeroed is a valid parameter block.
+        let mut params: sys::ucp_listener_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
+            | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER) as u64;
+        params.sockaddr = raw.as_ucs();
+        params.conn_handler.cb = Some(conn_requested);
+        params.conn_handler.arg = Arc::as_ptr(shared) as *mut c_void;
+        let mut state = shared.lock();
+        let mut listener: sys::ucp_listener_h = std::ptr::null_mut();
+        // SAFETY: a live worker under the lock; the address outlives the
+        // call; the handler's argument outlives the listener (destroyed
+        // before the `Shared` is).
+        let status = unsafe { api.ucp_listener_create(state.worker, &params, &mut listener) };
+        if status != sys::UCS_OK {
+            return Err(fail(
+                &format!("listening for UCX connections on {ip} failed"),
+                status,
+            ));
+        }
+        state.listener = listener;
+        // SAFETY: zeroed is a valid attribute block.
+        let mut attr: sys::ucp_listener_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64;
+        // SAFETY: a live listener; out-parameter.
+        let status = unsafe { api.ucp_listener_query(listener, &mut attr) };
+        if status != sys::UCS_OK {
+            return Err(fail("reading the UCX listener's address failed", status));
+        }
+        // SAFETY: UCX filled the `sockaddr_storage`.
+        unsafe { sockaddr::parse(&raw const attr.sockaddr) }.ok_or_else(|| {
+            TransportError::Unavailable {
+                what: "UCX",
+                reason: "the UCX listener's address is neither IPv4 nor IPv6".into(),
+            }
+        })
+    }
+
+    /// Waits, at most `timeout`, for the peer's connection on the listener
+    /// ([`listen`](Self::listen)), accepts the first request that comes
+    /// from `from` (the address of the peer's TCP connection; others are
+    /// rejected), closes the listener and starts the progress task. The
+    /// probe that follows ([`UcxLink::probe`]) proves the endpoint reaches
+    /// the peer of the handshake.
+    pub(crate) async fn accept(
+        self,
+        from: IpAddr,
+        peer: &str,
+        timeout: Duration,
+    ) -> Result<UcxLink, TransportError> {
+        let shared = self.shared.clone();
+        let api = shared.api;
+        let wait = async {
+            loop {
+                match shared.take_conn_request(from)? {
+                    ListenStep::Accepted(request) => return Ok::<_, TransportError>(request),
+                    // Events pending: progress again, letting other tasks
+                    // run in between.
+                    ListenStep::Busy => tokio::task::yield_now().await,
+                    ListenStep::Armed => sleep_on_fd(shared.clone()).await,
+                }
+            }
+        };
+        let request =
+            tokio::time::timeout(timeout, wait)
+                .await
+                .map_err(|_| TransportError::Channel {
+                    channel: channel::UCX,
+                    peer: peer.to_owned(),
+                    reason: format!(
+                        "the peer did not connect to this side's UCX listener within {timeout:?}"
+                    ),
+                })??;
+        let link = self.connect_with(peer, "accepting the peer's UCX connection", |params| {
+            params.field_mask |= sys::UCP_EP_PARAM_FIELD_CONN_REQUEST as u64;
+            params.conn_request = request.0;
+        });
+        // Requests that came after the accepted one are rejected.
+        let mut state = shared.lock();
+        let mut later =
+            std::mem::take(&mut *shared.requests.lock().unwrap_or_else(|p| p.into_inner()));
+        close_listener(api, &mut state, &mut later);
+        drop(state);
+        link
+    }
+
+    /// Creates the endpoint (with what `fill` adds to its parameters) and
+    /// starts the progress task (on the current tokio runtime).
+    fn connect_with(
+        self,
+        peer: &str,
+        what: &str,
+        fill: impl Fn(&mut sys::ucp_ep_params_t),
     ) -> Result<UcxLink, TransportError> {
         let UcxWorker {
             shared, peer_mode, ..
@@ -624,17 +869,16 @@ impl UcxWorker {
             for &mode in modes {
                 // SAFETY: zeroed is a valid parameter block.
                 let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-                params.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                params.field_mask = (sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                     | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER)
                     as u64;
-                params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
+                fill(&mut params);
                 params.err_mode = mode;
                 params.err_handler.cb = Some(ep_failed);
                 params.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
-                // SAFETY: a live worker; the address bytes outlive the call
-                // (UCX unpacks them); the handler's argument outlives the
-                // endpoint.
+                // SAFETY: a live worker; what `fill` points to outlives the
+                // call (UCX copies or unpacks it); the handler's argument
+                // outlives the endpoint.
                 status = unsafe { api.ucp_ep_create(state.worker, &params, &mut ep) };
                 if status != sys::UCS_ERR_UNREACHABLE {
                     break;
@@ -644,10 +888,7 @@ impl UcxWorker {
                 return Err(TransportError::Channel {
                     channel: channel::UCX,
                     peer: peer.to_owned(),
-                    reason: format!(
-                        "connecting to the peer's UCX worker failed: {}",
-                        status_text(api, status)
-                    ),
+                    reason: format!("{what} failed: {}", status_text(api, status)),
                 });
             }
             state.ep = ep;
@@ -658,6 +899,21 @@ impl UcxWorker {
             shared,
         })
     }
+}
+
+/// Destroys the listener, if any, rejecting the requests it handed over
+/// that were not accepted.
+fn close_listener(api: &sys::Ucp, state: &mut State, requests: &mut Vec<ConnRequest>) {
+    if state.listener.is_null() {
+        return;
+    }
+    for request in requests.drain(..) {
+        // SAFETY: the listener is live; each request is rejected once.
+        unsafe { api.ucp_listener_reject(state.listener, request.0) };
+    }
+    // SAFETY: a live listener, destroyed once, before its worker.
+    unsafe { api.ucp_listener_destroy(state.listener) };
+    state.listener = std::ptr::null_mut();
 }
 
 /// The progress task, until the last handle of the link is gone:
@@ -1172,6 +1428,7 @@ impl Drop for Pending {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use std::task::Poll;
@@ -1208,6 +1465,133 @@ pub(crate) mod tests {
             a.connect(&addr_b, "b").unwrap(),
             b.connect(&addr_a, "a").unwrap(),
         ))
+    }
+
+    /// Two workers of this process, connected through a listener the way
+    /// the handshake connects them where UCX's transports include TCP
+    /// ([`UcxWorker::listen`]), with waits that spin for `spin` and sleeps
+    /// bounded by `backstop`; or `None` where UCX does not load.
+    async fn linked_by_listener(
+        tls: &str,
+        spin: Duration,
+        backstop: Duration,
+    ) -> Option<(UcxLink, UcxLink)> {
+        if let Err(reason) = super::super::viability() {
+            eprintln!("skipped: {reason}");
+            return None;
+        }
+        let mut a = UcxWorker::with_backstop(Some(tls), spin, backstop).unwrap();
+        let b = UcxWorker::with_backstop(Some(tls), spin, backstop).unwrap();
+        let here = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let addr = a.listen(here).unwrap();
+        assert_eq!(addr.ip(), here);
+        assert_ne!(addr.port(), 0, "the listener's address names its port");
+        let b = b.connect_to_listener(addr, "a").unwrap();
+        // The client's endpoint connects as its worker progresses: its
+        // probe progresses it while this side accepts, as in the handshake.
+        let (a, probed) = tokio::join!(
+            async {
+                let a = a.accept(here, "b", Duration::from_secs(30)).await.unwrap();
+                a.probe(1, Duration::from_secs(30)).await.unwrap();
+                a
+            },
+            b.probe(2, Duration::from_secs(30))
+        );
+        probed.unwrap();
+        Some((a, b))
+    }
+
+    /// Sends `len` patterned bytes from `from` to `to` under `tag` and
+    /// checks every byte that arrives.
+    async fn cross(from: &UcxLink, to: &UcxLink, tag: u64, len: usize) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let ptr = bytes.as_ptr();
+        // SAFETY: the vector owns the bytes and is kept with the request.
+        unsafe { from.send_kept(tag, ptr, len, Box::new(bytes)) }.unwrap();
+        let mut dest = vec![0u8; len];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let pending = unsafe { to.recv(tag, dptr, len, Box::new(dest)) }.unwrap();
+        let (keep, got) = tokio::time::timeout(Duration::from_secs(60), pending)
+            .await
+            .expect("the message never arrived")
+            .unwrap();
+        assert_eq!(got, len);
+        let dest = keep.downcast::<Vec<u8>>().unwrap();
+        assert!(dest.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_made_through_a_listener_carries_small_and_rendezvous_messages_both_ways() {
+        let Some((a, b)) =
+            linked_by_listener("tcp", Duration::from_micros(20), super::BACKSTOP).await
+        else {
+            return;
+        };
+        // 8 MiB is far above UCX's rendezvous threshold: the zero-copy
+        // rendezvous this listener exists for.
+        for (tag, len) in [(10, 8), (11, 8 << 20)] {
+            cross(&a, &b, tag, len).await;
+            cross(&b, &a, tag + 100, len).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_goes_away_fails_a_sleeping_receive_on_a_link_made_through_a_listener() {
+        // Peer-failure handling with the connection manager's endpoints: the
+        // failure reaches the receive (no backstop: through the event fd),
+        // and the process goes on.
+        let Some((a, b)) =
+            linked_by_listener("tcp", Duration::ZERO, Duration::from_secs(86_400)).await
+        else {
+            return;
+        };
+        let mut dest = vec![0u8; 64];
+        let dptr = dest.as_mut_ptr();
+        // SAFETY: `dest`'s heap bytes move with it into the request.
+        let pending = unsafe { b.recv(3, dptr, 64, Box::new(dest)) }.unwrap();
+        drop(a);
+        let outcome = tokio::time::timeout(Duration::from_secs(30), pending)
+            .await
+            .expect("a sleeping receive never learned that its peer went away");
+        let Err(err) = outcome else {
+            panic!("a receive from a peer that went away succeeded");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("UCX endpoint failed") || text.contains("UCX receive failed"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listener_rejects_a_connection_from_another_address_than_the_peers() {
+        if let Err(reason) = super::super::viability() {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        let mut a = UcxWorker::new(Some("tcp"), Duration::from_micros(20)).unwrap();
+        let b = UcxWorker::new(Some("tcp"), Duration::from_micros(20)).unwrap();
+        let addr = a.listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+        let b = b.connect_to_listener(addr, "a").unwrap();
+        // This side expects its peer at 127.0.0.2; the request comes from
+        // 127.0.0.1 and is rejected, so no connection is accepted. The
+        // client's probe progresses its worker meanwhile, and fails: its
+        // endpoint was rejected.
+        let other = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+        let (accepted, probed) = tokio::join!(
+            a.accept(other, "b", Duration::from_millis(500)),
+            b.probe(4, Duration::from_secs(5))
+        );
+        let err = accepted
+            .err()
+            .expect("a request from another address was accepted");
+        assert!(
+            err.to_string()
+                .contains("the peer did not connect to this side's UCX listener within 500ms"),
+            "{err}"
+        );
+        assert!(probed.is_err(), "a rejected endpoint's probe was answered");
     }
 
     /// Owns bytes and says when it is dropped.
