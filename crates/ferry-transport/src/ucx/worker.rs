@@ -20,10 +20,11 @@
 //! thus wakes the waiting task directly, with no other task in between:
 //! measured on a link that sleeps before every message, 20–26% less CPU
 //! time and about 0.7 times the one-way latency over UCX's tcp and shared
-//! memory (see the user guide). The connection's progress task arms the
-//! worker and sleeps on the fd only while a send UCX has not finished is
-//! in flight; each time it wakes it progresses the worker and sweeps the
-//! finished sends. Otherwise it sleeps, with no timer, until such a send
+//! memory (see the user guide). The connection's progress task works only
+//! while a send UCX has not finished is in flight: it spins on progress
+//! while UCX keeps moving the send (as a waiting receive spins), then arms
+//! the worker and sleeps on the fd; each time it wakes it progresses the
+//! worker and sweeps the finished sends. Otherwise it sleeps, with no timer, until such a send
 //! exists. While nothing sleeps the worker stays unarmed: an armed worker
 //! makes the peer signal it for the next message (a system call there, a
 //! wake-up here), which a task spinning for that message does not need.
@@ -918,7 +919,8 @@ fn close_listener(api: &sys::Ucp, state: &mut State, requests: &mut Vec<ConnRequ
 
 /// The progress task, until the last handle of the link is gone:
 /// progress; then, while a send is unfinished ([`State::needs_events`]),
-/// arm the worker and sleep on its event fd, bounded by the backstop
+/// spin on progress while UCX keeps moving it, then arm the worker and
+/// sleep on its event fd, bounded by the backstop
 /// timer (one timer, reset rather than created anew each time);
 /// otherwise sleep until a send is unfinished ([`Shared::wanted`]), with
 /// no timer. Nothing needs this task then: a waiting receive progresses
@@ -931,6 +933,18 @@ async fn drive(shared: Arc<Shared>) {
     let backstop = tokio::time::sleep(shared.backstop);
     tokio::pin!(backstop);
     loop {
+        // While sends are unfinished and UCX keeps moving them, poll them
+        // the way a waiting receive polls (for at most the spin time since
+        // the last progress) rather than sleep on the fd between their
+        // fragments: a rendezvous over TCP moves its data as the socket
+        // drains. Measured with `ucx_bench` over UCX's tcp, 6 alternating
+        // rounds: 4 MiB one way 2698 -> 3116 MB/s (faster in 5 of 6).
+        if shared.lock().needs_events() {
+            shared.spin(shared.spin, |state, _| {
+                shared.sweep(state);
+                !state.needs_events()
+            });
+        }
         let armed = {
             let mut state = shared.lock();
             shared.progress(&mut state);
