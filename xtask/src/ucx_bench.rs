@@ -12,12 +12,12 @@
 //! The two sides alternate, [`ROUNDS`] times: the rows show the medians
 //! and the range of the per-round ratios. Where `UCX_TLS` names a network
 //! transport, Ferry's endpoints ask for UCX's peer-failure handling (UCX
-//! 1.13 aborts the process on a failed TCP peer without it), with which
-//! UCX carries rendezvous data as fragments the receiver copies out (it
-//! takes a lane for zero-copy rendezvous only where the memory domain can
-//! invalidate a registration, and TCP's cannot); so
-//! `ucx_perftest` is measured both plain and with `-e` (the same
-//! endpoints), and the ratio is given against each.
+//! 1.13 aborts the process on a failed TCP peer without it) and connect
+//! through UCX's connection manager, which keeps zero-copy rendezvous
+//! over TCP as the plain `ucx_perftest` has it. `ucx_perftest -e`
+//! (failure handling on endpoints from worker addresses, so rendezvous
+//! data goes as fragments the receiver copies out) is measured too, and
+//! the ratio is given against each.
 //! Prints the ratios and writes `target/ferry-bench/ucx.json`.
 
 use std::io::{BufRead, BufReader};

@@ -189,6 +189,62 @@ async fn ucx_that_cannot_reach_the_peer_falls_back_to_the_next_viable_link() {
     round_trip(&mut s, &mut c).await;
 }
 
+/// The value of handshake property `key`.
+fn property<'a>(h: &'a ferry_wire::Handshake, key: &str) -> Option<&'a str> {
+    h.properties
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_ucx_tcp_the_endpoints_connect_through_the_accepting_sides_listener() {
+    if !ucx_here("over_ucx_tcp_the_endpoints_connect_through_the_accepting_sides_listener") {
+        return;
+    }
+    // Both sides' UCX transports include TCP: the connecting side says it
+    // can connect to a listener, the accepting side names its listener on
+    // the address the handshake arrived at, and the link carries messages.
+    let (mut s, mut c) = pair(
+        ucx_endpoint("s", "ucx,mpt,inline", "ucx,tcp", "tcp"),
+        ucx_endpoint("c", "ucx,mpt,inline", "ucx,tcp", "tcp"),
+    )
+    .await;
+    assert_eq!(property(&s.peer, "ucx.client_server"), Some("1"));
+    let listener: std::net::SocketAddr = property(&c.peer, "ucx.listener")
+        .expect("the accepting side named no UCX listener")
+        .parse()
+        .unwrap();
+    assert_eq!(listener.ip(), std::net::Ipv4Addr::LOCALHOST);
+    assert_ne!(listener.port(), 0);
+    for conn in [&s, &c] {
+        assert_eq!(conn.transport, "ucx");
+        assert_eq!(conn.ucx_fallback, None);
+    }
+    round_trip(&mut s, &mut c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ucx_shared_memory_only_the_endpoints_connect_by_worker_address() {
+    if !ucx_here("with_ucx_shared_memory_only_the_endpoints_connect_by_worker_address") {
+        return;
+    }
+    // No network transport on either side: no listener is asked for or
+    // opened, and the worker addresses connect the endpoints.
+    let (mut s, mut c) = pair(
+        ucx_endpoint("s", "ucx,mpt,inline", "ucx,tcp", "shm,self"),
+        ucx_endpoint("c", "ucx,mpt,inline", "ucx,tcp", "shm,self"),
+    )
+    .await;
+    assert_eq!(property(&s.peer, "ucx.client_server"), None);
+    assert_eq!(property(&c.peer, "ucx.listener"), None);
+    for conn in [&s, &c] {
+        assert_eq!(conn.transport, "ucx");
+        assert_eq!(conn.ucx_fallback, None);
+    }
+    round_trip(&mut s, &mut c).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usable_ucx_records_no_fallback() {
     if !ucx_here("a_usable_ucx_records_no_fallback") {

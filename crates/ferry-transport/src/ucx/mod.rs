@@ -10,7 +10,15 @@
 //!   `ucx` creates a UCP worker; the worker addresses travel in Ferry's
 //!   handshake ([`ferry_wire::Handshake::ucx_address`]), which runs after
 //!   the connection's authentication, so nothing of UCX is exchanged before
-//!   the peer proved it holds the group's secret.
+//!   the peer proved it holds the group's secret. Where both sides' UCX
+//!   transports include TCP, the accepting side's worker listens instead
+//!   (`ucp_listener` on the address the handshake arrived at, its port sent
+//!   as the handshake property `ucx.listener`) and the connecting side
+//!   connects through UCX's connection manager: UCX 1.13 then connects the
+//!   TCP lanes endpoint to endpoint and keeps zero-copy rendezvous with
+//!   peer-failure handling, which endpoints created from a worker address
+//!   lose over TCP (module `worker`, `UcxWorker::listen`). The listener
+//!   accepts one request, from the peer's TCP address, and closes.
 //! - **Tags.** Bit 63 tells frames of the `ucx` transport (then the chunk's
 //!   sequence number per direction) from tensors of the `ucx` channel (then
 //!   the transfer's sequence number per direction: the tensors of all
@@ -27,8 +35,9 @@
 //!   rounds of checks with the CPU yielded to the OS in between, like the
 //!   `shm` rings), then sleeps; a progress task per connection arms the
 //!   worker (`ucp_worker_arm`) and sleeps on its event fd under tokio
-//!   (`AsyncFd`), with a backstop timer, and wakes the tasks whose requests
-//!   completed. Rendezvous goes by put (`RNDV_SCHEME=put_zcopy`, unless
+//!   (`AsyncFd`), with a backstop timer, while a send is unfinished (after
+//!   spinning while UCX keeps moving it), and wakes the tasks whose
+//!   requests completed. Rendezvous goes by put (`RNDV_SCHEME=put_zcopy`, unless
 //!   `UCX_RNDV_SCHEME` is set): its last step is a message to the
 //!   receiver, which wakes a receiver asleep on its event fd.
 //! - **Peer failure.** Endpoints ask for UCX's peer-failure handling where
@@ -196,8 +205,8 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     // event announces: a sleeping receiver then waits for the backstop
     // timer (measured: 0.6 GB/s instead of 9 GB/s at 4 MiB). Over network
     // transports the data itself arrives as an event, and UCX's own choice
-    // is faster (tcp, 4 MiB: 4.1 GB/s against 3.2-3.5 by put, which UCX
-    // 1.13 carries over tcp as fragments the receiver copies out).
+    // is faster (tcp, 4 MiB: 4.1 GB/s against 3.2-3.5 by put, measured
+    // with endpoints created from worker addresses).
     // `UCX_RNDV_SCHEME` in the environment still wins.
     if std::env::var_os("UCX_RNDV_SCHEME").is_none()
         && may_use_shared_memory(effective_tls(tls).as_deref())
