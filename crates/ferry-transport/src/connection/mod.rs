@@ -716,19 +716,19 @@ impl PeerConnection {
                 // be opened leaves it the worker address.
                 let mut ucx_how = UcxConnect::ToAddress;
                 let client_server = property(&agreement.peer, PROP_UCX_CLIENT_SERVER) == Some("1");
-                if let Some(worker) = ucx_worker
+                let listening = ucx_worker
                     .as_mut()
-                    .filter(|w| client_server && w.may_detect_peer_failure())
-                {
-                    match (worker.listen(local_ip), peer_ip) {
-                        (Ok(addr), Some(from)) => {
+                    .filter(|w| client_server && w.may_detect_peer_failure());
+                if let (Some(worker), Some(from)) = (listening, peer_ip) {
+                    match worker.listen(local_ip) {
+                        Ok(addr) => {
                             props.push((PROP_UCX_LISTENER.into(), addr.to_string()));
                             ucx_how = UcxConnect::Accept(from);
                         }
-                        (Ok(_), None) => {}
-                        (Err(e), _) => {
-                            tracing::warn!(error = %e, "no UCX listener: the peer connects to the worker address")
-                        }
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "no UCX listener: the peer connects to the worker address"
+                        ),
                     }
                 }
                 writer

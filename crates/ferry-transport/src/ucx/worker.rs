@@ -701,10 +701,15 @@ impl UcxWorker {
         peer_address: &[u8],
         peer: &str,
     ) -> Result<UcxLink, TransportError> {
-        self.connect_with(peer, "connecting to the peer's UCX worker", |params| {
-            params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64;
-            params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
-        })
+        self.connect_with(
+            peer,
+            "connecting to the peer's UCX worker",
+            true,
+            |params| {
+                params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64;
+                params.address = peer_address.as_ptr() as *const sys::ucp_address_t;
+            },
+        )
     }
 
     /// Connects to the peer's listener at `addr` ([`listen`](Self::listen)
@@ -719,6 +724,7 @@ impl UcxWorker {
         self.connect_with(
             peer,
             &format!("connecting to the peer's UCX listener at {addr}"),
+            false,
             |params| {
                 params.field_mask |=
                     (sys::UCP_EP_PARAM_FIELD_SOCK_ADDR | sys::UCP_EP_PARAM_FIELD_FLAGS) as u64;
@@ -775,16 +781,23 @@ impl UcxWorker {
         attr.field_mask = sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64;
         // SAFETY: a live listener; out-parameter.
         let status = unsafe { api.ucp_listener_query(listener, &mut attr) };
-        if status != sys::UCS_OK {
-            return Err(fail("reading the UCX listener's address failed", status));
+        let addr = if status == sys::UCS_OK {
+            // SAFETY: UCX filled the `sockaddr_storage`.
+            unsafe { sockaddr::parse(&raw const attr.sockaddr) }.ok_or_else(|| {
+                TransportError::Unavailable {
+                    what: "UCX",
+                    reason: "the UCX listener's address is neither IPv4 nor IPv6".into(),
+                }
+            })
+        } else {
+            Err(fail("reading the UCX listener's address failed", status))
+        };
+        if addr.is_err() {
+            let mut requests =
+                std::mem::take(&mut *shared.requests.lock().unwrap_or_else(|p| p.into_inner()));
+            close_listener(api, &mut state, &mut requests);
         }
-        // SAFETY: UCX filled the `sockaddr_storage`.
-        unsafe { sockaddr::parse(&raw const attr.sockaddr) }.ok_or_else(|| {
-            TransportError::Unavailable {
-                what: "UCX",
-                reason: "the UCX listener's address is neither IPv4 nor IPv6".into(),
-            }
-        })
+        addr
     }
 
     /// Waits, at most `timeout`, for the peer's connection on the listener
@@ -822,10 +835,15 @@ impl UcxWorker {
                         "the peer did not connect to this side's UCX listener within {timeout:?}"
                     ),
                 })??;
-        let link = self.connect_with(peer, "accepting the peer's UCX connection", |params| {
-            params.field_mask |= sys::UCP_EP_PARAM_FIELD_CONN_REQUEST as u64;
-            params.conn_request = request.0;
-        });
+        let link = self.connect_with(
+            peer,
+            "accepting the peer's UCX connection",
+            false,
+            |params| {
+                params.field_mask |= sys::UCP_EP_PARAM_FIELD_CONN_REQUEST as u64;
+                params.conn_request = request.0;
+            },
+        );
         // Requests that came after the accepted one are rejected.
         let mut state = shared.lock();
         let mut later =
@@ -836,11 +854,15 @@ impl UcxWorker {
     }
 
     /// Creates the endpoint (with what `fill` adds to its parameters) and
-    /// starts the progress task (on the current tokio runtime).
+    /// starts the progress task (on the current tokio runtime). With
+    /// `retry`, an endpoint with peer-failure handling that UCX finds no
+    /// transport for is tried again without it; never for a connection
+    /// request, which UCX releases when an endpoint cannot be made from it.
     fn connect_with(
         self,
         peer: &str,
         what: &str,
+        retry: bool,
         fill: impl Fn(&mut sys::ucp_ep_params_t),
     ) -> Result<UcxLink, TransportError> {
         let UcxWorker {
@@ -857,11 +879,13 @@ impl UcxWorker {
             // with only those, the endpoint goes without (the peer's exit is
             // noticed on the connection's TCP socket, which the `ucx`
             // transport's reader watches, and by the frame stall timeout).
-            let modes: &[sys::ucp_err_handling_mode_t] = if peer_mode {
+            let modes: &[sys::ucp_err_handling_mode_t] = if peer_mode && retry {
                 &[
                     sys::UCP_ERR_HANDLING_MODE_PEER,
                     sys::UCP_ERR_HANDLING_MODE_NONE,
                 ]
+            } else if peer_mode {
+                &[sys::UCP_ERR_HANDLING_MODE_PEER]
             } else {
                 &[sys::UCP_ERR_HANDLING_MODE_NONE]
             };
