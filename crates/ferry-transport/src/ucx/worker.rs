@@ -1584,22 +1584,7 @@ pub(crate) mod tests {
         else {
             return;
         };
-        let mut dest = vec![0u8; 64];
-        let dptr = dest.as_mut_ptr();
-        // SAFETY: `dest`'s heap bytes move with it into the request.
-        let pending = unsafe { b.recv(3, dptr, 64, Box::new(dest)) }.unwrap();
-        drop(a);
-        let outcome = tokio::time::timeout(Duration::from_secs(30), pending)
-            .await
-            .expect("a sleeping receive never learned that its peer went away");
-        let Err(err) = outcome else {
-            panic!("a receive from a peer that went away succeeded");
-        };
-        let text = err.to_string();
-        assert!(
-            text.contains("UCX endpoint failed") || text.contains("UCX receive failed"),
-            "{text}"
-        );
+        a_sleeping_receive_fails_when_its_peer_goes_away(a, b).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1934,6 +1919,13 @@ pub(crate) mod tests {
         let Some((a, b)) = linked_asleep("tcp") else {
             return;
         };
+        a_sleeping_receive_fails_when_its_peer_goes_away(a, b).await;
+    }
+
+    /// Posts a receive on `b`, checks that it sleeps, drops `a` (its
+    /// worker, and with it its TCP connections) and checks that the
+    /// receive fails with the link's failure.
+    async fn a_sleeping_receive_fails_when_its_peer_goes_away(a: UcxLink, b: UcxLink) {
         let mut dest = vec![0u8; 64];
         let dptr = dest.as_mut_ptr();
         // SAFETY: `dest`'s heap bytes move with it into the request.
@@ -1941,7 +1933,6 @@ pub(crate) mod tests {
         let first =
             std::future::poll_fn(|cx| Poll::Ready(pending.poll_done(cx).is_pending())).await;
         assert!(first, "a receive completed with nothing sent");
-        // The peer's worker goes, and with it its TCP connections.
         drop(a);
         let outcome = tokio::time::timeout(Duration::from_secs(30), &mut pending)
             .await
