@@ -69,7 +69,7 @@ impl RawSockAddr {
 ///
 /// `storage` points to a `struct sockaddr_storage` (UCX's
 /// `ucp_listener_attr_t::sockaddr` or `ucp_conn_request_attr_t::client_address`).
-pub(crate) unsafe fn parse(storage: *const c_storage) -> Option<SocketAddr> {
+pub(crate) unsafe fn parse(storage: *const sys::sockaddr_storage) -> Option<SocketAddr> {
     // SAFETY: the caller's promise; `sockaddr_storage` has the same layout
     // in UCX's bindings and in libc (the platform's).
     let storage = unsafe { &*storage.cast::<libc::sockaddr_storage>() };
@@ -99,10 +99,6 @@ pub(crate) unsafe fn parse(storage: *const c_storage) -> Option<SocketAddr> {
         _ => None,
     }
 }
-
-/// UCX's `struct sockaddr_storage`.
-#[allow(non_camel_case_types)]
-pub(crate) type c_storage = sys::sockaddr_storage;
 
 #[cfg(test)]
 mod tests {
