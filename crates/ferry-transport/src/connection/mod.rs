@@ -238,36 +238,23 @@ impl std::fmt::Display for Sides<'_> {
     }
 }
 
-/// How this side's UCX endpoint connects to the peer's.
-#[derive(Clone, Copy)]
-enum UcxConnect {
-    /// To the listener the peer's handshake names, if it names one, else
-    /// to the peer's worker address (the connecting side).
-    AsPeerSays,
-    /// Accepting the peer's connection from this IP address on this
-    /// side's listener (the accepting side, listening).
-    Accept(IpAddr),
-    /// To the peer's worker address (the accepting side, not listening).
-    ToAddress,
-}
-
-/// Connects `worker` to the peer's worker and exchanges the probe.
+/// Connects `worker` to the peer's worker and exchanges the probe. With
+/// `accept_from` (the accepting side, listening), it accepts the peer's
+/// connection from that address on this side's listener; otherwise it
+/// connects to the listener the peer's handshake names, or else to the
+/// peer's worker address.
 async fn ucx_check(
     worker: Option<UcxWorker>,
     peer: &Handshake,
     nonce: u64,
-    how: UcxConnect,
+    accept_from: Option<IpAddr>,
 ) -> Result<UcxLink, UcxUnusable> {
     let worker =
         worker.ok_or_else(|| UcxUnusable::Endpoint("this side has no UCX worker".into()))?;
     let name = PeerText::new(&peer.worker_name).to_string();
-    let listener = match how {
-        UcxConnect::AsPeerSays => property(peer, PROP_UCX_LISTENER),
-        UcxConnect::Accept(_) | UcxConnect::ToAddress => None,
-    };
-    let link = match (how, listener) {
-        (UcxConnect::Accept(from), _) => worker.accept(from, &name, UCX_CHECK_TIMEOUT).await,
-        (_, Some(text)) => {
+    let link = match (accept_from, property(peer, PROP_UCX_LISTENER)) {
+        (Some(from), _) => worker.accept(from, &name, UCX_CHECK_TIMEOUT).await,
+        (None, Some(text)) => {
             let addr: SocketAddr = text.parse().map_err(|_| {
                 UcxUnusable::Endpoint(format!(
                     "the peer's UCX listener address {:?} is not an IP address and port",
@@ -276,7 +263,7 @@ async fn ucx_check(
             })?;
             worker.connect_to_listener(addr, &name)
         }
-        (_, None) => {
+        (None, None) => {
             let address = peer.ucx_address.as_deref().ok_or_else(|| {
                 UcxUnusable::Endpoint("the peer sent no UCX worker address".into())
             })?;
@@ -656,13 +643,7 @@ impl PeerConnection {
                     // The UCX check: this side's result first, then the
                     // peer's (with, should either have failed, the peer's
                     // set-up of the selection without UCX).
-                    let mine = ucx_check(
-                        ucx_worker.take(),
-                        &agreement.peer,
-                        nonce,
-                        UcxConnect::AsPeerSays,
-                    )
-                    .await;
+                    let mine = ucx_check(ucx_worker.take(), &agreement.peer, nonce, None).await;
                     let mut props = lane_props.clone();
                     props.push((PROP_UCX_CHECK.into(), check_text(&mine)));
                     writer
@@ -714,7 +695,7 @@ impl PeerConnection {
                 // Where UCX's transports include TCP, the peer connects to a
                 // listener (see `UcxWorker::listen`); a listener that cannot
                 // be opened leaves it the worker address.
-                let mut ucx_how = UcxConnect::ToAddress;
+                let mut accept_from = None;
                 let client_server = property(&agreement.peer, PROP_UCX_CLIENT_SERVER) == Some("1");
                 let listening = ucx_worker
                     .as_mut()
@@ -723,7 +704,7 @@ impl PeerConnection {
                     match worker.listen(local_ip) {
                         Ok(addr) => {
                             props.push((PROP_UCX_LISTENER.into(), addr.to_string()));
-                            ucx_how = UcxConnect::Accept(from);
+                            accept_from = Some(from);
                         }
                         Err(e) => tracing::warn!(
                             error = %e,
@@ -744,7 +725,8 @@ impl PeerConnection {
                     // for a connection that a peer whose endpoint failed
                     // never makes, so this side's check then ends at once.
                     let (mine, verdict) = {
-                        let check = ucx_check(ucx_worker.take(), &agreement.peer, nonce, ucx_how);
+                        let check =
+                            ucx_check(ucx_worker.take(), &agreement.peer, nonce, accept_from);
                         let read = read_handshake(&mut reader, &fail);
                         tokio::pin!(check, read);
                         tokio::select! {

@@ -41,7 +41,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
-use super::sockaddr::{self, RawSockAddr};
+use super::sockaddr;
 use super::{context, exit, status_text, sys, Context};
 use crate::shm::{spin_while_active_in_rounds, Check};
 use crate::{channel, TransportError};
@@ -440,8 +440,7 @@ impl Drop for Shared {
             std::mem::forget(std::mem::take(&mut state.inflight));
             return;
         }
-        let requests = self.requests.get_mut().unwrap_or_else(|p| p.into_inner());
-        destroy(api, state, requests);
+        destroy(api, state, &self.requests);
     }
 }
 
@@ -455,7 +454,7 @@ impl exit::Quiesce for Shared {
 
 /// Closes the listener and the endpoint, cancels what is in flight and
 /// destroys the worker.
-fn destroy(api: &sys::Ucp, state: &mut State, requests: &mut Vec<ConnRequest>) {
+fn destroy(api: &sys::Ucp, state: &mut State, requests: &Mutex<Vec<ConnRequest>>) {
     close_listener(api, state, requests);
     if !state.ep.is_null() {
         // SAFETY: zeroed is a valid parameter block; the endpoint is live.
@@ -720,7 +719,7 @@ impl UcxWorker {
         addr: SocketAddr,
         peer: &str,
     ) -> Result<UcxLink, TransportError> {
-        let raw = RawSockAddr::new(addr);
+        let raw = sockaddr::raw(addr);
         self.connect_with(
             peer,
             &format!("connecting to the peer's UCX listener at {addr}"),
@@ -728,7 +727,7 @@ impl UcxWorker {
             |params| {
                 params.field_mask |=
                     (sys::UCP_EP_PARAM_FIELD_SOCK_ADDR | sys::UCP_EP_PARAM_FIELD_FLAGS) as u64;
-                params.sockaddr = raw.as_ucs();
+                params.sockaddr = sockaddr::as_ucs(&raw);
                 params.flags = sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
             },
         )
@@ -755,12 +754,12 @@ impl UcxWorker {
             what: "UCX",
             reason: format!("{what}: {}", status_text(api, status)),
         };
-        let raw = RawSockAddr::new(SocketAddr::new(ip, 0));
+        let raw = sockaddr::raw(SocketAddr::new(ip, 0));
         // SAFETY: zeroed is a valid parameter block.
         let mut params: sys::ucp_listener_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
             | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER) as u64;
-        params.sockaddr = raw.as_ucs();
+        params.sockaddr = sockaddr::as_ucs(&raw);
         params.conn_handler.cb = Some(conn_requested);
         params.conn_handler.arg = Arc::as_ptr(shared) as *mut c_void;
         let mut state = shared.lock();
@@ -793,9 +792,7 @@ impl UcxWorker {
             Err(fail("reading the UCX listener's address failed", status))
         };
         if addr.is_err() {
-            let mut requests =
-                std::mem::take(&mut *shared.requests.lock().unwrap_or_else(|p| p.into_inner()));
-            close_listener(api, &mut state, &mut requests);
+            close_listener(api, &mut state, &shared.requests);
         }
         addr
     }
@@ -845,11 +842,7 @@ impl UcxWorker {
             },
         );
         // Requests that came after the accepted one are rejected.
-        let mut state = shared.lock();
-        let mut later =
-            std::mem::take(&mut *shared.requests.lock().unwrap_or_else(|p| p.into_inner()));
-        close_listener(api, &mut state, &mut later);
-        drop(state);
+        close_listener(api, &mut shared.lock(), &shared.requests);
         link
     }
 
@@ -927,12 +920,13 @@ impl UcxWorker {
 }
 
 /// Destroys the listener, if any, rejecting the requests it handed over
-/// that were not accepted.
-fn close_listener(api: &sys::Ucp, state: &mut State, requests: &mut Vec<ConnRequest>) {
+/// (into `requests`) that were not accepted.
+fn close_listener(api: &sys::Ucp, state: &mut State, requests: &Mutex<Vec<ConnRequest>>) {
     if state.listener.is_null() {
         return;
     }
-    for request in requests.drain(..) {
+    let pending = std::mem::take(&mut *requests.lock().unwrap_or_else(|p| p.into_inner()));
+    for request in pending {
         // SAFETY: the listener is live; each request is rejected once.
         unsafe { api.ucp_listener_reject(state.listener, request.0) };
     }
