@@ -4,8 +4,9 @@
 //! over the `ucx` channel (every tensor, whatever its size), with UCX's
 //! transports chosen by `--tls`.
 //!
-//! - one-way bandwidth per size: a window of messages, each with one
-//!   tensor of that size, sent back to back, then one acknowledged;
+//! - one-way bandwidth per size, in MiB/s as `ucx_perftest` prints it: a
+//!   window of messages, each with one tensor of that size, sent back to
+//!   back, then one acknowledged;
 //! - small-message latency: half the median round trip of a message with
 //!   one 8-byte tensor that the server echoes, with the configured spin
 //!   and with none (the worker's event fd at once).
@@ -28,6 +29,10 @@ use ferry_transport::{channel, Endpoint, OutgoingMessage, PeerConnection, RawTen
 use ferry_wire::{payload, DType, Flags, MessageKind};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bandwidth is printed in MiB/s, the unit `ucx_perftest` prints (its
+/// "MB/s" column divides by 2^20).
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// Request ids with this bit want an echo.
 const ACK: u64 = 1 << 62;
@@ -221,7 +226,7 @@ async fn client(a: Args) -> Result<(), Error> {
         let mut bw = Vec::new();
         for &size in &a.sizes {
             let b = bandwidth(&a, port, size).await?;
-            bw.push(format!("\"{size}\": {:.1}", b / 1e6));
+            bw.push(format!("\"{size}\": {:.1}", b / MIB));
         }
         let lat = latency(&a, port, a.spin_us).await?;
         Ok::<_, Error>((bw, lat))
@@ -237,7 +242,7 @@ async fn client(a: Args) -> Result<(), Error> {
     let _ = child.wait();
     let lat_nospin = lat_nospin?;
     println!(
-        "{{\"channel\": \"{}\", \"transport\": \"{}\", \"tls\": \"{}\", \"spin_us\": {}, \"bandwidth_mb_s\": {{{}}}, \"latency_us\": {lat:.3}, \"latency_us_no_spin\": {lat_nospin:.3}}}",
+        "{{\"channel\": \"{}\", \"transport\": \"{}\", \"tls\": \"{}\", \"spin_us\": {}, \"bandwidth_mib_s\": {{{}}}, \"latency_us\": {lat:.3}, \"latency_us_no_spin\": {lat_nospin:.3}}}",
         a.channel,
         a.transport,
         a.tls,
