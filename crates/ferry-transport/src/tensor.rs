@@ -17,7 +17,7 @@ pub const STORAGE_ALIGN: usize = 64;
 
 /// A buffer aligned to [`STORAGE_ALIGN`]: zero-initialised heap memory
 /// ([`Storage::zeroed`]), or a destination from a
-/// [`BufferPool`](crate::BufferPool) that goes back to its pool when dropped.
+/// [`BufferPool`] that goes back to its pool when dropped.
 ///
 /// Large heap buffers come from `calloc`-style zeroed pages, so allocating
 /// one costs no pass over its bytes.

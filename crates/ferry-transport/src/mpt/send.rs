@@ -135,7 +135,7 @@ impl MptSender {
     }
 
     /// Queues `tensor`'s bytes as tensor number `seq`, split by
-    /// [`split`](super::split); returns at once. `seq` must be greater than
+    /// [`split`]; returns at once. `seq` must be greater than
     /// every `seq` sent before, and `tensor.bytes()` must return the same
     /// bytes until they are written. Fails with the kept error once a lane
     /// has failed.

@@ -33,7 +33,9 @@
 //! - **Progress.** A waiting task spins on `ucp_worker_progress` for a
 //!   short bounded time ([`ChannelConfig::spin`](crate::ChannelConfig),
 //!   rounds of checks with the CPU yielded to the OS in between, like the
-//!   `shm` rings), then sleeps; a progress task per connection arms the
+//!   `shm` rings; ten times as long on a link that posted a send or
+//!   receive of 1 MiB or more in the last 2 ms, whose bytes are still on
+//!   their way), then sleeps; a progress task per connection arms the
 //!   worker (`ucp_worker_arm`) and sleeps on its event fd under tokio
 //!   (`AsyncFd`), with a backstop timer, while a send is unfinished (after
 //!   spinning while UCX keeps moving it), and wakes the tasks whose
