@@ -78,10 +78,12 @@ const STREAMING_FOR: Duration = Duration::from_millis(2);
 /// small host the gaps between them (the other side's thread descheduled
 /// for a moment) often outlast the configured spin: the wait then sleeps on
 /// the event fd and pays a wake-up, again and again within one transfer.
-/// Measured with `ucx_bench` over UCX's tcp, 8 rounds alternating with the
-/// build before: 4 MiB one way 3452 -> 3653 MiB/s (faster in 6 of 8),
-/// 64 MiB 3201 -> 3224 (6 of 8); the machine's idle share during the
-/// 64 MiB phase fell from 16-22% to 5-9%. The cost is bounded: only links
+/// Measured with `ucx_bench` over UCX's tcp, two sets of 8 rounds
+/// alternating with the build before: 4 MiB one way 3452 -> 3653 MiB/s
+/// and 2996 -> 3233 (faster in 6 of 8 each), 64 MiB 3201 -> 3224 and
+/// 2956 -> 3005 (6 and 5 of 8); the machine's idle share during the
+/// 64 MiB phase fell from 16-22% to 5-9%. Over UCX's shared memory it
+/// changed nothing (6 rounds, 1.01 and 1.00). The cost is bounded: only links
 /// moving bulk data spin longer, and only while bytes keep moving or for
 /// the longer budget after they stop.
 const STREAMING_SPIN_FACTOR: u32 = 10;
