@@ -83,9 +83,9 @@ const STREAMING_FOR: Duration = Duration::from_millis(2);
 /// and 2996 -> 3233 (faster in 6 of 8 each), 64 MiB 3201 -> 3224 and
 /// 2956 -> 3005 (6 and 5 of 8); the machine's idle share during the
 /// 64 MiB phase fell from 16-22% to 5-9%. Over UCX's shared memory it
-/// changed nothing (6 rounds, 1.01 and 1.00). The cost is bounded: only links
-/// moving bulk data spin longer, and only while bytes keep moving or for
-/// the longer budget after they stop.
+/// changed nothing (6 rounds, 1.01 and 1.00). The cost is bounded: only
+/// links moving bulk data spin longer, and only while bytes keep moving or
+/// for the longer budget after they stop.
 const STREAMING_SPIN_FACTOR: u32 = 10;
 /// Tag of the probe each side sends once its endpoint exists (see
 /// [`UcxLink::probe`]): in the frames' half of the tag space, above any
@@ -353,10 +353,10 @@ impl Shared {
     /// Spins on progress ([`spin_while_active_in_rounds`], with
     /// [`PROGRESS_CALLS_PER_ROUND`] calls per round) until `done` holds
     /// (`true`), or until the [spin budget](Self::spin_budget) has passed
-    /// since UCX last reported progress (`false`): a transfer whose bytes keep arriving (or
-    /// leaving) is polled to its end, the way `ucx_perftest` polls, instead
-    /// of sleeping on the event fd between its fragments; a quiet link
-    /// costs at most `idle`. A check leaves the lock alone while a sender
+    /// since UCX last reported progress (`false`): a transfer whose bytes
+    /// keep arriving (or leaving) is polled to its end, the way
+    /// `ucx_perftest` polls, instead of sleeping on the event fd between
+    /// its fragments; a quiet link costs at most the budget. A check leaves the lock alone while a sender
     /// waits for it (see [`Shared::lock_for_send`]). `done` gets the state
     /// and whether this check's progress call reported anything.
     fn spin(&self, mut done: impl FnMut(&mut State, bool) -> bool) -> bool {
