@@ -8,12 +8,8 @@ use socket2::SockAddr;
 
 use super::sys;
 
-/// `addr` in C's layout, owned: [`as_ucs`] lends it to UCX.
-pub(crate) fn raw(addr: SocketAddr) -> SockAddr {
-    SockAddr::from(addr)
-}
-
-/// The address as UCX takes it; valid while `addr` is.
+/// The address as UCX takes it (`addr` in C's layout is
+/// `SockAddr::from`'s); valid while `addr` is.
 pub(crate) fn as_ucs(addr: &SockAddr) -> sys::ucs_sock_addr_t {
     sys::ucs_sock_addr_t {
         addr: addr.as_ptr().cast(),
@@ -57,10 +53,12 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::{as_ucs, parse, raw};
+    use socket2::SockAddr;
+
+    use super::{as_ucs, parse};
 
     fn round_trip(addr: SocketAddr) -> Option<SocketAddr> {
-        let raw = raw(addr);
+        let raw = SockAddr::from(addr);
         let ucs = as_ucs(&raw);
         // SAFETY: points into `raw`, a `sockaddr_storage`, alive here.
         unsafe { parse(ucs.addr.cast()) }
@@ -71,7 +69,7 @@ mod tests {
         fn an_ipv4_address_comes_back_as_it_went(ip: [u8; 4], port: u16) {
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), port);
             prop_assert_eq!(round_trip(addr), Some(addr));
-            prop_assert_eq!(as_ucs(&raw(addr)).addrlen as usize, std::mem::size_of::<libc::sockaddr_in>());
+            prop_assert_eq!(as_ucs(&SockAddr::from(addr)).addrlen as usize, std::mem::size_of::<libc::sockaddr_in>());
         }
 
         #[test]
@@ -83,7 +81,7 @@ mod tests {
 
     #[test]
     fn the_port_is_in_network_byte_order() {
-        let raw = raw("127.0.0.1:4660".parse().unwrap());
+        let raw = SockAddr::from("127.0.0.1:4660".parse::<SocketAddr>().unwrap());
         // SAFETY: points into `raw`, which holds a `sockaddr_in`.
         let sin = unsafe { &*as_ucs(&raw).addr.cast::<libc::sockaddr_in>() };
         assert_eq!(sin.sin_port.to_ne_bytes(), [0x12, 0x34]);

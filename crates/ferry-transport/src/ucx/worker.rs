@@ -278,6 +278,10 @@ impl Shared {
     /// that posted a send or receive of at least [`STREAMING_BYTES`] in
     /// the last [`STREAMING_FOR`].
     fn spin_budget(&self) -> Duration {
+        // A link that never streamed (small messages only) reads no clock.
+        if self.streamed_at.load(Ordering::Relaxed) == 0 {
+            return self.spin;
+        }
         self.spin_budget_at(self.now())
     }
 
@@ -783,7 +787,7 @@ impl UcxWorker {
         addr: SocketAddr,
         peer: &str,
     ) -> Result<UcxLink, TransportError> {
-        let raw = sockaddr::raw(addr);
+        let raw = socket2::SockAddr::from(addr);
         self.connect_with(
             peer,
             &format!("connecting to the peer's UCX listener at {addr}"),
@@ -818,7 +822,7 @@ impl UcxWorker {
             what: "UCX",
             reason: format!("{what}: {}", status_text(api, status)),
         };
-        let raw = sockaddr::raw(SocketAddr::new(ip, 0));
+        let raw = socket2::SockAddr::from(SocketAddr::new(ip, 0));
         // SAFETY: zeroed is a valid parameter block.
         let mut params: sys::ucp_listener_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
