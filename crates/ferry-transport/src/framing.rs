@@ -1492,3 +1492,17 @@ fn len_u32(what: &'static str, len: usize) -> Result<u32, TransportError> {
         })
     })
 }
+
+/// Checked when this compiles: a connection's reads and writes are
+/// futures that may move between tokio's worker threads (as
+/// `tokio::spawn` needs), on streams that are only `Send`.
+#[allow(dead_code)]
+fn reads_and_writes_are_send(
+    reader: &mut FrameReader<Box<dyn AsyncRead + Send + Unpin>>,
+    writer: &mut FrameWriter<Box<dyn AsyncWrite + Send + Unpin>>,
+    message: &OutgoingMessage,
+) {
+    fn send<T: Send>(_: T) {}
+    send(reader.read());
+    send(writer.write(message));
+}
