@@ -25,8 +25,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_transport::{channel, Endpoint, OutgoingMessage, PeerConnection, RawTensor};
-use ferry_wire::{payload, DType, Flags, MessageKind};
+use std::sync::Arc;
+
+use ferry_transport::{channel, BufferPool, Endpoint, OutgoingMessage, PeerConnection, RawTensor};
+use ferry_wire::{payload, DType, Device, Flags, MessageKind, TensorDescriptor};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -170,11 +172,26 @@ async fn latency(a: &Args, port: u16, spin_us: u64) -> Result<f64, Error> {
     Ok(lats[lats.len() / 2] / 2.0 * 1e6)
 }
 
+/// A `size`-byte tensor in memory of the kind `ucx_perftest` sends from:
+/// it allocates its buffers with `ucp_mem_map`, which maps transparent huge
+/// pages, and so does Ferry's receive pool (where the receiver's
+/// destinations come from). A heap tensor of 4 KiB pages would make the
+/// sender's copy into the socket slower than the peer's for a reason that
+/// is not the transfer's.
+fn huge_page_tensor(size: usize) -> Result<RawTensor, Error> {
+    let mut storage = BufferPool::global().storage(size)?;
+    storage.prepare(size);
+    for (i, b) in storage.as_bytes_mut().iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let desc = TensorDescriptor::contiguous(DType::U8, &[size as i64], Device::Cpu);
+    Ok(RawTensor::from_storage(Arc::new(storage), desc)?)
+}
+
 /// Median over three runs of bytes per second, one way.
 async fn bandwidth(a: &Args, port: u16, size: usize) -> Result<f64, Error> {
     let mut conn = connect(a, port, a.spin_us).await?;
-    let bytes: Vec<u8> = (0..size).map(|i| i as u8).collect();
-    let t = vec![RawTensor::from_bytes(DType::U8, &[size as i64], &bytes)?];
+    let t = vec![huge_page_tensor(size)?];
     let empty = Vec::new();
     let count = (a.bytes_per_run / size).clamp(4, 1000);
     // Warm-up: the receiver's buffer pool and UCX's registrations.
