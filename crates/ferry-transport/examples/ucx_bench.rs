@@ -5,7 +5,8 @@
 //! transports chosen by `--tls`.
 //!
 //! - one-way bandwidth per size, in MiB/s as `ucx_perftest` prints it: a
-//!   window of messages, each with one tensor of that size, sent back to
+//!   window of messages, each with one tensor of that size (in
+//!   transparent huge pages, like `ucx_perftest`'s buffers), sent back to
 //!   back, then one acknowledged;
 //! - small-message latency: half the median round trip of a message with
 //!   one 8-byte tensor that the server echoes, with the configured spin
