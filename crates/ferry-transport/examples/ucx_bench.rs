@@ -24,9 +24,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_transport::{channel, BufferPool, Endpoint, OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::{payload, DType, Device, Flags, MessageKind, TensorDescriptor};
