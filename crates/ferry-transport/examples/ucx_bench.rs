@@ -5,9 +5,9 @@
 //! transports chosen by `--tls`.
 //!
 //! - one-way bandwidth per size, in MiB/s as `ucx_perftest` prints it: a
-//!   window of messages, each with one tensor of that size (in
-//!   transparent huge pages, like `ucx_perftest`'s buffers), sent back to
-//!   back, then one acknowledged;
+//!   window of messages, each with one tensor of that size (from 256 KiB
+//!   on, in transparent huge pages, like `ucx_perftest`'s buffers), sent
+//!   back to back, then one acknowledged;
 //! - small-message latency: half the median round trip of a message with
 //!   one 8-byte tensor that the server echoes, with the configured spin
 //!   and with none (the worker's event fd at once).
@@ -177,7 +177,8 @@ async fn latency(a: &Args, port: u16, spin_us: u64) -> Result<f64, Error> {
 /// pages, and so does Ferry's receive pool (where the receiver's
 /// destinations come from). A heap tensor of 4 KiB pages would make the
 /// sender's copy into the socket slower than the peer's for a reason that
-/// is not the transfer's.
+/// is not the transfer's. (Below [`POOL_MIN`](ferry_transport::POOL_MIN)
+/// the pool hands out heap memory, as it does to the receiver.)
 fn huge_page_tensor(size: usize) -> Result<RawTensor, Error> {
     let mut storage = BufferPool::global().storage(size)?;
     storage.prepare(size);

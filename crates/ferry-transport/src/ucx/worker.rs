@@ -360,9 +360,10 @@ impl Shared {
     /// since UCX last reported progress (`false`): a transfer whose bytes
     /// keep arriving (or leaving) is polled to its end, the way
     /// `ucx_perftest` polls, instead of sleeping on the event fd between
-    /// its fragments; a quiet link costs at most the budget. A check leaves the lock alone while a sender
-    /// waits for it (see [`Shared::lock_for_send`]). `done` gets the state
-    /// and whether this check's progress call reported anything.
+    /// its fragments; a quiet link costs at most the budget. A check leaves
+    /// the lock alone while a sender waits for it (see
+    /// [`Shared::lock_for_send`]). `done` gets the state and whether this
+    /// check's progress call reported anything.
     fn spin(&self, mut done: impl FnMut(&mut State, bool) -> bool) -> bool {
         spin_while_active_in_rounds(self.spin_budget(), PROGRESS_CALLS_PER_ROUND, || {
             if self.senders.load(Ordering::Acquire) > 0 {
