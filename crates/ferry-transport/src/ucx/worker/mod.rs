@@ -2,31 +2,31 @@
 //! progress.
 //!
 //! Every operation posts a request with a completion callback whose user
-//! data is the request's [`Completion`](request::Completion). A [`Pending`] request owns what
-//! UCX reads or writes (`keep`): when it is dropped before UCX completed
-//! it, it is cancelled and moved, buffer and all, into the worker's
-//! in-flight list, which is swept after each progress call; memory UCX may
-//! still write is never freed. Fire-and-forget sends (tensors, frame
-//! chunks) go to the same list.
+//! data is the request's [`Completion`](request::Completion). A [`Pending`]
+//! request owns what UCX reads or writes (`keep`): when it is dropped
+//! before UCX completed it, it is cancelled and moved, buffer and all, into
+//! the worker's in-flight list, which is swept after each progress call;
+//! memory UCX may still write is never freed. Fire-and-forget sends
+//! (tensors, frame chunks) go to the same list.
 //!
-//! A task waiting for a receive first spins on `ucp_worker_progress` for
-//! at most the configured spin time since UCX last reported progress (ten
+//! A task waiting for a receive first spins on `ucp_worker_progress` for at
+//! most the configured spin time since UCX last reported progress (ten
 //! times that while the link moves bulk data: [`Shared::spin_budget`]),
-//! then sleeps on the worker's event fd
-//! itself (tokio `AsyncFd`, plus a backstop timer): it progresses, arms
-//! the worker and waits for the fd, and again each time it wakes, until
-//! its request completes. While it sleeps its waker is also kept in the
-//! completion, so a request that another task's progress call completes
-//! wakes it too; once awake it takes the waker back out, so that its own
-//! progress call does not wake it again. The event that ends the sleep
-//! thus wakes the waiting task directly, with no other task in between:
-//! measured on a link that sleeps before every message, 20–26% less CPU
-//! time and about 0.7 times the one-way latency over UCX's tcp and shared
-//! memory (see the user guide). The connection's progress task works only
-//! while a send UCX has not finished is in flight: it spins on progress
-//! while UCX keeps moving the send (as a waiting receive spins), then arms
-//! the worker and sleeps on the fd; each time it wakes it progresses the
-//! worker and sweeps the finished sends. Otherwise it sleeps, with no timer, until such a send
+//! then sleeps on the worker's event fd itself (tokio `AsyncFd`, plus a
+//! backstop timer): it progresses, arms the worker and waits for the fd,
+//! and again each time it wakes, until its request completes. While it
+//! sleeps its waker is also kept in the completion, so a request that
+//! another task's progress call completes wakes it too; once awake it takes
+//! the waker back out, so that its own progress call does not wake it
+//! again. The event that ends the sleep thus wakes the waiting task
+//! directly, with no other task in between: measured on a link that sleeps
+//! before every message, 20–26% less CPU time and about 0.7 times the
+//! one-way latency over UCX's tcp and shared memory (see the user guide).
+//! The connection's progress task works only while a send UCX has not
+//! finished is in flight: it spins on progress while UCX keeps moving the
+//! send (as a waiting receive spins), then arms the worker and sleeps on
+//! the fd; each time it wakes it progresses the worker and sweeps the
+//! finished sends. Otherwise it sleeps, with no timer, until such a send
 //! exists. While nothing sleeps the worker stays unarmed: an armed worker
 //! makes the peer signal it for the next message (a system call there, a
 //! wake-up here), which a task spinning for that message does not need.
