@@ -7,14 +7,17 @@
 //! Each column is the best of [`ROUNDS`] transfers of one tensor, in GB/s,
 //! and its ratio to `d2d`:
 //! - `d2d`: `cuMemcpyDtoDAsync` on one device, waited for;
-//! - `cuda_staged`: a device tensor sent over a loopback connection and
-//!   received into device memory (one way: the write and the read, both in
-//!   this process);
-//! - `cuda_ipc`: the channel between two processes over a connection: a
-//!   child process sends, this one receives (opening the IPC handles,
-//!   waiting on the sender's event, copying) and answers with the reply
-//!   that releases the sender's tensor; the child's clock, from its write
-//!   until that reply;
+//! - `cuda_staged` and `cuda_ipc`: each channel between two processes
+//!   over a connection on this host: a child process sends a device
+//!   tensor, this one receives it into device memory (`cuda_staged`:
+//!   device to pinned host memory, the connection's stream, pinned host
+//!   memory to device, in overlapping chunks; `cuda_ipc`: opening the IPC
+//!   handles, waiting on the sender's event, copying) and answers with a
+//!   reply (for `cuda_ipc`, the one that releases the sender's tensor);
+//!   the child's clock, from its write until that reply. The two ends run
+//!   in two processes, as they do in use: in one task, the write and the
+//!   read would take turns, and the copies of one side would wait for the
+//!   other's stream work;
 //! - `ipc copy`: the channel's device side alone: another process opens
 //!   this one's IPC handles and copies device to device (its clock, handle
 //!   opening included).
@@ -67,33 +70,6 @@ fn message(kind: MessageKind, id: u64, tensors: Vec<Arc<dyn OutgoingTensor>>) ->
     }
 }
 
-async fn staged(len: usize) -> f64 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = endpoint("s", 0, "c", false);
-    let accept = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.expect("accept");
-        PeerConnection::accept(s, &server).await.expect("handshake")
-    });
-    let mut client = PeerConnection::connect(addr, &endpoint("c", 1, "s", false))
-        .await
-        .expect("connect");
-    let mut server = accept.await.expect("join");
-    let t: Arc<dyn OutgoingTensor> = Arc::new(tensor(len));
-    let mut best = f64::MAX;
-    for id in 0..ROUNDS as u64 {
-        let m = message(MessageKind::REQUEST, id, vec![t.clone()]);
-        let start = Instant::now();
-        let (sent, got) = tokio::join!(client.writer.write(&m), server.reader.read());
-        sent.expect("send");
-        got.expect("receive").expect("a message");
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    gbps(len, best)
-}
-
 fn d2d(len: usize) -> f64 {
     let (a, b) = (tensor(len), tensor(len));
     let ctx = context(Device::Cuda(0)).expect("context");
@@ -107,39 +83,43 @@ fn d2d(len: usize) -> f64 {
     gbps(len, best)
 }
 
-/// The receiving side of `cuda_ipc` over a connection: starts the child
-/// that sends ([`ipc_connection_child`]), answers each of its tensors and
-/// returns the child's best time per size in GB/s.
-async fn ipc_connection() -> Vec<f64> {
+/// The receiving side of `chosen` (`cuda_ipc` or `cuda_staged`) over a
+/// connection: starts the child that sends ([`connection_child`]),
+/// answers each of its tensors and returns the child's best time per size
+/// in GB/s.
+async fn over_connection(chosen: &'static str) -> Vec<f64> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let child = tokio::task::spawn_blocking(move || {
         std::process::Command::new(std::env::current_exe().expect("exe"))
-            .args(["--ipc-connection-child", &addr])
+            .args(["--connection-child", chosen, &addr])
             .output()
             .expect("child")
     });
     let serve = async {
         let (s, _) = listener.accept().await.expect("accept");
-        let mut conn = PeerConnection::accept(s, &endpoint("s", 0, "c", true))
+        let ipc = chosen == channel::CUDA_IPC;
+        let mut conn = PeerConnection::accept(s, &endpoint("s", 0, "c", ipc))
             .await
             .expect("handshake");
-        let chosen = conn
+        let selected = conn
             .reader
             .selection()
             .channel_for(Device::Cuda(0), Device::Cuda(0))
             .expect("a channel for cuda:0");
-        assert_eq!(chosen, channel::CUDA_IPC, "cuda_ipc selected on one host");
+        assert_eq!(selected, chosen, "{chosen} selected on one host");
         for id in 0..(SIZES.len() * ROUNDS) as u64 {
-            // The tensor is dropped (its device memory freed) at once.
+            // The tensor (received whole: its device copies are done) is
+            // dropped, its device memory freed, at once.
             conn.reader
                 .read()
                 .await
                 .expect("receive")
                 .expect("a message");
-            // The reply carries the release of the sender's tensor.
+            // The reply stops the sender's clock (over `cuda_ipc` it also
+            // carries the release of the sender's tensor).
             conn.writer
                 .write(&message(MessageKind::RESPONSE, id, Vec::new()))
                 .await
@@ -148,7 +128,7 @@ async fn ipc_connection() -> Vec<f64> {
     };
     tokio::time::timeout(Duration::from_secs(120), serve)
         .await
-        .expect("cuda_ipc over a connection: the child sent nothing for 120 s");
+        .unwrap_or_else(|_| panic!("{chosen} over a connection: the child sent nothing for 120 s"));
     let out = child.await.expect("join");
     assert!(
         out.status.success(),
@@ -169,12 +149,13 @@ async fn ipc_connection() -> Vec<f64> {
         .collect()
 }
 
-/// The sending side of [`ipc_connection`]: per size, [`ROUNDS`] tensors,
-/// each timed from its write until the reply that releases it; prints the
-/// best time per size, one line each.
-async fn ipc_connection_child(addr: &str) {
+/// The sending side of [`over_connection`] over `chosen`: per size,
+/// [`ROUNDS`] tensors, each timed from its write until the reply; prints
+/// the best time per size, one line each.
+async fn connection_child(chosen: &str, addr: &str) {
     let addr = addr.parse().expect("address");
-    let mut conn = PeerConnection::connect(addr, &endpoint("c", 1, "s", true))
+    let ipc = chosen == channel::CUDA_IPC;
+    let mut conn = PeerConnection::connect(addr, &endpoint("c", 1, "s", ipc))
         .await
         .expect("connect");
     let mut id = 0;
@@ -258,8 +239,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("--ipc-child") if args.len() == 3 => return ipc_child(&args[2]),
-        Some("--ipc-connection-child") if args.len() == 3 => {
-            return runtime().block_on(ipc_connection_child(&args[2]))
+        Some("--connection-child") if args.len() == 4 => {
+            return runtime().block_on(connection_child(&args[2], &args[3]))
         }
         _ => {}
     }
@@ -268,14 +249,14 @@ fn main() {
         return;
     }
     let rt = runtime();
-    let over_connection = rt.block_on(ipc_connection());
+    let ipc_runs = rt.block_on(over_connection(channel::CUDA_IPC));
+    let staged_runs = rt.block_on(over_connection(channel::CUDA_STAGED));
     println!(
         "{:>6} {:>9} {:>20} {:>20} {:>20}",
         "size", "d2d GB/s", "cuda_staged GB/s", "cuda_ipc GB/s", "ipc copy GB/s"
     );
-    for (len, ipc) in SIZES.into_iter().zip(over_connection) {
+    for ((len, ipc), staged) in SIZES.into_iter().zip(ipc_runs).zip(staged_runs) {
         let d = d2d(len);
-        let staged = rt.block_on(staged(len));
         let copy = ipc_parent(len);
         let cell = |v: f64| format!("{v:.2} ({:.2} of d2d)", v / d);
         println!(
