@@ -44,17 +44,17 @@ fn tensor(len: usize) -> CudaTensor {
         .expect("device tensor")
 }
 
-/// An endpoint mapping the peer's cuda:0 onto this side's cuda:0, with
-/// or without the `cuda_ipc` channel (without it, one host's device pairs
-/// take `cuda_staged`).
-fn endpoint(name: &str, rank: u32, peer: &str, ipc: bool) -> Endpoint {
+/// An endpoint mapping the peer's cuda:0 onto this side's cuda:0, whose
+/// device pairs on one host take `chosen`: `cuda_ipc`, or `cuda_staged`
+/// (offered without `cuda_ipc`).
+fn endpoint(name: &str, rank: u32, peer: &str, chosen: &str) -> Endpoint {
     let mut maps = DeviceMaps::new();
     maps.set_device_map(peer, [(Device::Cuda(0), Device::Cuda(0))])
         .expect("map");
     let mut e = Endpoint::new(name, rank);
     e.config.device_maps = Arc::new(maps);
     e.allocator = Arc::new(CudaAllocator);
-    if !ipc {
+    if chosen != channel::CUDA_IPC {
         e.channels.retain(|o| o.name != channel::CUDA_IPC);
     }
     e
@@ -100,8 +100,7 @@ async fn over_connection(chosen: &'static str) -> Vec<f64> {
     });
     let serve = async {
         let (s, _) = listener.accept().await.expect("accept");
-        let ipc = chosen == channel::CUDA_IPC;
-        let mut conn = PeerConnection::accept(s, &endpoint("s", 0, "c", ipc))
+        let mut conn = PeerConnection::accept(s, &endpoint("s", 0, "c", chosen))
             .await
             .expect("handshake");
         let selected = conn
@@ -154,8 +153,7 @@ async fn over_connection(chosen: &'static str) -> Vec<f64> {
 /// the best time per size, one line each.
 async fn connection_child(chosen: &str, addr: &str) {
     let addr = addr.parse().expect("address");
-    let ipc = chosen == channel::CUDA_IPC;
-    let mut conn = PeerConnection::connect(addr, &endpoint("c", 1, "s", ipc))
+    let mut conn = PeerConnection::connect(addr, &endpoint("c", 1, "s", chosen))
         .await
         .expect("connect");
     let mut id = 0;
