@@ -7,6 +7,7 @@
 //!                  [--threads 1] [--tls-cert CERT.pem --tls-key KEY.pem]
 //!                  [--allow 10.0.0.0/8,127.0.0.1]
 //!                  [--manager-tls-ca CA.pem [--manager-tls-domain NAME]]
+//!                  [--allowed-host NAME[:PORT]]...
 //! ```
 //!
 //! `--tls-cert`/`--tls-key` serve over TLS (clients connect with
@@ -15,7 +16,10 @@
 //! warning naming them (see `ferry_ft::access`). `--manager-tls-ca` is the
 //! CA the dashboard's `Kill` trusts to reach managers serving over TLS
 //! (`--manager-tls-domain`: the name their certificates carry, when not
-//! their address's host).
+//! their address's host). The dashboard answers only requests whose `Host`
+//! is an IP address, `localhost` or the machine's host name, against DNS
+//! rebinding; `--allowed-host` (repeatable) adds a name browsers use to
+//! reach it (`NAME` on any port, `NAME:PORT` on that one).
 //!
 //! torchft's spellings (`--min_replicas`, `--join_timeout_ms`,
 //! `--quorum_tick_ms`, `--heartbeat_timeout_ms`) work too, and `--flag=value`
@@ -108,6 +112,11 @@ struct Args {
     /// their address); needs --manager-tls-ca.
     #[arg(long, value_name = "NAME", requires = "manager_tls_ca")]
     manager_tls_domain: Option<String>,
+    /// Another host name the dashboard answers to (besides IP addresses,
+    /// localhost and this machine's name): NAME for any port, NAME:PORT
+    /// for one. Repeatable.
+    #[arg(long = "allowed-host", value_name = "NAME[:PORT]")]
+    allowed_hosts: Vec<String>,
 }
 
 impl Args {
@@ -122,6 +131,9 @@ impl Args {
             .with_quorum_tick(Duration::from_millis(self.quorum_tick_ms))
             .with_heartbeat_timeout(Duration::from_millis(self.heartbeat_timeout_ms))
             .with_access(access);
+        for name in &self.allowed_hosts {
+            options = options.with_allowed_host(name.clone());
+        }
         if let Some(ca) = &self.manager_tls_ca {
             let mut tls = ClientTls::from_file(ca)?;
             if let Some(domain) = &self.manager_tls_domain {
@@ -276,6 +288,23 @@ mod tests {
         let tls = options.manager_tls.unwrap();
         assert_eq!(tls.domain.as_deref(), Some("replica-a.internal"));
         assert!(parse(&["--min-replicas", "1", "--manager-tls-domain", "x"]).is_err());
+    }
+
+    #[test]
+    fn allowed_hosts_repeat() {
+        let (_, options, _) = parsed(&[
+            "--min-replicas",
+            "1",
+            "--allowed-host",
+            "lighthouse.internal",
+            "--allowed-host=proxy.example:8080",
+        ]);
+        assert_eq!(
+            options.allowed_hosts,
+            ["lighthouse.internal", "proxy.example:8080"]
+        );
+        let (_, options, _) = parsed(&["--min-replicas", "1"]);
+        assert!(options.allowed_hosts.is_empty());
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! `GET /?page=N` (from 0) shows [`PAGE_SIZE`] entries of each. The kill
 //! forms and the script carry the server's kill token (also in a
 //! `<meta name="ferry-kill-token">`), which a page of another origin
-//! cannot read; the server refuses a kill without it.
+//! cannot read; the server refuses a kill without it. Nor can a page whose
+//! name was rebound to the lighthouse's address (DNS rebinding): the
+//! server answers only requests for its own names (`super::host`).
 
 use std::net::SocketAddr;
 

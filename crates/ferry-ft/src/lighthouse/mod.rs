@@ -14,6 +14,7 @@
 //! requests in and hands quorums out; the rules stay in the pure core.
 
 mod dashboard;
+mod host;
 mod options;
 mod quorum;
 mod replica_id;
@@ -22,6 +23,7 @@ mod state;
 mod status;
 
 pub use dashboard::PAGE_SIZE as DASHBOARD_PAGE_SIZE;
+pub use host::BadAllowedHost;
 pub use options::LighthouseOptions;
 pub use quorum::{quorum_changed, quorum_compute};
 pub use replica_id::{check_replica_id, ReplicaIdTooLong, MAX_REPLICA_ID_BYTES};

@@ -27,6 +27,13 @@ pub struct LighthouseOptions {
     /// CA to trust; their addresses then read `https://`). `None`: plain
     /// text, torchft's default.
     pub manager_tls: Option<ClientTls>,
+    /// Host names the dashboard answers to besides its own, for DNS
+    /// rebinding's sake: `NAME` (any port) or `NAME:PORT` (that port only),
+    /// compared without regard to case. The dashboard always answers IP
+    /// addresses, `localhost` and the machine's host name; a request for
+    /// any other name (its `Host`) is refused with 421. Add the names a
+    /// browser reaches the lighthouse by: a DNS name, a proxy's name.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl LighthouseOptions {
@@ -41,6 +48,7 @@ impl LighthouseOptions {
             heartbeat_timeout: Duration::from_millis(5_000),
             access: Access::default(),
             manager_tls: None,
+            allowed_hosts: Vec::new(),
         }
     }
 
@@ -53,6 +61,12 @@ impl LighthouseOptions {
     /// Sets [`manager_tls`](Self::manager_tls).
     pub fn with_manager_tls(mut self, tls: ClientTls) -> Self {
         self.manager_tls = Some(tls);
+        self
+    }
+
+    /// Adds `name` to [`allowed_hosts`](Self::allowed_hosts).
+    pub fn with_allowed_host(mut self, name: impl Into<String>) -> Self {
+        self.allowed_hosts.push(name.into());
         self
     }
 

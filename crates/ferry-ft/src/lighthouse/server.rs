@@ -13,6 +13,10 @@
 //! here ([`LighthouseGrpc`]) rather than generated: tonic's gRPC machinery
 //! all the same, with a codec that writes the encoded response as it is.
 //! Log lines are written after the state's lock is let go of.
+//!
+//! The dashboard's routes answer only requests for the lighthouse's own
+//! names (`Host`; see [`super::host`]), against DNS rebinding; the gRPC
+//! service beside them answers whatever `:authority` its clients send.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -21,8 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::extract::Path;
+use axum::extract::{Path, Request as HttpRequest};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse};
 use axum::routing::{get, post};
 use prost::bytes::BufMut;
@@ -38,6 +43,7 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, debug_span, info, info_span, warn, Instrument};
 
 use super::dashboard::render_page;
+use super::host::{BadAllowedHost, DashboardHosts, HostRefused};
 use super::state::TickLog;
 use super::status::{KillOutcome, LighthouseStatus};
 use super::{check_replica_id, LighthouseOptions, LighthouseState};
@@ -81,6 +87,9 @@ pub enum LighthouseError {
     /// The TLS configuration was refused.
     #[error("lighthouse: {0}")]
     Access(#[from] crate::access::AccessError),
+    /// An entry of [`LighthouseOptions::allowed_hosts`] is not a host name.
+    #[error("lighthouse: {0}")]
+    AllowedHost(#[from] BadAllowedHost),
 }
 
 /// A running lighthouse: `torchft.LighthouseService` (`Quorum`, `Heartbeat`)
@@ -129,6 +138,7 @@ impl Lighthouse {
         addr: impl ToSocketAddrs + fmt::Display,
         options: LighthouseOptions,
     ) -> Result<Self, LighthouseError> {
+        let hosts = DashboardHosts::new(machine_hostname().as_deref(), &options.allowed_hosts)?;
         let bind_error = |source| LighthouseError::Bind {
             addr: addr.to_string(),
             source,
@@ -157,10 +167,11 @@ impl Lighthouse {
             run_ticks(Arc::clone(&shared), shutdown_rx.clone()).instrument(span.clone()),
         );
 
-        let routes =
-            Routes::from(dashboard_router(Arc::clone(&shared))).add_service(LighthouseGrpc {
+        let routes = Routes::from(dashboard_router(Arc::clone(&shared), hosts)).add_service(
+            LighthouseGrpc {
                 shared: Arc::clone(&shared),
-            });
+            },
+        );
         let mut stop = shutdown_rx;
         let signal = async move {
             // Either `true` was sent or the `Lighthouse` is gone: stop.
@@ -712,8 +723,9 @@ async fn kill_manager(address: &str, tls: Option<&ClientTls>) -> Result<(), Kill
         })
 }
 
-/// The dashboard's HTTP routes (gRPC goes to the tonic service beside them).
-fn dashboard_router(shared: Arc<Shared>) -> axum::Router {
+/// The dashboard's HTTP routes (gRPC goes to the tonic service beside them),
+/// each answering only requests for one of `hosts` ([`check_host`]).
+fn dashboard_router(shared: Arc<Shared>, hosts: DashboardHosts) -> axum::Router {
     let page = Arc::clone(&shared);
     let status = Arc::clone(&shared);
     let kill = shared;
@@ -774,6 +786,64 @@ fn dashboard_router(shared: Arc<Shared>) -> axum::Router {
                 },
             ),
         )
+        // Only these routes: the gRPC service, added after, is not checked.
+        .route_layer(axum::middleware::from_fn(
+            move |request: HttpRequest, next: Next| {
+                let refused = check_host(&hosts, &request);
+                async move {
+                    match refused {
+                        None => next.run(request).await,
+                        Some(response) => response,
+                    }
+                }
+            },
+        ))
+}
+
+/// `None` when `request` is for one of `hosts`, else the refusal to send:
+/// 421 Misdirected Request, naming the host, in plain text. This is what
+/// keeps a page of another site, its name rebound to the lighthouse's
+/// address (DNS rebinding), from reading the page and its kill token.
+fn check_host(hosts: &DashboardHosts, request: &HttpRequest) -> Option<axum::response::Response> {
+    let mut values = request.headers().get_all(header::HOST).iter();
+    let host = values
+        .next()
+        .map(|value| String::from_utf8_lossy(value.as_bytes()));
+    let checked = if values.next().is_some() {
+        Err(HostRefused::Several)
+    } else {
+        hosts.check(
+            host.as_deref(),
+            request.uri().authority().map(|a| a.as_str()),
+        )
+    };
+    let refused = checked.err()?;
+    warn!(
+        method = %request.method(),
+        path = request.uri().path(),
+        "Refused a dashboard request: {refused}"
+    );
+    Some(
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            format!("lighthouse dashboard: {refused}\n"),
+        )
+            .into_response(),
+    )
+}
+
+/// The machine's host name, which the dashboard answers to; `None` where
+/// it cannot be read (not Linux).
+fn machine_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
 }
 
 /// Now, in milliseconds since the Unix epoch.
@@ -807,8 +877,9 @@ fn query_param<'u>(uri: &'u Uri, name: &str) -> Option<&'u str> {
 
 /// Whether a kill request comes from the dashboard itself: it carries the
 /// server's token (`?token=`, embedded in the page, which another origin
-/// cannot read), and a browser's `Origin` (when sent) names the host the
-/// request was sent to and `Sec-Fetch-Site` (when sent) is not
+/// cannot read; a rebound name cannot either, as [`check_host`] refuses
+/// it before this runs), and a browser's `Origin` (when sent) names the
+/// host the request was sent to and `Sec-Fetch-Site` (when sent) is not
 /// `cross-site`. The reason for a refusal otherwise.
 fn kill_allowed(headers: &HeaderMap, uri: &Uri, token: &str) -> Result<(), String> {
     let header = |name: header::HeaderName| {
@@ -833,10 +904,18 @@ fn kill_allowed(headers: &HeaderMap, uri: &Uri, token: &str) -> Result<(), Strin
             ));
         }
     }
-    if query_param(uri, "token") != Some(token) {
+    if !token_matches(query_param(uri, "token"), token) {
         return Err("the kill needs the dashboard's token: reload the dashboard".to_owned());
     }
     Ok(())
+}
+
+/// Whether `given` is the kill token, compared in constant time (the time
+/// taken tells nothing about how much of it was right).
+fn token_matches(given: Option<&str>, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    // Different lengths compare unequal at once: the length is no secret.
+    given.is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
 }
 
 /// `value` as a JSON response with `code`.
@@ -896,5 +975,22 @@ mod tests {
 
         assert!(delivered.includes("a") && delivered.includes("b") && delivered.includes("c"));
         assert!(!delivered.includes("") && !delivered.includes("bb") && !delivered.includes("d"));
+    }
+
+    #[test]
+    fn token_comparison() {
+        let token = random_token();
+        assert_eq!(token.len(), 32);
+        assert!(token_matches(Some(&token), &token));
+        assert!(!token_matches(None, &token));
+        assert!(!token_matches(Some(""), &token));
+        assert!(!token_matches(Some(&token[..31]), &token));
+        assert!(!token_matches(Some(&format!("{token}0")), &token));
+        let mut wrong = token.clone().into_bytes();
+        wrong[31] = if wrong[31] == b'0' { b'1' } else { b'0' };
+        assert!(!token_matches(
+            Some(std::str::from_utf8(&wrong).unwrap()),
+            &token
+        ));
     }
 }
