@@ -16,6 +16,18 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// Bytes of an authenticated connection failed their integrity check
+    /// ([`crate::auth::records`]): something between the two ends
+    /// injected, dropped, reordered, replayed or altered them. The
+    /// connection is closed and nothing of the refused record was used.
+    #[error("connection with {peer} tampered with: {source}")]
+    Integrity {
+        /// The peer.
+        peer: String,
+        /// Which record failed, and how.
+        #[source]
+        source: crate::auth::RecordError,
+    },
     /// The peer sent bytes that are not a valid frame.
     #[error("malformed frame from {peer}: {source}")]
     Malformed {

@@ -88,8 +88,8 @@ pub mod ucx;
 pub use alloc::{host_destination_len, Allocator, RawAllocator, RecvBuffer};
 #[cfg(not(loom))]
 pub use connection::{
-    Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, UcxFallback, UcxUnusable,
-    MAX_MPT_LANES,
+    Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, TcpReader, TcpWriter,
+    UcxFallback, UcxUnusable, MAX_MPT_LANES,
 };
 pub use error::TransportError;
 #[cfg(not(loom))]

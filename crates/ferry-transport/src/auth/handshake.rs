@@ -1,19 +1,63 @@
 //! The handshake as a pure state machine: messages in, messages out.
 
+use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::message::{AuthMessage, DecodeError, NONCE_LEN, TAG_LEN};
+use super::records::Protection;
 use super::secret::{Key, SessionKey};
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Label of the accepting side's proof.
-const ACCEPT_LABEL: &[u8] = b"ferry-auth/v1 accept";
-/// Label of the connecting side's proof.
-const CONNECT_LABEL: &[u8] = b"ferry-auth/v1 connect";
-/// Label of the session key.
-const SESSION_LABEL: &[u8] = b"ferry-auth/v1 session";
+/// Label of the accepting side's proof (the protection's name follows).
+const ACCEPT_LABEL: &str = "ferry-auth/v2 accept";
+/// Label of the connecting side's proof (the protection's name follows).
+const CONNECT_LABEL: &str = "ferry-auth/v2 connect";
+/// HKDF info of the key shared for the connections set up on behalf of
+/// this one.
+const SESSION_INFO: &[u8] = b"ferry-auth/v2 session";
+/// HKDF info of the records the connecting side sends.
+const CONNECTOR_RECORDS_INFO: &str = "ferry-auth/v2 records connector->acceptor";
+/// HKDF info of the records the accepting side sends.
+const ACCEPTOR_RECORDS_INFO: &str = "ferry-auth/v2 records acceptor->connector";
+
+/// A label with the protection's name after it, so that two sides that
+/// disagree on the protection fail each other's proof.
+fn labelled(label: &str, protection: Protection) -> Vec<u8> {
+    format!("{label} {}", protection.name()).into_bytes()
+}
+
+/// The session's keys: HKDF-SHA256 (RFC 5869) with both nonces as salt
+/// and the handshake's key as input, expanded once per use.
+fn derive(key: &Key, role: Role, nonce_c: &[u8], nonce_s: &[u8]) -> SessionKey {
+    let mut salt = [0u8; 2 * NONCE_LEN];
+    salt[..NONCE_LEN].copy_from_slice(nonce_c);
+    salt[NONCE_LEN..].copy_from_slice(nonce_s);
+    let hk = Hkdf::<Sha256>::new(Some(&salt), key.bytes());
+    let protection = key.protection();
+    let expand = |info: &[u8]| {
+        let mut out = [0u8; 32];
+        match hk.expand(info, &mut out) {
+            Ok(()) => out,
+            Err(_) => unreachable!("HKDF-SHA256 expands to 32 bytes"),
+        }
+    };
+    let shared = expand(SESSION_INFO);
+    let from_connector = expand(&labelled(CONNECTOR_RECORDS_INFO, protection));
+    let from_acceptor = expand(&labelled(ACCEPTOR_RECORDS_INFO, protection));
+    let (send, recv) = match role {
+        Role::Connect => (from_connector, from_acceptor),
+        Role::Accept => (from_acceptor, from_connector),
+    };
+    SessionKey {
+        shared,
+        send,
+        recv,
+        protection,
+        role,
+    }
+}
 
 /// Which end of the connection this side is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,9 +83,10 @@ pub enum AuthError {
         /// What came.
         got: &'static str,
     },
-    /// The peer's proof does not match: it holds another secret, or
-    /// replays a proof made for another nonce.
-    #[error("the peer's proof does not match (another secret, or a replayed handshake)")]
+    /// The peer's proof does not match: it holds another secret, asks for
+    /// another protection (`FERRY_AUTH`), or replays a proof made for
+    /// another nonce.
+    #[error("the peer's proof does not match (another secret, another FERRY_AUTH protection, or a replayed handshake)")]
     BadProof,
     /// The accepting side refused this side's proof.
     #[error("the peer refused this side's proof (another secret?)")]
@@ -95,19 +140,20 @@ fn name(m: &AuthMessage) -> &'static str {
     }
 }
 
-fn mac(key: &Key, label: &[u8], a: &[u8], b: &[u8]) -> HmacSha256 {
+fn mac(key: &Key, label: &str, a: &[u8], b: &[u8]) -> HmacSha256 {
+    let label = labelled(label, key.protection());
     // HMAC takes keys of any length: this cannot fail.
     let mut m = match HmacSha256::new_from_slice(key.bytes()) {
         Ok(m) => m,
         Err(_) => unreachable!("HMAC accepts keys of every length"),
     };
-    m.update(label);
+    m.update(&label);
     m.update(a);
     m.update(b);
     m
 }
 
-fn tag(key: &Key, label: &[u8], a: &[u8], b: &[u8]) -> [u8; TAG_LEN] {
+fn tag(key: &Key, label: &str, a: &[u8], b: &[u8]) -> [u8; TAG_LEN] {
     mac(key, label, a, b).finalize().into_bytes().into()
 }
 
@@ -183,7 +229,7 @@ impl Handshake {
                 if expected.verify_slice(&t).is_err() {
                     return self.fail(None, AuthError::BadProof);
                 }
-                let session = SessionKey(tag(&self.key, SESSION_LABEL, &self.nonce, &peer));
+                let session = derive(&self.key, Role::Connect, &self.nonce, &peer);
                 self.state = State::AwaitAccepted { session };
                 Step {
                     send: Some(AuthMessage::Proof {
@@ -197,7 +243,7 @@ impl Handshake {
                 if expected.verify_slice(&t).is_err() {
                     return self.fail(Some(AuthMessage::Refused), AuthError::BadProof);
                 }
-                let session = SessionKey(tag(&self.key, SESSION_LABEL, &peer_nonce, &self.nonce));
+                let session = derive(&self.key, Role::Accept, &peer_nonce, &self.nonce);
                 Step {
                     send: Some(AuthMessage::Accepted),
                     outcome: Some(Ok(session)),

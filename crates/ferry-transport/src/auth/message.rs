@@ -13,7 +13,7 @@
 /// First bytes of every message.
 pub const MAGIC: [u8; 4] = *b"FRYA";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the header (magic, version, kind).
 pub const HEADER_LEN: usize = 6;
 /// Bytes of a nonce.

@@ -15,11 +15,20 @@
 //! Neither the secret nor anything replayable crosses the wire: each side
 //! proves it knows the secret over the other side's fresh nonce, and the
 //! two proofs carry different labels, so one side's proof cannot be
-//! reflected back as the other's. Both ends then share a [`SessionKey`]
-//! (`HMAC(k, "session" ‖ nonce_c ‖ nonce_s)`) that authenticates the
-//! connections set up on behalf of this one (shared-memory socket,
-//! lanes): an outsider who did not take part in this handshake cannot
-//! slip into them.
+//! reflected back as the other's. The labels also name the
+//! [`Protection`] each side asks for, so two sides that disagree on it
+//! fail the handshake.
+//!
+//! Authentication proves who started a connection, not who sends its
+//! bytes afterwards: a relay can pass the four messages through and then
+//! speak for either side. So both ends derive, with HKDF-SHA256 over the
+//! secret and both nonces, a [`SessionKey`]: one key per direction for
+//! the [`records`] every byte after the handshake travels in (each with a
+//! MAC over its place in the stream, or sealed with an AEAD), and a key
+//! that authenticates the connections set up on behalf of this one
+//! (shared-memory socket, `mpt` lanes), whose own records it keys in turn.
+//! A relay or anyone on the path can then drop the connection, but not
+//! inject, drop, reorder, replay or alter a byte of it unnoticed.
 //!
 //! The protocol logic is [`Handshake`], a pure state machine (messages
 //! in, messages out); [`accept`] and [`connect`] are its thin I/O shell.
@@ -54,9 +63,11 @@ pub fn is_auth_failure(error: &crate::TransportError) -> bool {
 mod handshake;
 mod io;
 pub mod message;
+pub mod records;
 mod secret;
 
 pub use handshake::{AuthError, Handshake, Role, Step};
 pub use io::{accept, connect, AUTH_TIMEOUT};
 pub use message::{AuthMessage, DecodeError};
+pub use records::{Protection, RecordError, RecordReader, RecordWriter, Sealed};
 pub use secret::{Key, Secret, SecretError, SessionKey, SECRET_ENV};

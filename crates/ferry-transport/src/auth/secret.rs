@@ -3,6 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::handshake::Role;
+use super::records::{Opener, Protection, RecordReader, RecordWriter, Sealed, Sealer};
+
 /// The environment variable holding the group's shared secret.
 pub const SECRET_ENV: &str = "FERRY_AUTH_SECRET";
 
@@ -15,6 +18,9 @@ pub enum SecretError {
     /// The secret is shorter than 16 bytes.
     #[error("an authentication secret needs at least {MIN_SECRET_LEN} bytes, got {0}")]
     TooShort(usize),
+    /// `FERRY_AUTH` names no protection.
+    #[error("{0}")]
+    Protection(String),
 }
 
 /// Key material for one handshake: the group's secret, or a session key
@@ -22,11 +28,19 @@ pub enum SecretError {
 /// and it has no `==`: keys are only ever compared through HMAC
 /// verification, in constant time.
 #[derive(Clone)]
-pub struct Key(Arc<[u8]>);
+pub struct Key {
+    bytes: Arc<[u8]>,
+    protection: Protection,
+}
 
 impl Key {
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.0
+        &self.bytes
+    }
+
+    /// What the records of a stream authenticated with this key guarantee.
+    pub fn protection(&self) -> Protection {
+        self.protection
     }
 }
 
@@ -50,16 +64,35 @@ impl Secret {
         if bytes.len() < MIN_SECRET_LEN {
             return Err(SecretError::TooShort(bytes.len()));
         }
-        Ok(Secret(Key(bytes.into())))
+        Ok(Secret(Key {
+            bytes: bytes.into(),
+            protection: Protection::Mac,
+        }))
+    }
+
+    /// This secret with records protected as `protection` (both ends of
+    /// a connection must agree: a mismatch fails the handshake).
+    pub fn with_protection(mut self, protection: Protection) -> Secret {
+        self.0.protection = protection;
+        self
+    }
+
+    /// What the records of a connection authenticated with this secret
+    /// guarantee.
+    pub fn protection(&self) -> Protection {
+        self.0.protection
     }
 
     /// The secret in `FERRY_AUTH_SECRET`, `None` when it is unset or
-    /// empty; an error when it is too short.
+    /// empty, with the protection `FERRY_AUTH` names (`mac` by default,
+    /// or `encrypt`); an error when the secret is too short or
+    /// `FERRY_AUTH` names neither.
     pub fn from_env() -> Result<Option<Secret>, SecretError> {
         match std::env::var_os(SECRET_ENV) {
             Some(v) if !v.is_empty() => {
                 use std::os::unix::ffi::OsStrExt;
-                Secret::new(v.as_bytes().to_vec()).map(Some)
+                let protection = Protection::from_env().map_err(SecretError::Protection)?;
+                Secret::new(v.as_bytes().to_vec()).map(|s| Some(s.with_protection(protection)))
             }
             _ => Ok(None),
         }
@@ -77,16 +110,65 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The key both ends of one authenticated connection share after the
-/// handshake, for the connections set up on its behalf. No `==`, as for
-/// [`Secret`].
+/// What one side holds after a handshake: the key both ends share for
+/// the connections set up on behalf of this one, and the two directions'
+/// record keys (see [`records`](super::records)), all derived from the
+/// secret and both sides' fresh nonces. No `==`, as for [`Secret`].
 #[derive(Clone)]
-pub struct SessionKey(pub(crate) [u8; 32]);
+pub struct SessionKey {
+    pub(crate) shared: [u8; 32],
+    /// This side's sending direction.
+    pub(crate) send: [u8; 32],
+    /// This side's receiving direction.
+    pub(crate) recv: [u8; 32],
+    pub(crate) protection: Protection,
+    pub(crate) role: Role,
+}
 
 impl SessionKey {
-    /// This session key as key material for a further handshake.
+    /// This session key as key material for a further handshake (the
+    /// shared-memory socket and `mpt` lanes of a connection), with the
+    /// same protection.
     pub fn key(&self) -> Key {
-        Key(Arc::from(&self.0[..]))
+        Key {
+            bytes: Arc::from(&self.shared[..]),
+            protection: self.protection,
+        }
+    }
+
+    /// What the records sealed with this session guarantee.
+    pub fn protection(&self) -> Protection {
+        self.protection
+    }
+
+    /// Which end of the handshake this side was.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Seals what this side sends.
+    pub fn sealer(&self) -> Sealer {
+        Sealer::new(self.send, self.protection)
+    }
+
+    /// Opens what this side receives.
+    pub fn opener(&self) -> Opener {
+        Opener::new(self.recv, self.protection)
+    }
+
+    /// The reading half of the authenticated stream, its records checked.
+    pub fn reader<R>(&self, r: R) -> RecordReader<R> {
+        RecordReader::new(r, Some(self.opener()))
+    }
+
+    /// The writing half of the authenticated stream, its records sealed.
+    pub fn writer<W>(&self, w: W) -> RecordWriter<W> {
+        RecordWriter::new(w, Some(self.sealer()))
+    }
+
+    /// The whole authenticated stream, read and written as records.
+    pub fn seal<S>(&self, stream: S) -> Sealed<S> {
+        Sealed::new(stream, Some(self.opener()), Some(self.sealer()))
     }
 }
 

@@ -415,7 +415,7 @@ mod no_ucx {
         }
     }
 }
-pub use stream::{PeerReader, PeerWriter};
+pub use stream::{PeerReader, PeerWriter, TcpReader, TcpWriter};
 
 /// Which side of the handshake this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -568,7 +568,11 @@ impl PeerConnection {
         let local_ip = stream.local_addr().map_err(io_err)?.ip();
         let peer_ip = stream.peer_addr().ok().map(|a| a.ip());
         // With a secret, nothing is read from the peer before it proved it
-        // holds the secret too.
+        // holds the secret too; from then on every byte either way travels
+        // in records sealed with this connection's keys, the handshake
+        // frames that follow included (names, ranks, offers): a relay that
+        // passed the authentication through can neither speak for either
+        // side nor alter, drop or reorder what they say.
         let session = match &local.auth {
             Some(secret) => {
                 let key = secret.key();
@@ -584,8 +588,15 @@ impl PeerConnection {
             }
             None => None,
         };
-        let session = session.map(|s| s.key());
         let (r, w) = stream.into_split();
+        let (r, w) = match &session {
+            Some(s) => (s.reader(r), s.writer(w)),
+            None => (
+                crate::auth::RecordReader::new(r, None),
+                crate::auth::RecordWriter::new(w, None),
+            ),
+        };
+        let session = session.map(|s| s.key());
         // Until the handshake is in, a frame may hold a handshake and nothing
         // more: a header announcing more is refused before its body is read.
         let mut reader = FrameReader::new(
@@ -597,6 +608,7 @@ impl PeerConnection {
         );
         let mut writer =
             FrameWriter::new(PeerWriter::Tcp(w), Selection::default(), peer_addr.clone());
+        writer.set_flush(session.is_some());
         let fail = |reason: String| TransportError::Handshake {
             peer: peer_addr.clone(),
             reason,
@@ -841,6 +853,14 @@ impl PeerConnection {
             None => (None, None),
         };
         let shared = Arc::new(Shared::default());
+        if let PeerReader::Tcp(tcp) = reader.stream_mut() {
+            if (frames.is_some() || transport == channel::UCX_TRANSPORT) && tcp.buffered() > 0 {
+                return Err(fail(format!(
+                    "{} bytes arrived on TCP after the handshake",
+                    tcp.buffered()
+                )));
+            }
+        }
         if let Some(link) = frames {
             // From here on frames travel through the rings. Nothing may be
             // buffered from the TCP stream: both ends send nothing on it
@@ -868,14 +888,14 @@ impl PeerConnection {
             reader = reader
                 .map_stream(|r| match r {
                     PeerReader::Tcp(tcp) => {
-                        PeerReader::Ucx(crate::ucx::UcxReader::new(link.clone(), tcp))
+                        PeerReader::Ucx(crate::ucx::UcxReader::new(link.clone(), tcp.into_inner()))
                     }
                     other => other,
                 })
                 .map_err(|n| fail(format!("{n} bytes arrived on TCP after the handshake")))?;
             writer = writer.map_stream(|w| match w {
                 PeerWriter::Tcp(tcp) => {
-                    PeerWriter::Ucx(crate::ucx::UcxWriter::new(link.clone(), tcp))
+                    PeerWriter::Ucx(crate::ucx::UcxWriter::new(link.clone(), tcp.into_inner()))
                 }
                 other => other,
             });

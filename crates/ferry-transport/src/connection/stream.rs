@@ -9,15 +9,23 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::auth::{RecordReader, RecordWriter};
 use crate::shm::{ShmReader, ShmWriter};
+
+/// The reading half of a connection's TCP stream: with a secret, its
+/// records are checked ([`crate::auth::records`]).
+pub type TcpReader = RecordReader<OwnedReadHalf>;
+/// The writing half of a connection's TCP stream: with a secret, its
+/// records are sealed.
+pub type TcpWriter = RecordWriter<OwnedWriteHalf>;
 
 /// The reading half of a [`PeerConnection`](super::PeerConnection)'s transport.
 pub enum PeerReader {
     /// Frames arrive on the TCP connection.
-    Tcp(OwnedReadHalf),
+    Tcp(TcpReader),
     /// Frames arrive through a shared-memory ring (the TCP connection is
     /// held open beside it).
-    Shm(ShmReader, OwnedReadHalf),
+    Shm(ShmReader, TcpReader),
     /// Frames arrive as UCX tag messages (the TCP connection is held open
     /// beside them, and watched for the peer's exit).
     #[cfg(feature = "ucx")]
@@ -27,9 +35,9 @@ pub enum PeerReader {
 /// The writing half of a [`PeerConnection`](super::PeerConnection)'s transport.
 pub enum PeerWriter {
     /// Frames leave on the TCP connection.
-    Tcp(OwnedWriteHalf),
+    Tcp(TcpWriter),
     /// Frames leave through a shared-memory ring.
-    Shm(ShmWriter, OwnedWriteHalf),
+    Shm(ShmWriter, TcpWriter),
     /// Frames leave as UCX tag messages.
     #[cfg(feature = "ucx")]
     Ucx(crate::ucx::UcxWriter),

@@ -554,6 +554,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     fn io(&self, e: std::io::Error) -> TransportError {
+        if let Some(r) = crate::auth::RecordError::of(&e) {
+            if !matches!(r, crate::auth::RecordError::Truncated { .. }) {
+                return TransportError::Integrity {
+                    peer: self.peer.clone(),
+                    source: r.clone(),
+                };
+            }
+        }
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             TransportError::Closed {
                 peer: self.peer.clone(),

@@ -122,6 +122,14 @@ pub(super) async fn receive_in_steps<R: AsyncRead + Unpin + ?Sized>(
                 })
             }
             Err(ReadFail::Io(e)) => {
+                if let Some(r) = crate::auth::RecordError::of(&e) {
+                    if !matches!(r, crate::auth::RecordError::Truncated { .. }) {
+                        return Err(TransportError::Integrity {
+                            peer: peer.to_owned(),
+                            source: r.clone(),
+                        });
+                    }
+                }
                 return Err(match channel {
                     Some(channel) => TransportError::Channel {
                         channel,
@@ -137,7 +145,7 @@ pub(super) async fn receive_in_steps<R: AsyncRead + Unpin + ?Sized>(
                         peer: peer.to_owned(),
                         source: e,
                     },
-                })
+                });
             }
         }
     }

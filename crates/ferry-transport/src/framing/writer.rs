@@ -33,6 +33,8 @@ pub struct FrameWriter<W> {
     next_token: u64,
     next_seq: u64,
     next_ucx_seq: u64,
+    /// Flush the stream after each write: it buffers (sealed records).
+    flush: bool,
 }
 
 impl<W> FrameWriter<W> {
@@ -83,7 +85,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             next_token: 0,
             next_seq: 0,
             next_ucx_seq: 0,
+            flush: false,
         }
+    }
+
+    /// Flush the stream after each write (a stream that buffers, such as
+    /// an authenticated connection's [`RecordWriter`](crate::auth::RecordWriter)).
+    pub(crate) fn set_flush(&mut self, flush: bool) {
+        self.flush = flush;
     }
 
     pub(crate) fn set_selection(&mut self, selection: Selection) {
@@ -106,6 +115,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             next_token: self.next_token,
             next_seq: self.next_seq,
             next_ucx_seq: self.next_ucx_seq,
+            flush: self.flush,
         }
     }
 
@@ -388,7 +398,20 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             }
             IoSlice::advance_slices(&mut rest, written);
         }
-        Ok(())
+        self.flush_if_buffered().await
+    }
+
+    /// Flushes the stream when it buffers: what was written must reach
+    /// the peer before this side waits on anything else (a ring, the
+    /// next message).
+    async fn flush_if_buffered(&mut self) -> Result<(), TransportError> {
+        if !self.flush {
+            return Ok(());
+        }
+        self.inner.flush().await.map_err(|e| TransportError::Io {
+            peer: self.peer.clone(),
+            source: e,
+        })
     }
 
     /// Posts one tensor's UCX send, from its own memory; the tensor stays
@@ -468,16 +491,17 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         tensor: &Arc<dyn OutgoingTensor>,
     ) -> Result<(), TransportError> {
         let Some(ptr) = tensor.device_ptr() else {
-            return self
-                .inner
+            self.inner
                 .write_all(tensor.bytes())
                 .await
                 .map_err(|e| TransportError::Io {
                     peer: self.peer.clone(),
                     source: e,
-                });
+                })?;
+            return self.flush_if_buffered().await;
         };
-        self.send_from_device(ptr, &tensor.descriptor()).await
+        self.send_from_device(ptr, &tensor.descriptor()).await?;
+        self.flush_if_buffered().await
     }
 
     #[cfg(feature = "cuda")]

@@ -48,17 +48,24 @@ fn exchange(
 fn the_same_secret_authenticates_both_sides_with_one_session_key() {
     let (a, c, transcript) = exchange(key("s"), key("s"), [1; 32], [2; 32]);
     let (a, c) = (a.unwrap().unwrap(), c.unwrap().unwrap());
-    assert_eq!(a.0, c.0);
+    assert_eq!(a.shared, c.shared);
+    // Each side's sending key is the other's receiving key, and the two
+    // directions differ.
+    assert_eq!(a.send, c.recv);
+    assert_eq!(a.recv, c.send);
+    assert_ne!(a.send, a.recv);
     assert_eq!(transcript.len(), 4);
     // Neither the secret nor the session key crosses the wire.
     for m in &transcript {
         let bytes = m.encode();
         assert!(!bytes.windows(16).any(|w| w == &b"000000000000000s"[..]));
-        assert!(!bytes.windows(32).any(|w| w == &a.0[..]));
+        for k in [&a.shared, &a.send, &a.recv] {
+            assert!(!bytes.windows(32).any(|w| w == &k[..]));
+        }
     }
     // Fresh nonces give a fresh session key.
     let (again, _, _) = exchange(key("s"), key("s"), [3; 32], [2; 32]);
-    assert_ne!(again.unwrap().unwrap().0, a.0);
+    assert_ne!(again.unwrap().unwrap().shared, a.shared);
 }
 
 #[test]
@@ -169,4 +176,20 @@ proptest! {
         }
         prop_assert!(!accepted || order[..2] == expected[..]);
     }
+}
+
+#[test]
+fn sides_that_disagree_on_the_protection_fail_the_handshake() {
+    let e = Secret::new(format!("{:0>16}", "s").into_bytes())
+        .unwrap()
+        .with_protection(crate::auth::Protection::Encrypt)
+        .key()
+        .clone();
+    let (a, c, _) = exchange(key("s"), e.clone(), [1; 32], [2; 32]);
+    assert!(matches!(c, Some(Err(AuthError::BadProof))), "{c:?}");
+    assert!(a.is_none() || matches!(a, Some(Err(_))));
+    let (a, c, _) = exchange(e.clone(), e, [1; 32], [2; 32]);
+    let (a, c) = (a.unwrap().unwrap(), c.unwrap().unwrap());
+    assert_eq!(a.protection(), crate::auth::Protection::Encrypt);
+    assert_eq!(a.send, c.recv);
 }
