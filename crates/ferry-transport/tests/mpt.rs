@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_transport::mpt::{
-    connect_lanes, split, ChunkHeader, LaneHello, LaneListener, MptReceiver, MptSender,
+    connect_lanes, split, ChunkHeader, Lane, LaneHello, LaneListener, MptReceiver, MptSender,
 };
 use ferry_transport::{Allocator, RawAllocator, RawTensor, RecvBuffer, TransportError};
 use ferry_wire::payload::OutgoingTensor;
@@ -268,7 +268,11 @@ async fn bad_hellos_are_dropped() {
         let accepted = accepted.unwrap();
         assert_eq!(accepted.len(), 2);
         // The rejected ones were closed by the listener.
-        for mut s in wrong_nonce.into_iter().chain(raw.into_iter().take(3)) {
+        for mut s in wrong_nonce
+            .into_iter()
+            .map(Lane::into_stream)
+            .chain(raw.into_iter().take(3))
+        {
             let mut b = [0u8; 1];
             let n = s.read(&mut b).await.unwrap_or(0);
             assert_eq!(n, 0, "a rejected lane stays open");
@@ -325,7 +329,7 @@ async fn raw_pair(lanes: usize) -> (Vec<TcpStream>, MptReceiver) {
         connect_lanes(listener.local_addr(), 77, lanes, SETUP)
     );
     (
-        raw.unwrap(),
+        raw.unwrap().into_iter().map(Lane::into_stream).collect(),
         MptReceiver::new(accepted.unwrap(), "raw peer"),
     )
 }
@@ -555,6 +559,104 @@ async fn receiver_dropped_with_pending_receive() {
         let pending = receiver.receive(0, destination(&t));
         drop(receiver);
         assert!(matches!(pending.await, Err(TransportError::Closed { .. })));
+    })
+    .await;
+}
+
+/// Passes one lane's authentication through, then its records, flipping
+/// one byte of the first record large enough to hold a chunk's bytes
+/// (an attacker on the path between the two hosts).
+async fn flipping_proxy(listener: tokio::net::TcpListener, to: std::net::SocketAddr) {
+    let (c, _) = listener.accept().await.unwrap();
+    let s = TcpStream::connect(to).await.unwrap();
+    let (mut cr, mut cw) = c.into_split();
+    let (mut sr, mut sw) = s.into_split();
+    let pass = |n: usize| vec![0u8; n];
+    // Hello, challenge, proof, verdict.
+    let mut b = pass(38);
+    cr.read_exact(&mut b).await.unwrap();
+    sw.write_all(&b).await.unwrap();
+    let mut b = pass(70);
+    sr.read_exact(&mut b).await.unwrap();
+    cw.write_all(&b).await.unwrap();
+    let mut b = pass(38);
+    cr.read_exact(&mut b).await.unwrap();
+    sw.write_all(&b).await.unwrap();
+    let mut b = pass(6);
+    sr.read_exact(&mut b).await.unwrap();
+    cw.write_all(&b).await.unwrap();
+    let tag = ferry_transport::auth::Protection::Mac.tag_len();
+    let mut flipped = false;
+    loop {
+        let mut len = [0u8; 4];
+        if cr.read_exact(&mut len).await.is_err() {
+            return;
+        }
+        let mut record = vec![0u8; u32::from_be_bytes(len) as usize + tag];
+        if cr.read_exact(&mut record).await.is_err() {
+            return;
+        }
+        if !flipped && record.len() > 100_000 {
+            let at = record.len() / 3;
+            record[at] ^= 1;
+            flipped = true;
+        }
+        if sw.write_all(&len).await.is_err() || sw.write_all(&record).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn sealed_lanes_deliver_and_a_flipped_byte_fails_the_receiver() {
+    bounded(async {
+        let key = ferry_transport::auth::Secret::new(b"the session key of a connection".to_vec())
+            .unwrap()
+            .key()
+            .clone();
+        // Untouched, sealed lanes deliver.
+        let listener = LaneListener::bind(LOCALHOST).await.unwrap();
+        let (accepted, connected) = tokio::join!(
+            listener.accept_authenticated(5, 2, SETUP, Some(&key)),
+            ferry_transport::mpt::connect_lanes_authenticated(
+                listener.local_addr(),
+                5,
+                2,
+                SETUP,
+                Some(key.clone())
+            )
+        );
+        let (accepted, connected) = (accepted.unwrap(), connected.unwrap());
+        assert!(accepted.iter().chain(&connected).all(Lane::is_sealed));
+        let sender = MptSender::new(connected, "r");
+        let receiver = MptReceiver::new(accepted, "s");
+        let t = tensor(3 * MIB, 4);
+        sender.send(0, Arc::new(t.clone())).unwrap();
+        let got = receiver.receive(0, destination(&t)).await.unwrap();
+        assert_same(&finish(got), &t, 0);
+
+        // Through an attacker on the path that flips one byte.
+        let listener = LaneListener::bind(LOCALHOST).await.unwrap();
+        let proxy = tokio::net::TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+        let via = proxy.local_addr().unwrap();
+        let proxying = tokio::spawn(flipping_proxy(proxy, listener.local_addr()));
+        let (accepted, connected) = tokio::join!(
+            listener.accept_authenticated(6, 1, SETUP, Some(&key)),
+            ferry_transport::mpt::connect_lanes_authenticated(via, 6, 1, SETUP, Some(key.clone()))
+        );
+        let sender = MptSender::new(connected.unwrap(), "r");
+        let receiver = MptReceiver::new(accepted.unwrap(), "s");
+        sender.send(0, Arc::new(t.clone())).unwrap();
+        match receiver.receive(0, destination(&t)).await {
+            Err(TransportError::Integrity { source, .. }) => {
+                assert!(matches!(
+                    source,
+                    ferry_transport::auth::RecordError::Forged { .. }
+                ))
+            }
+            other => panic!("expected an integrity error, got {:?}", other.map(|_| ())),
+        }
+        proxying.abort();
     })
     .await;
 }

@@ -807,7 +807,7 @@ impl PeerConnection {
         // ends them within the same bounds.
         if let Some((incoming_lanes, outgoing_lanes)) = &setup.lanes {
             for lane in incoming_lanes.iter().chain(outgoing_lanes) {
-                local.keepalive.apply(lane).map_err(&io_err)?;
+                local.keepalive.apply(lane.socket()).map_err(&io_err)?;
             }
         }
         if agreement.needs_ucx() != ucx.is_some() {

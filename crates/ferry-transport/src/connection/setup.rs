@@ -9,14 +9,14 @@ use std::os::linux::net::SocketAddrExt;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{UnixListener, UnixStream};
 
 use super::{
     property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_SHM_SOCKET,
     SETUP_TIMEOUT,
 };
 use crate::auth::{self, Key, AUTH_TIMEOUT};
-use crate::mpt::{connect_lanes_authenticated, LaneListener};
+use crate::mpt::{connect_lanes_authenticated, Lane, LaneListener};
 use crate::shm::{recv_fds, send_fds, ShmLink};
 use crate::{channel, TransportError};
 
@@ -34,7 +34,7 @@ pub(super) struct Setup {
     /// handshake claims. Only this process may be read by `cma`.
     pub(super) peer_pid: Option<i32>,
     /// Lanes (incoming, outgoing) for `mpt`.
-    pub(super) lanes: Option<(Vec<TcpStream>, Vec<TcpStream>)>,
+    pub(super) lanes: Option<(Vec<Lane>, Vec<Lane>)>,
 }
 
 /// Connecting side: create the shared memory and pass it; open the lanes.

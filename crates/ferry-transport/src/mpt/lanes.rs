@@ -6,12 +6,72 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::{LaneHello, HELLO_LEN, MAX_LANES};
-use crate::auth::{self, Key, AUTH_TIMEOUT};
+use crate::auth::{self, Key, RecordReader, RecordWriter, SessionKey, AUTH_TIMEOUT};
 use crate::TransportError;
+
+/// One lane: a TCP connection whose bytes, when it was authenticated,
+/// travel in records sealed with the lane's own session keys (see
+/// [`auth::records`]), its hello included.
+pub struct Lane {
+    pub(super) reader: RecordReader<OwnedReadHalf>,
+    pub(super) writer: RecordWriter<OwnedWriteHalf>,
+}
+
+impl Lane {
+    /// A lane over `stream`, sealed with `session` when there is one.
+    fn new(stream: TcpStream, session: Option<&SessionKey>) -> Lane {
+        let (r, w) = stream.into_split();
+        match session {
+            Some(s) => Lane {
+                reader: s.reader(r),
+                writer: s.writer(w),
+            },
+            None => Lane {
+                reader: RecordReader::new(r, None),
+                writer: RecordWriter::new(w, None),
+            },
+        }
+    }
+
+    /// The lane's socket (for socket options such as keepalive).
+    pub fn socket(&self) -> &TcpStream {
+        self.reader.get_ref().as_ref()
+    }
+
+    /// The lane's TCP stream, as it is underneath any records: what a
+    /// record reader or writer had buffered is dropped.
+    pub fn into_stream(self) -> TcpStream {
+        match self.reader.into_inner().reunite(self.writer.into_inner()) {
+            Ok(stream) => stream,
+            Err(_) => unreachable!("a lane's halves come from one stream"),
+        }
+    }
+
+    /// Whether the lane's bytes travel in sealed records.
+    pub fn is_sealed(&self) -> bool {
+        self.reader.is_sealed()
+    }
+}
+
+impl From<TcpStream> for Lane {
+    /// An unauthenticated lane over `stream` (its hello already exchanged).
+    fn from(stream: TcpStream) -> Lane {
+        Lane::new(stream, None)
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("sealed", &self.is_sealed())
+            .finish_non_exhaustive()
+    }
+}
 
 /// Socket buffer size asked for on every lane (`SO_SNDBUF` and `SO_RCVBUF`),
 /// or `None` to leave Linux's autotuning alone. Autotuning measured as fast
@@ -54,7 +114,7 @@ impl LaneListener {
         nonce: u64,
         lanes: usize,
         timeout: Duration,
-    ) -> Result<Vec<TcpStream>, TransportError> {
+    ) -> Result<Vec<Lane>, TransportError> {
         self.accept_authenticated(nonce, lanes, timeout, None).await
     }
 
@@ -69,13 +129,12 @@ impl LaneListener {
         lanes: usize,
         timeout: Duration,
         key: Option<&Key>,
-    ) -> Result<Vec<TcpStream>, TransportError> {
+    ) -> Result<Vec<Lane>, TransportError> {
         let peer = format!("mpt lane listener {}", self.local);
         check_lanes(&peer, lanes)?;
-        let mut slots: Vec<Option<TcpStream>> = (0..lanes).map(|_| None).collect();
+        let mut slots: Vec<Option<Lane>> = (0..lanes).map(|_| None).collect();
         let mut filled = 0usize;
-        let mut hellos: JoinSet<io::Result<(TcpStream, SocketAddr, [u8; HELLO_LEN])>> =
-            JoinSet::new();
+        let mut hellos: JoinSet<io::Result<(Lane, SocketAddr, [u8; HELLO_LEN])>> = JoinSet::new();
         let work = async {
             while filled < lanes {
                 tokio::select! {
@@ -84,15 +143,21 @@ impl LaneListener {
                             let key = key.cloned();
                             hellos.spawn(async move {
                                 let mut stream = stream;
-                                if let Some(key) = key {
-                                    if let Err(e) = auth::accept(&mut stream, &key, AUTH_TIMEOUT).await {
-                                        tracing::warn!(%from, error = %e, "mpt: refused a lane that failed authentication");
-                                        return Err(io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()));
-                                    }
-                                }
+                                let session = match key {
+                                    Some(key) => match auth::accept(&mut stream, &key, AUTH_TIMEOUT).await {
+                                        Ok(s) => Some(s),
+                                        Err(e) => {
+                                            tracing::warn!(%from, error = %e, "mpt: refused a lane that failed authentication");
+                                            return Err(io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()));
+                                        }
+                                    },
+                                    None => None,
+                                };
+                                tune(&stream)?;
+                                let mut lane = Lane::new(stream, session.as_ref());
                                 let mut hello = [0u8; HELLO_LEN];
-                                stream.read_exact(&mut hello).await?;
-                                Ok((stream, from, hello))
+                                lane.reader.read_exact(&mut hello).await?;
+                                Ok((lane, from, hello))
                             });
                         }
                         Err(e) if is_per_connection(&e) => {
@@ -103,7 +168,7 @@ impl LaneListener {
                         }
                     },
                     Some(joined) = hellos.join_next(), if !hellos.is_empty() => {
-                        let Ok(Ok((stream, from, bytes))) = joined else {
+                        let Ok(Ok((lane, from, bytes))) = joined else {
                             tracing::debug!("mpt: a lane closed before its hello");
                             continue;
                         };
@@ -114,11 +179,7 @@ impl LaneListener {
                                     && (h.index as usize) < lanes
                                     && slots[h.index as usize].is_none() =>
                             {
-                                tune(&stream).map_err(|e| TransportError::Io {
-                                    peer: from.to_string(),
-                                    source: e,
-                                })?;
-                                slots[h.index as usize] = Some(stream);
+                                slots[h.index as usize] = Some(lane);
                                 filled += 1;
                             }
                             other => {
@@ -153,7 +214,7 @@ pub async fn connect_lanes(
     nonce: u64,
     lanes: usize,
     timeout: Duration,
-) -> Result<Vec<TcpStream>, TransportError> {
+) -> Result<Vec<Lane>, TransportError> {
     connect_lanes_authenticated(addr, nonce, lanes, timeout, None).await
 }
 
@@ -165,7 +226,7 @@ pub async fn connect_lanes_authenticated(
     lanes: usize,
     timeout: Duration,
     key: Option<Key>,
-) -> Result<Vec<TcpStream>, TransportError> {
+) -> Result<Vec<Lane>, TransportError> {
     let peer = addr.to_string();
     check_lanes(&peer, lanes)?;
     let work = async {
@@ -180,18 +241,23 @@ pub async fn connect_lanes_authenticated(
             set.spawn(async move {
                 let mut stream = TcpStream::connect(addr).await?;
                 tune(&stream)?;
-                if let Some(key) = key {
-                    auth::connect(&mut stream, &key, AUTH_TIMEOUT)
-                        .await
-                        .map_err(|e| {
-                            io::Error::new(io::ErrorKind::PermissionDenied, e.to_string())
-                        })?;
-                }
-                stream.write_all(&hello.encode()).await?;
-                Ok::<_, io::Error>((index, stream))
+                let session = match key {
+                    Some(key) => Some(
+                        auth::connect(&mut stream, &key, AUTH_TIMEOUT)
+                            .await
+                            .map_err(|e| {
+                                io::Error::new(io::ErrorKind::PermissionDenied, e.to_string())
+                            })?,
+                    ),
+                    None => None,
+                };
+                let mut lane = Lane::new(stream, session.as_ref());
+                lane.writer.write_all(&hello.encode()).await?;
+                lane.writer.flush().await?;
+                Ok::<_, io::Error>((index, lane))
             });
         }
-        let mut slots: Vec<Option<TcpStream>> = (0..lanes).map(|_| None).collect();
+        let mut slots: Vec<Option<Lane>> = (0..lanes).map(|_| None).collect();
         while let Some(joined) = set.join_next().await {
             let (index, stream) = joined
                 .map_err(|e| io::Error::other(format!("lane connect task failed: {e}")))??;

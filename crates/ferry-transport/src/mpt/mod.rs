@@ -72,7 +72,7 @@ use crate::TransportError;
 pub use ferry_wire::mpt_lane::{
     ChunkHeader, LaneError, LaneHello, CHUNK_HEADER_LEN, HELLO_LEN, LANE_MAGIC,
 };
-pub use lanes::{connect_lanes, connect_lanes_authenticated, LaneListener};
+pub use lanes::{connect_lanes, connect_lanes_authenticated, Lane, LaneListener};
 pub use recv::MptReceiver;
 pub use send::MptSender;
 
@@ -125,6 +125,8 @@ pub fn split(seq: u64, byte_len: u64, lanes: usize) -> impl Iterator<Item = Chun
 #[derive(Debug, Clone)]
 enum Failure {
     Closed,
+    /// A sealed lane's record failed its check.
+    Integrity(crate::auth::RecordError),
     Io(io::ErrorKind, String),
     Malformed(WireError),
     Invalid(String),
@@ -132,6 +134,10 @@ enum Failure {
 
 impl Failure {
     fn io(e: &io::Error) -> Self {
+        match crate::auth::RecordError::of(e) {
+            Some(crate::auth::RecordError::Truncated { .. }) | None => {}
+            Some(r) => return Self::Integrity(r.clone()),
+        }
         if e.kind() == io::ErrorKind::UnexpectedEof {
             Self::Closed
         } else {
@@ -143,6 +149,10 @@ impl Failure {
         let peer = peer.to_owned();
         match self {
             Self::Closed => TransportError::Closed { peer },
+            Self::Integrity(source) => TransportError::Integrity {
+                peer,
+                source: source.clone(),
+            },
             Self::Io(kind, msg) => TransportError::Io {
                 peer,
                 source: io::Error::new(*kind, msg.clone()),

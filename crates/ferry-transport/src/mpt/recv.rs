@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use ferry_wire::WireError;
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+
+use super::Lane;
+use crate::auth::RecordReader;
 use tokio::sync::{oneshot, watch};
 use tokio::task::AbortHandle;
 
@@ -352,7 +355,7 @@ impl MptReceiver {
     /// No lane ever allocates: every chunk header is checked against a
     /// destination already allocated (under the main connection's limits),
     /// so the receiver takes no limits of its own.
-    pub fn new(lanes: Vec<TcpStream>, peer: impl Into<String>) -> Self {
+    pub fn new(lanes: Vec<Lane>, peer: impl Into<String>) -> Self {
         let (changed, _) = watch::channel(0u64);
         let shared = Arc::new(Shared {
             peer: peer.into(),
@@ -443,14 +446,18 @@ impl std::fmt::Debug for MptReceiver {
     }
 }
 
-async fn lane_reader(shared: Arc<Shared>, lane: usize, stream: TcpStream) {
-    match read_lane(&shared, lane, stream).await {
+async fn lane_reader(shared: Arc<Shared>, lane: usize, stream: Lane) {
+    match read_lane(&shared, lane, stream.reader).await {
         Ok(()) | Err(Stop::Stopped) => {}
         Err(Stop::Fail(failure)) => shared.fail(failure),
     }
 }
 
-async fn read_lane(shared: &Shared, lane: usize, mut stream: TcpStream) -> Result<(), Stop> {
+async fn read_lane(
+    shared: &Shared,
+    lane: usize,
+    mut stream: RecordReader<OwnedReadHalf>,
+) -> Result<(), Stop> {
     let mut changed = shared.changed.subscribe();
     loop {
         let mut head = [0u8; CHUNK_HEADER_LEN];

@@ -6,11 +6,14 @@ use std::sync::{Arc, Mutex};
 use ferry_wire::payload::OutgoingTensor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
-use super::{lock, split, ChunkHeader, Failure, CHUNK_HEADER_LEN};
+use super::{lock, split, ChunkHeader, Failure, Lane, CHUNK_HEADER_LEN};
+use crate::auth::RecordWriter;
+
+/// The writing half of a lane.
+type LaneWriter = RecordWriter<OwnedWriteHalf>;
 use crate::TransportError;
 
 /// Most queue items one writer gathers into a single batch of `writev` calls.
@@ -87,7 +90,7 @@ impl MptSender {
     /// [`LaneListener::accept`](super::LaneListener::accept), in index
     /// order). `peer` names the other end in errors. Must be called within a
     /// Tokio runtime.
-    pub fn new(lanes: Vec<TcpStream>, peer: impl Into<String>) -> Self {
+    pub fn new(lanes: Vec<Lane>, peer: impl Into<String>) -> Self {
         let shared = Arc::new(Shared {
             peer: peer.into(),
             failure: Mutex::new(None),
@@ -220,12 +223,11 @@ impl std::fmt::Debug for MptSender {
 
 /// A lane's writer: writes queued chunks in order and watches the read side
 /// (the receiver never writes, so readable means closed or broken).
-async fn lane_writer(
-    shared: Arc<Shared>,
-    stream: TcpStream,
-    mut queue: mpsc::UnboundedReceiver<Item>,
-) {
-    let (mut read, mut write) = stream.into_split();
+async fn lane_writer(shared: Arc<Shared>, lane: Lane, mut queue: mpsc::UnboundedReceiver<Item>) {
+    let Lane {
+        reader: mut read,
+        writer: mut write,
+    } = lane;
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut probe = [0u8; 1];
     loop {
@@ -267,7 +269,7 @@ async fn lane_writer(
 }
 
 /// Writes a batch's chunks (headers and bytes) with vectored writes.
-async fn write_batch(write: &mut OwnedWriteHalf, batch: &[Item]) -> Result<(), Failure> {
+async fn write_batch(write: &mut LaneWriter, batch: &[Item]) -> Result<(), Failure> {
     let mut heads = Vec::with_capacity(batch.len());
     for item in batch {
         if let Item::Chunk { header, .. } = item {
@@ -309,5 +311,6 @@ async fn write_batch(write: &mut OwnedWriteHalf, batch: &[Item]) -> Result<(), F
         }
         IoSlice::advance_slices(&mut rest, written);
     }
-    Ok(())
+    // A sealed lane holds the last record until flushed.
+    write.flush().await.map_err(|e| Failure::io(&e))
 }
