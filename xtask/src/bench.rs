@@ -1404,20 +1404,85 @@ pub(crate) fn rpc_latency_specs(ferry: &Value, peer: Option<&Value>) -> Vec<RowS
         )
         .with_target(RPC_THROUGHPUT_TARGET),
     );
-    // Ferry only: what the group's secret costs, on connection set-up and
-    // per call once the handshake is done (should be nothing).
+    // Ferry only: what the group's secret costs, side by side: no secret,
+    // records with a MAC, records sealed with an AEAD (FERRY_AUTH=encrypt).
     if ferry.pointer("/auth").is_some() {
-        for (what, path) in [
-            ("connection set-up", "setup"),
-            ("empty round trip", "round_trip"),
+        let sides = [
+            ("no secret", "none"),
+            ("MAC", "mac"),
+            ("encrypt", "encrypt"),
+        ];
+        for (what, ptr, unit, better) in [
+            ("connection set-up", "setup/median_ms", "ms", Better::Lower),
+            (
+                "empty round trip",
+                "round_trip/median_ms",
+                "ms",
+                Better::Lower,
+            ),
+            (
+                "empty calls/s, 64 in flight",
+                "throughput/calls_per_s",
+                "calls/s",
+                Better::Higher,
+            ),
+            (
+                "4MB round trip over mpt",
+                "mpt/4MB/median_ms",
+                "ms",
+                Better::Lower,
+            ),
+            (
+                "40MB round trip over mpt",
+                "mpt/40MB/median_ms",
+                "ms",
+                Better::Lower,
+            ),
         ] {
-            for (label, key) in [("no secret", "none"), ("with secret", "secret")] {
+            for (label, key) in sides {
                 specs.push(RowSpec::new(
-                    format!("{what}, {label}, median"),
-                    "ms",
-                    Better::Lower,
-                    Metric::At(format!("/auth/{key}/{path}/median_ms")),
+                    format!("auth: {what}, {label}"),
+                    unit,
+                    better,
+                    Metric::At(format!("/auth/{key}/{ptr}")),
                 ));
+            }
+        }
+        // The cost of each protection within a repetition, median
+        // [min–max] over repetitions.
+        for (label, key) in &sides[1..] {
+            for (what, ratio, unit) in [
+                (
+                    "added per empty round trip (MAC target <= 1 us)",
+                    "round_trip_added_us",
+                    "us",
+                ),
+                (
+                    "64-in-flight throughput / no secret",
+                    "throughput_ratio",
+                    "x",
+                ),
+                (
+                    "4MB over mpt, time / no secret (MAC target <= 1.15)",
+                    "mpt_4MB",
+                    "x",
+                ),
+                (
+                    "40MB over mpt, time / no secret (MAC target <= 1.15)",
+                    "mpt_40MB",
+                    "x",
+                ),
+            ] {
+                let at = |f: &str| Metric::At(format!("/auth/ratios/{key}/{ratio}/{f}"));
+                specs.push(
+                    RowSpec::new(
+                        format!("auth: {label}, {what}"),
+                        unit,
+                        Better::Lower,
+                        at("median"),
+                    )
+                    .with_range(at("min"), at("max")),
+                );
             }
         }
     }
@@ -1445,26 +1510,47 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn auth_rows_show_set_up_and_round_trip_with_and_without_a_secret() {
-        let stats =
-            |m: f64| json!({"setup": {"median_ms": m}, "round_trip": {"median_ms": m / 100.0}});
-        let ferry = json!({"cells": [], "auth": {"none": stats(0.2), "secret": stats(0.3)}});
+    fn auth_rows_show_each_protection_and_its_cost() {
+        let side = |m: f64| {
+            json!({"setup": {"median_ms": m}, "round_trip": {"median_ms": m / 100.0},
+                   "throughput": {"calls_per_s": 1000.0 / m},
+                   "mpt": {"4MB": {"median_ms": m * 10.0}, "40MB": {"median_ms": m * 100.0}}})
+        };
+        let cost = |r: f64| json!({"median": r, "min": r - 0.1, "max": r + 0.1});
+        let ratios = |r: f64| {
+            json!({"round_trip_added_us": cost(r), "throughput_ratio": cost(r),
+                   "mpt_4MB": cost(r), "mpt_40MB": cost(r)})
+        };
+        let ferry = json!({"cells": [], "auth": {"none": side(0.2), "mac": side(0.3),
+            "encrypt": side(0.4), "ratios": {"mac": ratios(1.1), "encrypt": ratios(1.3)}}});
         let specs = rpc_latency_specs(&ferry, None);
         let rows = table::compare(&ferry, None, &specs);
         let auth: Vec<(&str, Option<f64>)> = rows
             .iter()
-            .filter(|r| r.case.contains("secret"))
+            .filter(|r| {
+                r.case.starts_with("auth: connection set-up")
+                    || r.case.contains("40MB over mpt, time")
+            })
             .map(|r| (r.case.as_str(), r.ferry))
             .collect();
         assert_eq!(
             auth,
             [
-                ("connection set-up, no secret, median", Some(0.2)),
-                ("connection set-up, with secret, median", Some(0.3)),
-                ("empty round trip, no secret, median", Some(0.002)),
-                ("empty round trip, with secret, median", Some(0.003)),
+                ("auth: connection set-up, no secret", Some(0.2)),
+                ("auth: connection set-up, MAC", Some(0.3)),
+                ("auth: connection set-up, encrypt", Some(0.4)),
+                (
+                    "auth: MAC, 40MB over mpt, time / no secret (MAC target <= 1.15)",
+                    Some(1.1)
+                ),
+                (
+                    "auth: encrypt, 40MB over mpt, time / no secret (MAC target <= 1.15)",
+                    Some(1.3)
+                ),
             ]
         );
+        let rows_of = |prefix: &str| rows.iter().filter(|r| r.case.starts_with(prefix)).count();
+        assert_eq!(rows_of("auth: "), 5 * 3 + 2 * 4);
     }
 
     #[test]

@@ -36,6 +36,10 @@ struct Args {
     /// Where to write the JSON result (stdout when absent).
     #[arg(long, value_name = "PATH")]
     out: Option<String>,
+    /// Only what authentication costs (no secret, MAC, encrypt), in this
+    /// process: `{"auth": ...}`.
+    #[arg(long)]
+    auth_only: bool,
 }
 
 struct Config {
@@ -249,6 +253,11 @@ fn measure_peak_rss(bytes: u64) -> Result<Value> {
 }
 
 fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.auth_only {
+        let auth = ferry_benches::auth_cost(args.quick)?;
+        return write_result(&json!({ "auth": auth }), args.out.as_deref());
+    }
     let c = config();
     let result = two_workers(Duration::from_secs(900), |_| {}, || caller(&c))?;
     if let Some(value) = result {

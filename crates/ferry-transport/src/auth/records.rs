@@ -12,8 +12,8 @@
 //!
 //! With [`Protection::Mac`] the tag is keyed BLAKE3 over
 //! `seq ‖ n ‖ data`; with [`Protection::Encrypt`] the data is sealed with
-//! ChaCha20-Poly1305 under the nonce `seq` with `n` as associated data
-//! (RFC 8439), and the tag is Poly1305's. `seq` counts the records of the
+//! AES-256-GCM under the nonce `seq` with `n` as associated data, and the
+//! tag is GCM's. `seq` counts the records of the
 //! direction from 0 and never crosses the wire: a dropped, replayed or
 //! reordered record fails its tag like an altered one. Each direction has
 //! its own key ([`super::SessionKey`] derives both from the handshake's
@@ -26,8 +26,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use chacha20poly1305::aead::AeadInPlace;
-use chacha20poly1305::{ChaCha20Poly1305, KeyInit};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Most data bytes one record carries.
@@ -44,7 +43,7 @@ pub enum Protection {
     #[default]
     Mac,
     /// Integrity and confidentiality: every record is sealed with
-    /// ChaCha20-Poly1305.
+    /// AES-256-GCM.
     Encrypt,
 }
 
@@ -66,7 +65,7 @@ impl Protection {
     pub fn tag_len(self) -> usize {
         match self {
             Protection::Mac => blake3::OUT_LEN,
-            Protection::Encrypt => 16,
+            Protection::Encrypt => AES_256_GCM.tag_len(),
         }
     }
 
@@ -138,18 +137,44 @@ impl RecordError {
 }
 
 /// One direction's key and record count.
-#[derive(Clone)]
 struct Direction {
     key: [u8; 32],
+    /// The AEAD key ([`Protection::Encrypt`] only).
+    aead: Option<LessSafeKey>,
     protection: Protection,
     seq: u64,
 }
 
 impl Direction {
-    fn nonce(&self) -> chacha20poly1305::Nonce {
+    fn new(key: [u8; 32], protection: Protection) -> Direction {
+        let aead = match protection {
+            Protection::Mac => None,
+            Protection::Encrypt => match UnboundKey::new(&AES_256_GCM, &key) {
+                Ok(k) => Some(LessSafeKey::new(k)),
+                Err(_) => unreachable!("AES-256-GCM takes a 32-byte key"),
+            },
+        };
+        Direction {
+            key,
+            aead,
+            protection,
+            seq: 0,
+        }
+    }
+
+    /// The record's nonce: its place in the direction, never used twice
+    /// under one key.
+    fn nonce(&self) -> Nonce {
         let mut n = [0u8; 12];
         n[4..].copy_from_slice(&self.seq.to_be_bytes());
-        n.into()
+        Nonce::assume_unique_for_key(n)
+    }
+
+    fn aead(&self) -> &LessSafeKey {
+        match &self.aead {
+            Some(k) => k,
+            None => unreachable!("an Encrypt direction has its AEAD key"),
+        }
     }
 
     fn mac(&self, len: [u8; 4], data: &[u8]) -> blake3::Hash {
@@ -162,17 +187,12 @@ impl Direction {
 }
 
 /// Seals the data of one direction into records (sans-IO).
-#[derive(Clone)]
 pub struct Sealer(Direction);
 
 impl Sealer {
     /// A sealer for the direction whose key is `key`.
     pub fn new(key: [u8; 32], protection: Protection) -> Sealer {
-        Sealer(Direction {
-            key,
-            protection,
-            seq: 0,
-        })
+        Sealer(Direction::new(key, protection))
     }
 
     /// Appends one record holding `data` (at most [`MAX_RECORD`] bytes,
@@ -198,11 +218,15 @@ impl Sealer {
                 out.extend_from_slice(tag.as_bytes());
             }
             Protection::Encrypt => {
-                let cipher = ChaCha20Poly1305::new(&d.key.into());
-                match cipher.encrypt_in_place_detached(&d.nonce(), &len, &mut out[body..]) {
-                    Ok(tag) => out.extend_from_slice(&tag),
-                    // Only plaintexts over 256 GiB fail; records are bounded.
-                    Err(_) => unreachable!("a record of {n} bytes is within ChaCha20's limit"),
+                let sealed = d.aead().seal_in_place_separate_tag(
+                    d.nonce(),
+                    Aad::from(len),
+                    &mut out[body..],
+                );
+                match sealed {
+                    Ok(tag) => out.extend_from_slice(tag.as_ref()),
+                    // Only plaintexts over 64 GiB fail; records are bounded.
+                    Err(_) => unreachable!("a record of {n} bytes is within GCM's limit"),
                 }
             }
         }
@@ -211,17 +235,12 @@ impl Sealer {
 }
 
 /// Opens the records of one direction (sans-IO).
-#[derive(Clone)]
 pub struct Opener(Direction);
 
 impl Opener {
     /// An opener for the direction whose key is `key`.
     pub fn new(key: [u8; 32], protection: Protection) -> Opener {
-        Opener(Direction {
-            key,
-            protection,
-            seq: 0,
-        })
+        Opener(Direction::new(key, protection))
     }
 
     /// The next record's place in its direction.
@@ -256,10 +275,10 @@ impl Opener {
             return Err(RecordError::Truncated { seq });
         }
         let end = total - self.0.protection.tag_len();
-        let (body, tag) = record[RECORD_HEADER_LEN..].split_at_mut(end - RECORD_HEADER_LEN);
         let d = &self.0;
         match d.protection {
             Protection::Mac => {
+                let (body, tag) = record[RECORD_HEADER_LEN..].split_at_mut(end - RECORD_HEADER_LEN);
                 let mut theirs = [0u8; blake3::OUT_LEN];
                 theirs.copy_from_slice(tag);
                 // `blake3::Hash`'s `==` runs in constant time.
@@ -268,10 +287,14 @@ impl Opener {
                 }
             }
             Protection::Encrypt => {
-                let cipher = ChaCha20Poly1305::new(&d.key.into());
-                let tag = chacha20poly1305::Tag::from_slice(tag);
-                cipher
-                    .decrypt_in_place_detached(&d.nonce(), &header, body, tag)
+                // Ciphertext and tag, opened in place (ring checks the tag
+                // in constant time).
+                d.aead()
+                    .open_in_place(
+                        d.nonce(),
+                        Aad::from(header),
+                        &mut record[RECORD_HEADER_LEN..],
+                    )
                     .map_err(|_| forged)?;
             }
         }
