@@ -86,6 +86,10 @@ mod tensor;
 pub mod ucx;
 
 pub use alloc::{host_destination_len, Allocator, RawAllocator, RecvBuffer};
+/// A connection's set-up as a pure state machine (bytes and events in,
+/// bytes, actions and an outcome out), which [`PeerConnection`] drives.
+#[cfg(not(loom))]
+pub use connection::machine as setup_machine;
 #[cfg(not(loom))]
 pub use connection::{
     Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, TcpReader, TcpWriter,

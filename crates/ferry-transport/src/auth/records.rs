@@ -339,6 +339,32 @@ impl<R> RecordReader<R> {
         }
     }
 
+    /// Reads `inner` through `opener` (`None`: as it is), after the bytes
+    /// already taken from it: `plain`, data of records already checked
+    /// (with no opener: bytes as they came), handed on first, then
+    /// `sealed`, the start of the records that follow, checked as if read
+    /// from `inner`. The opener continues the direction where its sequence
+    /// number stands (a connection's set-up read and checked the records
+    /// before these: [`SetupMachine`](crate::setup_machine::SetupMachine)).
+    pub fn with_buffered(inner: R, opener: Option<Opener>, plain: &[u8], sealed: &[u8]) -> Self {
+        let mut reader = RecordReader::new(inner, opener);
+        // Without an opener, sealed bytes are bytes like any other.
+        let (plain, sealed): (Vec<u8>, &[u8]) = match reader.opener {
+            Some(_) => (plain.to_vec(), sealed),
+            None => ([plain, sealed].concat(), &[]),
+        };
+        let have = plain.len() + sealed.len();
+        if reader.buf.len() < have {
+            reader.buf.resize(have, 0);
+        }
+        reader.buf[..plain.len()].copy_from_slice(&plain);
+        reader.buf[plain.len()..have].copy_from_slice(sealed);
+        reader.plain = 0..plain.len();
+        reader.start = plain.len();
+        reader.end = have;
+        reader
+    }
+
     /// The stream underneath.
     pub fn get_ref(&self) -> &R {
         &self.inner
@@ -372,6 +398,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.opener.is_none() && !this.plain.is_empty() {
+            // Bytes taken before this reader (see `with_buffered`).
+            let n = this.plain.len().min(out.remaining());
+            out.put_slice(&this.buf[this.plain.start..this.plain.start + n]);
+            this.plain.start += n;
+            return Poll::Ready(Ok(()));
+        }
         let Some(opener) = this.opener.as_mut() else {
             return Pin::new(&mut this.inner).poll_read(cx, out);
         };
