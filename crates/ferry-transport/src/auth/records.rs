@@ -111,6 +111,15 @@ pub enum RecordError {
         /// The length it announced.
         len: u64,
     },
+    /// The bytes of a tensor that crossed outside the records (the `ucx`
+    /// channel) do not match the MAC its sealed frame carried.
+    #[error("the bytes of {channel} transfer {seq} failed their integrity check")]
+    Tensor {
+        /// The channel that carried them.
+        channel: &'static str,
+        /// The transfer's sequence number on that channel.
+        seq: u64,
+    },
     /// The stream ended inside a record.
     #[error("the stream ended inside record {seq}")]
     Truncated {
@@ -389,6 +398,13 @@ impl<R> RecordReader<R> {
     pub fn into_inner(self) -> R {
         self.inner
     }
+
+    /// The stream underneath and the opener, its count going on, to read
+    /// the rest of the direction from another stream; what was buffered
+    /// is dropped (check [`buffered`](Self::buffered) first).
+    pub fn into_parts(self) -> (R, Option<Opener>) {
+        (self.inner, self.opener)
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
@@ -603,6 +619,12 @@ impl<W> RecordWriter<W> {
     /// written is dropped.
     pub fn into_inner(self) -> W {
         self.inner
+    }
+
+    /// The stream underneath and the sealer, its count going on, to write
+    /// the rest of the direction to another stream. Call after a flush.
+    pub fn into_parts(self) -> (W, Option<Sealer>) {
+        (self.inner, self.state.sealer)
     }
 }
 

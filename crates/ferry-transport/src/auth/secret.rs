@@ -146,6 +146,16 @@ impl SessionKey {
         self.role
     }
 
+    /// The keys of the MACs of tensor bytes that cross outside the
+    /// records (the `ucx` channel): (this side's sending, its receiving).
+    pub(crate) fn tensor_keys(&self) -> ([u8; 32], [u8; 32]) {
+        const CONTEXT: &str = "ferry-auth/v2 out-of-band tensor bytes";
+        (
+            blake3::derive_key(CONTEXT, &self.send),
+            blake3::derive_key(CONTEXT, &self.recv),
+        )
+    }
+
     /// Seals what this side sends.
     pub fn sealer(&self) -> Sealer {
         Sealer::new(self.send, self.protection)

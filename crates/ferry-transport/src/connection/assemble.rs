@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use super::machine::{Agreement, Outcome};
 use super::setup::Setup;
 use super::{Connection, Endpoint, PeerConnection, PeerReader, PeerWriter, UcxLink};
-use crate::auth::{RecordReader, RecordWriter};
+use crate::auth::{RecordReader, RecordWriter, SessionKey};
 use crate::framing::{ReadChannels, Shared, WriteChannels};
 use crate::mpt::{MptReceiver, MptSender};
 use crate::selection::Selection;
@@ -60,6 +60,10 @@ impl PeerConnection {
             peer_addr,
         );
         writer.set_flush(session.is_some());
+        // Tensor bytes that cross outside the records (`ucx`) carry a MAC.
+        let tensor_keys = session.as_ref().map(SessionKey::tensor_keys);
+        writer.set_tensor_mac(tensor_keys.map(|k| k.0));
+        reader.set_tensor_mac(tensor_keys.map(|k| k.1));
         // The link of a check whose selection then fell back is dropped.
         let ucx = link.filter(|_| agreement.needs_ucx());
         // The `mpt` lanes are TCP connections too: a partition mid-transfer
@@ -136,17 +140,27 @@ impl PeerConnection {
         if let (channel::UCX_TRANSPORT, Some(link)) = (transport, &ucx) {
             // From here on frames travel as UCX tag messages; the TCP
             // connection stays open beside them (the reader watches it).
+            // With a secret they stay in sealed records, each direction's
+            // count going on from the TCP stream's.
             reader = reader
                 .map_stream(|r| match r {
                     PeerReader::Tcp(tcp) => {
-                        PeerReader::Ucx(crate::ucx::UcxReader::new(link.clone(), tcp.into_inner()))
+                        let (tcp, opener) = tcp.into_parts();
+                        PeerReader::Ucx(RecordReader::new(
+                            crate::ucx::UcxReader::new(link.clone(), tcp),
+                            opener,
+                        ))
                     }
                     other => other,
                 })
                 .map_err(|n| fail(format!("{n} bytes arrived on TCP after the handshake")))?;
             writer = writer.map_stream(|w| match w {
                 PeerWriter::Tcp(tcp) => {
-                    PeerWriter::Ucx(crate::ucx::UcxWriter::new(link.clone(), tcp.into_inner()))
+                    let (tcp, sealer) = tcp.into_parts();
+                    PeerWriter::Ucx(RecordWriter::new(
+                        crate::ucx::UcxWriter::new(link.clone(), tcp),
+                        sealer,
+                    ))
                 }
                 other => other,
             });

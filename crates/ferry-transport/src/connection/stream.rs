@@ -29,7 +29,7 @@ pub enum PeerReader {
     /// Frames arrive as UCX tag messages (the TCP connection is held open
     /// beside them, and watched for the peer's exit).
     #[cfg(feature = "ucx")]
-    Ucx(crate::ucx::UcxReader),
+    Ucx(RecordReader<crate::ucx::UcxReader>),
 }
 
 /// The writing half of a [`PeerConnection`](super::PeerConnection)'s transport.
@@ -40,7 +40,7 @@ pub enum PeerWriter {
     Shm(ShmWriter, TcpWriter),
     /// Frames leave as UCX tag messages.
     #[cfg(feature = "ucx")]
-    Ucx(crate::ucx::UcxWriter),
+    Ucx(RecordWriter<crate::ucx::UcxWriter>),
 }
 
 impl PeerReader {
@@ -50,7 +50,7 @@ impl PeerReader {
         match self {
             PeerReader::Shm(r, _) => r.yield_before_spin(),
             #[cfg(feature = "ucx")]
-            PeerReader::Ucx(r) => r.yield_before_spin(),
+            PeerReader::Ucx(r) => r.get_mut().yield_before_spin(),
             PeerReader::Tcp(_) => {}
         }
     }

@@ -12,6 +12,14 @@
 //! module reads and writes them around the tensor data, and keeps the
 //! per-connection state (pending `cma` tokens, `mpt` sequence numbers).
 //!
+//! On an authenticated connection ([`crate::auth`]) the frames travel in
+//! sealed records, and a `ucx` record is followed by a
+//! [`TENSOR_MAC_LEN`]-byte MAC of the tensor's bytes ([`tensor_mac`]):
+//! those bytes cross outside the records, straight into their
+//! destination, and are checked there before the message is handed on.
+//! (`mpt` lanes are sealed like the connection; `cma` and `shm` stay on
+//! one host.)
+//!
 //! A `cma` sender keeps the tensor alive until the receiver's
 //! [`MessageKind::RELEASE`](ferry_wire::MessageKind::RELEASE) frame names its
 //! token; the reader handles those frames itself and queues its own for the
@@ -24,7 +32,10 @@
 
 mod reader;
 mod stall;
+pub(crate) mod tensor_mac;
 mod writer;
+
+pub(crate) use tensor_mac::TENSOR_MAC_LEN;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

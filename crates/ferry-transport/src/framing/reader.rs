@@ -39,6 +39,9 @@ pub struct FrameReader<R> {
     shared: Arc<Shared>,
     next_seq: u64,
     next_ucx_seq: u64,
+    /// With a secret: the key of the MAC that follows each `ucx` record
+    /// (see [`super::tensor_mac`]).
+    tensor_mac: Option<[u8; 32]>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -61,7 +64,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             shared: Arc::default(),
             next_seq: 0,
             next_ucx_seq: 0,
+            tensor_mac: None,
         }
+    }
+
+    /// Checks each `ucx` tensor against the MAC its record is followed
+    /// by, under `key` (an authenticated connection's receiving key).
+    pub(crate) fn set_tensor_mac(&mut self, key: Option<[u8; 32]>) {
+        self.tensor_mac = key;
     }
 
     pub(crate) fn set_selection(&mut self, selection: Selection) {
@@ -98,6 +108,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             shared: self.shared,
             next_seq: self.next_seq,
             next_ucx_seq: self.next_ucx_seq,
+            tensor_mac: self.tensor_mac,
         })
     }
 
@@ -312,7 +323,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     )));
                 }
                 self.next_ucx_seq += 1;
-                self.receive_ucx(seq, dest, what).await
+                let Some(key) = self.tensor_mac else {
+                    return self.receive_ucx(seq, dest, what).await;
+                };
+                let mut tag = [0u8; super::TENSOR_MAC_LEN];
+                self.read_stream(&mut tag, || format!("the ucx MAC of {what}"))
+                    .await?;
+                let mut dest = self.receive_ucx(seq, dest, what).await?;
+                if !super::tensor_mac::verify(&key, seq, dest.as_mut_bytes(), &tag) {
+                    return Err(TransportError::Integrity {
+                        peer: self.peer.clone(),
+                        source: crate::auth::RecordError::Tensor {
+                            channel: channel::UCX,
+                            seq,
+                        },
+                    });
+                }
+                Ok(dest)
             }
         }
     }

@@ -35,6 +35,9 @@ pub struct FrameWriter<W> {
     next_ucx_seq: u64,
     /// Flush the stream after each write: it buffers (sealed records).
     flush: bool,
+    /// With a secret: the key of the MAC that follows each `ucx` record
+    /// (see [`super::tensor_mac`]).
+    tensor_mac: Option<[u8; 32]>,
 }
 
 impl<W> FrameWriter<W> {
@@ -86,7 +89,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             next_seq: 0,
             next_ucx_seq: 0,
             flush: false,
+            tensor_mac: None,
         }
+    }
+
+    /// Follows each `ucx` record with a MAC of the tensor's bytes under
+    /// `key` (an authenticated connection's sending key).
+    pub(crate) fn set_tensor_mac(&mut self, key: Option<[u8; 32]>) {
+        self.tensor_mac = key;
     }
 
     /// Flush the stream after each write (a stream that buffers, such as
@@ -116,6 +126,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             next_seq: self.next_seq,
             next_ucx_seq: self.next_ucx_seq,
             flush: self.flush,
+            tensor_mac: self.tensor_mac,
         }
     }
 
@@ -323,6 +334,10 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                             ferry_wire::channel_record::UcxRecord { seq },
                         ))
                         .encode_into(&mut self.head);
+                        if let Some(key) = &self.tensor_mac {
+                            let tag = super::tensor_mac::tag(key, seq, tensor.bytes());
+                            self.head.extend_from_slice(&tag);
+                        }
                         self.send_ucx(seq, tensor)?;
                     }
                 }
