@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_transport::accept::AcceptBackoff;
+use ferry_transport::accept::{auth_opening, await_opening, AcceptBackoff, RefusalWarnings};
 use ferry_transport::auth::{self, Secret, AUTH_TIMEOUT};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -176,6 +176,32 @@ pub(crate) struct Served {
     /// With a secret, every client proves it holds it before a byte of
     /// its requests is read.
     pub(crate) auth: Option<Secret>,
+    /// The rate-limited warnings about clients refused for failing
+    /// authentication (an outsider can open thousands a second).
+    pub(crate) refusals: RefusalWarnings,
+    /// The rate-limited warnings about clients closed for breaking the
+    /// protocol (malformed or oversized input, either protocol).
+    pub(crate) broken: RefusalWarnings,
+}
+
+impl Served {
+    /// What the connections of a server serving `state` share.
+    pub(crate) fn new(state: Arc<MemoryStore>, limits: StoreLimits, auth: Option<Secret>) -> Self {
+        Served {
+            state,
+            limits,
+            ledger: Mutex::new(Ledger::default()),
+            auth,
+            refusals: RefusalWarnings::new(
+                "store server",
+                "refused a store client that failed authentication",
+            ),
+            broken: RefusalWarnings::new(
+                "store server",
+                "closed a store client that broke the protocol",
+            ),
+        }
+    }
 }
 
 /// The quota's checks, shared by both protocols' requests (Ferry's and
@@ -276,12 +302,7 @@ impl TcpStoreServer {
         let state = Arc::new(MemoryStore::new(DEFAULT_STORE_TIMEOUT));
         let (closing, closed) = watch::channel(false);
         let (failures_tx, accept_failures) = watch::channel(0);
-        let served = Arc::new(Served {
-            state: state.clone(),
-            limits,
-            ledger: Mutex::new(Ledger::default()),
-            auth: secret,
-        });
+        let served = Arc::new(Served::new(state.clone(), limits, secret));
         let task = tokio::spawn(serve(listener, served, closed, failures_tx));
         debug!(%local_addr, "store server listening");
         Ok(TcpStoreServer {
@@ -493,13 +514,30 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let mut stream = stream;
     if let Some(secret) = &served.auth {
+        let authenticate = async {
+            // Bytes that cannot open the handshake (c10d's `VALIDATE`, a
+            // client without a secret) are refused as soon as they are in,
+            // not after `AUTH_TIMEOUT` (the handshake reads a whole header
+            // first, and `VALIDATE` is shorter).
+            await_opening(&stream, auth_opening)
+                .await
+                .map_err(|e| e.to_string())?;
+            auth::accept(&mut stream, secret.key(), AUTH_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string())
+        };
         let mut watching = closed.clone();
         let proved = tokio::select! {
             () = closing(&mut watching) => return,
-            proved = auth::accept(&mut stream, secret.key(), AUTH_TIMEOUT) => proved,
+            proved = tokio::time::timeout(AUTH_TIMEOUT, authenticate) => proved,
         };
-        if let Err(e) = proved {
-            warn!(%peer, error = %e, "refused a store client that failed authentication");
+        let refused = match proved {
+            Ok(Ok(_)) => None,
+            Ok(Err(why)) => Some(why),
+            Err(_) => Some(format!("no handshake within {AUTH_TIMEOUT:?}")),
+        };
+        if let Some(why) = refused {
+            served.refusals.refused(peer, why);
             return;
         }
     }
@@ -585,7 +623,7 @@ async fn serve_ferry<R>(
                     return;
                 }
                 Some(Err(e)) => {
-                    warn!(%peer, error = %e, "closing store connection");
+                    served.broken.refused(peer, e);
                     return;
                 }
                 Some(Ok(RequestFrame { id, request })) => {

@@ -8,11 +8,15 @@ use std::time::Duration;
 
 use ferry_store::c10d::C10dStore;
 use ferry_store::{Store, StoreError, StoreLimits, TcpStore, TcpStoreServer};
-use ferry_transport::auth::{self, Secret};
+use ferry_transport::auth::{self, Secret, AUTH_TIMEOUT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const T: Duration = Duration::from_secs(10);
+
+/// c10d's first query: `VALIDATE` (query type 0) and its magic, 5 bytes,
+/// fewer than a handshake header.
+const VALIDATE: [u8; 5] = [0x00, 0xCE, 0xF7, 0x85, 0x3C];
 
 fn secret(s: &str) -> Secret {
     Secret::new(format!("secret-of-the-group-{s}").into_bytes()).unwrap()
@@ -99,6 +103,30 @@ async fn outsiders_read_and_write_nothing_and_the_member_is_served_meanwhile() {
     assert!(!member.check(&["planted".into()]).await.unwrap());
     member.set("after", b"w".to_vec()).await.unwrap();
     assert_eq!(member.get("after").await.unwrap(), b"w");
+}
+
+/// Under paused time the runtime jumps to the next timer whenever it
+/// waits: had the store waited for the rest of a handshake header, the
+/// client's timeout (half the handshake's) would fire first.
+#[tokio::test(start_paused = true)]
+async fn c10d_validate_is_refused_before_the_handshake_timeout() {
+    let server = server().await;
+    let mut c10d = TcpStream::connect(server.local_addr()).await.unwrap();
+    c10d.write_all(&VALIDATE).await.unwrap();
+    tokio::time::timeout(AUTH_TIMEOUT / 2, closed_by_server(&mut c10d))
+        .await
+        .expect("the store waited for more than c10d's VALIDATE");
+}
+
+/// Reads until the server closed the connection: an end of stream, or a
+/// reset (the server closes without reading what the client sent).
+async fn closed_by_server(stream: &mut TcpStream) {
+    let mut rest = Vec::new();
+    match stream.read_to_end(&mut rest).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// A stream that records every byte read through it.

@@ -225,7 +225,10 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
                 Ok(Some(q)) => q,
                 Ok(None) => break,
                 Err(e) => {
-                    warn!(%peer, error = %e, "closing c10d store connection");
+                    session
+                        .served
+                        .broken
+                        .refused(peer, format_args!("c10d: {e}"));
                     return;
                 }
             };
@@ -238,7 +241,10 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
                     send(&Reply::Wait(WaitReply::WaitCanceled));
                 }
                 Err(e) => {
-                    warn!(%peer, error = %e, "closing c10d store connection");
+                    session
+                        .served
+                        .broken
+                        .refused(peer, format_args!("c10d: {e}"));
                     return;
                 }
             }
@@ -269,19 +275,11 @@ pub(crate) async fn serve_c10d<R: AsyncRead + Unpin>(
 
 #[cfg(test)]
 mod tests {
-    use parking_lot::Mutex;
-
     use super::*;
-    use crate::quota::Ledger;
     use crate::{MemoryStore, StoreLimits};
 
     fn session(limits: StoreLimits) -> Session {
-        let served = Arc::new(Served {
-            state: Arc::new(MemoryStore::default()),
-            limits,
-            ledger: Mutex::new(Ledger::default()),
-            auth: None,
-        });
+        let served = Arc::new(Served::new(Arc::new(MemoryStore::default()), limits, None));
         Session::new(served, 1)
     }
 
@@ -453,15 +451,14 @@ mod tests {
     /// the account of the connection that wrote it.
     #[test]
     fn only_writes_that_store_are_charged() {
-        let served = Arc::new(Served {
-            state: Arc::new(MemoryStore::default()),
-            limits: StoreLimits {
+        let served = Arc::new(Served::new(
+            Arc::new(MemoryStore::default()),
+            StoreLimits {
                 max_keys_per_connection: 1,
                 ..StoreLimits::default()
             },
-            ledger: Mutex::new(Ledger::default()),
-            auth: None,
-        });
+            None,
+        ));
         let open = |conn| {
             let mut s = Session::new(served.clone(), conn);
             let validate = Query::Validate {
@@ -498,15 +495,14 @@ mod tests {
     #[test]
     fn a_c10d_add_is_charged_as_a_ferry_add() {
         const TOTAL: u64 = 100;
-        let served = Arc::new(Served {
-            state: Arc::new(MemoryStore::default()),
-            limits: StoreLimits {
+        let served = Arc::new(Served::new(
+            Arc::new(MemoryStore::default()),
+            StoreLimits {
                 max_total_bytes: TOTAL,
                 ..StoreLimits::default()
             },
-            ledger: Mutex::new(Ledger::default()),
-            auth: None,
-        });
+            None,
+        ));
         let mut s = Session::new(served.clone(), 1);
         let validate = Query::Validate {
             magic: VALIDATION_MAGIC,
