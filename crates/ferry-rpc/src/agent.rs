@@ -114,6 +114,8 @@ pub(crate) struct Inner {
     store_server: Mutex<Option<TcpStoreServer>>,
     rpc_timeout: Duration,
     pub(crate) init_timeout: Duration,
+    /// Bound on the wait for an incoming connection's first message.
+    handshake_timeout: Duration,
     /// The agent's own tasks (accept loop, timer, connections, layers'
     /// background work); finished ones are reaped as new ones start, and
     /// stopping aborts the rest.
@@ -193,6 +195,7 @@ impl Agent {
             store_server: Mutex::new(rendezvous.server),
             rpc_timeout: options.rpc_timeout,
             init_timeout: options.init_timeout,
+            handshake_timeout: options.handshake_timeout,
             tasks: Mutex::new(JoinSet::new()),
             span: span.clone(),
             foreign_replies: Throttle::new(FOREIGN_REPLY_LINES, FOREIGN_REPLY_WINDOW),

@@ -89,7 +89,9 @@ pub use error::{RemoteError, RpcError};
 pub use fallible::{error_text, BoxError};
 pub use functions::{panic_message, BoxFuture, Functions, Signature, SignatureId, SignatureSchema};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
-pub use options::{RpcOptions, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT};
+pub use options::{
+    RpcOptions, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT,
+};
 pub use protocol::Extension;
 pub use schema::Schema;
 pub use scope::CallScope;

@@ -19,6 +19,9 @@ use crate::{Functions, RpcError};
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default bound on rendezvous and on graceful shutdown without progress.
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default bound on the wait for an incoming connection's first message
+/// (as long as [`AUTH_TIMEOUT`](ferry_transport::auth::AUTH_TIMEOUT)).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Options of one worker's agent.
 #[derive(Clone)]
@@ -45,6 +48,15 @@ pub struct RpcOptions {
     /// Bound on rendezvous, connecting to peers, and on graceful shutdown
     /// without progress.
     pub init_timeout: Duration,
+    /// How long an incoming connection may take to send its first message
+    /// (its Ferry handshake frame, or with a secret its authentication
+    /// `Hello`) before it is dropped, whatever `init_timeout` says: an
+    /// outsider that connects and stays silent holds a socket no longer.
+    /// A peer offering UCX creates its UCX worker before it sends its
+    /// handshake, within this too. What follows (authentication, channel
+    /// set-up) has its own bounds. Must not be zero. Default
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    pub handshake_timeout: Duration,
     /// TCP keepalive and `TCP_USER_TIMEOUT` on connections to peers, so
     /// that a partition fails calls with `PeerUnreachable` within bounds.
     pub keepalive: Keepalive,
@@ -107,6 +119,7 @@ impl RpcOptions {
             listen_ip,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             init_timeout: DEFAULT_INIT_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             keepalive: Keepalive::default(),
             io_threads: 2,
             functions: Functions::new(),
@@ -301,6 +314,13 @@ impl RpcOptions {
         self
     }
 
+    /// Sets how long an incoming connection may take to send its first
+    /// message (see [`handshake_timeout`](Self::handshake_timeout)).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
     /// Sets TCP keepalive and `TCP_USER_TIMEOUT` on connections to peers
     /// ([`Keepalive::disabled`] turns them off).
     pub fn keepalive(mut self, keepalive: Keepalive) -> Self {
@@ -378,6 +398,11 @@ impl RpcOptions {
         }
         if self.io_threads == 0 {
             return Err(RpcError::Config("io_threads must be at least 1".into()));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(RpcError::Config(
+                "the handshake timeout must be longer than zero".into(),
+            ));
         }
         self.keepalive
             .validate()

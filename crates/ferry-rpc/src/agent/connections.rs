@@ -6,9 +6,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use ferry_transport::accept::{
+    auth_opening, await_opening, handshake_opening, OpeningError, RefusalWarnings,
+};
+use ferry_transport::auth::AUTH_FAILED;
 use ferry_transport::{OutgoingMessage, PeerConnection};
 use ferry_wire::{Flags, PeerText};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
 
 use crate::outbox::{outbox, Outbox, OutboxQueue, Refusal};
@@ -193,10 +197,15 @@ impl Inner {
 }
 
 /// The accept task: takes peers' connections (backing off when out of
-/// descriptors) and serves each one that handshakes within `init_timeout`
-/// as a member of the group.
+/// descriptors) and serves each one that handshakes in time as a member of
+/// the group: its first message (the handshake frame, or with a secret the
+/// authentication `Hello`) within `handshake_timeout`, the rest of the
+/// handshake and the channels' set-up within `init_timeout`. Refused
+/// connections are warned about at most once every 10 s, counted
+/// ([`RefusalWarnings`]).
 pub(super) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     let mut backoff = ferry_transport::accept::AcceptBackoff::new();
+    let refusals = RefusalWarnings::new("rpc agent", "rejected a connection");
     loop {
         let (stream, addr) = match listener.accept().await {
             Ok(s) => {
@@ -210,39 +219,81 @@ pub(super) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             }
         };
         let inner2 = inner.clone();
+        let refusals = refusals.clone();
         inner.spawn_task(
             async move {
-                let handshake = tokio::time::timeout(
-                    inner2.init_timeout,
-                    PeerConnection::accept(stream, &inner2.endpoint),
-                )
-                .await;
-                let connection = match handshake {
-                    Ok(Ok(c)) => c,
-                    Ok(Err(e)) => return warn!(%addr, error = %e, "rejected a connection"),
-                    Err(_) => return warn!(%addr, "rejected a connection: handshake timed out"),
-                };
-                let rank = connection.peer.rank;
-                let known = inner2
-                    .workers
-                    .get(rank as usize)
-                    .is_some_and(|w| w.name == connection.peer.worker_name);
-                if !known {
-                    return warn!(
-                        %addr,
-                        name = ?PeerText::new(&connection.peer.worker_name),
-                        rank,
-                        "rejected a connection from a worker outside the group"
-                    );
+                match inner2.accept_connection(stream).await {
+                    Ok(connection) => {
+                        let peer = inner2.workers[connection.peer.rank as usize].clone();
+                        let (outbox, rx) = outbox(inner2.handle.clone());
+                        let conn = inner2.next_conn.fetch_add(1, Ordering::Relaxed);
+                        inner2
+                            .serve_connection(connection, conn, peer, outbox, rx)
+                            .await;
+                    }
+                    Err(why) => refusals.refused(addr, why),
                 }
-                let peer = inner2.workers[rank as usize].clone();
-                let (outbox, rx) = outbox(inner2.handle.clone());
-                let conn = inner2.next_conn.fetch_add(1, Ordering::Relaxed);
-                inner2
-                    .serve_connection(connection, conn, peer, outbox, rx)
-                    .await;
             }
             .in_current_span(),
         );
+    }
+}
+
+impl Inner {
+    /// Establishes a connection a peer opened: waits (for at most
+    /// `handshake_timeout`) until the peer's first message is in, reading
+    /// nothing, so that a silent connection or one speaking another
+    /// protocol is dropped early, then runs the accepting side of the
+    /// handshake within `init_timeout` (authentication has its own 10 s,
+    /// channel set-up its own bounds). The peer must be a worker of the
+    /// group. The error is why the connection is refused.
+    async fn accept_connection(&self, stream: TcpStream) -> Result<PeerConnection, String> {
+        let first_message = if self.endpoint.auth.is_some() {
+            auth_opening
+        } else {
+            handshake_opening
+        };
+        match tokio::time::timeout(
+            self.handshake_timeout,
+            await_opening(&stream, first_message),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            // With a secret, the first bytes are not a handshake's: the
+            // peer fails authentication (its warning says so).
+            Ok(Err(e @ OpeningError::Refused(_))) if self.endpoint.auth.is_some() => {
+                return Err(format!("{AUTH_FAILED}: {e}"))
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no handshake within {:?} (handshake_timeout)",
+                    self.handshake_timeout
+                ))
+            }
+        }
+        let connection = match tokio::time::timeout(
+            self.init_timeout,
+            PeerConnection::accept(stream, &self.endpoint),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("handshake timed out".into()),
+        };
+        let rank = connection.peer.rank;
+        let known = self
+            .workers
+            .get(rank as usize)
+            .is_some_and(|w| w.name == connection.peer.worker_name);
+        if !known {
+            return Err(format!(
+                "from a worker outside the group: name={:?} rank={rank}",
+                PeerText::new(&connection.peer.worker_name)
+            ));
+        }
+        Ok(connection)
     }
 }
