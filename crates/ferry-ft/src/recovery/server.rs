@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use ferry_transport::accept::RefusalWarnings;
 use ferry_transport::auth::{is_auth_failure, Secret};
 use ferry_transport::{OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::OutgoingTensor;
@@ -53,7 +54,8 @@ pub struct CheckpointServerOptions {
     pub window: usize,
     /// The group's shared secret: with one, a healing replica must prove
     /// it holds it ([`ferry_transport::auth`]) before a request of it is
-    /// read; one that fails is closed with a warning naming its address.
+    /// read; one that fails is closed with a warning naming its address
+    /// (rate-limited: at most one line every 10 s, counting the others).
     /// Default none.
     pub auth: Option<Secret>,
 }
@@ -137,6 +139,9 @@ struct Shared {
     local_addr: SocketAddr,
     serving: Mutex<Option<Arc<Snapshot>>>,
     stats: watch::Sender<CheckpointServerStats>,
+    /// Warnings about replicas that failed authentication, at most one
+    /// every 10 s (an outsider can open thousands of connections a second).
+    refusals: RefusalWarnings,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -211,6 +216,10 @@ impl CheckpointServer {
             local_addr,
             serving: Mutex::new(None),
             stats: watch::channel(CheckpointServerStats::default()).0,
+            refusals: RefusalWarnings::new(
+                "checkpoint server",
+                "refused a healing replica that failed authentication",
+            ),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -361,7 +370,8 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     {
         Ok(Ok(conn)) => conn,
         Ok(Err(error)) if is_auth_failure(&error) => {
-            warn!(peer = ?from, %error, "refused a healing replica that failed authentication");
+            let peer = from.map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+            shared.refusals.refused(peer, error);
             return;
         }
         Ok(Err(error)) => {
