@@ -17,12 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_transport::accept::{auth_opening, await_opening, AcceptBackoff, RefusalWarnings};
-use ferry_transport::auth::{self, Secret, AUTH_TIMEOUT};
+use ferry_transport::auth::{self, RecordReader, RecordWriter, Secret, AUTH_TIMEOUT};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -132,8 +133,28 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     while let Some(frame) = rx.recv().await {
         w.write_all(&frame).await?;
+        // Whatever else is queued goes in the same records; then out.
+        while let Ok(frame) = rx.try_recv() {
+            w.write_all(&frame).await?;
+        }
+        w.flush().await?;
     }
     Ok(())
+}
+
+/// A connection's halves: after the authentication handshake, read and
+/// written in records sealed with its session ([`auth::records`]), so a
+/// relay that passed the handshake through can neither speak for either
+/// end nor alter, drop or reorder a byte; without a secret, as they are.
+fn halves(
+    stream: TcpStream,
+    session: Option<&auth::SessionKey>,
+) -> (RecordReader<OwnedReadHalf>, RecordWriter<OwnedWriteHalf>) {
+    let (rd, wr) = stream.into_split();
+    match session {
+        Some(s) => (s.reader(rd), s.writer(wr)),
+        None => (RecordReader::new(rd, None), RecordWriter::new(wr, None)),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -513,6 +534,7 @@ async fn serve_connection(
     let first_request_by = Instant::now() + served.limits.first_request_timeout;
     let _ = stream.set_nodelay(true);
     let mut stream = stream;
+    let mut session = None;
     if let Some(secret) = &served.auth {
         let authenticate = async {
             // Bytes that cannot open the handshake (c10d's `VALIDATE`, a
@@ -531,17 +553,16 @@ async fn serve_connection(
             () = closing(&mut watching) => return,
             proved = tokio::time::timeout(AUTH_TIMEOUT, authenticate) => proved,
         };
-        let refused = match proved {
-            Ok(Ok(_)) => None,
-            Ok(Err(why)) => Some(why),
-            Err(_) => Some(format!("no handshake within {AUTH_TIMEOUT:?}")),
-        };
-        if let Some(why) = refused {
-            served.refusals.refused(peer, why);
-            return;
+        match proved {
+            Ok(Ok(s)) => session = Some(s),
+            Ok(Err(why)) => return served.refusals.refused(peer, why),
+            Err(_) => {
+                let why = format!("no handshake within {AUTH_TIMEOUT:?}");
+                return served.refusals.refused(peer, why);
+            }
         }
     }
-    let (mut rd, wr) = stream.into_split();
+    let (mut rd, wr) = halves(stream, session.as_ref());
     let mut head = [0u8; LENGTH_PREFIX_BYTES];
     let mut watching = closed.clone();
     let got = tokio::select! {
@@ -755,16 +776,19 @@ impl TcpStore {
         secret: Option<Secret>,
     ) -> Result<TcpStore, StoreError> {
         let mut stream = connect_with_retry(addr, timeout).await?;
-        if let Some(secret) = &secret {
-            auth::connect(&mut stream, secret.key(), AUTH_TIMEOUT)
-                .await
-                .map_err(|source| StoreError::Auth {
-                    addr: addr.to_string(),
-                    source,
-                })?;
-        }
+        let session = match &secret {
+            Some(secret) => Some(
+                auth::connect(&mut stream, secret.key(), AUTH_TIMEOUT)
+                    .await
+                    .map_err(|source| StoreError::Auth {
+                        addr: addr.to_string(),
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
         let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = halves(stream, session.as_ref());
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = {
