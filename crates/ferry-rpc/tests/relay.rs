@@ -2,8 +2,10 @@
 //! nothing: the attack of an outsider who can write the rendezvous store
 //! (as anyone can write torchrun's agent store, a c10d TCPStore).
 //!
-//! The outsider rewrites worker1's rendezvous record to point at its own
-//! relay, so worker0 connects to the relay, which connects to worker1 and
+//! The members meet at a store that has no secret, spoken to in c10d's
+//! TCPStore protocol as torchrun's agent store is (and, in a second test,
+//! in Ferry's own store protocol). The outsider rewrites worker1's
+//! rendezvous record to point at its own relay, so worker0 connects to the relay, which connects to worker1 and
 //! passes the four authentication messages through unchanged: both
 //! members accept the handshake. What the relay does next, one connection
 //! each:
@@ -57,12 +59,38 @@ fn log_warnings() {
         .try_init();
 }
 
-fn member(rank: u32) {
+/// How the processes speak to the store they meet at.
+#[derive(Clone, Copy)]
+enum Protocol {
+    /// c10d's TCPStore protocol, as to torchrun's agent store.
+    C10d,
+    /// Ferry's own store protocol (a store hosted without a secret).
+    Ferry,
+}
+
+/// A client of the side store in `protocol`.
+fn store_client(rt: &tokio::runtime::Runtime, protocol: Protocol) -> Arc<dyn Store> {
+    match protocol {
+        Protocol::Ferry => Arc::new(side_store(rt)),
+        Protocol::C10d => {
+            let addr = std::env::var(ferry_testkit::outsider::SIDE_STORE_ENV)
+                .unwrap()
+                .parse()
+                .unwrap();
+            Arc::new(
+                rt.block_on(ferry_rpc::store::c10d::C10dStore::connect(addr, T))
+                    .unwrap(),
+            )
+        }
+    }
+}
+
+fn member(rank: u32, protocol: Protocol) {
     log_warnings();
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The store every member meets at: like torchrun's agent store, it
     // has no secret, and anyone who reaches it may write it.
-    let store: Arc<dyn Store> = Arc::new(side_store(&rt));
+    let store = store_client(&rt, protocol);
     if rank == 0 {
         // Worker0 reads the table once the record has been rewritten.
         rt.block_on(store.wait(&["relay/ready".into()], T)).unwrap();
@@ -169,10 +197,10 @@ async fn pass_flipping(mut from: impl AsyncReadExt + Unpin, mut to: impl AsyncWr
     }
 }
 
-fn outsider() {
+fn outsider(protocol: Protocol) {
     log_warnings();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = side_store(&rt);
+    let store = store_client(&rt, protocol);
     rt.block_on(async {
         let key = "ferry/rpc/worker/1";
         store.wait(&[key.into()], T).await.unwrap();
@@ -227,17 +255,23 @@ fn outsider() {
     });
 }
 
-#[test]
-fn a_relay_that_passed_the_handshake_through_can_neither_speak_nor_alter() {
-    const TEST: &str = "a_relay_that_passed_the_handshake_through_can_neither_speak_nor_alter";
+/// Runs the three processes of `test` with the members meeting over
+/// `protocol`, and checks what each saw.
+fn relayed(test: &str, protocol: Protocol) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let side = host_side_store(&rt, worker_rank(TEST).is_none());
+    let side = host_side_store(&rt, worker_rank(test).is_none());
     let env = side.as_ref().map_or("", |(_, env)| *env);
     let Some(outputs) = world_wrapped_ok(
-        TEST,
+        test,
         3,
         |_| vec!["env", env, "FERRY_TRANSPORTS=tcp", "FERRY_CHANNELS=inline"],
-        |rank| if rank < 2 { member(rank) } else { outsider() },
+        |rank| {
+            if rank < 2 {
+                member(rank, protocol)
+            } else {
+                outsider(protocol)
+            }
+        },
     ) else {
         return;
     };
@@ -260,4 +294,20 @@ fn a_relay_that_passed_the_handshake_through_can_neither_speak_nor_alter() {
     // one's length, announce far more than a record may carry.
     assert!(tampered[0].contains("record 0 announces"), "{log}");
     assert!(tampered[1].contains("failed its integrity check"), "{log}");
+}
+
+#[test]
+fn under_an_agent_store_a_relay_can_neither_speak_nor_alter() {
+    relayed(
+        "under_an_agent_store_a_relay_can_neither_speak_nor_alter",
+        Protocol::C10d,
+    );
+}
+
+#[test]
+fn under_a_ferry_store_without_a_secret_a_relay_can_neither_speak_nor_alter() {
+    relayed(
+        "under_a_ferry_store_without_a_secret_a_relay_can_neither_speak_nor_alter",
+        Protocol::Ferry,
+    );
 }

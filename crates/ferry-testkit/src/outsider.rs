@@ -5,7 +5,6 @@
 //! captures it, and its replay against a listener.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use ferry_store::{TcpStore, TcpStoreServer};
@@ -36,16 +35,16 @@ pub fn host_side_store(
     rt: &tokio::runtime::Runtime,
     parent: bool,
 ) -> Option<(TcpStoreServer, &'static str)> {
-    static ENV: OnceLock<&'static str> = OnceLock::new();
     if !parent {
         return None;
     }
     let server = rt
         .block_on(TcpStoreServer::bind(([127, 0, 0, 1], 0).into()))
         .expect("binding the side store");
-    let env = *ENV.get_or_init(|| {
-        Box::leak(format!("{SIDE_STORE_ENV}={}", server.local_addr()).into_boxed_str())
-    });
+    // One string per side store (a few bytes per test), so that tests
+    // running side by side in one binary each reach their own.
+    let env: &'static str =
+        Box::leak(format!("{SIDE_STORE_ENV}={}", server.local_addr()).into_boxed_str());
     Some((server, env))
 }
 
