@@ -91,8 +91,9 @@ fn echo(mut callee: PeerConnection) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// One side's figures in one repetition.
-async fn measure(side: &str, setups: usize, calls: usize, bulk: usize) -> Result<Value> {
+/// One side's per-call figures in one repetition: set-up, round trip,
+/// throughput.
+async fn measure_calls(side: &str, setups: usize, calls: usize) -> Result<Value> {
     let secret = secret_of(side)?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let server = endpoint("callee", 1, secret.as_ref(), "inline")?;
@@ -140,8 +141,18 @@ async fn measure(side: &str, setups: usize, calls: usize, bulk: usize) -> Result
     let calls_per_s = total as f64 / s.elapsed().as_secs_f64();
     drop(caller);
     let _ = echoing.await;
+    Ok(json!({
+        "setup": stats_ms(&setup, Std::Population),
+        "round_trip": stats_ms(&round_trip, Std::Population),
+        "throughput": {"calls_per_s": calls_per_s, "in_flight": IN_FLIGHT},
+    }))
+}
 
-    // Tensors over mpt.
+/// One side's bulk figures in one repetition: round trips of tensors
+/// over `mpt`.
+async fn measure_bulk(side: &str, bulk: usize) -> Result<Value> {
+    let secret = secret_of(side)?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
     let server = endpoint("callee", 1, secret.as_ref(), "mpt")?;
     let client = endpoint("caller", 0, secret.as_ref(), "mpt")?;
     let (callee, mut caller) = connect_pair(&listener, &server, &client).await?;
@@ -166,12 +177,7 @@ async fn measure(side: &str, setups: usize, calls: usize, bulk: usize) -> Result
     }
     drop(caller);
     let _ = echoing.await;
-    Ok(json!({
-        "setup": stats_ms(&setup, Std::Population),
-        "round_trip": stats_ms(&round_trip, Std::Population),
-        "throughput": {"calls_per_s": calls_per_s, "in_flight": IN_FLIGHT},
-        "mpt": mpt,
-    }))
+    Ok(json!({ "mpt": mpt }))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -203,22 +209,29 @@ pub fn auth_cost(quick: bool) -> Result<Value> {
     } else {
         (300, 10_000, 10, 3)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // Calls on one thread, as the round-trip figures elsewhere (a wake-up
+    // across threads costs a VM tens of microseconds, which would drown
+    // the difference); bulk transfers on two, so that both ends hash in
+    // parallel as two processes do.
+    let calls_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let bulk_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let runs: Vec<serde_json::Map<String, Value>> = rt.block_on(async {
-        let mut runs = Vec::with_capacity(reps);
-        for rep in 0..reps {
-            let mut run = serde_json::Map::new();
-            for k in 0..SIDES.len() {
-                let side = SIDES[(rep + k) % SIDES.len()];
-                run.insert(side.into(), measure(side, setups, calls, bulk).await?);
-            }
-            runs.push(run);
+    let mut runs: Vec<serde_json::Map<String, Value>> = Vec::with_capacity(reps);
+    for rep in 0..reps {
+        let mut run = serde_json::Map::new();
+        for k in 0..SIDES.len() {
+            let side = SIDES[(rep + k) % SIDES.len()];
+            let mut v = calls_rt.block_on(measure_calls(side, setups, calls))?;
+            let b = bulk_rt.block_on(measure_bulk(side, bulk))?;
+            v["mpt"] = b["mpt"].clone();
+            run.insert(side.into(), v);
         }
-        Ok::<_, anyhow::Error>(runs)
-    })?;
+        runs.push(run);
+    }
     let figure = |run: &serde_json::Map<String, Value>, side: &str, ptr: &str| {
         run[side]
             .pointer(ptr)

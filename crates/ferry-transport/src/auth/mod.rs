@@ -69,5 +69,5 @@ mod secret;
 pub use handshake::{AuthError, Handshake, Role, Step};
 pub use io::{accept, connect, AUTH_TIMEOUT};
 pub use message::{AuthMessage, DecodeError};
-pub use records::{Protection, RecordError, RecordReader, RecordWriter, Sealed};
+pub use records::{Protection, RecordError, RecordReader, RecordWriter};
 pub use secret::{Key, Secret, SecretError, SessionKey, SECRET_ENV};

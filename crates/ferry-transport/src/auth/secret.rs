@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::handshake::Role;
-use super::records::{Opener, Protection, RecordReader, RecordWriter, Sealed, Sealer};
+use super::records::{Opener, Protection, RecordReader, RecordWriter, Sealer};
 
 /// The environment variable holding the group's shared secret.
 pub const SECRET_ENV: &str = "FERRY_AUTH_SECRET";
@@ -174,11 +174,6 @@ impl SessionKey {
     /// The writing half of the authenticated stream, its records sealed.
     pub fn writer<W>(&self, w: W) -> RecordWriter<W> {
         RecordWriter::new(w, Some(self.sealer()))
-    }
-
-    /// The whole authenticated stream, read and written as records.
-    pub fn seal<S>(&self, stream: S) -> Sealed<S> {
-        Sealed::new(stream, Some(self.opener()), Some(self.sealer()))
     }
 }
 
