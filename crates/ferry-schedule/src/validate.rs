@@ -23,12 +23,17 @@ pub struct ValidationError {
 
 /// Checks a schedule of `microbatches` microbatches against the rules:
 /// every stage lives on one rank; each stage runs F exactly once per
-/// microbatch, and B (or I) once, after its F; W once, after its I; and,
+/// microbatch, and B (or I) once, after its F; W once, after its I (never
+/// after a full B, which already computed the weight gradients: PyTorch
+/// refuses "Backward Weight ... without first running Backward Input");
+/// and,
 /// where the schedule has comms, every send is received once and every
 /// receive sent once.
 pub fn validate(schedule: &Schedule, microbatches: usize) -> Result<(), ValidationError> {
     let mut owner: HashMap<usize, usize> = HashMap::new();
     let mut seen: HashSet<(usize, ActionKind, usize)> = HashSet::new();
+    // (stage, microbatch) whose backward was an I, so a W may follow.
+    let mut inputs_only: HashSet<(usize, usize)> = HashSet::new();
     let mut sends: HashMap<(usize, ActionKind, usize), usize> = HashMap::new();
     let fail = |rank: usize, step: usize, action: &Action, rule: String| ValidationError {
         rank,
@@ -87,6 +92,23 @@ pub fn validate(schedule: &Schedule, microbatches: usize) -> Result<(), Validati
                     ActionKind::BackwardWeight => Some(ActionKind::FullBackward),
                     _ => None,
                 };
+                if kind == ActionKind::BackwardInput {
+                    inputs_only.insert((stage, mb));
+                }
+                if kind == ActionKind::BackwardWeight
+                    && seen.contains(&(stage, ActionKind::FullBackward, mb))
+                    && !inputs_only.contains(&(stage, mb))
+                {
+                    return Err(fail(
+                        rank,
+                        step,
+                        action,
+                        format!(
+                            "{kind} of microbatch {mb} follows a full B, which already computed \
+                             the weight gradients: a W needs an I (backward input) before it"
+                        ),
+                    ));
+                }
                 if let Some(need) = needs {
                     if !seen.contains(&(stage, need, mb)) {
                         let what = if need == ActionKind::Forward {

@@ -84,6 +84,27 @@ fn each_rule_has_its_error() {
 }
 
 #[test]
+fn a_w_after_a_full_b_is_refused_at_build() {
+    // The shape of PyTorch's `zb1p_2rank_2stagep_compute.csv` artifact:
+    // stage 2's microbatch 0 runs a full B, and later a W. PyTorch refuses
+    // it before running ("Backward Weight ... without first running
+    // Backward Input"); a runtime would find no state for the W.
+    let csv = "0F0,2F0,2B0,0B0,2W0\r\n1F0,3F0,3I0,1I0,3W0,1W0\r\n";
+    let schedule = Schedule::from_csv(csv).expect("parses");
+    let err = validate(&schedule, 1).expect_err("W after a full B");
+    assert_eq!((err.rank, err.step), (0, 4), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("W of microbatch 0 follows a full B"),
+        "{text}"
+    );
+    assert!(text.contains(">2W0<"), "{text}");
+    // The same with an I in place of the full B is valid.
+    let ok = "0F0,2F0,2I0,0B0,2W0\r\n1F0,3F0,3I0,1I0,3W0,1W0\r\n";
+    validate(&Schedule::from_csv(ok).expect("parses"), 1).expect("I then W");
+}
+
+#[test]
 fn check_sends_names_the_action_waiting_for_a_value_never_sent() {
     use ferry_schedule::check_sends;
     // Rank 1's F0 needs stage 0's activation (stage 0 is on rank 0), but
