@@ -15,6 +15,7 @@ use super::{
     property, Agreement, Endpoint, MAX_MPT_LANES, PROP_MPT_ADDR, PROP_MPT_LANES, PROP_SHM_SOCKET,
     SETUP_TIMEOUT,
 };
+use crate::accept::RefusalWarnings;
 use crate::auth::{self, Key, AUTH_TIMEOUT};
 use crate::mpt::{connect_lanes_authenticated, Lane, LaneListener};
 use crate::shm::{recv_fds, send_fds, ShmLink};
@@ -181,13 +182,27 @@ const MAX_AUTHENTICATING: usize = 16;
 /// The first connection on `listener` that proves it holds `key`. The
 /// handshakes run concurrently, so a connection that never speaks (or
 /// speaks slowly) holds up no other: the peer's own connection is served
-/// as soon as it arrives. Those that fail are closed with a warning; those
-/// still authenticating when the peer's succeeds are dropped with it.
+/// as soon as it arrives. Those that fail are closed, and so are those
+/// beyond [`MAX_AUTHENTICATING`]; those still authenticating when the
+/// peer's succeeds are dropped with it.
+///
+/// The warnings about the connections closed are rate-limited
+/// ([`RefusalWarnings`], one for each kind, for this socket): the first
+/// names its process at once, the others are counted into a line at most
+/// every 10 s, and what is left is written when this returns.
 async fn accept_authenticated(
     listener: &UnixListener,
     key: &Key,
     fail: &impl Fn(String) -> TransportError,
 ) -> Result<UnixStream, TransportError> {
+    let refused = RefusalWarnings::new(
+        "shared-memory set-up socket",
+        "refused a shared-memory set-up connection that failed authentication",
+    );
+    let overflowed = RefusalWarnings::new(
+        "shared-memory set-up socket",
+        "closed a shared-memory set-up connection: too many are authenticating already",
+    );
     let mut authenticating = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
@@ -195,9 +210,9 @@ async fn accept_authenticated(
                 let (mut stream, _) = accepted
                     .map_err(|e| fail(format!("accepting the shared-memory socket failed: {e}")))?;
                 if authenticating.len() >= MAX_AUTHENTICATING {
-                    tracing::warn!(
-                        pid = ?peer_pid(&stream),
-                        "closed a shared-memory set-up connection: {MAX_AUTHENTICATING} are authenticating already"
+                    overflowed.refused(
+                        PeerProcess::of(&stream),
+                        format_args!("{MAX_AUTHENTICATING} are authenticating already"),
                     );
                     continue;
                 }
@@ -209,20 +224,30 @@ async fn accept_authenticated(
             }
             Some(done) = authenticating.join_next(), if !authenticating.is_empty() => match done {
                 Ok((stream, Ok(_))) => return Ok(stream),
-                Ok((stream, Err(e))) => tracing::warn!(
-                    pid = ?peer_pid(&stream),
-                    error = %e,
-                    "refused a shared-memory set-up connection that failed authentication"
-                ),
+                Ok((stream, Err(e))) => refused.refused(PeerProcess::of(&stream), e),
                 Err(e) => tracing::warn!(error = %e, "a shared-memory set-up handshake task failed"),
             },
         }
     }
 }
 
-/// The process at the other end of `stream`, for logs.
-fn peer_pid(stream: &UnixStream) -> Option<i32> {
-    stream.peer_cred().ok().and_then(|c| c.pid())
+/// The process at the other end of a set-up connection, for logs: `pid N`,
+/// or `unknown process` when the kernel names none.
+struct PeerProcess(Option<i32>);
+
+impl PeerProcess {
+    fn of(stream: &UnixStream) -> PeerProcess {
+        PeerProcess(stream.peer_cred().ok().and_then(|c| c.pid()))
+    }
+}
+
+impl std::fmt::Display for PeerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(pid) => write!(f, "pid {pid}"),
+            None => f.write_str("unknown process"),
+        }
+    }
 }
 
 /// Fires when the peer process exits: a pidfd, readable once it is gone.

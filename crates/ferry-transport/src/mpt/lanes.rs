@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::{LaneHello, HELLO_LEN, MAX_LANES};
+use crate::accept::RefusalWarnings;
 use crate::auth::{self, Key, RecordReader, RecordWriter, SessionKey, AUTH_TIMEOUT};
 use crate::TransportError;
 
@@ -88,6 +89,11 @@ const SOCKET_BUFFER: Option<usize> = None;
 pub struct LaneListener {
     inner: TcpListener,
     local: SocketAddr,
+    /// Warnings about lanes that failed authentication, rate-limited (an
+    /// outsider can open thousands of connections a second): the first at
+    /// once, then at most one line every 10 s counting the others, the
+    /// rest when the listener is dropped.
+    refusals: RefusalWarnings,
 }
 
 impl LaneListener {
@@ -95,7 +101,15 @@ impl LaneListener {
     pub async fn bind(ip: IpAddr) -> io::Result<Self> {
         let inner = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
         let local = inner.local_addr()?;
-        Ok(Self { inner, local })
+        let refusals = RefusalWarnings::new(
+            "mpt lane listener",
+            "mpt: refused a lane that failed authentication",
+        );
+        Ok(Self {
+            inner,
+            local,
+            refusals,
+        })
     }
 
     /// The address the other side connects to.
@@ -121,8 +135,10 @@ impl LaneListener {
     /// [`accept`](Self::accept), where with `key` every connection must
     /// first pass the [`auth`] handshake with it (the session key of the
     /// connection the lanes belong to) before its hello is read; one that
-    /// fails is dropped with a warning naming its address, and the wait
-    /// goes on.
+    /// fails is dropped, and the wait goes on. The warnings about those
+    /// are rate-limited per listener ([`RefusalWarnings`]): the first
+    /// names its address at once, the others are counted into a line at
+    /// most every 10 s (and when the listener is dropped).
     pub async fn accept_authenticated(
         &self,
         nonce: u64,
@@ -141,14 +157,16 @@ impl LaneListener {
                     accepted = self.inner.accept() => match accepted {
                         Ok((stream, from)) => {
                             let key = key.cloned();
+                            let refusals = self.refusals.clone();
                             hellos.spawn(async move {
                                 let mut stream = stream;
                                 let session = match key {
                                     Some(key) => match auth::accept(&mut stream, &key, AUTH_TIMEOUT).await {
                                         Ok(s) => Some(s),
                                         Err(e) => {
-                                            tracing::warn!(%from, error = %e, "mpt: refused a lane that failed authentication");
-                                            return Err(io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()));
+                                            let denied = io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
+                                            refusals.refused(from, e);
+                                            return Err(denied);
                                         }
                                     },
                                     None => None,

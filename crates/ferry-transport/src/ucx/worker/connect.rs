@@ -10,9 +10,14 @@ use super::drive::drive;
 use super::pending::sleep_on_fd;
 use super::shared::{ep_failed, Shared, State};
 use super::{StopOnDrop, UcxLink, UcxWorker};
+use crate::accept::RefusalWarnings;
 use crate::ucx::sockaddr;
 use crate::ucx::{status_text, sys};
 use crate::{channel, TransportError};
+
+/// The warning about connection requests rejected while waiting for the
+/// peer's ([`UcxWorker::accept`]).
+const REJECTED: &str = "rejected a UCX connection request that is not the peer's";
 
 /// A connection request UCX's listener handed over, not yet accepted or
 /// rejected.
@@ -152,7 +157,9 @@ impl UcxWorker {
     /// Waits, at most `timeout`, for the peer's connection on the listener
     /// ([`listen`](Self::listen)), accepts the first request that comes
     /// from `from` (the address of the peer's TCP connection; others are
-    /// rejected), closes the listener and starts the progress task. The
+    /// rejected, with warnings rate-limited by a [`RefusalWarnings`]: the
+    /// first at once, the others counted into a line at most every 10 s
+    /// and when this returns), closes the listener and starts the progress task. The
     /// probe that follows ([`UcxLink::probe`]) proves the endpoint reaches
     /// the peer of the handshake.
     pub(crate) async fn accept(
@@ -163,9 +170,10 @@ impl UcxWorker {
     ) -> Result<UcxLink, TransportError> {
         let shared = self.shared.clone();
         let api = shared.api;
+        let rejected = RefusalWarnings::new("UCX listener", REJECTED);
         let wait = async {
             loop {
-                match shared.take_conn_request(from)? {
+                match shared.take_conn_request(from, &rejected)? {
                     ListenStep::Accepted(request) => return Ok::<_, TransportError>(request),
                     // Events pending: progress again, letting other tasks
                     // run in between.
@@ -274,8 +282,13 @@ impl UcxWorker {
 impl Shared {
     /// One step of waiting for the peer's connection request: progresses
     /// the worker, then takes the first request from `from` among those the
-    /// listener handed over (rejecting the others), or arms the worker.
-    fn take_conn_request(&self, from: IpAddr) -> Result<ListenStep, TransportError> {
+    /// listener handed over (rejecting the others, each recorded in
+    /// `rejected`), or arms the worker.
+    fn take_conn_request(
+        &self,
+        from: IpAddr,
+        rejected: &RefusalWarnings,
+    ) -> Result<ListenStep, TransportError> {
         let api = self.api;
         let mut state = self.lock();
         if state.listener.is_null() {
@@ -289,6 +302,7 @@ impl Shared {
         let requests =
             std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
         let mut accepted = None;
+        let mut strangers = Vec::new();
         for request in requests {
             // SAFETY: zeroed is a valid attribute block.
             let mut attr: sys::ucp_conn_request_attr_t = unsafe { std::mem::zeroed() };
@@ -305,24 +319,27 @@ impl Shared {
             {
                 accepted = Some(request);
             } else {
-                tracing::warn!(
-                    client = ?client,
-                    expected = %from,
-                    "rejected a UCX connection request that is not the peer's"
-                );
+                strangers.push(client);
                 // SAFETY: the listener that handed the request over is live;
                 // rejected once.
                 unsafe { api.ucp_listener_reject(state.listener, request.0) };
             }
         }
-        if let Some(request) = accepted {
-            return Ok(ListenStep::Accepted(request));
+        let step = match accepted {
+            Some(request) => ListenStep::Accepted(request),
+            // SAFETY: a live worker, under the lock.
+            None => match unsafe { api.ucp_worker_arm(state.worker) } {
+                sys::UCS_ERR_BUSY => ListenStep::Busy,
+                _ => ListenStep::Armed,
+            },
+        };
+        // Warned about outside the worker's lock.
+        drop(state);
+        for client in strangers {
+            let client = client.map_or_else(|| "an unknown address".to_owned(), |c| c.to_string());
+            rejected.refused(client, format_args!("the peer's address is {from}"));
         }
-        // SAFETY: a live worker, under the lock.
-        Ok(match unsafe { api.ucp_worker_arm(state.worker) } {
-            sys::UCS_ERR_BUSY => ListenStep::Busy,
-            _ => ListenStep::Armed,
-        })
+        Ok(step)
     }
 }
 
@@ -344,4 +361,137 @@ pub(super) fn close_listener(
     // SAFETY: a live listener, destroyed once, before its worker.
     unsafe { api.ucp_listener_destroy(state.listener) };
     state.listener = std::ptr::null_mut();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::{self, Write as _};
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    use super::{sleep_on_fd, ListenStep, UcxWorker, REJECTED};
+    use crate::accept::RefusalWarnings;
+
+    /// Keeps this thread's `WARN` events, one line each: the message, then
+    /// `name=value` for each field.
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<String>>>);
+
+    struct Line(String);
+
+    impl Visit for Line {
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            let _ = match field.name() {
+                "message" => write!(self.0, " {value:?}"),
+                name => write!(self.0, " {name}={value:?}"),
+            };
+        }
+    }
+
+    impl Subscriber for Capture {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            *metadata.level() <= Level::WARN
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut line = Line(String::new());
+            event.record(&mut line);
+            self.0.lock().unwrap().push(line.0);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    /// The `refusals=N` field of a line.
+    fn refusals(line: &str) -> u64 {
+        let at = line.find("refusals=").unwrap() + "refusals=".len();
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    }
+
+    /// 32 workers connect to a listener whose peer is expected from
+    /// another address: each request is rejected, and the rejections are
+    /// warned about in a few lines (the first at once, the rest when the
+    /// wait ends) whose `refusals=` add up to 32, not a line each. The
+    /// listener's loop runs on this test's thread, where the capture is
+    /// the default subscriber.
+    #[tokio::test]
+    async fn requests_that_are_not_the_peers_give_a_few_lines_counting_them_all() {
+        const STRANGERS: u64 = 32;
+        if let Err(reason) = crate::ucx::viability() {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        // Tracing caches whether a statement is enabled when it is first
+        // hit: register the warnings' statements before the capture, which
+        // then counts them in (another test's thread may hit them too).
+        let warm = RefusalWarnings::new("UCX listener", REJECTED);
+        warm.refused("nobody", "warming up");
+        warm.refused("nobody", "warming up");
+        drop(warm);
+        let capture = Capture::default();
+        let _default = tracing::subscriber::set_default(capture.clone());
+
+        let spin = Duration::from_micros(20);
+        let mut listening = UcxWorker::new(Some("tcp"), spin).unwrap();
+        let here = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let addr = listening.listen(here).unwrap();
+        let strangers: Vec<_> = (0..STRANGERS)
+            .map(|i| {
+                let worker = UcxWorker::new(Some("tcp"), spin).unwrap();
+                worker
+                    .connect_to_listener(addr, &format!("stranger {i}"))
+                    .unwrap()
+            })
+            .collect();
+        let elsewhere = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+        let rejected = RefusalWarnings::new("UCX listener", REJECTED);
+        let shared = listening.shared.clone();
+        let wait = async {
+            while rejected.refusals() < STRANGERS {
+                match shared.take_conn_request(elsewhere, &rejected).unwrap() {
+                    ListenStep::Accepted(_) => panic!("accepted a stranger's request"),
+                    ListenStep::Busy => tokio::task::yield_now().await,
+                    ListenStep::Armed => sleep_on_fd(shared.clone()).await,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), wait)
+            .await
+            .expect("every stranger's request arrived");
+        assert_eq!(rejected.refusals(), STRANGERS);
+        // The rest are summarized as the wait's warnings go.
+        drop(rejected);
+
+        let all = capture.0.lock().unwrap().clone();
+        let text = all.join("\n");
+        let lines: Vec<&String> = all.iter().filter(|l| l.contains(REJECTED)).collect();
+        assert!(
+            (1..=3).contains(&lines.len()),
+            "{} lines for {STRANGERS} rejections:\n{text}",
+            lines.len()
+        );
+        assert_eq!(
+            lines.iter().map(|l| refusals(l)).sum::<u64>(),
+            STRANGERS,
+            "{text}"
+        );
+        assert_eq!(refusals(lines[0]), 1, "{text}");
+        assert!(lines[0].contains("peer=127.0.0.1:"), "{text}");
+        assert!(lines[0].contains("127.0.0.2"), "{text}");
+        drop(strangers);
+        drop(listening);
+    }
 }
