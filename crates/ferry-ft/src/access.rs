@@ -3,7 +3,8 @@
 //! use: TLS ([`TlsIdentity`], a certificate and key; clients then connect
 //! with `https://` and trust the certificate's CA) and an allow-list of
 //! client networks ([`AllowList`]; a connection from elsewhere is closed
-//! before a byte of it is read, with a warning naming its address).
+//! before a byte of it is read, with a warning naming its address, rate-
+//! limited: at most one line every 10 s per server, counting the others).
 //! Ferry's own clients of those servers (the rank's
 //! [`ManagerClient`](crate::manager::ManagerClient), the manager's client
 //! to the lighthouse) connect over TLS with a [`ClientTls`]: the CA
@@ -27,10 +28,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::str::FromStr;
 
+use ferry_transport::accept::RefusalWarnings;
 use futures::stream::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
-use tracing::warn;
 
 /// Why an allow-list or TLS material was refused.
 #[derive(Debug, thiserror::Error)]
@@ -358,28 +359,37 @@ impl Access {
 
     /// The connections of `listener` from allowed clients, with
     /// `TCP_NODELAY`; others are closed unread with a warning naming the
-    /// server (`what`) and the client's address.
+    /// server (`what`) and the client's address. The warnings are
+    /// rate-limited ([`RefusalWarnings`]): the first at once, then at most
+    /// one line every 10 s counting the refusals since the last (the rest
+    /// when the stream is dropped), so an outsider opening thousands of
+    /// connections cannot flood the log.
     pub(crate) fn incoming(
         &self,
         listener: TcpListener,
         what: &'static str,
     ) -> impl Stream<Item = io::Result<TcpStream>> + Send + 'static {
         let allow = self.allow.clone();
-        futures::stream::unfold((listener, allow), move |(listener, allow)| async move {
-            loop {
-                let accepted: io::Result<(TcpStream, SocketAddr)> = listener.accept().await;
-                match accepted {
-                    Ok((stream, peer)) if allow.allows(peer.ip()) => {
-                        let _ = stream.set_nodelay(true);
-                        return Some((Ok(stream), (listener, allow)));
+        let refusals = RefusalWarnings::new(what, "refused a client outside the allowed networks");
+        futures::stream::unfold(
+            (listener, allow, refusals),
+            move |(listener, allow, refusals)| async move {
+                loop {
+                    let accepted: io::Result<(TcpStream, SocketAddr)> = listener.accept().await;
+                    match accepted {
+                        Ok((stream, peer)) if allow.allows(peer.ip()) => {
+                            let _ = stream.set_nodelay(true);
+                            return Some((Ok(stream), (listener, allow, refusals)));
+                        }
+                        Ok((stream, peer)) => {
+                            drop(stream);
+                            refusals.refused(peer, "not in the allowed networks");
+                        }
+                        Err(e) => return Some((Err(e), (listener, allow, refusals))),
                     }
-                    Ok((_, peer)) => {
-                        warn!(server = what, %peer, "refused a client outside the allowed networks");
-                    }
-                    Err(e) => return Some((Err(e), (listener, allow))),
                 }
-            }
-        })
+            },
+        )
     }
 }
 

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferry_transport::accept::RefusalWarnings;
-use ferry_transport::auth::{is_auth_failure, Secret};
+use ferry_transport::accept::{auth_opening, await_opening, RefusalWarnings};
+use ferry_transport::auth::{is_auth_failure, Secret, AUTH_TIMEOUT};
 use ferry_transport::{OutgoingMessage, PeerConnection, RawTensor};
 use ferry_wire::payload::OutgoingTensor;
 use ferry_wire::Limits;
@@ -56,6 +56,9 @@ pub struct CheckpointServerOptions {
     /// it holds it ([`ferry_transport::auth`]) before a request of it is
     /// read; one that fails is closed with a warning naming its address
     /// (rate-limited: at most one line every 10 s, counting the others).
+    /// A connection whose first bytes cannot open the authentication
+    /// handshake (c10d's 5-byte `VALIDATE`, a replica without a secret,
+    /// garbage) is refused as soon as they arrive, not after a timeout.
     /// Default none.
     pub auth: Option<Secret>,
 }
@@ -362,19 +365,36 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     endpoint.limits = request_limits();
     endpoint.auth = options.auth.clone();
     let from = stream.peer_addr().ok();
-    let conn = match tokio::time::timeout(
-        options.io_timeout,
-        PeerConnection::accept(stream, &endpoint),
-    )
-    .await
-    {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(error)) if is_auth_failure(&error) => {
-            let peer = from.map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
-            shared.refusals.refused(peer, error);
+    let peer_addr = || from.map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+    let accept = async {
+        if options.auth.is_some() {
+            // Bytes that cannot open the authentication handshake (c10d's
+            // `VALIDATE`, a replica without a secret, one byte of garbage)
+            // are refused as soon as they are in: the handshake reads a
+            // whole header first, and waits up to `AUTH_TIMEOUT` for one
+            // that is shorter. The wait is bounded as the handshake's is.
+            match tokio::time::timeout(AUTH_TIMEOUT, await_opening(&stream, auth_opening)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => return Err(Refused(why.to_string())),
+                Err(_) => {
+                    let why = format!("no authentication handshake within {AUTH_TIMEOUT:?}");
+                    return Err(Refused(why));
+                }
+            }
+        }
+        Ok(PeerConnection::accept(stream, &endpoint).await)
+    };
+    let conn = match tokio::time::timeout(options.io_timeout, accept).await {
+        Ok(Ok(Ok(conn))) => conn,
+        Ok(Err(Refused(why))) => {
+            shared.refusals.refused(peer_addr(), why);
             return;
         }
-        Ok(Err(error)) => {
+        Ok(Ok(Err(error))) if is_auth_failure(&error) => {
+            shared.refusals.refused(peer_addr(), error);
+            return;
+        }
+        Ok(Ok(Err(error))) => {
             debug!("handshake failed: {error}");
             return;
         }
@@ -435,6 +455,9 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
         }
     }
 }
+
+/// Why a connection was refused before its handshake was read.
+struct Refused(String);
 
 type Writer = ferry_transport::FrameWriter<ferry_transport::PeerWriter>;
 
