@@ -10,18 +10,15 @@ use std::time::Duration;
 
 use ferry_transport::shm::spin_until;
 use ferry_transport::IncomingMessage;
-use ferry_wire::{payload, MessageKind, PeerText};
+use ferry_wire::{payload, MessageKind};
 use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 
+use crate::error::bound_text;
 use crate::functions::Signature;
 use crate::protocol::{Failure, FailureKind};
 use crate::watch::{Delivery, Watches};
-use crate::RpcError;
-
-/// Most characters of a callee's error text an error shows (the rest is
-/// cut, with a note of how much; see [`PeerText`]).
-pub const MAX_ERROR_TEXT_CHARS: usize = 4096;
+use crate::{RpcError, MAX_ERROR_TEXT_BYTES};
 
 /// Where the outcome of one call lands: completed exactly once, by the
 /// reply, the timeout timer, a lost connection or shutdown.
@@ -312,6 +309,10 @@ fn delivery(result: &Result<IncomingMessage, RpcError>) -> Delivery {
     }
 }
 
+/// The error a caller gets for a callee's failure reply. The callee's
+/// texts are kept as they were raised (its error's `Display` escapes
+/// them), cut to [`MAX_ERROR_TEXT_BYTES`] again here since a peer is not
+/// trusted to have done so.
 pub(crate) fn failure_to_error(
     failure: Failure,
     worker: &str,
@@ -320,26 +321,33 @@ pub(crate) fn failure_to_error(
 ) -> RpcError {
     let worker = worker.to_string();
     let function = function.to_string();
-    // The callee's texts, escaped and bounded before they reach an error
-    // message (and whatever logs it).
-    let failure = Failure {
-        message: PeerText::bounded(&failure.message, MAX_ERROR_TEXT_CHARS).to_string(),
-        expected: PeerText::new(&failure.expected).to_string(),
-        ..failure
-    };
-    match failure.kind {
+    let Failure {
+        kind,
+        mut message,
+        mut expected,
+        omitted,
+        by_schema,
+    } = failure;
+    match kind {
         FailureKind::UnknownFunction => RpcError::UnknownFunction { worker, function },
-        FailureKind::WrongType => RpcError::WrongType {
-            worker,
-            function,
-            expected: failure.expected,
-            got: signature.to_string(),
-        },
+        FailureKind::WrongType => {
+            bound_text(&mut expected, MAX_ERROR_TEXT_BYTES);
+            RpcError::WrongType {
+                worker,
+                function,
+                expected,
+                // Written as the callee wrote its own: as it compared them.
+                got: signature.shown(by_schema),
+                by_schema,
+            }
+        }
         FailureKind::BadArguments | FailureKind::Failed | FailureKind::BadRequest => {
+            let cut = bound_text(&mut message, MAX_ERROR_TEXT_BYTES);
             RpcError::Remote {
                 worker,
                 function,
-                message: failure.message,
+                message,
+                omitted_bytes: omitted.saturating_add(cut),
             }
         }
     }
@@ -370,18 +378,55 @@ impl<T> std::fmt::Debug for RpcFuture<T> {
 mod tests {
     use super::*;
 
-    /// A callee's error text reaches the caller's error escaped and bounded.
-    #[test]
-    fn a_callees_error_text_is_escaped_and_bounded() {
-        let text = format!("boom\n\u{1b}[2Jforged{}", "x".repeat(5000));
-        let failure = Failure::failed(text.clone());
+    fn remote(failure: Failure) -> (String, u64, String) {
         let e = failure_to_error(failure, "worker1", "f", Signature::of::<(), ()>());
-        let RpcError::Remote { message, .. } = &e else {
-            panic!("{e}");
-        };
-        assert!(message.starts_with(r"boom\n\u{1b}[2Jforged"), "{message}");
-        assert!(!message.contains('\n') && !message.contains('\u{1b}'));
-        let kept: String = text.chars().take(MAX_ERROR_TEXT_CHARS).collect();
-        assert!(message.ends_with(&format!("…({} more bytes)", text.len() - kept.len())));
+        let text = e.to_string();
+        match e {
+            RpcError::Remote {
+                message,
+                omitted_bytes,
+                ..
+            } => (message, omitted_bytes, text),
+            other => panic!("{other}"),
+        }
+    }
+
+    /// A callee's error text reaches the caller's error as raised; its
+    /// `Display` shows it escaped.
+    #[test]
+    fn a_callees_error_text_is_kept_as_raised_and_displayed_escaped() {
+        let text = "\nFirst line of error \n next line of error \n last line of error\u{1b}[2J";
+        let (message, omitted, shown) = remote(Failure::failed(text.to_string()));
+        assert_eq!((message.as_str(), omitted), (text, 0));
+        assert_eq!(
+            shown,
+            r#"function "f" failed on worker "worker1": \nFirst line of error \n next line of error \n last line of error\u{1b}[2J"#
+        );
+    }
+
+    /// A text over the limit is cut on a character boundary, by the callee
+    /// and again by the caller, and the error says how much was left out.
+    #[test]
+    fn a_callees_error_text_is_bounded_with_the_bytes_left_out() {
+        // "é" is two bytes: the limit falls inside one.
+        let text = format!("a{}", "é".repeat(MAX_ERROR_TEXT_BYTES));
+        let failure = Failure::failed(text.clone());
+        assert_eq!(failure.message.len(), MAX_ERROR_TEXT_BYTES - 1);
+        assert_eq!(failure.omitted, (text.len() - failure.message.len()) as u64);
+        let (message, omitted, shown) = remote(failure);
+        assert!(text.starts_with(&message));
+        assert_eq!(message.len() as u64 + omitted, text.len() as u64);
+        assert!(
+            shown.ends_with(&format!("é…({omitted} more bytes)")),
+            "{shown}"
+        );
+
+        // A peer that sends more than the limit is cut here too.
+        let mut failure = Failure::failed(String::new());
+        failure.message = "x".repeat(MAX_ERROR_TEXT_BYTES + 10);
+        failure.omitted = 5;
+        let (message, omitted, shown) = remote(failure);
+        assert_eq!((message.len(), omitted), (MAX_ERROR_TEXT_BYTES, 15));
+        assert!(shown.ends_with("x…(15 more bytes)"), "{shown}");
     }
 }

@@ -1,10 +1,73 @@
 //! The agent's error type.
+//!
+//! Texts that come from another worker (a callee's error, its registered
+//! signature) are kept in the error values exactly as they were raised, up
+//! to [`MAX_ERROR_TEXT_BYTES`]; the errors' `Display` shows them escaped
+//! with [`PeerText`] (line breaks as `\n`, control characters and ANSI
+//! escapes as `\u{1b}`, ...), so that an error put into a log line or
+//! printed on a terminal cannot forge lines or hide content.
 
+use std::fmt;
 use std::time::Duration;
 
 use ferry_transport::TransportError;
+use ferry_wire::PeerText;
 
 use crate::store::StoreError;
+
+/// Most bytes of a remote error's text (a callee's error or panic, a
+/// [`RemoteError`]'s message) an error keeps: enough for a Python
+/// traceback or a C++ backtrace. A longer text is cut on a character
+/// boundary, on the callee before it is sent and again on the caller (a
+/// peer's text is not trusted to respect it), and the error says how many
+/// bytes were left out ([`RpcError::Remote`]'s `omitted_bytes`, and
+/// `…(N more bytes)` at the end of its `Display`).
+pub const MAX_ERROR_TEXT_BYTES: usize = 64 * 1024;
+
+/// `text` cut to at most `max` bytes on a character boundary; returns how
+/// many bytes were left out.
+pub(crate) fn bound_text(text: &mut String, max: usize) -> u64 {
+    if text.len() <= max {
+        return 0;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let omitted = text.len() - end;
+    text.truncate(end);
+    omitted as u64
+}
+
+/// A peer's text as an error shows it: escaped, then `…(N more bytes)` if
+/// `omitted` bytes of it were left out.
+struct Shown<'a> {
+    text: &'a str,
+    omitted: u64,
+}
+
+impl<'a> Shown<'a> {
+    fn cut(text: &'a str, omitted: &u64) -> Self {
+        Self {
+            text,
+            omitted: *omitted,
+        }
+    }
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        PeerText::bounded(self.text, MAX_ERROR_TEXT_BYTES).fmt(f)?;
+        if self.omitted > 0 {
+            write!(f, "…({} more bytes)", self.omitted)?;
+        }
+        Ok(())
+    }
+}
+
+fn shown(text: &str) -> Shown<'_> {
+    Shown { text, omitted: 0 }
+}
 
 /// Why an RPC call, an init or a shutdown failed. Every variant names what
 /// was wrong: the worker, the function, the limit.
@@ -62,9 +125,16 @@ pub enum RpcError {
         /// The name called.
         function: String,
     },
-    /// The arguments or result type of a call do not match the callee's registration.
+    /// The arguments or result type of a call do not match the callee's
+    /// registration. Both signatures are written the same way: as their
+    /// declared shapes when both sides are typed (`by_schema`; e.g.
+    /// `fn((RRef<Log { lines: [String] }>, u64)) -> u64`), otherwise as
+    /// their type names without module paths (`fn((RRef<i64>, String)) -> i64`),
+    /// which is what was compared. `Display` shows them escaped.
     #[error(
-        "wrong type calling {function:?} on worker {worker:?}: it takes {expected}, the call sent {got}"
+        "wrong type calling {function:?} on worker {worker:?}: it takes {}, the call sent {}",
+        shown(.expected),
+        shown(.got)
     )]
     WrongType {
         /// The callee.
@@ -75,16 +145,32 @@ pub enum RpcError {
         expected: String,
         /// The signature the caller used.
         got: String,
+        /// Whether the signatures were compared, and are written, by their
+        /// declared shapes (both sides typed) rather than by type names.
+        by_schema: bool,
     },
     /// The remote function failed (returned an error or panicked).
-    #[error("function {function:?} failed on worker {worker:?}: {message}")]
+    ///
+    /// `message` is the callee's text exactly as raised (line breaks and
+    /// all; a panic reads `panicked: {payload}`), up to
+    /// [`MAX_ERROR_TEXT_BYTES`]; `Display` shows it escaped on one line
+    /// (`\n`, `\u{1b}`, ...), safe to log, followed by `…(N more bytes)`
+    /// when it was cut.
+    #[error(
+        "function {function:?} failed on worker {worker:?}: {}",
+        Shown::cut(.message, .omitted_bytes)
+    )]
     Remote {
         /// The callee.
         worker: String,
         /// The function.
         function: String,
-        /// The error's text.
+        /// The error's text as raised on the callee (at most
+        /// [`MAX_ERROR_TEXT_BYTES`]).
         message: String,
+        /// How many bytes of the raised text were left out after
+        /// `message` (0: `message` is the whole text).
+        omitted_bytes: u64,
     },
     /// The call did not complete in time; a late reply is dropped.
     #[error("call of {function:?} on worker {worker:?} timed out after {after:?}")]
@@ -240,11 +326,22 @@ impl RemoteError {
     }
 }
 
+/// Shows the message escaped (as [`RpcError::Remote`] does): the error
+/// may come from another worker.
 impl std::fmt::Display for RemoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "error on worker {}: {}", self.origin, self.message)?;
+        write!(
+            f,
+            "error on worker {}: {}",
+            PeerText::new(&self.origin),
+            shown(&self.message)
+        )?;
+        for (i, hop) in self.hops.iter().enumerate().skip(1) {
+            f.write_str(if i == 1 { " (relayed by " } else { " -> " })?;
+            PeerText::new(hop).fmt(f)?;
+        }
         if self.hops.len() > 1 {
-            write!(f, " (relayed by {})", self.hops[1..].join(" -> "))?;
+            f.write_str(")")?;
         }
         Ok(())
     }

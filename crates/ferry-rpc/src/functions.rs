@@ -135,13 +135,80 @@ impl Signature {
     }
 }
 
-impl std::fmt::Display for Signature {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.schema {
-            Some(s) => write!(f, "fn({}) -> {}", s.args, s.result),
-            None => write!(f, "fn({}) -> {}", self.args, self.result),
+impl Signature {
+    /// The signature written with its type names, module paths left out
+    /// ([`short_type_name`]): `fn((RRef<i64>, String)) -> i64`.
+    pub fn short_names(&self) -> String {
+        format!(
+            "fn({}) -> {}",
+            short_type_name(self.args),
+            short_type_name(self.result)
+        )
+    }
+
+    /// The signature as an error shows it beside another it was compared
+    /// with, so that both read the same way: as declared shapes when the
+    /// two were compared by schema (`by_schema`: both typed) and this one
+    /// has them, otherwise as [`short_names`](Self::short_names).
+    ///
+    /// ```
+    /// use ferry_rpc::Signature;
+    ///
+    /// let typed = Signature::typed::<(Vec<String>, i64), i64>();
+    /// assert_eq!(typed.shown(true), "fn(([String], i64)) -> i64");
+    /// assert_eq!(typed.shown(false), "fn((Vec<String>, i64)) -> i64");
+    /// ```
+    pub fn shown(&self, by_schema: bool) -> String {
+        match (&self.schema, by_schema) {
+            (Some(s), true) => format!("fn({}) -> {}", s.args, s.result),
+            _ => self.short_names(),
         }
     }
+}
+
+/// Typed signatures show their declared shapes, others their
+/// [`short_names`](Signature::short_names).
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown(true))
+    }
+}
+
+/// A `std::any::type_name` without module paths: every path keeps only
+/// its last segment.
+///
+/// ```
+/// use ferry_rpc::short_type_name;
+///
+/// assert_eq!(
+///     short_type_name("(ferry_rref::rref::RRef<i64>, alloc::string::String)"),
+///     "(RRef<i64>, String)"
+/// );
+/// assert_eq!(
+///     short_type_name("core::option::Option<alloc::vec::Vec<[u8; 4]>>"),
+///     "Option<Vec<[u8; 4]>>"
+/// );
+/// assert_eq!(short_type_name("&dyn core::any::Any"), "&dyn Any");
+/// ```
+pub fn short_type_name(name: &str) -> String {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(name.len());
+    // Where the path being read started in `out`.
+    let mut path = 0;
+    let mut rest = name;
+    while let Some(c) = rest.chars().next() {
+        if rest.starts_with("::") && out[path..].ends_with(is_ident) {
+            out.truncate(path);
+            rest = &rest[2..];
+            continue;
+        }
+        out.push(c);
+        if !is_ident(c) {
+            path = out.len();
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 /// A boxed, sendable future (what services and layers return).
@@ -340,10 +407,11 @@ fn decode_args<A: DeserializeOwned>(
     bytes: &[u8],
     tensors: Vec<IncomingTensor>,
 ) -> Result<A, Failure> {
-    payload::decode(bytes, tensors).map_err(|e| Failure {
-        kind: FailureKind::BadArguments,
-        message: format!("cannot decode the arguments: {e}"),
-        expected: String::new(),
+    payload::decode(bytes, tensors).map_err(|e| {
+        Failure::new(
+            FailureKind::BadArguments,
+            format!("cannot decode the arguments: {e}"),
+        )
     })
 }
 

@@ -84,10 +84,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
-pub use call::{RpcFuture, MAX_ERROR_TEXT_CHARS};
-pub use error::{RemoteError, RpcError};
+pub use call::RpcFuture;
+pub use error::{RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
-pub use functions::{panic_message, BoxFuture, Functions, Signature, SignatureId, SignatureSchema};
+pub use functions::{
+    panic_message, short_type_name, BoxFuture, Functions, Signature, SignatureId, SignatureSchema,
+};
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{
     RpcOptions, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT,

@@ -50,17 +50,40 @@ pub(crate) enum FailureKind {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Failure {
     pub(crate) kind: FailureKind,
+    /// The error's text as raised, at most
+    /// [`MAX_ERROR_TEXT_BYTES`](crate::MAX_ERROR_TEXT_BYTES).
     pub(crate) message: String,
     /// For `WrongType`: the callee's registered signature.
     pub(crate) expected: String,
+    /// How many bytes of the raised text the callee left out after `message`.
+    pub(crate) omitted: u64,
+    /// For `WrongType`: whether the callee compared the signatures by their
+    /// shapes (both typed), so that `expected` is written as shapes.
+    pub(crate) by_schema: bool,
 }
 
 impl Failure {
-    pub(crate) fn new(kind: FailureKind, message: String) -> Self {
+    /// A failure with `message`, cut to
+    /// [`MAX_ERROR_TEXT_BYTES`](crate::MAX_ERROR_TEXT_BYTES).
+    pub(crate) fn new(kind: FailureKind, mut message: String) -> Self {
+        let omitted = crate::error::bound_text(&mut message, crate::MAX_ERROR_TEXT_BYTES);
         Self {
             kind,
             message,
             expected: String::new(),
+            omitted,
+            by_schema: false,
+        }
+    }
+
+    /// The refusal of a call whose signature differs from the
+    /// registration's, `expected` (written as shapes when `by_schema`).
+    pub(crate) fn wrong_type(mut expected: String, by_schema: bool) -> Self {
+        crate::error::bound_text(&mut expected, crate::MAX_ERROR_TEXT_BYTES);
+        Self {
+            expected,
+            by_schema,
+            ..Self::new(FailureKind::WrongType, String::new())
         }
     }
 

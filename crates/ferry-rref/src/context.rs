@@ -413,7 +413,8 @@ impl RRefContext {
             fork_id,
             function: function.to_string(),
             signature: signature.id(),
-            caller: signature.to_string(),
+            caller: signature.shown(true),
+            caller_names: signature.shown(false),
         };
         let message = match payload::encode(&header) {
             Ok(mut m) => {
@@ -437,6 +438,7 @@ impl RRefContext {
         self.pending_remotes.fetch_add(1, Ordering::SeqCst);
         let reply = agent.call_service(owner, RREF_SERVICE, message, timeout);
         let ctx = self.clone();
+        let function = function.to_string();
         agent.spawn(async move {
             let reply = reply.await;
             // The forks in the arguments: undone if the owner refused the
@@ -452,7 +454,10 @@ impl RRefContext {
             match (reply, fork_id) {
                 (Ok(_), Some(f)) => ctx.with_protocol(|p| p.remote_confirmed(f)),
                 (Ok(_), None) => {}
-                (Err(e), _) => ctx.fail_creation(rref_id, fork_id, e.to_string()),
+                (Err(e), _) => {
+                    let e = named_call(e, &function);
+                    ctx.fail_creation(rref_id, fork_id, e.to_string())
+                }
             }
             ctx.pending_remotes.fetch_sub(1, Ordering::SeqCst);
             ctx.progress.notify_waiters();
@@ -506,6 +511,7 @@ impl RRefContext {
                 function,
                 signature,
                 caller,
+                caller_names,
             } => {
                 let agent = self.agent().ok_or("the worker is shutting down")?;
                 let slot = {
@@ -536,17 +542,20 @@ impl RRefContext {
                     .run_function(&function, signature, args, tensors)
                     .await
                     .map_err(|e| match e {
-                        // Name the creator's signature, which only it knows.
+                        // Name the creator's signature, which only it
+                        // knows, written as the registration's is.
                         RpcError::WrongType {
                             worker,
                             function,
                             expected,
+                            by_schema,
                             ..
                         } => RpcError::WrongType {
                             worker,
                             function,
                             expected,
-                            got: ferry_wire::PeerText::new(&caller).to_string(),
+                            got: bounded(if by_schema { caller } else { caller_names }),
+                            by_schema,
                         },
                         other => other,
                     });
@@ -685,4 +694,44 @@ impl Service for RRefService {
         self.0.release_owners();
         Box::pin(async {})
     }
+}
+
+/// The error of the service call that carries a `remote` call of
+/// `function`, named after `function` rather than the RRef service: a
+/// timeout reads `call of "Counter.add" on worker "worker1" timed out ...`.
+fn named_call(e: RpcError, function: &str) -> RpcError {
+    let function = function.to_string();
+    match e {
+        RpcError::Timeout { worker, after, .. } => RpcError::Timeout {
+            worker,
+            function,
+            after,
+        },
+        RpcError::ShutDown { worker, .. } => RpcError::ShutDown { worker, function },
+        RpcError::TooLarge {
+            worker,
+            what,
+            len,
+            max,
+            ..
+        } => RpcError::TooLarge {
+            worker,
+            function,
+            what,
+            len,
+            max,
+        },
+        other => other,
+    }
+}
+
+/// A peer's text cut to [`ferry_rpc::MAX_ERROR_TEXT_BYTES`] on a character
+/// boundary (errors show it escaped).
+fn bounded(mut text: String) -> String {
+    let mut end = ferry_rpc::MAX_ERROR_TEXT_BYTES.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
 }

@@ -20,8 +20,13 @@ pub(crate) enum RRefMessage {
         fork_id: Option<ForkId>,
         function: String,
         signature: ferry_rpc::SignatureId,
-        /// The creator's signature as text, for the error of a refused call.
+        /// The creator's signature as text, for the error of a refused
+        /// call: as declared shapes if it is typed, else as type names
+        /// ([`Signature::shown`](ferry_rpc::Signature::shown)`(true)`).
         caller: String,
+        /// The same as type names (`shown(false)`), for a refusal that
+        /// compared type names (the registration is not typed).
+        caller_names: String,
     },
     /// Reply with the value of `rref_id` once it exists.
     ToHere {

@@ -281,11 +281,12 @@ impl Inner {
             return Err(Failure::new(FailureKind::UnknownFunction, String::new()));
         };
         if !function.signature.accepts(&signature) {
-            return Err(Failure {
-                kind: FailureKind::WrongType,
-                message: String::new(),
-                expected: function.signature.to_string(),
-            });
+            // Written as it was compared: by shapes if both sides are typed.
+            let by_schema = function.signature.schema.is_some() && signature.schema.is_some();
+            return Err(Failure::wrong_type(
+                function.signature.shown(by_schema),
+                by_schema,
+            ));
         }
         Ok(function.clone())
     }
