@@ -56,8 +56,13 @@ pub enum AutogradError {
     /// The RRef layer failed (optimizer parameters).
     #[error(transparent)]
     RRef(#[from] ferry_rref::RRefError),
-    /// An optimizer failed.
-    #[error("optimizer on worker {worker}: {message}")]
+    /// An optimizer failed. `message` may be an owner's error text as
+    /// raised there ([`RpcError::Remote`]'s `message`); `Display` shows it
+    /// escaped, as `RpcError` does.
+    #[error(
+        "optimizer on worker {worker}: {}",
+        ferry_wire::PeerText::bounded(.message, ferry_rpc::MAX_ERROR_TEXT_BYTES)
+    )]
     Optimizer {
         /// The owner whose optimizer failed.
         worker: String,
