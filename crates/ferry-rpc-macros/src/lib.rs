@@ -27,11 +27,28 @@
 //! as the crate being compiled depends on it (directly, renamed, or through
 //! the `ferry` facade as `ferry::rpc`); `#[schema(crate = path)]` names it
 //! when it is reached another way.
+//!
+//! Recursive types derive too, directly (`struct Tree { children:
+//! Vec<Tree> }`) or through one another (`enum A { B(Box<B>) }` with `enum
+//! B { A(Option<Box<A>>) }`), through any container (`Vec`, `Option`,
+//! `Box`, maps, `RRef`, ...). The shape of a type without generic
+//! parameters is kept in a static, as `Shape::Declared`: where the type
+//! comes back inside itself, its shape refers back to it and ends
+//! (`Tree { children: [Tree] }`). A generic type has no static (it has one
+//! shape per instantiation): where it contains itself, as `Self` or by its
+//! name with its own parameters (`Tree<T>` in `struct Tree<T>`), the
+//! shape says `Shape::Recursive(name)`, a reference to the nearest
+//! enclosing type of that name (so the containers around that place must
+//! not be types serde names the same); a generic type that reaches itself
+//! only through other generic types, or with other parameters, still does
+//! not compile (E0391). `transparent` and `as` types are their inner
+//! type's shape, and cannot contain themselves.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
 use quote::{quote, ToTokens};
 use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
 use syn::{Data, DeriveInput, Fields, GenericParam, LitStr};
 
 /// Derives `ferry_rpc::schema::Schema` from a type's declaration and its
@@ -163,6 +180,89 @@ fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
     Ok(())
 }
 
+/// How the types in a derived shape name the type being derived.
+///
+/// A struct or enum without generic parameters gets its shape from a
+/// static (`Shape::Declared`), so that it may contain itself: the static
+/// cannot name `Self`, which becomes the type's name. A generic type
+/// cannot have a static (there is one shape per instantiation); where it
+/// contains itself (`Self`, or its own name with its own parameters:
+/// `Tree<T>` in `struct Tree<T>`), a marker type stands for it, whose
+/// shape is `Shape::Recursive(name)`.
+struct SelfTypes {
+    ident: syn::Ident,
+    /// For a generic type: its own parameters as written (`<T>`) and the
+    /// marker type.
+    generic: Option<(String, syn::Ident)>,
+    /// Whether the marker replaced anything.
+    used: bool,
+}
+
+impl SelfTypes {
+    fn new(input: &DeriveInput) -> Self {
+        let generic = (!input.generics.params.is_empty()).then(|| {
+            let (_, ty_generics, _) = input.generics.split_for_impl();
+            (
+                ty_generics.to_token_stream().to_string(),
+                syn::Ident::new("__FerrySchemaSelf", proc_macro2::Span::call_site()),
+            )
+        });
+        Self {
+            ident: input.ident.clone(),
+            generic,
+            used: false,
+        }
+    }
+
+    /// `ty` as it is written where the shape is built.
+    fn rewrite(&mut self, ty: &syn::Type) -> syn::Type {
+        let mut ty = ty.clone();
+        self.visit_type_mut(&mut ty);
+        ty
+    }
+
+    /// Whether `ty` is the generic type itself: `Self`, or its name with its
+    /// own parameters.
+    fn is_self(&self, ty: &syn::Type, params: &str) -> bool {
+        let syn::Type::Path(p) = ty else {
+            return false;
+        };
+        if p.qself.is_some() || p.path.leading_colon.is_some() || p.path.segments.len() != 1 {
+            return false;
+        }
+        let segment = &p.path.segments[0];
+        (segment.ident == "Self" && segment.arguments.is_none())
+            || (segment.ident == self.ident
+                && segment.arguments.to_token_stream().to_string() == params)
+    }
+}
+
+impl VisitMut for SelfTypes {
+    fn visit_type_mut(&mut self, ty: &mut syn::Type) {
+        if let Some((params, marker)) = &self.generic {
+            if self.is_self(ty, params) {
+                *ty = syn::parse_quote_spanned!(ty.span() => #marker);
+                self.used = true;
+                return;
+            }
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+
+    fn visit_path_mut(&mut self, path: &mut syn::Path) {
+        if self.generic.is_none() && path.leading_colon.is_none() {
+            if let Some(first) = path.segments.first_mut() {
+                if first.ident == "Self" {
+                    let mut ident = self.ident.clone();
+                    ident.set_span(first.ident.span());
+                    first.ident = ident;
+                }
+            }
+        }
+        syn::visit_mut::visit_path_mut(self, path);
+    }
+}
+
 fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let attrs = parse_attrs(&input.attrs)?;
     let krate: Tokens = match &attrs.krate {
@@ -171,6 +271,9 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     };
     let s = quote!(#krate::schema);
     let name = attrs.rename.clone().unwrap_or_else(|| unraw(&input.ident));
+    // A named shape (not `transparent`, not `as`) may contain the type itself.
+    let named = attrs.as_type.is_none() && !attrs.transparent;
+    let mut selves = SelfTypes::new(input);
     let shape = if let Some(t) = &attrs.as_type {
         quote!(<#t as #s::Schema>::SHAPE)
     } else {
@@ -179,7 +282,8 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 if attrs.transparent {
                     transparent(&data.fields, &s)?
                 } else {
-                    let body = fields_shape(&data.fields, attrs.rename_all.as_deref(), &s)?;
+                    let body =
+                        fields_shape(&data.fields, attrs.rename_all.as_deref(), &s, &mut selves)?;
                     match body {
                         FieldsShape::Unit => quote!(#s::Shape::UnitStruct(#name)),
                         FieldsShape::Newtype(inner) => {
@@ -210,9 +314,10 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                         .as_deref()
                         .or(attrs.rename_all_fields.as_deref());
                     let data = if let Some(t) = &vattrs.as_type {
+                        let t = selves.rewrite(t);
                         quote!(#s::VariantData::Newtype(<#t as #s::Schema>::SHAPE))
                     } else {
-                        match fields_shape(&v.fields, field_rule, &s)? {
+                        match fields_shape(&v.fields, field_rule, &s, &mut selves)? {
                             FieldsShape::Unit => quote!(#s::VariantData::Unit),
                             FieldsShape::Newtype(inner) => quote!(#s::VariantData::Newtype(#inner)),
                             FieldsShape::Tuple(items) => {
@@ -255,10 +360,34 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let ident = &input.ident;
+    let value = match &selves.generic {
+        // In a static, under the declaration's identity: what lets the type
+        // contain itself, directly or through other types.
+        None if named => {
+            let type_name = unraw(ident);
+            quote!({
+                static __FERRY_SCHEMA_SHAPE: #s::Shape = #shape;
+                &#s::Shape::Declared(#s::Declaration::new(
+                    ::core::concat!(::core::module_path!(), "::", #type_name),
+                    &__FERRY_SCHEMA_SHAPE,
+                ))
+            })
+        }
+        Some((_, marker)) if named && selves.used => quote!({
+            #[allow(dead_code)]
+            struct #marker;
+            #[automatically_derived]
+            impl #s::Schema for #marker {
+                const SHAPE: &'static #s::Shape = &#s::Shape::Recursive(#name);
+            }
+            &#shape
+        }),
+        _ => quote!(&#shape),
+    };
     Ok(quote! {
         #[automatically_derived]
         impl #impl_generics #s::Schema for #ident #ty_generics #where_clause {
-            const SHAPE: &'static #s::Shape = &#shape;
+            const SHAPE: &'static #s::Shape = #value;
         }
     })
 }
@@ -271,12 +400,22 @@ enum FieldsShape {
 }
 
 /// The shape of one field's type, or of its `#[schema(as = T)]`.
-fn field_type_shape(field: &syn::Field, attrs: &Attrs, s: &Tokens) -> Tokens {
-    let ty = attrs.as_type.as_ref().unwrap_or(&field.ty);
+fn field_type_shape(
+    field: &syn::Field,
+    attrs: &Attrs,
+    s: &Tokens,
+    selves: &mut SelfTypes,
+) -> Tokens {
+    let ty = selves.rewrite(attrs.as_type.as_ref().unwrap_or(&field.ty));
     quote!(<#ty as #s::Schema>::SHAPE)
 }
 
-fn fields_shape(fields: &Fields, rule: Option<&str>, s: &Tokens) -> syn::Result<FieldsShape> {
+fn fields_shape(
+    fields: &Fields,
+    rule: Option<&str>,
+    s: &Tokens,
+    selves: &mut SelfTypes,
+) -> syn::Result<FieldsShape> {
     Ok(match fields {
         Fields::Unit => FieldsShape::Unit,
         Fields::Unnamed(unnamed) => {
@@ -284,7 +423,7 @@ fn fields_shape(fields: &Fields, rule: Option<&str>, s: &Tokens) -> syn::Result<
             for f in &unnamed.unnamed {
                 let a = parse_attrs(&f.attrs)?;
                 if !a.skip {
-                    items.push(field_type_shape(f, &a, s));
+                    items.push(field_type_shape(f, &a, s, selves));
                 }
             }
             // serde writes a tuple struct of one field (as declared) as a newtype.
@@ -306,7 +445,7 @@ fn fields_shape(fields: &Fields, rule: Option<&str>, s: &Tokens) -> syn::Result<
                     .rename
                     .clone()
                     .unwrap_or_else(|| rename(&ident, rule, Case::Field));
-                let shape = field_type_shape(f, &a, s);
+                let shape = field_type_shape(f, &a, s, selves);
                 items.push(quote!(#s::Field { name: #name, shape: #shape }));
             }
             FieldsShape::Named(items)
@@ -320,7 +459,8 @@ fn transparent(fields: &Fields, s: &Tokens) -> syn::Result<Tokens> {
     for f in fields.iter() {
         let a = parse_attrs(&f.attrs)?;
         if !a.skip {
-            kept.push(field_type_shape(f, &a, s));
+            let ty = a.as_type.as_ref().unwrap_or(&f.ty);
+            kept.push(quote!(<#ty as #s::Schema>::SHAPE));
         }
     }
     match kept.len() {

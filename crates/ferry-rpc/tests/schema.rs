@@ -1,9 +1,11 @@
 //! `#[derive(Schema)]`: the shapes it derives follow serde's data model
 //! and its attributes, and what changes the payload's layout changes the
-//! hash.
+//! hash; recursive types (directly, mutually, generic) have finite shapes.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use ferry_rpc::schema::{hash, Schema, Shape};
+use std::collections::{BTreeMap, HashMap};
+
+use ferry_rpc::schema::{hash, Field, Schema, Shape};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Schema)]
@@ -107,7 +109,7 @@ fn serde_renames_and_skips_are_followed() {
          set_options { verbose: bool } }"
     );
     // The skipped variant keeps its index: the one after it is written as 4.
-    let Shape::Enum { variants, .. } = Command::SHAPE else {
+    let Shape::Enum { variants, .. } = Command::SHAPE.resolve() else {
         panic!("not an enum")
     };
     assert_eq!(
@@ -144,4 +146,221 @@ fn equal_hashes_mean_compatible_payloads() {
     let bytes = postcard::to_allocvec(&Point { x: 1, y: -2 }).unwrap();
     let back: OtherPoint = postcard::from_bytes(&bytes).unwrap();
     assert_eq!(back, OtherPoint { x: 1, y: -2 });
+}
+
+/// Contains itself through a `Vec`.
+#[derive(Serialize, Deserialize, Schema, Debug, PartialEq)]
+struct Tree {
+    label: String,
+    children: Vec<Tree>,
+}
+
+/// The same declaration elsewhere (another build's module): the same shape.
+mod elsewhere {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Schema, Debug, PartialEq)]
+    pub(crate) struct Tree {
+        pub(crate) label: String,
+        pub(crate) children: Vec<Self>,
+    }
+}
+
+/// Another recursive type under the same name: a field more.
+mod other {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Schema)]
+    pub(crate) struct Tree {
+        pub(crate) label: String,
+        pub(crate) children: Vec<Tree>,
+        pub(crate) weight: f32,
+    }
+}
+
+/// Mutually recursive through `Box` and `Option`.
+#[derive(Serialize, Deserialize, Schema)]
+enum A {
+    B(Box<B>),
+    Leaf,
+}
+
+#[derive(Serialize, Deserialize, Schema)]
+enum B {
+    A(Option<Box<A>>),
+}
+
+/// Recursive through maps, as keys' neighbours and as values.
+#[derive(Serialize, Deserialize, Schema)]
+struct Json {
+    object: BTreeMap<String, Json>,
+    by_id: HashMap<u64, Vec<Json>>,
+}
+
+/// A generic type containing itself.
+#[derive(Serialize, Deserialize, Schema, Debug, PartialEq)]
+#[serde(rename = "Tree")]
+struct GenericTree<T> {
+    label: T,
+    children: Vec<GenericTree<T>>,
+}
+
+/// A list: its tail, and a type holding lists of lists.
+#[derive(Serialize, Deserialize, Schema)]
+struct List<T> {
+    head: T,
+    tail: Option<Box<Self>>,
+}
+
+#[derive(Serialize, Deserialize, Schema)]
+struct Nested {
+    lists: List<List<i64>>,
+    inner: Option<Box<Nested>>,
+}
+
+#[test]
+fn recursive_types_have_finite_shapes() {
+    assert_eq!(
+        Tree::SHAPE.to_string(),
+        "Tree { label: String, children: [Tree] }"
+    );
+    assert_eq!(
+        A::SHAPE.to_string(),
+        "enum A { B(enum B { A(Option<A>) }), Leaf }"
+    );
+    assert_eq!(
+        B::SHAPE.to_string(),
+        "enum B { A(Option<enum A { B(B), Leaf }>) }"
+    );
+    assert_eq!(
+        Json::SHAPE.to_string(),
+        "Json { object: Map<String, Json>, by_id: Map<u64, [Json]> }"
+    );
+    assert_eq!(
+        <GenericTree<String>>::SHAPE.to_string(),
+        "Tree { label: String, children: [Tree] }"
+    );
+    // Each list is its own: the inner list's tail is the inner list.
+    assert_eq!(
+        Nested::SHAPE.to_string(),
+        "Nested { lists: List { head: List { head: i64, tail: Option<List> }, \
+         tail: Option<List> }, inner: Option<Nested> }"
+    );
+    let Shape::Struct { name, fields } = Tree::SHAPE.resolve() else {
+        panic!("not a struct: {:?}", Tree::SHAPE)
+    };
+    assert_eq!((*name, fields.len()), ("Tree", 2));
+    // Debug ends where the type comes back to itself, too.
+    assert!(format!("{:?}", Tree::SHAPE).contains("children: [Tree]"));
+}
+
+#[test]
+fn recursive_shapes_compare_by_structure() {
+    // The same declaration, wherever it is: equal, one hash.
+    assert_eq!(Tree::SHAPE, elsewhere::Tree::SHAPE);
+    assert_eq!(hash(Tree::SHAPE), hash(elsewhere::Tree::SHAPE));
+    // Generic or not, the same layout.
+    assert_eq!(Tree::SHAPE, <GenericTree<String>>::SHAPE);
+    assert_eq!(hash(Tree::SHAPE), hash(<GenericTree<String>>::SHAPE));
+    // Other recursive types differ.
+    assert_ne!(Tree::SHAPE, other::Tree::SHAPE);
+    assert_ne!(hash(Tree::SHAPE), hash(other::Tree::SHAPE));
+    assert_ne!(hash(Tree::SHAPE), hash(<GenericTree<u64>>::SHAPE));
+    assert_ne!(hash(A::SHAPE), hash(B::SHAPE));
+    assert_ne!(hash(<List<i64>>::SHAPE), hash(<List<List<i64>>>::SHAPE));
+    assert_eq!(
+        hash(<Vec<Tree>>::SHAPE),
+        hash(<Vec<elsewhere::Tree>>::SHAPE)
+    );
+    // Written by hand with a reference back: the same shape.
+    const BY_HAND: Shape = Shape::Struct {
+        name: "Tree",
+        fields: &[
+            Field {
+                name: "label",
+                shape: &Shape::String,
+            },
+            Field {
+                name: "children",
+                shape: &Shape::Seq(&Shape::Recursive("Tree")),
+            },
+        ],
+    };
+    assert_eq!(*Tree::SHAPE, BY_HAND);
+    assert_eq!(hash(Tree::SHAPE), hash(&BY_HAND));
+    // Computed by the compiler.
+    const H: u64 = hash(Tree::SHAPE);
+    assert_eq!(H, hash(Tree::SHAPE));
+}
+
+/// Two types of one name, each holding the other: the one inside comes
+/// back to the outer one.
+mod twins {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Schema)]
+    #[serde(rename = "Node")]
+    pub(crate) struct Outer {
+        pub(crate) a: Option<Box<Inner>>,
+    }
+
+    #[derive(Serialize, Deserialize, Schema)]
+    #[serde(rename = "Node")]
+    pub(crate) struct Inner {
+        pub(crate) b: Option<Box<Outer>>,
+    }
+}
+
+/// The same text, but the one inside comes back to itself.
+mod loner {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Schema)]
+    #[serde(rename = "Node")]
+    pub(crate) struct Outer {
+        pub(crate) a: Option<Box<Inner>>,
+    }
+
+    #[derive(Serialize, Deserialize, Schema)]
+    #[serde(rename = "Node")]
+    pub(crate) struct Inner {
+        pub(crate) b: Option<Box<Inner>>,
+    }
+}
+
+/// Where a reference back leads counts, not only the name it shows.
+#[test]
+fn references_back_to_types_of_one_name_are_told_apart() {
+    let text = "Node { a: Option<Node { b: Option<Node> }> }";
+    assert_eq!(twins::Outer::SHAPE.to_string(), text);
+    assert_eq!(loner::Outer::SHAPE.to_string(), text);
+    assert_ne!(twins::Outer::SHAPE, loner::Outer::SHAPE);
+    assert_ne!(hash(twins::Outer::SHAPE), hash(loner::Outer::SHAPE));
+}
+
+/// A recursive value written by one declaration reads back through
+/// another of equal hash.
+#[test]
+fn equal_recursive_hashes_mean_compatible_payloads() {
+    let tree = Tree {
+        label: "root".into(),
+        children: vec![
+            Tree {
+                label: "a".into(),
+                children: vec![],
+            },
+            Tree {
+                label: "b".into(),
+                children: vec![Tree {
+                    label: "c".into(),
+                    children: vec![],
+                }],
+            },
+        ],
+    };
+    let bytes = postcard::to_allocvec(&tree).unwrap();
+    let back: GenericTree<String> = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(back.children[1].children[0].label, "c");
+    let again: elsewhere::Tree = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(postcard::to_allocvec(&again).unwrap(), bytes);
 }
