@@ -66,9 +66,7 @@ pub use error::RRefError;
 pub use message::RREF_SERVICE;
 pub use method::{Method, MethodsExt};
 pub use protocol::{ForkId, RRefId};
-pub use proxy::{
-    kind, method_name, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy,
-};
+pub use proxy::{kind, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
 pub use rref::RRef;
 pub use typed::RemoteExt;
 

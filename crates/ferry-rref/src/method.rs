@@ -18,8 +18,13 @@ use crate::RRef;
 ///
 /// On the wire a method is the typed function `Function<(RRef<T>, A), R>`
 /// named `name`: the RRef travels (forked to the owner like any argument)
-/// and the owner looks its value up. Name it after the type
-/// (`"Counter.add"`) so that two types' methods do not collide.
+/// and the owner looks its value up. A method has one name, the one it is
+/// registered under and called by, typed or by name: write it
+/// `"Type.method"` (`"Counter.add"`), as PyTorch's proxies call a method
+/// by its class's qualified name, so that two types' methods do not
+/// collide. `rref.rpc_sync().call_by_name("Counter.add", args)` calls the
+/// method registered with [`MethodsExt::add_method`] under that name (the
+/// types then checked at run time).
 ///
 /// ```no_run
 /// use std::sync::atomic::{AtomicI64, Ordering};
@@ -112,9 +117,11 @@ impl<T, A, R> std::fmt::Debug for Method<T, A, R> {
 /// Registers typed [`Method`]s on a [`Functions`] registry (bring it into
 /// scope: `use ferry_rref::MethodsExt;`).
 pub trait MethodsExt {
-    /// Registers `f` as `method`: it runs on the owner of the RRef the
-    /// caller holds, against its value, on the blocking pool. Called on a
-    /// worker that is not the owner, the caller gets
+    /// Registers `f` as `method`, under [`Method::name`] (`"Type.method"`):
+    /// it runs on the owner of the RRef the caller holds, against its
+    /// value, on the blocking pool. The typed `method` calls it, and so does
+    /// `call_by_name` with that name. Called on a worker that is not the
+    /// owner, the caller gets
     /// [`RRefError::NotOwner`](crate::RRefError::NotOwner)'s text.
     fn add_method<T, A, R, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
     where

@@ -1,11 +1,16 @@
 //! Method calls on an RRef's value, run on its owner: `rref.rpc_sync()`,
 //! `rref.rpc_async()` and `rref.remote()`.
 //!
-//! A method is an ordinary remote function registered with
-//! [`register_method`]: it receives the RRef (forked to the owner like any
-//! argument) and runs against the owner's value, as PyTorch's proxies do.
+//! A method is an ordinary remote function, registered typed with
+//! [`MethodsExt::add_method`](crate::MethodsExt::add_method) or by name
+//! with [`register_method`]: it receives the RRef (forked to the owner like
+//! any argument) and runs against the owner's value, as PyTorch's proxies
+//! do. It has one name, as a function has: the name it is registered
+//! under, which typed calls ([`Method`]) and calls by name
+//! (`rref.rpc_sync().call_by_name(..)`) both use. Write it `"Type.method"`
+//! (`"Counter.add"`), as PyTorch's proxies call a method by its class's
+//! qualified name (`MyClass.get_value`).
 
-use std::any::type_name;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -18,13 +23,15 @@ use crate::method::Method;
 use crate::typed::RemoteExt;
 use crate::RRef;
 
-/// The registered name of method `method` of type `T`.
-pub fn method_name<T>(method: &str) -> String {
-    format!("{}::{}", type_name::<T>(), method)
-}
-
-/// Registers `f` as method `method` of values of type `T`, callable through
-/// an `RRef<T>`'s proxies on the value's owner.
+/// Registers `f` as the method `name` of values of type `T`, callable
+/// through an `RRef<T>`'s proxies on the value's owner: by name
+/// (`rref.rpc_sync().call_by_name(name, args)`), or typed through a
+/// [`Method`] declared with the same name. Name it `"Type.method"`
+/// (`"Counter.add"`): one name per method, the one every call uses, so
+/// that two types' methods do not collide. The types are checked at run
+/// time, by their type names; a typed [`Method`] registered with
+/// [`MethodsExt::add_method`](crate::MethodsExt::add_method) has them
+/// checked at compile time.
 ///
 /// ```
 /// use ferry_rpc::Functions;
@@ -37,12 +44,13 @@ pub fn method_name<T>(method: &str) -> String {
 /// #     }
 /// # }
 /// let mut functions = Functions::new();
-/// ferry_rref::register_method(&mut functions, "add", |c: &Counter, n: i64| {
+/// ferry_rref::register_method(&mut functions, "Counter.add", |c: &Counter, n: i64| {
 ///     c.0.fetch_add(n, Ordering::SeqCst) + n
 /// });
-/// assert!(functions.contains(&ferry_rref::method_name::<Counter>("add")));
+/// // Called as `rref.rpc_sync().call_by_name::<i64, _>("Counter.add", 5)`.
+/// assert!(functions.contains("Counter.add"));
 /// ```
-pub fn register_method<T, A, R, F>(functions: &mut Functions, method: &str, f: F)
+pub fn register_method<T, A, R, F>(functions: &mut Functions, name: &str, f: F)
 where
     T: Send + Sync + 'static,
     A: DeserializeOwned + Send + 'static,
@@ -50,7 +58,7 @@ where
     F: Fn(&T, A) -> R + Send + Sync + 'static,
 {
     functions.register_fallible(
-        &method_name::<T>(method),
+        name,
         move |(rref, args): (RRef<T>, A)| -> Result<R, RRefError> {
             let value = rref.local_value()?;
             Ok(f(&value, args))
@@ -119,8 +127,11 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
             .map_err(RRefError::Rpc)
     }
 
-    /// Calls the method registered by name with [`register_method`] and
-    /// waits for its result (dynamic use; the types are checked at run time).
+    /// Calls the method registered as `method` (`"Counter.add"`: the name
+    /// given to [`register_method`] or to a typed [`Method`], either) with
+    /// `args` on the value's owner, and waits for its result (dynamic use;
+    /// the types are checked at run time). A name the owner does not
+    /// serve fails with an error naming it.
     pub fn call_by_name<R: DeserializeOwned, A: Serialize>(
         &self,
         method: &str,
@@ -163,21 +174,21 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
         }
     }
 
-    /// Calls the method registered by name with [`register_method`]; the
-    /// future gives its result (dynamic use).
+    /// Calls the method registered as `method` (`"Counter.add"`, as for
+    /// [`RpcSyncProxy`]'s `call_by_name`); the future gives its
+    /// result (dynamic use).
     pub fn call_by_name<R: DeserializeOwned, A: Serialize>(
         &self,
         method: &str,
         args: A,
     ) -> RpcFuture<R> {
-        let name = method_name::<T>(method);
         let owner = self.rref.owner();
         let args = (self.rref.clone(), args);
         match (crate::agent_of(self.rref), self.timeout) {
-            (Ok(agent), Some(t)) => agent.rpc_async_timeout(owner, &name, args, t),
-            (Ok(agent), None) => agent.rpc_async(owner, &name, args),
+            (Ok(agent), Some(t)) => agent.rpc_async_timeout(owner, method, args, t),
+            (Ok(agent), None) => agent.rpc_async(owner, method, args),
             // Shut down: the process-level call fails with the right error.
-            (Err(_), _) => ferry_rpc::rpc_async(owner, &name, args),
+            (Err(_), _) => ferry_rpc::rpc_async(owner, method, args),
         }
     }
 }
@@ -201,8 +212,9 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
         )
     }
 
-    /// Calls the method registered by name with [`register_method`] on the
-    /// owner; returns the result's RRef at once (dynamic use).
+    /// Calls the method registered as `method` (`"Counter.add"`, as for
+    /// [`RpcSyncProxy`]'s `call_by_name`) on the owner; returns the
+    /// result's RRef at once (dynamic use).
     pub fn call_by_name<R, A>(&self, method: &str, args: A) -> Result<RRef<R>, RRefError>
     where
         R: Serialize + DeserializeOwned + Send + 'static,
@@ -213,7 +225,7 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
         crate::remote_with::<R, _>(
             &agent,
             self.rref.owner(),
-            &method_name::<T>(method),
+            method,
             (self.rref.clone(), args),
             timeout,
         )
