@@ -113,7 +113,7 @@ impl DistAutogradContainer {
         self.agent
             .get()
             .and_then(|w| w.upgrade())
-            .ok_or(AutogradError::Rpc(ferry_rpc::RpcError::NotInitialized))
+            .ok_or_else(|| AutogradError::from(ferry_rpc::RpcError::NotInitialized))
     }
 
     pub(crate) fn worker_id(&self) -> u32 {

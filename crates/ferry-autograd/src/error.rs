@@ -50,12 +50,13 @@ pub enum AutogradError {
     /// it here ([`RemoteError::hops`]).
     #[error(transparent)]
     Remote(RemoteError),
-    /// The RPC layer failed.
+    /// The RPC layer failed (boxed: an RPC error's texts would make every
+    /// `Result` of this crate large).
     #[error(transparent)]
-    Rpc(#[from] RpcError),
-    /// The RRef layer failed (optimizer parameters).
+    Rpc(Box<RpcError>),
+    /// The RRef layer failed (optimizer parameters; boxed, as `Rpc`).
     #[error(transparent)]
-    RRef(#[from] ferry_rref::RRefError),
+    RRef(Box<ferry_rref::RRefError>),
     /// An optimizer failed. `message` may be an owner's error text as
     /// raised there ([`RpcError::Remote`]'s `message`); `Display` shows it
     /// escaped, as `RpcError` does.
@@ -71,6 +72,18 @@ pub enum AutogradError {
     },
 }
 
+impl From<RpcError> for AutogradError {
+    fn from(e: RpcError) -> Self {
+        AutogradError::Rpc(Box::new(e))
+    }
+}
+
+impl From<ferry_rref::RRefError> for AutogradError {
+    fn from(e: ferry_rref::RRefError) -> Self {
+        AutogradError::RRef(Box::new(e))
+    }
+}
+
 impl AutogradError {
     /// An error in the reply of `worker`, sent a gradient by this worker:
     /// a failed call names `worker` as its origin.
@@ -79,7 +92,7 @@ impl AutogradError {
             RpcError::Remote { message, .. } => {
                 AutogradError::Remote(RemoteError::new(worker, message))
             }
-            other => AutogradError::Rpc(other),
+            other => AutogradError::from(other),
         }
     }
 

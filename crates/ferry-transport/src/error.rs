@@ -20,6 +20,7 @@ pub enum TransportError {
     /// ([`crate::auth::records`]): something between the two ends
     /// injected, dropped, reordered, replayed or altered them. The
     /// connection is closed and nothing of the refused record was used.
+    #[cfg(not(loom))]
     #[error("connection with {peer} tampered with: {source}")]
     Integrity {
         /// The peer.

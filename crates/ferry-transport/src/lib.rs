@@ -59,6 +59,7 @@
 //!
 //! See `examples/echo.rs` for a complete server and client.
 
+#[cfg(not(loom))]
 pub mod accept;
 mod alloc;
 #[cfg(not(loom))]
