@@ -312,6 +312,9 @@ impl Opener {
     }
 }
 
+/// Bytes of a record reader's buffer before a larger record arrives.
+const FIRST_BUFFER: usize = 16 << 10;
+
 /// Bytes of the largest record `opener` takes.
 fn max_record_len(opener: &Opener) -> usize {
     RECORD_HEADER_LEN + MAX_RECORD + opener.0.protection.tag_len()
@@ -334,9 +337,10 @@ pub struct RecordReader<R> {
 impl<R> RecordReader<R> {
     /// Reads `inner` through `opener` (`None`: as it is).
     pub fn new(inner: R, opener: Option<Opener>) -> Self {
-        // Room for two whole records: small ones are read several at a
-        // time, and a large one is moved to the front at most once.
-        let cap = opener.as_ref().map_or(0, |o| 2 * max_record_len(o));
+        // Small records are read several at a time; the buffer grows when
+        // a larger one comes (to at most two whole records), so a stream
+        // that carries little (a lane's back channel) stays small.
+        let cap = if opener.is_some() { FIRST_BUFFER } else { 0 };
         RecordReader {
             inner,
             opener,
@@ -436,6 +440,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
             }
             // A whole record in the buffer: open it.
             let have = this.end - this.start;
+            // Bytes from `start` the record under way needs (its header
+            // until that is in).
+            let mut want = RECORD_HEADER_LEN;
             if have >= RECORD_HEADER_LEN {
                 let mut header = [0u8; RECORD_HEADER_LEN];
                 header.copy_from_slice(&this.buf[this.start..this.start + RECORD_HEADER_LEN]);
@@ -446,6 +453,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
                         return Poll::Ready(Err(e.into_io()));
                     }
                 };
+                want = total;
                 if have >= total {
                     let record = &mut this.buf[this.start..this.start + total];
                     match opener.open(record) {
@@ -462,14 +470,19 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
                 }
             }
             // Need more bytes (nothing checked is waiting): make room for
-            // the whole record at the end, then read.
+            // the whole record at the end, then read. The buffer grows
+            // only as far as the records that arrive need.
             if this.start == this.end {
                 this.start = 0;
                 this.end = 0;
-            } else if this.start + max_record_len(opener) > this.buf.len() {
+            } else if this.start + want > this.buf.len() {
                 this.buf.copy_within(this.start..this.end, 0);
                 this.end -= this.start;
                 this.start = 0;
+            }
+            if want > this.buf.len() {
+                let grown = want.next_power_of_two().min(2 * max_record_len(opener));
+                this.buf.resize(grown.max(want), 0);
             }
             let seq = opener.seq();
             let mut rb = ReadBuf::new(&mut this.buf[this.end..]);
