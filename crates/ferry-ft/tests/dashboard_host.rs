@@ -16,20 +16,13 @@ use std::time::Duration;
 
 use ferry_ft::lighthouse::{Lighthouse, LighthouseError, LighthouseOptions};
 use ferry_ft::proto::lighthouse_service_client::LighthouseServiceClient;
-use ferry_ft::proto::manager_service_server::{ManagerService, ManagerServiceServer};
-use ferry_ft::proto::{
-    CheckpointMetadataRequest, CheckpointMetadataResponse, KillRequest, KillResponse,
-    LighthouseHeartbeatRequest, LighthouseQuorumRequest, ManagerQuorumRequest,
-    ManagerQuorumResponse, QuorumMember, ShouldCommitRequest, ShouldCommitResponse,
-};
+use ferry_ft::proto::{LighthouseHeartbeatRequest, LighthouseQuorumRequest, QuorumMember};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status};
+use tonic::transport::Endpoint;
+use tonic::Request;
 
-use common::{bounded, lighthouse_options, start_lighthouse, stop_lighthouse};
+use common::{bounded, lighthouse_options, start_lighthouse, stop_lighthouse, RunningManager};
 
 /// A name another site might rebind to the lighthouse's address.
 const EVIL: &str = "evil.example";
@@ -89,82 +82,6 @@ fn assert_refused(what: &str, (code, body): &(u16, String), host: &str, token: &
     assert!(body.contains(host), "{what}: names the host: {body}");
     assert!(body.contains("--allowed-host"), "{what}: {body}");
     assert!(!body.contains(token), "{what}: leaks the token: {body}");
-}
-
-// ---------------------------------------------------------------------------
-// A fake manager: only Kill is implemented; it reports each Kill it gets.
-
-struct FakeManager {
-    kills: mpsc::UnboundedSender<String>,
-}
-
-#[tonic::async_trait]
-impl ManagerService for FakeManager {
-    async fn quorum(
-        &self,
-        _: Request<ManagerQuorumRequest>,
-    ) -> Result<Response<ManagerQuorumResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn checkpoint_metadata(
-        &self,
-        _: Request<CheckpointMetadataRequest>,
-    ) -> Result<Response<CheckpointMetadataResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn should_commit(
-        &self,
-        _: Request<ShouldCommitRequest>,
-    ) -> Result<Response<ShouldCommitResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
-        // The receiver may be gone at the end of a test.
-        let _ = self.kills.send(request.into_inner().msg);
-        Ok(Response::new(KillResponse {}))
-    }
-}
-
-struct RunningManager {
-    url: String,
-    kills: mpsc::UnboundedReceiver<String>,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl RunningManager {
-    async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the fake manager");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        let (kills_tx, kills) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(
-            Server::builder()
-                .add_service(ManagerServiceServer::new(FakeManager { kills: kills_tx }))
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                    let _ = stopped.await;
-                }),
-        );
-        Self {
-            url,
-            kills,
-            stop,
-            task,
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        bounded("fake manager shutdown", self.task)
-            .await
-            .expect("fake manager task")
-            .expect("fake manager server");
-    }
 }
 
 /// `replica_id` joins a quorum of one with `manager` as its address, so the

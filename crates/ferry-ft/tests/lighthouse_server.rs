@@ -18,22 +18,15 @@ use std::time::{Duration, Instant};
 
 use ferry_ft::lighthouse::{Lighthouse, LighthouseStatus};
 use ferry_ft::proto::lighthouse_service_client::LighthouseServiceClient;
-use ferry_ft::proto::manager_service_server::{ManagerService, ManagerServiceServer};
-use ferry_ft::proto::{
-    CheckpointMetadataRequest, CheckpointMetadataResponse, KillRequest, KillResponse,
-    LighthouseHeartbeatRequest, LighthouseQuorumRequest, ManagerQuorumRequest,
-    ManagerQuorumResponse, Quorum, QuorumMember, ShouldCommitRequest, ShouldCommitResponse,
-};
+use ferry_ft::proto::{LighthouseHeartbeatRequest, LighthouseQuorumRequest, Quorum, QuorumMember};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
-use tonic::{Code, Request, Response, Status};
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
 
 use common::{
     bounded, http, http_with, lighthouse_options, start_lighthouse, stop_lighthouse,
-    wait_lighthouse,
+    wait_lighthouse, RunningManager,
 };
 
 /// The gRPC deadline quorum requests carry.
@@ -134,84 +127,6 @@ async fn status_json(addr: SocketAddr) -> Value {
         "{head}"
     );
     serde_json::from_str(&body).expect("JSON status")
-}
-
-// ---------------------------------------------------------------------------
-// A fake manager: only Kill is implemented; it reports each Kill it gets.
-
-struct FakeManager {
-    kills: mpsc::UnboundedSender<String>,
-}
-
-#[tonic::async_trait]
-impl ManagerService for FakeManager {
-    async fn quorum(
-        &self,
-        _: Request<ManagerQuorumRequest>,
-    ) -> Result<Response<ManagerQuorumResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn checkpoint_metadata(
-        &self,
-        _: Request<CheckpointMetadataRequest>,
-    ) -> Result<Response<CheckpointMetadataResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn should_commit(
-        &self,
-        _: Request<ShouldCommitRequest>,
-    ) -> Result<Response<ShouldCommitResponse>, Status> {
-        Err(Status::unimplemented("fake manager: Kill only"))
-    }
-
-    async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
-        // The receiver may be gone at the end of a test; nothing to report to.
-        let _ = self.kills.send(request.into_inner().msg);
-        Ok(Response::new(KillResponse {}))
-    }
-}
-
-struct RunningManager {
-    url: String,
-    kills: mpsc::UnboundedReceiver<String>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl RunningManager {
-    async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the fake manager");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        let (kills_tx, kills) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(
-            Server::builder()
-                .add_service(ManagerServiceServer::new(FakeManager { kills: kills_tx }))
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                    let _ = stopped.await;
-                }),
-        );
-        Self {
-            url,
-            kills,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        bounded("fake manager shutdown", &mut self.task)
-            .await
-            .expect("fake manager task")
-            .expect("fake manager server");
-    }
 }
 
 fn managed_member(replica_id: &str, step: i64, manager: &RunningManager) -> QuorumMember {

@@ -13,8 +13,16 @@ use std::time::Duration;
 use ferry_ft::access::TlsIdentity;
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions, LighthouseStatus};
 use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions};
+use ferry_ft::proto::manager_service_server::{ManagerService, ManagerServiceServer};
+use ferry_ft::proto::{
+    CheckpointMetadataRequest, CheckpointMetadataResponse, KillRequest, KillResponse,
+    ManagerQuorumRequest, ManagerQuorumResponse, ShouldCommitRequest, ShouldCommitResponse,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
 
 /// Upper bound on any single wait in these tests.
 pub(crate) const BOUND: Duration = Duration::from_secs(30);
@@ -171,5 +179,87 @@ impl Pki {
                 key_pem: key.serialize_pem().into_bytes(),
             },
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A fake manager: only Kill is implemented; it reports each Kill it gets.
+
+pub(crate) struct FakeManager {
+    kills: mpsc::UnboundedSender<String>,
+}
+
+#[tonic::async_trait]
+impl ManagerService for FakeManager {
+    async fn quorum(
+        &self,
+        _: Request<ManagerQuorumRequest>,
+    ) -> Result<Response<ManagerQuorumResponse>, Status> {
+        Err(Status::unimplemented("fake manager: Kill only"))
+    }
+
+    async fn checkpoint_metadata(
+        &self,
+        _: Request<CheckpointMetadataRequest>,
+    ) -> Result<Response<CheckpointMetadataResponse>, Status> {
+        Err(Status::unimplemented("fake manager: Kill only"))
+    }
+
+    async fn should_commit(
+        &self,
+        _: Request<ShouldCommitRequest>,
+    ) -> Result<Response<ShouldCommitResponse>, Status> {
+        Err(Status::unimplemented("fake manager: Kill only"))
+    }
+
+    async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
+        // The receiver may be gone at the end of a test; nothing to report to.
+        let _ = self.kills.send(request.into_inner().msg);
+        Ok(Response::new(KillResponse {}))
+    }
+}
+
+pub(crate) struct RunningManager {
+    /// Where the lighthouse reaches it.
+    pub(crate) url: String,
+    /// Each Kill it got, in order.
+    pub(crate) kills: mpsc::UnboundedReceiver<String>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningManager {
+    /// Serves on 127.0.0.1, port 0.
+    pub(crate) async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the fake manager");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let (kills_tx, kills) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(
+            Server::builder()
+                .add_service(ManagerServiceServer::new(FakeManager { kills: kills_tx }))
+                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        Self {
+            url,
+            kills,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops it and waits until it has.
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        bounded("fake manager shutdown", &mut self.task)
+            .await
+            .expect("fake manager task")
+            .expect("fake manager server");
     }
 }
