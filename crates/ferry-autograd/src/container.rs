@@ -270,7 +270,7 @@ impl DistAutogradContainer {
 
     /// The thread's current context of this container, created here if a
     /// call brought it and this is its first use.
-    fn current_context(self: &Arc<Self>) -> Option<Arc<Context>> {
+    pub(crate) fn current_context(self: &Arc<Self>) -> Option<Arc<Context>> {
         let cur = CURRENT.with(|c| c.borrow().clone())?;
         if !Arc::ptr_eq(&cur.container, self) {
             return None;
@@ -282,6 +282,12 @@ impl DistAutogradContainer {
 /// The id of the context current on this thread, if any.
 pub(crate) fn current_id() -> Option<u64> {
     CURRENT.with(|c| c.borrow().as_ref().map(|c| c.id))
+}
+
+/// The context current on this thread, if any: its id and the container
+/// it belongs to.
+pub(crate) fn current() -> Option<(u64, Arc<DistAutogradContainer>)> {
+    CURRENT.with(|c| c.borrow().as_ref().map(|c| (c.id, c.container.clone())))
 }
 
 impl GradRecorder for DistAutogradContainer {

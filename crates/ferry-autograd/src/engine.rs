@@ -129,29 +129,7 @@ pub(crate) fn backward(
     if ctx.state.lock().graph_released {
         return Err(AutogradError::GraphReleased(context_id));
     }
-    for (index, root) in roots.iter().enumerate() {
-        let bad = |reason: &str| AutogradError::BadRoot {
-            index,
-            reason: reason.to_string(),
-        };
-        if !root.defined() {
-            return Err(bad("undefined tensor"));
-        }
-        if !root.requires_grad() {
-            return Err(bad("does not require grad (no autograd history)"));
-        }
-        if root.is_leaf() {
-            return Err(bad(
-                "is a leaf tensor: it does not have a valid gradient function (a root must be computed from tensors that require grad)",
-            ));
-        }
-        if root.numel() != 1 {
-            return Err(bad(&format!(
-                "roots must be scalars (one element), this one has shape {:?}",
-                root.size()
-            )));
-        }
-    }
+    check_roots(roots)?;
     let seeds: Vec<Tensor> = roots.iter().map(Tensor::ones_like).collect();
     let outgoing = run_pass(&ctx, roots, &seeds).map_err(|message| AutogradError::Engine {
         worker: container.worker_name(),
@@ -182,6 +160,31 @@ pub(crate) fn backward(
         // graph go when the context is released (no message of its own on
         // the critical path, nor in the next forward pass).
         release_graph(&ctx);
+    }
+    Ok(())
+}
+
+/// Checks every root in PyTorch's order (`DistEngine`'s
+/// `validateRootsAndRetrieveEdges`): defined, requires grad, scalar, has a
+/// gradient function. The error names the first thing wrong with the first
+/// bad root.
+pub(crate) fn check_roots(roots: &[Tensor]) -> Result<(), AutogradError> {
+    for (index, root) in roots.iter().enumerate() {
+        if !root.defined() {
+            return Err(AutogradError::UndefinedRoot { index });
+        }
+        if !root.requires_grad() {
+            return Err(AutogradError::RootDoesNotRequireGrad { index });
+        }
+        if root.numel() != 1 {
+            return Err(AutogradError::RootNotScalar {
+                index,
+                shape: root.size(),
+            });
+        }
+        if root.is_leaf() {
+            return Err(AutogradError::RootWithoutGradFn { index });
+        }
     }
     Ok(())
 }

@@ -26,14 +26,43 @@ pub enum AutogradError {
     /// gradient computation"); the context's graph is left as it was.
     #[error("no tensors provided for gradient computation: backward needs at least one root")]
     NoRoots,
-    /// A root of `backward` is not usable.
-    #[error("backward root {index}: {reason}")]
-    BadRoot {
+    /// A root of `backward` is an undefined tensor.
+    #[error("backward root {index} is an undefined tensor")]
+    UndefinedRoot {
         /// Position in the roots.
         index: usize,
-        /// What is wrong with it.
-        reason: String,
     },
+    /// A root of `backward` does not require grad (PyTorch: "requires_grad
+    /// not set on root"). Checked first: a tensor that does not require
+    /// grad has no autograd history at all.
+    #[error("requires_grad not set on backward root {index}: it does not require grad, so it has no autograd history")]
+    RootDoesNotRequireGrad {
+        /// Position in the roots.
+        index: usize,
+    },
+    /// A root of `backward` has more (or fewer) than one element (PyTorch:
+    /// "is not a scalar, all roots need to be scalar"). Checked after
+    /// `requires_grad`, before the gradient function.
+    #[error("backward root {index} of shape {shape:?} is not a scalar, all roots need to be scalar (one element)")]
+    RootNotScalar {
+        /// Position in the roots.
+        index: usize,
+        /// The root's shape.
+        shape: Vec<i64>,
+    },
+    /// A root of `backward` is a leaf: a scalar that requires grad but was
+    /// not computed from anything (PyTorch: "does not have a valid gradient
+    /// function"). Checked last.
+    #[error("backward root {index} does not have a valid gradient function: it is a leaf tensor (a root must be computed from tensors that require grad)")]
+    RootWithoutGradFn {
+        /// Position in the roots.
+        index: usize,
+    },
+    /// [`current_context`](crate::current_context) on a thread that is in
+    /// no distributed autograd context (PyTorch: "Current thread doesn't
+    /// have a valid autograd context").
+    #[error("this thread is not inside a distributed autograd context: open one with ferry_autograd::context(), or call from a function that an RPC made inside one runs")]
+    NoCurrentContext,
     /// The context's graph was released by an earlier backward without `retain_graph`.
     #[error("the graph of distributed autograd context {0} was released by an earlier backward; pass retain_graph=true to run backward more than once")]
     GraphReleased(u64),
@@ -57,6 +86,15 @@ pub enum AutogradError {
     /// The RRef layer failed (optimizer parameters; boxed, as `Rpc`).
     #[error(transparent)]
     RRef(Box<ferry_rref::RRefError>),
+    /// An owner of parameters given to a `DistributedOptimizer` has no
+    /// user-defined optimizer class of this name registered.
+    #[error("worker {worker} has no optimizer class {class:?} registered: register it on every worker that owns parameters (OptimizerClass::register on the functions it serves)")]
+    UnknownOptimizerClass {
+        /// The owner.
+        worker: String,
+        /// The class's name.
+        class: String,
+    },
     /// An optimizer failed. `message` may be an owner's error text as
     /// raised there ([`RpcError::Remote`]'s `message`); `Display` shows it
     /// escaped, as `RpcError` does.

@@ -67,3 +67,51 @@ impl std::fmt::Debug for ContextGuard {
             .finish()
     }
 }
+
+/// The distributed autograd context the calling thread is inside, from
+/// [`current_context`](crate::current_context) (PyTorch's
+/// `dist_autograd._current_context()`): a user's [`ContextGuard`] on its
+/// thread, or, inside a function that an RPC made in a context runs, the
+/// caller's context.
+///
+/// It does not own the context: dropping it releases nothing, and once the
+/// context is released (its guard dropped on the worker that created it)
+/// [`gradients`](Self::gradients) and [`backward`](Self::backward) fail
+/// with [`AutogradError::UnknownContext`].
+#[derive(Clone)]
+pub struct CurrentContext {
+    id: u64,
+    container: Arc<DistAutogradContainer>,
+}
+
+impl CurrentContext {
+    pub(crate) fn new(id: u64, container: Arc<DistAutogradContainer>) -> Self {
+        CurrentContext { id, container }
+    }
+
+    /// The context id (the same as the [`ContextGuard::id`] of the worker
+    /// that created it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The gradients accumulated on this worker in this context
+    /// ([`get_gradients`](crate::get_gradients) of [`id`](Self::id)).
+    pub fn gradients(&self) -> Result<Gradients, AutogradError> {
+        Ok(crate::gradients_of(&*self.container.get(self.id)?))
+    }
+
+    /// Runs the distributed backward pass from `roots` in this context
+    /// (see [`ContextGuard::backward`]).
+    pub fn backward(&self, roots: &[Tensor], retain_graph: bool) -> Result<(), AutogradError> {
+        engine::backward(&self.container, self.id, roots, retain_graph)
+    }
+}
+
+impl std::fmt::Debug for CurrentContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentContext")
+            .field("id", &self.id)
+            .finish()
+    }
+}

@@ -70,9 +70,9 @@ use ferry_rpc::{Agent, RpcOptions};
 pub use container::DistAutogradContainer;
 pub use context::Gradients;
 pub use error::AutogradError;
-pub use guard::ContextGuard;
+pub use guard::{ContextGuard, CurrentContext};
 pub use message::AUTOGRAD_SERVICE;
-pub use optim::{DistributedOptimizer, OptimizerKind};
+pub use optim::{DistributedOptimizer, Optimizer, OptimizerClass, OptimizerKind, OptimizerSpec};
 
 use crate::context::Context;
 
@@ -115,6 +115,35 @@ fn container() -> Result<Arc<DistAutogradContainer>, AutogradError> {
 /// agent). Contexts do not nest: a second one on the same thread is an error.
 pub fn context() -> Result<ContextGuard, AutogradError> {
     ContextGuard::new(container()?)
+}
+
+/// The distributed autograd context this thread is inside (PyTorch's
+/// `dist_autograd._current_context()`): the one a [`ContextGuard`] opened
+/// on this thread, or, in a function that an RPC made inside a context
+/// runs (on any worker), the caller's. Outside any context it is
+/// [`AutogradError::NoCurrentContext`]; inside one already released here,
+/// [`AutogradError::UnknownContext`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), ferry_autograd::AutogradError> {
+/// assert!(matches!(
+///     ferry_autograd::current_context(),
+///     Err(ferry_autograd::AutogradError::NoCurrentContext)
+/// ));
+/// let ctx = ferry_autograd::context()?;
+/// assert_eq!(ferry_autograd::current_context()?.id(), ctx.id());
+/// # Ok(()) }
+/// ```
+pub fn current_context() -> Result<CurrentContext, AutogradError> {
+    let (id, container) = container::current().ok_or(AutogradError::NoCurrentContext)?;
+    // A context a call brought comes into being here on its first use.
+    if container.current_context().is_none() {
+        return Err(AutogradError::UnknownContext {
+            context_id: id,
+            worker: container.worker_name(),
+        });
+    }
+    Ok(CurrentContext::new(id, container))
 }
 
 /// Runs the distributed backward pass of context `context_id` from `roots`

@@ -397,7 +397,7 @@ fn errors_name_the_worker_and_leave_everyone_usable() {
                     let not_scalar = (&x * 2.0).shallow_clone();
                     assert!(matches!(
                         ctx.backward(&[not_scalar], false).unwrap_err(),
-                        AutogradError::BadRoot { index: 0, .. }
+                        AutogradError::RootNotScalar { index: 0, .. }
                     ));
                 }
                 // An optimizer that cannot be built names the owner.
@@ -443,7 +443,7 @@ fn backward_refuses_no_roots_and_leaf_roots_without_touching_the_graph() {
                 let leaf = tch::Tensor::ones([1], F64).set_requires_grad(true);
                 let err = ctx.backward(&[leaf], false).unwrap_err();
                 assert!(
-                    matches!(err, AutogradError::BadRoot { index: 0, .. }),
+                    matches!(err, AutogradError::RootWithoutGradFn { index: 0 }),
                     "{err}"
                 );
                 assert!(err.to_string().contains("gradient function"), "{err}");

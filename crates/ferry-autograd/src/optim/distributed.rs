@@ -10,7 +10,8 @@ use ferry_rref::RRef;
 use ferry_tch::Tensor;
 use parking_lot::Mutex;
 
-use super::{LocalOptimizer, OptimizerKind};
+use super::custom::{self, CustomOptimizer, Spec};
+use super::{LocalOptimizer, OptimError, OptimizerKind, OptimizerSpec};
 use crate::engine_shim::tensor_id;
 use crate::{container_of, AutogradError};
 
@@ -18,14 +19,46 @@ const NEW: &str = "ferry_autograd::optimizer_new";
 const STEP: &str = "ferry_autograd::optimizer_step";
 const DROP: &str = "ferry_autograd::optimizer_drop";
 
+/// One distributed optimizer's part on an owner: a built-in optimizer or
+/// a user-defined class's.
+pub(crate) enum Owned {
+    Builtin(LocalOptimizer),
+    Custom(CustomOptimizer),
+}
+
+impl Owned {
+    fn params(&self) -> &[tch::Tensor] {
+        match self {
+            Owned::Builtin(o) => o.params(),
+            Owned::Custom(o) => o.params(),
+        }
+    }
+
+    fn step(&mut self, grads: &[Option<tch::Tensor>]) -> Result<(), OptimError> {
+        match self {
+            Owned::Builtin(o) => o.step(grads),
+            Owned::Custom(o) => o.step(grads),
+        }
+    }
+}
+
 /// The local optimizers living on this worker, by id.
 #[derive(Default)]
 pub(crate) struct LocalOptimizers {
+    optimizers: Mutex<HashMap<u64, Arc<Mutex<Owned>>>>,
     /// Serialises every step on this worker (PyTorch's `_LocalOptimizer.global_lock`):
     /// concurrent distributed optimizers over the same parameters apply
     /// their updates one at a time.
-    optimizers: Mutex<HashMap<u64, Arc<Mutex<LocalOptimizer>>>>,
     step_lock: Mutex<()>,
+}
+
+impl LocalOptimizers {
+    /// Keeps distributed optimizer `id`'s part on this worker.
+    pub(crate) fn insert(&self, id: u64, owned: Owned) {
+        self.optimizers
+            .lock()
+            .insert(id, Arc::new(Mutex::new(owned)));
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -43,11 +76,7 @@ pub(crate) fn register(functions: &mut Functions) {
                 tensors.push(v.0.shallow_clone());
             }
             let local = LocalOptimizer::new(kind, tensors).map_err(|e| e.to_string())?;
-            container
-                .optimizers
-                .optimizers
-                .lock()
-                .insert(id, Arc::new(Mutex::new(local)));
+            container.optimizers.insert(id, Owned::Builtin(local));
             Ok::<_, String>(())
         },
     );
@@ -107,22 +136,28 @@ pub struct DistributedOptimizer {
 }
 
 impl DistributedOptimizer {
-    /// Builds local optimizers of `kind` on the owners of `params` (the
-    /// process's agent).
-    pub fn new(kind: OptimizerKind, params: Vec<RRef<Tensor>>) -> Result<Self, AutogradError> {
-        Self::with_agent(&ferry_rpc::agent()?, kind, params)
+    /// Builds an optimizer on each owner of `params` (the process's
+    /// agent): a built-in one from an [`OptimizerKind`], or a user-defined
+    /// [`OptimizerClass`](super::OptimizerClass) with its arguments
+    /// ([`OptimizerClass::with`](super::OptimizerClass::with)), which every
+    /// owner must have registered. An error names the owner where building
+    /// failed; [`AutogradError::UnknownOptimizerClass`] if an owner has no
+    /// such class.
+    pub fn new(
+        optimizer: impl Into<OptimizerSpec>,
+        params: Vec<RRef<Tensor>>,
+    ) -> Result<Self, AutogradError> {
+        Self::with_agent(&ferry_rpc::agent()?, optimizer, params)
     }
 
     /// [`new`](Self::new) on a given agent.
     pub fn with_agent(
         agent: &Agent,
-        kind: OptimizerKind,
+        optimizer: impl Into<OptimizerSpec>,
         params: Vec<RRef<Tensor>>,
     ) -> Result<Self, AutogradError> {
-        kind.validate().map_err(|e| AutogradError::Optimizer {
-            worker: agent.worker_info().name.clone(),
-            message: e.to_string(),
-        })?;
+        let spec = optimizer.into();
+        spec.validate(&agent.worker_info().name)?;
         let mut by_owner: BTreeMap<u32, Vec<RRef<Tensor>>> = BTreeMap::new();
         for p in params {
             by_owner.entry(p.owner()).or_default().push(p);
@@ -132,10 +167,13 @@ impl DistributedOptimizer {
         let calls: Vec<_> = by_owner
             .into_iter()
             .map(|(owner, ps)| {
-                (
-                    owner,
-                    agent.rpc_async::<(), _>(owner, NEW, (id, kind.clone(), ps)),
-                )
+                let call = match &spec.0 {
+                    Spec::Builtin(kind) => {
+                        agent.rpc_async::<(), _>(owner, NEW, (id, kind.clone(), ps))
+                    }
+                    Spec::Class { create, .. } => create(agent, owner, id, ps),
+                };
+                (owner, call)
             })
             .collect();
         let mut owners = BTreeMap::new();
@@ -151,6 +189,12 @@ impl DistributedOptimizer {
                 }
             }
         }
+        tracing::debug!(
+            id,
+            ?spec,
+            owners = owners.len(),
+            "distributed optimizer built"
+        );
         let this = DistributedOptimizer {
             agent: agent.clone(),
             id,
@@ -234,6 +278,15 @@ fn owner_name(agent: &Agent, owner: u32) -> String {
 
 fn optimizer_error(owner: &str, e: ferry_rpc::RpcError) -> AutogradError {
     let message = match e {
+        ferry_rpc::RpcError::UnknownFunction { worker, function } => {
+            if let Some(class) = custom::class_of(&function) {
+                return AutogradError::UnknownOptimizerClass {
+                    worker,
+                    class: class.to_string(),
+                };
+            }
+            ferry_rpc::RpcError::UnknownFunction { worker, function }.to_string()
+        }
         ferry_rpc::RpcError::Remote { message, .. } => message,
         other => other.to_string(),
     };

@@ -8,10 +8,18 @@
 //!
 //! The update formulas are those of `torch.optim`'s single-tensor
 //! (for-loop, `foreach=False`) implementations.
+//!
+//! A user's own update rule implements [`Optimizer`]; declared as an
+//! [`OptimizerClass`] and registered on the workers that own parameters,
+//! the [`DistributedOptimizer`] builds and steps it there like the
+//! built-in ones ([`OptimizerClass::with`] names it on the driver).
 
 mod adam;
+mod custom;
 mod scalar;
 mod sgd;
+
+pub use custom::{Optimizer, OptimizerClass, OptimizerSpec};
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, TchError, Tensor};
@@ -269,7 +277,8 @@ fn unit_interval(name: &'static str, value: f64) -> Result<(), OptimError> {
     }
 }
 
-/// Errors from building or stepping a [`LocalOptimizer`].
+/// Errors from building or stepping a [`LocalOptimizer`] or a
+/// user-defined [`Optimizer`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OptimError {
@@ -360,6 +369,27 @@ pub enum OptimError {
         param: Device,
         /// Device of the gradient.
         grad: Device,
+    },
+    /// A user-defined optimizer's step failed.
+    #[error("optimizer class {class:?} failed: {message}")]
+    Custom {
+        /// The class ([`OptimizerClass::name`]).
+        class: &'static str,
+        /// The step's error text (with its sources).
+        message: String,
+    },
+    /// A user-defined optimizer's step replaced a parameter's handle
+    /// instead of updating the tensor in place: the owner's parameter
+    /// would not see the update.
+    #[error(
+        "optimizer class {class:?} replaced parameter {index} instead of updating it in place \
+         (use in-place operations such as f_sub_ or f_copy_ on params[i])"
+    )]
+    ParameterReplaced {
+        /// The class ([`OptimizerClass::name`]).
+        class: &'static str,
+        /// Index of the parameter.
+        index: usize,
     },
     /// libtorch reported an error while inspecting or updating a parameter.
     #[error("libtorch error on parameter {index}: {source}")]
