@@ -15,6 +15,11 @@
 //!   Gradients accumulate per context ([`get_gradients`]), never in `.grad`,
 //!   so concurrent contexts over the same parameters do not mix.
 //! - Dropping the guard releases the context on every worker that took part.
+//! - [`current_context`] is the context the calling thread is in (the
+//!   guard's, or a caller's inside a function an RPC made in one runs).
+//! - The [`DistributedOptimizer`] steps built-in optimizers
+//!   ([`OptimizerKind`]) or a user's own update rule ([`Optimizer`],
+//!   registered on the owners as an [`OptimizerClass`]).
 //!
 //! ## How it drives libtorch's engine
 //!
