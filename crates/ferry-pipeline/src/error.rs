@@ -6,22 +6,28 @@ use ferry_schedule::{DeadlockError, GenerateError, LowerError, PlacementError, V
 /// the stage, the worker, the action and the microbatch.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    /// The pipeline was declared wrongly (stages, workers, microbatches).
+    /// The pipeline was declared wrongly (no stage, no microbatch, no loss,
+    /// an action naming a stage the pipeline lacks, a constructor failing
+    /// on its worker).
     #[error("invalid pipeline: {0}")]
     Config(String),
     /// The schedule could not be generated for this shape.
     #[error("cannot generate the schedule: {0}")]
     Generate(#[from] GenerateError),
-    /// The stages cannot be placed on the ranks as the schedule asks.
+    /// The stages are not where the schedule puts them: a stage declared on
+    /// another worker than its rank's, a custom schedule running a stage on
+    /// two ranks or on none, two ranks on one worker.
     #[error("cannot place the stages: {0}")]
     Placement(#[from] PlacementError),
     /// The schedule is not valid for this many microbatches.
     #[error("the schedule is not valid: {0}")]
     Invalid(#[from] ValidationError),
-    /// Lowering (adding sends and receives) failed.
+    /// Lowering (adding sends and receives) failed for another reason than
+    /// a deadlock.
     #[error("cannot lower the schedule: {0}")]
     Lower(#[from] LowerError),
-    /// The lowered schedule would deadlock; nothing was run.
+    /// The schedule would deadlock (found while lowering a compute-only
+    /// schedule, or in the lowered one); nothing was run.
     #[error("the schedule would deadlock: {0}")]
     Deadlock(#[from] DeadlockError),
     /// A batch that does not split into the microbatches.

@@ -4,8 +4,10 @@
 
 use std::collections::HashSet;
 
+use ferry_schedule::placement::stage_to_rank_of;
 use ferry_schedule::{
-    add_send_recv, check_deadlock, check_sends, validate, Action, Placement, Schedule, ScheduleKind,
+    add_send_recv, check_deadlock, check_sends, validate, Action, DeadlockError, LowerError,
+    PlacementError, Schedule, ScheduleKind,
 };
 
 use crate::error::PipelineError;
@@ -14,23 +16,28 @@ use crate::error::PipelineError;
 #[derive(Clone, Debug, PartialEq)]
 pub enum ScheduleSpec {
     /// One of the schedules `ferry-schedule` generates, for the pipeline's
-    /// ranks, stages per rank and microbatches.
+    /// ranks, stages per rank and microbatches. The stages must sit where
+    /// the kind's [`Placement`](ferry_schedule::Placement) puts them.
     Kind(ScheduleKind),
     /// A schedule written by hand or loaded from PyTorch's CSV, one action
-    /// list per rank, with the placement of its stages. A compute-only
-    /// schedule is lowered here (sends and receives added as PyTorch's
-    /// `_add_send_recv` does); one with sends and receives runs as written.
-    Custom {
-        /// The schedule.
-        schedule: Schedule,
-        /// Where its stages live.
-        placement: Placement,
-    },
+    /// list per rank. A stage runs on the rank whose list holds its actions
+    /// (any map: stages 0 and 1 on rank 0 and 2 and 3 on rank 1 is as good
+    /// as a loop), and a rank runs on the worker its stages are declared on.
+    /// A compute-only schedule is lowered here (sends and receives added as
+    /// PyTorch's `_add_send_recv` does); one with sends and receives runs as
+    /// written.
+    Custom(Schedule),
 }
 
 impl From<ScheduleKind> for ScheduleSpec {
     fn from(kind: ScheduleKind) -> Self {
         ScheduleSpec::Kind(kind)
+    }
+}
+
+impl From<Schedule> for ScheduleSpec {
+    fn from(schedule: Schedule) -> Self {
+        ScheduleSpec::Custom(schedule)
     }
 }
 
@@ -78,50 +85,53 @@ pub(crate) fn plan(
             "a pipeline needs at least one microbatch".into(),
         ));
     }
-    let mut seen = HashSet::new();
-    let distinct: Vec<&String> = stage_workers.iter().filter(|w| seen.insert(*w)).collect();
-    let ranks = distinct.len();
-    if stages % ranks != 0 {
-        return Err(PipelineError::Config(format!(
-            "{stages} stages do not spread evenly over {ranks} workers"
-        )));
-    }
-    let placement = match spec {
-        ScheduleSpec::Kind(kind) => kind.placement(),
-        ScheduleSpec::Custom { placement, .. } => *placement,
-    };
-    let stage_to_rank = placement.stage_to_rank(stages, ranks)?;
-    // Rank r is the worker of the first stage the placement puts on it.
-    let mut rank_workers: Vec<Option<String>> = vec![None; ranks];
-    for (stage, &rank) in stage_to_rank.iter().enumerate() {
-        let worker = &stage_workers[stage];
-        match &rank_workers[rank] {
-            None => rank_workers[rank] = Some(worker.clone()),
-            Some(expected) if expected != worker => {
-                return Err(PipelineError::Config(format!(
-                    "stage {stage} is on worker {worker}, but the {placement:?} placement of \
-                     {stages} stages on {ranks} ranks puts it on rank {rank} with stage {first} \
-                     (worker {expected})",
-                    first = stage_to_rank.iter().position(|&r| r == rank).unwrap_or(0),
-                )));
+    let (stage_to_rank, ranks, by) = match spec {
+        ScheduleSpec::Kind(kind) => {
+            let mut seen = HashSet::new();
+            let ranks = stage_workers.iter().filter(|w| seen.insert(*w)).count();
+            if stages % ranks != 0 {
+                return Err(PlacementError::Uneven { stages, ranks }.into());
             }
-            Some(_) => {}
+            let placement = kind.placement();
+            let by = format!("the {placement:?} placement of {stages} stages on {ranks} ranks");
+            (placement.stage_to_rank(stages, ranks)?, ranks, by)
         }
-    }
-    let rank_workers: Vec<String> = rank_workers.into_iter().flatten().collect();
-    if rank_workers.len() != ranks {
-        return Err(PipelineError::Config("a rank holds no stage".into()));
-    }
-    let schedule = match spec {
-        ScheduleSpec::Kind(kind) => kind.generate(ranks, stages / ranks, microbatches)?,
-        ScheduleSpec::Custom { schedule, .. } => schedule.clone(),
+        ScheduleSpec::Custom(schedule) => {
+            check_stages(schedule, stages)?;
+            let map = stage_to_rank_of(schedule, stages)?;
+            (map, schedule.ranks.len(), "the schedule".to_owned())
+        }
     };
-    if schedule.ranks.len() != ranks {
-        return Err(PipelineError::Config(format!(
-            "the schedule has {} ranks but the stages are on {ranks} workers",
-            schedule.ranks.len()
-        )));
-    }
+    let ranks = rank_workers(stage_workers, &stage_to_rank, ranks, &by)?;
+    let schedule = match spec {
+        ScheduleSpec::Kind(kind) => kind.generate(ranks.len(), stages / ranks.len(), microbatches)?,
+        ScheduleSpec::Custom(schedule) => schedule.clone(),
+    };
+    check_stages(&schedule, stages)?;
+    validate(&schedule, microbatches)?;
+    let lowered = if schedule.has_comms() {
+        // Every value that crosses ranks is sent (the runtime delivers on
+        // SEND_F/SEND_B): ferry-schedule's check, naming rank, step and action.
+        check_sends(&schedule, &stage_to_rank)?;
+        schedule
+    } else {
+        add_send_recv(&schedule, &stage_to_rank).map_err(|e| match e {
+            // A compute-only schedule whose ranks all wait: a deadlock,
+            // reported as the lowered schedule's would be.
+            LowerError::Stuck { waiting } => DeadlockError::Stuck { waiting }.into(),
+            other => PipelineError::Lower(other),
+        })?
+    };
+    check_deadlock(&lowered, &stage_to_rank)?;
+    Ok(Plan {
+        ranks,
+        stage_to_rank,
+        lowered,
+    })
+}
+
+/// Refuses actions naming a stage the pipeline does not have.
+fn check_stages(schedule: &Schedule, stages: usize) -> Result<(), PipelineError> {
     for action in schedule.ranks.iter().flatten().flatten() {
         let mut actions = vec![action];
         actions.extend(action.sub_actions());
@@ -134,22 +144,52 @@ pub(crate) fn plan(
             }
         }
     }
-    validate(&schedule, microbatches)?;
-    let has_comms = schedule.has_comms();
-    let lowered = if has_comms {
-        // Every value that crosses ranks is sent (the runtime delivers on
-        // SEND_F/SEND_B): ferry-schedule's check, naming rank, step and action.
-        check_sends(&schedule, &stage_to_rank)?;
-        schedule
-    } else {
-        add_send_recv(&schedule, &stage_to_rank)?
-    };
-    check_deadlock(&lowered, &stage_to_rank)?;
-    Ok(Plan {
-        ranks: rank_workers,
-        stage_to_rank,
-        lowered,
-    })
+    Ok(())
+}
+
+/// The worker of every rank: the one its stages are declared on. Refuses a
+/// stage declared elsewhere than its rank's other stages, and two ranks on
+/// one worker. `by` says what placed the stages, for the errors.
+fn rank_workers(
+    stage_workers: &[String],
+    stage_to_rank: &[usize],
+    ranks: usize,
+    by: &str,
+) -> Result<Vec<String>, PlacementError> {
+    let mut first_stage: Vec<Option<usize>> = vec![None; ranks];
+    for (stage, &rank) in stage_to_rank.iter().enumerate() {
+        let worker = &stage_workers[stage];
+        let Some(slot) = first_stage.get_mut(rank) else {
+            return Err(PlacementError::EmptyRank { rank });
+        };
+        match *slot {
+            None => *slot = Some(stage),
+            Some(first) if stage_workers[first] != *worker => {
+                return Err(PlacementError::Misplaced {
+                    stage,
+                    worker: worker.clone(),
+                    by: by.to_owned(),
+                    rank,
+                    with_stage: first,
+                    expected: stage_workers[first].clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    let mut workers: Vec<String> = Vec::with_capacity(ranks);
+    for (rank, first) in first_stage.into_iter().enumerate() {
+        let worker = &stage_workers[first.ok_or(PlacementError::EmptyRank { rank })?];
+        if let Some(other) = workers.iter().position(|w| w == worker) {
+            return Err(PlacementError::SharedWorker {
+                worker: worker.clone(),
+                first: other,
+                second: rank,
+            });
+        }
+        workers.push(worker.clone());
+    }
+    Ok(workers)
 }
 
 #[cfg(test)]
@@ -203,7 +243,12 @@ mod tests {
             4,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("stage 2 is on worker b"), "{err}");
+        assert!(matches!(err, PipelineError::Placement(_)), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "cannot place the stages: stage 2 is on worker b, but the Loop placement of 4 stages \
+             on 2 ranks puts it on rank 0 with stage 0 (worker a)"
+        );
     }
 
     #[test]
@@ -223,35 +268,72 @@ mod tests {
 
     #[test]
     fn a_custom_schedule_that_deadlocks_is_refused() {
-        // Rank 1 waits for microbatch 1's backward before its forward.
-        let text = "0F0,0F1,0B0,0B1\n1F0,1B0,1B1,1F1\n";
+        // Rank 1 runs microbatch 1 first; rank 0 makes it only after
+        // microbatch 0's backward, which waits for rank 1.
+        let text = "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n";
         let schedule = Schedule::from_csv(text).unwrap();
-        let spec = ScheduleSpec::Custom {
-            schedule,
-            placement: Placement::Loop,
-        };
+        let spec = ScheduleSpec::Custom(schedule);
         let err = plan(&workers(&["a", "b"]), &spec, 2).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Invalid(_) | PipelineError::Deadlock(_) | PipelineError::Lower(_)
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, PipelineError::Deadlock(_)), "{err}");
+        assert!(err.to_string().contains("rank 1 at 1F1"), "{err}");
+        // A backward before its forward is invalid, not a deadlock.
+        let text = "0F0,0F1,0B0,0B1\n1F0,1B0,1B1,1F1\n";
+        let spec = ScheduleSpec::Custom(Schedule::from_csv(text).unwrap());
+        let err = plan(&workers(&["a", "b"]), &spec, 2).unwrap_err();
+        assert!(matches!(err, PipelineError::Invalid(_)), "{err}");
     }
 
     #[test]
     fn a_custom_schedule_with_comms_must_send_what_crosses_ranks() {
         let text = "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0\n";
         let schedule = Schedule::from_csv(text).unwrap();
-        let spec = ScheduleSpec::Custom {
-            schedule,
-            placement: Placement::Loop,
-        };
+        let spec = ScheduleSpec::Custom(schedule);
         let err = plan(&workers(&["a", "b"]), &spec, 1).unwrap_err();
         assert!(
             err.to_string().contains("never sends")
                 || matches!(err, PipelineError::Invalid(_) | PipelineError::Deadlock(_)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_custom_schedule_declares_any_stage_to_rank_map() {
+        // Stages 0 and 1 on rank 0, 2 and 3 on rank 1 (not a loop, not a V).
+        let text = "0F0,1F0,0F1,1F1,,,1B1,0B1,1B0,0B0\n,,2F0,3F0,2F1,3F1,3B0,2B0,3B1,2B1\n";
+        let spec = ScheduleSpec::Custom(Schedule::from_csv(text).unwrap());
+        let laid = plan(&workers(&["a", "a", "b", "b"]), &spec, 2).unwrap();
+        assert_eq!(laid.stage_to_rank, [0, 0, 1, 1]);
+        assert_eq!(laid.ranks, ["a", "b"]);
+        // Stage 1 hands to stage 2 across ranks; 0 to 1 stays in memory.
+        assert!(laid.program(0).iter().any(|a| a.to_string() == "1SEND_F0"));
+        assert!(!laid.program(0).iter().any(|a| a.to_string() == "0SEND_F0"));
+        // Declared on workers that contradict the schedule's map: refused.
+        let err = plan(&workers(&["a", "b", "a", "b"]), &spec, 2).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot place the stages: stage 1 is on worker b, but the schedule puts it on rank 0 \
+             with stage 0 (worker a)"
+        );
+        // Two ranks on one worker: refused.
+        let err = plan(&workers(&["a", "a", "a", "a"]), &spec, 2).unwrap_err();
+        assert!(
+            matches!(err, PipelineError::Placement(PlacementError::SharedWorker { .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_stage_on_two_ranks_or_on_none_is_refused() {
+        let two = Schedule::from_csv("0F0,1F0,1B0,0B0\n1F0\n").unwrap();
+        let err = plan(&workers(&["a", "b"]), &ScheduleSpec::Custom(two), 1).unwrap_err();
+        assert!(
+            matches!(err, PipelineError::Placement(PlacementError::TwoRanks { stage: 1, .. })),
+            "{err}"
+        );
+        let none = Schedule::from_csv("0F0,0B0\n1F0,1B0\n").unwrap();
+        let err = plan(&workers(&["a", "b", "c"]), &ScheduleSpec::Custom(none), 1).unwrap_err();
+        assert!(
+            matches!(err, PipelineError::Placement(PlacementError::Unplaced { stage: 2 })),
             "{err}"
         );
     }

@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use ferry_pipeline::ScheduleSpec;
-use ferry_schedule::{Placement, Schedule, ScheduleKind};
+use ferry_schedule::{Schedule, ScheduleKind};
 
 const STEPS: usize = 3;
 const MICROBATCHES: usize = 4;
@@ -115,10 +115,7 @@ fn a_custom_schedule_loaded_from_csv_matches_one_process() {
             if rank == 0 {
                 for sum in [false, true] {
                     let schedule = Schedule::from_csv(CUSTOM_CSV).unwrap();
-                    let spec = ScheduleSpec::Custom {
-                        schedule,
-                        placement: Placement::Loop,
-                    };
+                    let spec = ScheduleSpec::Custom(schedule);
                     check(spec, 2, LOOP_2, sum);
                 }
             }

@@ -73,6 +73,14 @@ impl fmt::Display for Wait {
 /// A lowered schedule that cannot finish, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeadlockError {
+    /// A compute-only schedule in which every unfinished rank waits for an
+    /// input no rank will ever make, found while adding its sends and
+    /// receives ([`LowerError::Stuck`](crate::LowerError::Stuck)).
+    #[error("deadlock: every rank waits ({}); none of them can move", waiting.iter().map(|(r, a)| format!("rank {r} at {a}")).collect::<Vec<_>>().join(", "))]
+    Stuck {
+        /// Each unfinished rank with the action it waits at.
+        waiting: Vec<(usize, Action)>,
+    },
     /// Ranks that wait on each other in a cycle; the first wait is the
     /// lowest rank's, each next one is the rank the previous waits for.
     #[error("deadlock: {}; none of them can move", waits.iter().map(Wait::to_string).collect::<Vec<_>>().join("; "))]
