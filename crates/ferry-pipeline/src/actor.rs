@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_rpc::{Agent, RpcFuture};
 use ferry_schedule::{Action, ActionKind};
-use ferry_tch::tree::{self, Flat};
+use ferry_tch::tree::Flat;
 use ferry_tch::Tensor;
 use parking_lot::Mutex;
 
@@ -47,7 +47,72 @@ pub(crate) struct RankActor {
 /// A failure inside a step, before it is named for the driver.
 struct Failed {
     action: Action,
-    message: String,
+    fault: Fault,
+}
+
+/// What went wrong in an action.
+pub(crate) enum Fault {
+    /// The action failed: its stage's forward, the loss or a backward
+    /// returned an error or panicked, or a value was malformed.
+    Failed(String),
+    /// The step was aborted from elsewhere, with the reason.
+    Aborted(String),
+    /// A value the action needs did not arrive within the time limit.
+    Missing {
+        /// The stage that did not deliver it.
+        from: usize,
+        /// "activation" or "gradient".
+        what: &'static str,
+        /// The microbatch.
+        microbatch: usize,
+        /// The limit.
+        limit: Duration,
+    },
+}
+
+impl From<String> for Fault {
+    fn from(message: String) -> Self {
+        Fault::Failed(message)
+    }
+}
+
+impl From<&str> for Fault {
+    fn from(message: &str) -> Self {
+        Fault::Failed(message.to_owned())
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Failed(message) => f.write_str(message),
+            Fault::Aborted(reason) => write!(f, "aborted: {reason}"),
+            Fault::Missing {
+                from,
+                what,
+                microbatch,
+                limit,
+            } => write!(
+                f,
+                "no {what} for microbatch {microbatch} arrived from stage {from} within {limit:?}"
+            ),
+        }
+    }
+}
+
+/// Runs `body`, a call into the user's code (a stage's forward, the loss)
+/// or into libtorch (a backward), turning a panic into the action's
+/// failure: `"{what} panicked: {message}"`. The worker stays usable: its
+/// state for the step is dropped when the step ends, whatever happened.
+fn guarded<T>(what: &str, body: impl FnOnce() -> Result<T, Fault>) -> Result<T, Fault> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        Err(Fault::Failed(format!("{what} panicked: {message}")))
+    })
 }
 
 /// What one step carries from action to action.
@@ -56,8 +121,14 @@ struct StepRun<'a> {
     step: u64,
     train: bool,
     limit: Duration,
-    inputs: Vec<Option<tch::Tensor>>,
+    inputs: Vec<Option<Packet>>,
     targets: Vec<Option<tch::Tensor>>,
+    /// What each microbatch's loss gradient is multiplied by: its share of
+    /// the targets' rows times the microbatch count (1 when they split
+    /// evenly, or without `scale_grads`).
+    loss_weights: Vec<f64>,
+    /// Whether the last stage returns its outputs.
+    return_outputs: bool,
     /// Values made by a compute action and sent by a later SEND action.
     outbox: HashMap<(usize, Direction, usize), Deliver>,
     sends: Vec<(Action, RpcFuture<Result<(), String>>)>,
@@ -104,17 +175,15 @@ impl RankActor {
             agent,
             step,
             train: request.train,
-            limit: agent.rpc_timeout(),
-            inputs: request
-                .inputs
-                .into_iter()
-                .map(|t| Some(t.into_inner()))
-                .collect(),
+            limit: Duration::from_millis(request.wait_limit_ms),
+            loss_weights: loss_weights(&request.targets, self.scale_grads),
+            inputs: request.inputs.into_iter().map(Some).collect(),
             targets: request
                 .targets
                 .into_iter()
                 .map(|t| Some(t.into_inner()))
                 .collect(),
+            return_outputs: request.outputs,
             outbox: HashMap::new(),
             sends: Vec::new(),
             losses: Vec::new(),
@@ -142,7 +211,7 @@ impl RankActor {
                 let delivered = send.wait().map_err(|e| e.to_string()).and_then(|r| r);
                 delivered.map_err(|message| Failed {
                     action,
-                    message: format!("the send was not delivered: {message}"),
+                    fault: Fault::Failed(format!("the send was not delivered: {message}")),
                 })?;
             }
             Ok(())
@@ -164,36 +233,45 @@ impl RankActor {
                 })
             }
             Err(failed) => {
-                self.mailbox.abort(step, &failed.message);
-                if let Some(reason) = self.mailbox_abort_reason(step, &failed) {
-                    return Err(StepFailure::Aborted {
+                let message = failed.fault.to_string();
+                self.mailbox.abort(step, &message);
+                let Failed { action, fault } = failed;
+                tracing::warn!(%action, error = %message, "pipeline step failed");
+                Err(match fault {
+                    Fault::Aborted(reason) => StepFailure::Aborted {
                         worker: self.worker.clone(),
                         reason,
-                    });
-                }
-                tracing::warn!(action = %failed.action, error = %failed.message, "pipeline step failed");
-                Err(StepFailure::Stage {
-                    stage: failed.action.stage() as u32,
-                    worker: self.worker.clone(),
-                    action: failed.action.to_string(),
-                    microbatch: failed.action.microbatch().map(|m| m as u32),
-                    message: failed.message,
+                    },
+                    Fault::Missing {
+                        from,
+                        what,
+                        microbatch,
+                        limit,
+                    } => StepFailure::Timeout {
+                        stage: from as u32,
+                        worker: self.stage_workers.get(from).cloned().unwrap_or_default(),
+                        what: what.to_owned(),
+                        microbatch: microbatch as u32,
+                        action: action.to_string(),
+                        waiting_worker: self.worker.clone(),
+                        limit_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+                    },
+                    Fault::Failed(message) => StepFailure::Stage {
+                        stage: action.stage() as u32,
+                        worker: self.worker.clone(),
+                        action: action.to_string(),
+                        microbatch: action.microbatch().map(|m| m as u32),
+                        message,
+                    },
                 })
             }
         }
     }
 
-    /// The abort reason, when the failure is only that the step was aborted
-    /// from elsewhere.
-    fn mailbox_abort_reason(&self, step: u64, failed: &Failed) -> Option<String> {
-        let reason = self.mailbox.aborted(step)?;
-        failed.message.starts_with(ABORTED).then_some(reason)
-    }
-
     fn execute(&self, run: &mut StepRun<'_>, action: &Action) -> Result<(), Failed> {
-        let fail = |message: String| Failed {
+        let fail = |fault: Fault| Failed {
             action: action.clone(),
-            message,
+            fault,
         };
         let stage = action.stage();
         let mb = action.microbatch();
@@ -207,15 +285,18 @@ impl RankActor {
                 Ok(())
             }
             ActionKind::Forward => self.forward(run, stage, mb.unwrap_or(0)).map_err(fail),
-            ActionKind::FullBackward => self
-                .backward(run, stage, mb.unwrap_or(0), Part::Full)
-                .map_err(fail),
-            ActionKind::BackwardInput => self
-                .backward(run, stage, mb.unwrap_or(0), Part::Input)
-                .map_err(fail),
-            ActionKind::BackwardWeight => self
-                .backward(run, stage, mb.unwrap_or(0), Part::Weight)
-                .map_err(fail),
+            ActionKind::FullBackward => {
+                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Full))
+                    .map_err(fail)
+            }
+            ActionKind::BackwardInput => {
+                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Input))
+                    .map_err(fail)
+            }
+            ActionKind::BackwardWeight => {
+                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Weight))
+                    .map_err(fail)
+            }
             ActionKind::SendF | ActionKind::SendB => {
                 let (direction, to) = if action.kind() == ActionKind::SendF {
                     (Direction::Forward, stage + 1)
@@ -226,11 +307,11 @@ impl RankActor {
                 let message = run
                     .outbox
                     .remove(&(stage, direction, mb))
-                    .ok_or_else(|| fail(format!("nothing to send: the compute action for microbatch {mb} has not run on this rank")))?;
+                    .ok_or_else(|| fail(format!("nothing to send: the compute action for microbatch {mb} has not run on this rank").into()))?;
                 let worker = self
                     .stage_workers
                     .get(to)
-                    .ok_or_else(|| fail(format!("there is no stage {to} to send to")))?;
+                    .ok_or_else(|| fail(format!("there is no stage {to} to send to").into()))?;
                 let send = DELIVER.rpc_async_with(run.agent, worker.as_str(), message, run.limit);
                 run.sends.push((action.clone(), send));
                 Ok(())
@@ -244,26 +325,27 @@ impl RankActor {
     }
 
     /// Takes the value `key` names, waiting for it.
-    fn receive(&self, run: &StepRun<'_>, key: Key) -> Result<Delivery, String> {
+    fn receive(&self, run: &StepRun<'_>, key: Key) -> Result<Delivery, Fault> {
         self.mailbox
             .take(key, run.limit, self.wait_spin)
             .map_err(|e| match e {
-                WaitError::Aborted(reason) => format!("{ABORTED}{reason}"),
+                WaitError::Aborted(reason) => Fault::Aborted(reason),
                 WaitError::TimedOut(limit) => {
                     let (what, from) = match key.direction {
                         Direction::Forward => ("activation", key.stage.wrapping_sub(1)),
                         Direction::Backward => ("gradient", key.stage + 1),
                     };
-                    let worker = self.stage_workers.get(from).map_or("?", String::as_str);
-                    format!(
-                        "no {what} for microbatch {} arrived from stage {from} (worker {worker}) within {limit:?}",
-                        key.microbatch
-                    )
+                    Fault::Missing {
+                        from,
+                        what,
+                        microbatch: key.microbatch,
+                        limit,
+                    }
                 }
             })
     }
 
-    fn forward(&self, run: &mut StepRun<'_>, stage: usize, mb: usize) -> Result<(), String> {
+    fn forward(&self, run: &mut StepRun<'_>, stage: usize, mb: usize) -> Result<(), Fault> {
         let (bytes, tensors) = if stage == 0 {
             let input = run
                 .inputs
@@ -275,8 +357,7 @@ impl RankActor {
                         run.inputs.len()
                     )
                 })?;
-            let flat = tree::flatten(&Tensor::from(input)).map_err(|e| e.to_string())?;
-            (flat.bytes, flat.tensors)
+            input.into_parts()
         } else {
             let key = Key {
                 step: run.step,
@@ -314,40 +395,62 @@ impl RankActor {
         let slot = slots
             .get_mut(&stage)
             .ok_or_else(|| format!("stage {stage} is not on this rank"))?;
-        let output: Flat = if run.train {
-            slot.stage.forward(&bytes, tensors)
-        } else {
-            tch::no_grad(|| slot.stage.forward(&bytes, tensors))
-        }
-        .map_err(|e| format!("forward failed: {}", ferry_rpc::error_text(&*e)))?;
-        let last = stage == self.last_stage();
-        if last {
+        let output: Flat = guarded("forward", || {
             if run.train {
-                let loss_fn = self
-                    .loss
-                    .as_ref()
-                    .ok_or("the last stage has no loss function")?;
-                let target = run
-                    .targets
-                    .get_mut(mb)
-                    .and_then(Option::take)
-                    .ok_or_else(|| format!("no target for microbatch {mb}"))?;
-                let loss = loss_fn
-                    .loss(&output.bytes, output.tensors, Tensor::from(target))
-                    .map_err(|e| format!("the loss failed: {}", ferry_rpc::error_text(&*e)))?;
-                if loss.numel() != 1 {
-                    return Err(format!(
-                        "the loss must be a single number, not a tensor of shape {:?}",
-                        loss.size()
-                    ));
+                slot.stage.forward(&bytes, tensors)
+            } else {
+                tch::no_grad(|| slot.stage.forward(&bytes, tensors))
+            }
+            .map_err(|e| format!("forward failed: {}", ferry_rpc::error_text(&*e)).into())
+        })?;
+        if stage == self.last_stage() {
+            if run.return_outputs {
+                let copy = Flat {
+                    bytes: output.bytes.clone(),
+                    tensors: output.tensors.iter().map(|t| t.shallow_clone()).collect(),
+                };
+                run.outputs.push((mb as u32, Packet::detached(copy)));
+            }
+            let Some(target) = run.targets.get_mut(mb).and_then(Option::take) else {
+                if run.train {
+                    return Err(format!("no target for microbatch {mb}").into());
                 }
-                run.losses.push((mb as u32, loss.double_value(&[])));
-                saved.seeds = Some(vec![loss.ones_like()]);
+                // An evaluation without targets: no loss.
+                return Ok(());
+            };
+            let loss_fn = self
+                .loss
+                .as_ref()
+                .ok_or("the last stage has no loss function")?;
+            let loss = guarded("the loss", || {
+                let compute = || {
+                    loss_fn
+                        .loss(&output.bytes, output.tensors, Tensor::from(target))
+                        .map_err(|e| format!("the loss failed: {}", ferry_rpc::error_text(&*e)).into())
+                };
+                if run.train {
+                    compute()
+                } else {
+                    tch::no_grad(compute)
+                }
+            })?;
+            if loss.numel() != 1 {
+                return Err(format!(
+                    "the loss must be a single number, not a tensor of shape {:?}",
+                    loss.size()
+                )
+                .into());
+            }
+            run.losses.push((mb as u32, loss.double_value(&[])));
+            if run.train {
+                let seed = match run.loss_weights.get(mb) {
+                    Some(&w) if w != 1.0 => loss.ones_like() * w,
+                    _ => loss.ones_like(),
+                };
+                saved.seeds = Some(vec![seed]);
                 saved.roots = vec![loss];
                 saved.root_positions = vec![0];
                 slot.saved.insert(mb, saved);
-            } else {
-                run.outputs.push((mb as u32, Packet::detached(output)));
             }
             return Ok(());
         }
@@ -396,7 +499,7 @@ impl RankActor {
         direction: Direction,
         mb: usize,
         value: Delivery,
-    ) -> Result<(), String> {
+    ) -> Result<(), Fault> {
         let key = Key {
             step,
             stage,
@@ -406,7 +509,7 @@ impl RankActor {
         self.mailbox
             .put(key, value)
             .map(|_| ())
-            .map_err(|_| format!("microbatch {mb} was handed to stage {stage} twice"))
+            .map_err(|_| format!("microbatch {mb} was handed to stage {stage} twice").into())
     }
 
     fn backward(
@@ -415,7 +518,7 @@ impl RankActor {
         stage: usize,
         mb: usize,
         part: Part,
-    ) -> Result<(), String> {
+    ) -> Result<(), Fault> {
         let last = stage == self.last_stage();
         // The gradients of this stage's outputs.
         let needs_seeds = {
@@ -467,7 +570,8 @@ impl RankActor {
                             "{} gradients arrived for an output of {} tensors",
                             grads.len(),
                             saved.root_positions.len()
-                        ))
+                        )
+                        .into())
                     }
                 }
             }
@@ -668,8 +772,27 @@ enum Part {
     Weight,
 }
 
-/// The prefix of a failure that is only an abort from elsewhere.
-const ABORTED: &str = "aborted: ";
+/// The loss gradient's weight of every microbatch (see
+/// [`StepRun::loss_weights`]): `rows × microbatches / batch rows` under
+/// `scale_grads`, where rows are the targets' (dimension 0; 1 for a
+/// 0-dimensional target).
+fn loss_weights(targets: &[Tensor], scale_grads: bool) -> Vec<f64> {
+    let rows: Vec<i64> = targets
+        .iter()
+        .map(|t| t.size().first().copied().unwrap_or(1))
+        .collect();
+    let total: i64 = rows.iter().sum();
+    let m = rows.len() as f64;
+    rows.iter()
+        .map(|&r| {
+            if scale_grads && total > 0 {
+                r as f64 * m / total as f64
+            } else {
+                1.0
+            }
+        })
+        .collect()
+}
 
 /// Whether `action` runs when evaluating (forward only).
 fn runs_in_eval(action: &Action) -> bool {

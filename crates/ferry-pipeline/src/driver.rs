@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::PipelineError;
+use crate::microbatch::{split_tensor, Split};
 use crate::plan::{plan, Plan, ScheduleSpec};
 use crate::protocol::{
     Abort, Control, CreateRank, Packet, RunStep, StageInit, StepFailure, StepReply, ABORT, CONTROL,
@@ -25,10 +26,11 @@ use crate::timeline::Timeline;
 
 /// Declares a pipeline, stage by stage; [`build`](Self::build) creates it.
 ///
-/// `O` is the output type of the last stage declared so far, so a stage
-/// whose input does not match the previous stage's output, or a loss that
-/// does not take the last output, does not compile.
-pub struct PipelineBuilder<O> {
+/// `O` is the output type of the last stage declared so far and `I` what
+/// stage 0 takes (one microbatch of the batch), so a stage whose input does
+/// not match the previous stage's output, or a loss that does not take the
+/// last output, does not compile.
+pub struct PipelineBuilder<O, I = Tensor> {
     stages: Vec<(WorkerRef, &'static str, Result<Flat, TreeError>)>,
     schedule: ScheduleSpec,
     microbatches: usize,
@@ -37,13 +39,14 @@ pub struct PipelineBuilder<O> {
     optimizer: Option<OptimizerKind>,
     timeout: Option<Duration>,
     wait_spin: Duration,
-    _output: PhantomData<fn() -> O>,
+    return_outputs: bool,
+    _types: PhantomData<fn(I) -> O>,
 }
 
 /// [`PipelineBuilder::wait_spin`]'s default.
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_millis(3);
 
-impl<O> PipelineBuilder<O> {
+impl<O, I> PipelineBuilder<O, I> {
     /// Adds the next stage, built on `worker` by the constructor `stage`
     /// registered there, from `args`.
     pub fn stage<A, S>(
@@ -51,7 +54,7 @@ impl<O> PipelineBuilder<O> {
         worker: impl Into<WorkerRef>,
         stage: StageFn<A, S>,
         args: A,
-    ) -> PipelineBuilder<S::Output>
+    ) -> PipelineBuilder<S::Output, I>
     where
         A: Serialize,
         S: Stage<Input = O>,
@@ -67,8 +70,18 @@ impl<O> PipelineBuilder<O> {
             optimizer: self.optimizer,
             timeout: self.timeout,
             wait_spin: self.wait_spin,
-            _output: PhantomData,
+            return_outputs: self.return_outputs,
+            _types: PhantomData,
         }
+    }
+
+    /// Whether [`Pipeline::step`] returns the last stage's output of every
+    /// microbatch ([`StepOutput::outputs`]; default `true`, as PyTorch's
+    /// `step` returns them). Turn it off when only the losses matter: the
+    /// outputs then stay on the last stage's worker.
+    pub fn return_outputs(mut self, return_outputs: bool) -> Self {
+        self.return_outputs = return_outputs;
+        self
     }
 
     /// The schedule: a [`ScheduleKind`](ferry_schedule::ScheduleKind) or a
@@ -78,7 +91,9 @@ impl<O> PipelineBuilder<O> {
         self
     }
 
-    /// How many microbatches a batch splits into (default 1).
+    /// How many microbatches a batch splits into (default 1), with
+    /// `tensor_split` semantics: 10 rows into 4 microbatches are 3, 3, 2
+    /// and 2 (see [`Split`](crate::Split)).
     pub fn microbatches(mut self, microbatches: usize) -> Self {
         self.microbatches = microbatches;
         self
@@ -93,7 +108,11 @@ impl<O> PipelineBuilder<O> {
     /// PyTorch's `scale_grads` (default `true`): divide each stage's
     /// accumulated gradients by the microbatch count once, after its last
     /// backward, so that a mean loss per microbatch gives the gradients of
-    /// the mean loss over the batch. Turn it off for a sum loss.
+    /// the mean loss over the batch. Turn it off for a sum loss. When the
+    /// microbatches are uneven, each microbatch's loss gradient is also
+    /// weighted by its share of the targets' rows (`rows × microbatches /
+    /// batch rows`), so that the gradients stay exactly those of the mean
+    /// over the whole batch.
     pub fn scale_grads(mut self, scale: bool) -> Self {
         self.scale_grads = scale;
         self
@@ -132,9 +151,10 @@ impl<O> PipelineBuilder<O> {
 
     /// Checks the declaration and the schedule, then builds every stage on
     /// its worker. Nothing is built when a check fails.
-    pub fn build(self) -> Result<Pipeline<O>, PipelineError>
+    pub fn build(self) -> Result<Pipeline<O, I>, PipelineError>
     where
         O: DeserializeOwned,
+        I: Serialize,
     {
         let agent = ferry_rpc::agent()?;
         if agent.layer::<crate::PipelineHost>().is_none() {
@@ -207,7 +227,8 @@ impl<O> PipelineBuilder<O> {
             next_step: 1,
             trace: false,
             timeout,
-            _output: PhantomData,
+            return_outputs: self.return_outputs,
+            _types: PhantomData,
         };
         let mut first_error = None;
         for (rank, create) in creates.into_iter().enumerate() {
@@ -235,19 +256,48 @@ fn pipeline_id(agent: &Agent) -> u64 {
     (u64::from(agent.worker_info().id) << 40) | NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// What a training step returns.
+/// What a step ([`Pipeline::step`]) or an evaluation ([`Pipeline::eval`])
+/// returns: PyTorch's `losses` and the last stage's outputs.
 #[derive(Debug)]
-pub struct StepOutput {
-    /// The loss of every microbatch, in microbatch order.
+pub struct StepOutput<O> {
+    /// The loss of every microbatch, in microbatch order (empty for an
+    /// evaluation without targets).
     pub losses: Vec<f64>,
+    /// The last stage's output of every microbatch, in microbatch order
+    /// (empty when [`PipelineBuilder::return_outputs`] is off);
+    /// [`merged`](Self::merged) concatenates them.
+    pub outputs: Vec<O>,
     /// When tracing ([`Pipeline::set_trace`]): the measured start and end of
     /// every action on every rank.
     pub timeline: Option<Timeline>,
 }
 
+impl<O: Serialize + DeserializeOwned> StepOutput<O> {
+    /// The outputs merged into one value as PyTorch's `step` returns them
+    /// (`merge_chunks` with `TensorChunkSpec(0)`): every tensor of the
+    /// output concatenated along dimension 0 across the microbatches, what
+    /// is not a tensor taken from the first microbatch.
+    pub fn merged(&self) -> Result<O, PipelineError> {
+        self.merged_along(0)
+    }
+
+    /// [`merged`](Self::merged), concatenating along `dim` (negative counts
+    /// from the end).
+    pub fn merged_along(&self, dim: i64) -> Result<O, PipelineError> {
+        let flats = self
+            .outputs
+            .iter()
+            .map(tree::flatten)
+            .collect::<Result<Vec<_>, _>>()?;
+        let merged = crate::microbatch::merge(&flats, dim).map_err(PipelineError::Merge)?;
+        Ok(tree::unflatten(&merged.bytes, merged.tensors)?)
+    }
+}
+
 /// A pipeline built on its workers, driven from this one. Dropping it drops
-/// its stages on their workers.
-pub struct Pipeline<O> {
+/// its stages on their workers. `O` is the last stage's output, `I` what
+/// stage 0 takes.
+pub struct Pipeline<O, I = Tensor> {
     agent: Agent,
     id: u64,
     plan: Plan,
@@ -255,13 +305,22 @@ pub struct Pipeline<O> {
     next_step: u64,
     trace: bool,
     timeout: Duration,
-    _output: PhantomData<fn() -> O>,
+    return_outputs: bool,
+    _types: PhantomData<fn(I) -> O>,
 }
 
 impl Pipeline<()> {
     /// Starts declaring a pipeline whose first stage takes a microbatch of
-    /// the batch (a [`Tensor`]).
+    /// the batch (a [`Tensor`], the batch split along dimension 0).
     pub fn builder() -> PipelineBuilder<Tensor> {
+        Self::builder_for()
+    }
+
+    /// Starts declaring a pipeline whose first stage takes `I`: a tuple or
+    /// a struct of tensors and plain values, each split along its own
+    /// dimension or replicated as its type says (see [`Split`](crate::Split)).
+    /// [`Pipeline::step`] then takes any batch that splits into `I`s.
+    pub fn builder_for<I>() -> PipelineBuilder<I, I> {
         PipelineBuilder {
             stages: Vec::new(),
             schedule: ScheduleSpec::Kind(ferry_schedule::ScheduleKind::GPipe),
@@ -271,12 +330,13 @@ impl Pipeline<()> {
             optimizer: None,
             timeout: None,
             wait_spin: DEFAULT_WAIT_SPIN,
-            _output: PhantomData,
+            return_outputs: true,
+            _types: PhantomData,
         }
     }
 }
 
-impl<O: DeserializeOwned> Pipeline<O> {
+impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
     /// The lowered schedule the ranks run (one action list per rank).
     pub fn schedule(&self) -> &Schedule {
         &self.plan.lowered
@@ -305,62 +365,66 @@ impl<O: DeserializeOwned> Pipeline<O> {
         }
     }
 
-    /// Splits `batch` into the microbatches along dimension 0.
-    fn split(&self, batch: &tch::Tensor, what: &'static str) -> Result<Vec<Tensor>, PipelineError> {
-        let m = self.microbatches;
-        let size = batch.size();
-        let rows = size.first().copied().unwrap_or(0);
-        if size.is_empty() || rows % m as i64 != 0 || rows == 0 {
-            return Err(PipelineError::Split {
-                batch: rows,
-                microbatches: m,
-                what,
-            });
-        }
-        Ok(batch
-            .chunk(m as i64, 0)
-            .into_iter()
-            .map(Tensor::from)
-            .collect())
-    }
-
-    /// One training step: the batch split into the microbatches, forward
-    /// and backward through the schedule, gradients accumulated on every
-    /// stage. Returns the loss of every microbatch.
-    pub fn step(
-        &mut self,
-        inputs: &tch::Tensor,
-        targets: &tch::Tensor,
-    ) -> Result<StepOutput, PipelineError> {
-        let inputs = self.split(inputs, ", the inputs")?;
-        let targets = self.split(targets, ", the targets")?;
-        let replies = self.run(true, inputs, targets)?;
-        let mut losses = vec![f64::NAN; self.microbatches];
-        for (mb, loss) in replies.iter().flat_map(|r| &r.losses) {
-            if let Some(slot) = losses.get_mut(*mb as usize) {
-                *slot = *loss;
-            }
-        }
-        let timeline = self
-            .trace
-            .then(|| Timeline::new(&self.plan.lowered, &replies));
-        Ok(StepOutput { losses, timeline })
-    }
-
-    /// Forward only, without gradients: the last stage's output for every
-    /// microbatch, in order.
-    pub fn eval(&mut self, inputs: &tch::Tensor) -> Result<Vec<O>, PipelineError> {
-        let inputs = self.split(inputs, ", the inputs")?;
-        let replies = self.run(false, inputs, Vec::new())?;
-        let mut outputs: Vec<(u32, Packet)> = replies.into_iter().flat_map(|r| r.outputs).collect();
-        outputs.sort_by_key(|(mb, _)| *mb);
-        outputs
-            .into_iter()
-            .map(|(_, packet)| {
-                let (bytes, tensors) = packet.into_parts();
-                Ok(tree::unflatten(&bytes, tensors)?)
-            })
+    /// Splits the inputs into the microbatches, flattened for the wire.
+    fn split_inputs<B>(&self, batch: &B) -> Result<Vec<Packet>, PipelineError>
+    where
+        B: Split<Part = I> + ?Sized,
+    {
+        let parts = batch
+            .split(self.microbatches)
+            .map_err(|source| PipelineError::Split {
+                what: "the inputs",
+                source,
+            })?;
+        parts
+            .iter()
+            .map(|part| Ok(Packet::detached(tree::flatten(part)?)))
             .collect()
+    }
+
+    /// Splits the targets along dimension 0.
+    fn split_targets(&self, targets: &tch::Tensor) -> Result<Vec<Tensor>, PipelineError> {
+        split_tensor(targets, 0, self.microbatches).map_err(|source| PipelineError::Split {
+            what: "the targets",
+            source,
+        })
+    }
+
+    /// One training step, as PyTorch's `schedule.step(inputs, target=targets,
+    /// losses=losses)`: the batch split into the microbatches (see
+    /// [`Split`](crate::Split)), forward and backward through the schedule,
+    /// gradients accumulated on every stage. Returns the loss and the last
+    /// stage's output of every microbatch.
+    pub fn step<B>(
+        &mut self,
+        inputs: &B,
+        targets: &tch::Tensor,
+    ) -> Result<StepOutput<O>, PipelineError>
+    where
+        B: Split<Part = I> + ?Sized,
+    {
+        let inputs = self.split_inputs(inputs)?;
+        let targets = self.split_targets(targets)?;
+        self.run(true, inputs, targets)
+    }
+
+    /// Forward only, without gradients, as PyTorch's `schedule.eval(inputs,
+    /// target=targets, losses=losses)`: the last stage's output of every
+    /// microbatch, and with `targets` the loss of every microbatch.
+    pub fn eval<B>(
+        &mut self,
+        inputs: &B,
+        targets: Option<&tch::Tensor>,
+    ) -> Result<StepOutput<O>, PipelineError>
+    where
+        B: Split<Part = I> + ?Sized,
+    {
+        let inputs = self.split_inputs(inputs)?;
+        let targets = match targets {
+            Some(t) => self.split_targets(t)?,
+            None => Vec::new(),
+        };
+        self.run(false, inputs, targets)
     }
 
     /// Runs one step on every rank, and on the first failure aborts it on
@@ -368,9 +432,9 @@ impl<O: DeserializeOwned> Pipeline<O> {
     fn run(
         &mut self,
         train: bool,
-        inputs: Vec<Tensor>,
+        inputs: Vec<Packet>,
         targets: Vec<Tensor>,
-    ) -> Result<Vec<StepReply>, PipelineError> {
+    ) -> Result<StepOutput<O>, PipelineError> {
         let step = self.next_step;
         self.next_step += 1;
         let first = self.plan.stage_to_rank[0];
@@ -394,12 +458,17 @@ impl<O: DeserializeOwned> Pipeline<O> {
                         Vec::new()
                     },
                     trace: self.trace,
+                    outputs: !train || self.return_outputs,
+                    wait_limit_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
                 };
+                // A rank's whole step gets twice the limit of one wait, so
+                // that a wait that times out is reported (naming the stage
+                // that did not deliver) before the call to the stalled rank.
                 let call = RUN_STEP.rpc_async_with(
                     &self.agent,
                     self.plan.ranks[rank].as_str(),
                     request,
-                    self.timeout,
+                    self.timeout.saturating_mul(2),
                 );
                 async move { (rank, call.await) }
             })
@@ -422,23 +491,41 @@ impl<O: DeserializeOwned> Pipeline<O> {
                     aborted = true;
                     self.abort(step, &error.to_string());
                 }
-                // The root cause wins over the aborts it caused.
-                let replace = match (&failure, &error) {
-                    (None, _) => true,
-                    (Some(PipelineError::Aborted { .. }), e) => {
-                        !matches!(e, PipelineError::Aborted { .. })
-                    }
-                    _ => false,
-                };
-                if replace {
+                // The root cause wins over what it caused: a failed action
+                // over a value that never came, that over a worker that did
+                // not answer in time, and everything over the aborts.
+                if failure.as_ref().is_none_or(|f| blame(&error) < blame(f)) {
                     failure = Some(error);
                 }
             }
         });
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(replies.into_iter().flatten().collect()),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        let replies: Vec<StepReply> = replies.into_iter().flatten().collect();
+        let timeline = self
+            .trace
+            .then(|| Timeline::new(&self.plan.lowered, &replies));
+        let mut losses: Vec<(u32, f64)> = Vec::new();
+        let mut outputs: Vec<(u32, Packet)> = Vec::new();
+        for reply in replies {
+            losses.extend(reply.losses);
+            outputs.extend(reply.outputs);
+        }
+        losses.sort_by_key(|(mb, _)| *mb);
+        outputs.sort_by_key(|(mb, _)| *mb);
+        let outputs = outputs
+            .into_iter()
+            .map(|(_, packet)| {
+                let (bytes, tensors) = packet.into_parts();
+                Ok(tree::unflatten(&bytes, tensors)?)
+            })
+            .collect::<Result<Vec<O>, PipelineError>>()?;
+        Ok(StepOutput {
+            losses: losses.into_iter().map(|(_, loss)| loss).collect(),
+            outputs,
+            timeline,
+        })
     }
 
     /// Tells every rank to stop `step`.
@@ -546,6 +633,16 @@ impl<O: DeserializeOwned> Pipeline<O> {
     }
 }
 
+/// How far an error is from the root cause of a failed step (lower: closer).
+fn blame(error: &PipelineError) -> u8 {
+    match error {
+        PipelineError::Stage { .. } => 0,
+        PipelineError::Timeout { .. } => 1,
+        PipelineError::Aborted { .. } => 3,
+        _ => 2,
+    }
+}
+
 /// The driver's error for a rank's failure.
 fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
     match failure {
@@ -562,6 +659,23 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
             microbatch: microbatch.map(|m| m as usize),
             message,
         },
+        StepFailure::Timeout {
+            stage,
+            worker,
+            what,
+            microbatch,
+            action,
+            waiting_worker,
+            limit_ms,
+        } => PipelineError::Timeout {
+            stage: stage as usize,
+            worker,
+            what,
+            microbatch: microbatch as usize,
+            action,
+            waiting_worker,
+            limit: Duration::from_millis(limit_ms),
+        },
         StepFailure::Aborted { worker, reason } => PipelineError::Aborted {
             worker,
             step,
@@ -574,7 +688,7 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
     }
 }
 
-impl<O> Drop for Pipeline<O> {
+impl<O, I> Drop for Pipeline<O, I> {
     fn drop(&mut self) {
         let calls: Vec<_> = self
             .plan
@@ -596,7 +710,7 @@ impl<O> Drop for Pipeline<O> {
     }
 }
 
-impl<O> std::fmt::Debug for Pipeline<O> {
+impl<O, I> std::fmt::Debug for Pipeline<O, I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
             .field("id", &format_args!("{:#x}", self.id))

@@ -30,16 +30,20 @@ pub enum PipelineError {
     /// schedule, or in the lowered one); nothing was run.
     #[error("the schedule would deadlock: {0}")]
     Deadlock(#[from] DeadlockError),
-    /// A batch that does not split into the microbatches.
-    #[error("cannot split a batch of {batch} along dimension 0 into {microbatches} equal microbatches{what}")]
+    /// A batch that does not split into the microbatches (nothing was
+    /// sent).
+    #[error("cannot split {what} into the microbatches: {source}")]
     Split {
-        /// The batch size (dimension 0).
-        batch: i64,
-        /// The microbatch count.
-        microbatches: usize,
-        /// Which tensor (", the inputs" / ", the targets").
+        /// "the inputs" or "the targets".
         what: &'static str,
+        /// What was wrong.
+        #[source]
+        source: crate::SplitError,
     },
+    /// The last stage's outputs could not be merged into one value
+    /// ([`StepOutput::merged`](crate::StepOutput::merged)).
+    #[error("cannot merge the microbatches' outputs: {0}")]
+    Merge(String),
     /// A stage constructor or loss function is not registered on the worker.
     #[error("worker {worker} has no {what} registered as {name:?} (register it with ferry_pipeline::Stages before init_rpc)")]
     NotRegistered {
@@ -63,6 +67,26 @@ pub enum PipelineError {
         microbatch: Option<usize>,
         /// What went wrong.
         message: String,
+    },
+    /// A stage did not deliver an activation or a gradient within the
+    /// pipeline's timeout: names the stage that did not deliver, and the
+    /// action that waited for it.
+    #[error("stage {stage} on worker {worker} did not deliver the {what} of microbatch {microbatch} within {limit:?}: action {action} on worker {waiting_worker} waited for it")]
+    Timeout {
+        /// The stage that did not deliver.
+        stage: usize,
+        /// Its worker.
+        worker: String,
+        /// "activation" or "gradient".
+        what: String,
+        /// The microbatch.
+        microbatch: usize,
+        /// The action that waited, in PyTorch's text form.
+        action: String,
+        /// The worker of that action.
+        waiting_worker: String,
+        /// The time limit ([`PipelineBuilder::timeout`](crate::PipelineBuilder::timeout)).
+        limit: std::time::Duration,
     },
     /// The step was stopped because another stage or worker failed.
     #[error("step {step} was aborted on worker {worker}: {reason}")]

@@ -93,6 +93,7 @@ mod error;
 mod host;
 mod mailbox;
 mod memory;
+mod microbatch;
 mod plan;
 mod protocol;
 mod slot;
@@ -105,6 +106,7 @@ pub use host::{install, PipelineHost};
 pub use memory::{
     retain_freed_memory, ARENA_MAX, MMAP_THRESHOLD, RETAIN_MEMORY_ENV, TRIM_THRESHOLD,
 };
+pub use microbatch::{split_tensor, Replicate, Split, SplitAlong, SplitError};
 pub use plan::ScheduleSpec;
 pub use stage::{LossFn, Stage, StageFn, Stages};
 pub use timeline::Timeline;

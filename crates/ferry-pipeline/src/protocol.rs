@@ -76,12 +76,16 @@ pub(crate) struct RunStep {
     pub step: u64,
     /// Forward and backward (`true`), or forward only without gradients.
     pub train: bool,
-    /// The microbatches, when this rank holds stage 0.
-    pub inputs: Vec<Tensor>,
+    /// The microbatches' inputs (flattened), when this rank holds stage 0.
+    pub inputs: Vec<Packet>,
     /// The targets' microbatches, when this rank holds the last stage.
     pub targets: Vec<Tensor>,
     /// Whether to return the timeline of the rank's actions.
     pub trace: bool,
+    /// Whether the last stage returns its outputs.
+    pub outputs: bool,
+    /// How long a wait for a value from another stage may last, ms.
+    pub wait_limit_ms: u64,
 }
 
 /// The start and end of one action, in nanoseconds since the Unix epoch.
@@ -96,9 +100,11 @@ pub(crate) struct ActionSpan {
 /// A rank's result of a step.
 #[derive(Debug, Default, Serialize, Deserialize, Schema)]
 pub(crate) struct StepReply {
-    /// (microbatch, loss), when the rank holds the last stage and trains.
+    /// (microbatch, loss), when the rank holds the last stage and has
+    /// targets.
     pub losses: Vec<(u32, f64)>,
-    /// (microbatch, output), when the rank holds the last stage and evaluates.
+    /// (microbatch, output), when the rank holds the last stage and the
+    /// outputs were asked for.
     pub outputs: Vec<(u32, Packet)>,
     /// The action timeline, when asked for.
     pub spans: Vec<ActionSpan>,
@@ -114,6 +120,21 @@ pub(crate) enum StepFailure {
         action: String,
         microbatch: Option<u32>,
         message: String,
+    },
+    /// A value did not arrive within the time limit.
+    Timeout {
+        /// The stage that did not deliver it.
+        stage: u32,
+        /// Its worker.
+        worker: String,
+        /// "activation" or "gradient".
+        what: String,
+        microbatch: u32,
+        /// The action that waited for it.
+        action: String,
+        /// The worker of that action.
+        waiting_worker: String,
+        limit_ms: u64,
     },
     /// Stopped because of another failure.
     Aborted { worker: String, reason: String },

@@ -180,23 +180,25 @@ fn bad_declarations_and_batches_are_refused_before_anything_runs() {
                 .err()
                 .unwrap();
             assert!(matches!(err, PipelineError::Rpc(_)), "{err}");
-            // A batch that does not split evenly.
+            // A batch shorter than the microbatch count: PyTorch refuses it
+            // too (a microbatch would be empty).
             let mut p = pipeline(&[0, 1], &args, ScheduleKind::GPipe, 3, false).unwrap();
-            let (x, y) = batch(0, 8);
-            let err = p.step(&x, &y).unwrap_err();
+            let (x2, y2) = batch(0, 2);
+            let err = p.step(&x2, &y2).unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "cannot split a batch of 8 along dimension 0 into 3 equal microbatches, the inputs"
+                "cannot split the inputs into the microbatches: a tensor of shape [2, 8] has 2 \
+                 along dimension 0, fewer than the 3 microbatches"
             );
-            // Targets that do not match are refused too, and nothing ran:
-            // the next good batch trains normally.
+            // Targets too short are refused too, and nothing ran: the next
+            // good batch trains normally.
             let (x6, y6) = batch(0, 6);
-            let err = p.step(&x6, &y).unwrap_err();
+            let err = p.step(&x6, &y2).unwrap_err();
             assert!(
                 matches!(
                     err,
                     PipelineError::Split {
-                        what: ", the targets",
+                        what: "the targets",
                         ..
                     }
                 ),

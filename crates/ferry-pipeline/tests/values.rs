@@ -182,7 +182,7 @@ fn structs_with_several_tensors_and_changing_shapes_train_like_one_process() {
             }
 
             // eval: forward only, the outputs in microbatch order.
-            let outputs = pipeline.eval(&x).unwrap();
+            let outputs = pipeline.eval(&x, None).unwrap().outputs;
             assert_eq!(outputs.len(), m);
             for (mb, (out, xm)) in outputs.iter().zip(x.chunk(m as i64, 0)).enumerate() {
                 let (h, gate, _) = encode(&ew, &eg, &xm);
