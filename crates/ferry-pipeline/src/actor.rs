@@ -250,7 +250,7 @@ impl RankActor {
                     } => StepFailure::Timeout {
                         stage: from as u32,
                         worker: self.stage_workers.get(from).cloned().unwrap_or_default(),
-                        what: what.to_owned(),
+                        forward: what == "activation",
                         microbatch: microbatch as u32,
                         action: action.to_string(),
                         waiting_worker: self.worker.clone(),
@@ -285,18 +285,18 @@ impl RankActor {
                 Ok(())
             }
             ActionKind::Forward => self.forward(run, stage, mb.unwrap_or(0)).map_err(fail),
-            ActionKind::FullBackward => {
-                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Full))
-                    .map_err(fail)
-            }
-            ActionKind::BackwardInput => {
-                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Input))
-                    .map_err(fail)
-            }
-            ActionKind::BackwardWeight => {
-                guarded("backward", || self.backward(run, stage, mb.unwrap_or(0), Part::Weight))
-                    .map_err(fail)
-            }
+            ActionKind::FullBackward => guarded("backward", || {
+                self.backward(run, stage, mb.unwrap_or(0), Part::Full)
+            })
+            .map_err(fail),
+            ActionKind::BackwardInput => guarded("backward", || {
+                self.backward(run, stage, mb.unwrap_or(0), Part::Input)
+            })
+            .map_err(fail),
+            ActionKind::BackwardWeight => guarded("backward", || {
+                self.backward(run, stage, mb.unwrap_or(0), Part::Weight)
+            })
+            .map_err(fail),
             ActionKind::SendF | ActionKind::SendB => {
                 let (direction, to) = if action.kind() == ActionKind::SendF {
                     (Direction::Forward, stage + 1)
@@ -426,7 +426,9 @@ impl RankActor {
                 let compute = || {
                     loss_fn
                         .loss(&output.bytes, output.tensors, Tensor::from(target))
-                        .map_err(|e| format!("the loss failed: {}", ferry_rpc::error_text(&*e)).into())
+                        .map_err(|e| {
+                            format!("the loss failed: {}", ferry_rpc::error_text(&*e)).into()
+                        })
                 };
                 if run.train {
                     compute()

@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::PipelineError;
+use crate::error::{Awaited, PipelineError};
 use crate::microbatch::{split_tensor, Split};
 use crate::plan::{plan, Plan, ScheduleSpec};
 use crate::protocol::{
@@ -662,7 +662,7 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
         StepFailure::Timeout {
             stage,
             worker,
-            what,
+            forward,
             microbatch,
             action,
             waiting_worker,
@@ -670,7 +670,11 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
         } => PipelineError::Timeout {
             stage: stage as usize,
             worker,
-            what,
+            what: if forward {
+                Awaited::Activation
+            } else {
+                Awaited::Gradient
+            },
             microbatch: microbatch as usize,
             action,
             waiting_worker,

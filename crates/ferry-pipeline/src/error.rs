@@ -77,8 +77,8 @@ pub enum PipelineError {
         stage: usize,
         /// Its worker.
         worker: String,
-        /// "activation" or "gradient".
-        what: String,
+        /// What it did not deliver.
+        what: Awaited,
         /// The microbatch.
         microbatch: usize,
         /// The action that waited, in PyTorch's text form.
@@ -137,5 +137,23 @@ pub enum PipelineError {
 impl From<ferry_rpc::RpcError> for PipelineError {
     fn from(e: ferry_rpc::RpcError) -> Self {
         PipelineError::Rpc(Box::new(e))
+    }
+}
+
+/// What an action waited for from another stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Awaited {
+    /// An activation, from the previous stage.
+    Activation,
+    /// A gradient, from the next stage.
+    Gradient,
+}
+
+impl std::fmt::Display for Awaited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Awaited::Activation => "activation",
+            Awaited::Gradient => "gradient",
+        })
     }
 }

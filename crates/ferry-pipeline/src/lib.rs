@@ -101,7 +101,7 @@ mod stage;
 mod timeline;
 
 pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN};
-pub use error::PipelineError;
+pub use error::{Awaited, PipelineError};
 pub use host::{install, PipelineHost};
 pub use memory::{
     retain_freed_memory, ARENA_MAX, MMAP_THRESHOLD, RETAIN_MEMORY_ENV, TRIM_THRESHOLD,

@@ -213,7 +213,24 @@ macro_rules! pass_through {
         }
     )*};
 }
-pass_through!(bool, i8, i16, i32, i64, u8, u16, u32, u64, usize, isize, f32, f64, char, String, ());
+pass_through!(
+    bool,
+    i8,
+    i16,
+    i32,
+    i64,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    isize,
+    f32,
+    f64,
+    char,
+    String,
+    ()
+);
 
 impl<T: Split> Split for Option<T> {
     type Part = Option<T::Part>;
@@ -296,8 +313,11 @@ pub(crate) fn merge(
             }
             parts.push(t.shallow_clone());
         }
-        let merged = tch::Tensor::f_cat(&parts, dim)
-            .map_err(|e| format!("cannot concatenate tensor {position} of the outputs along dimension {dim}: {e}"))?;
+        let merged = tch::Tensor::f_cat(&parts, dim).map_err(|e| {
+            format!(
+                "cannot concatenate tensor {position} of the outputs along dimension {dim}: {e}"
+            )
+        })?;
         tensors.push(merged);
     }
     Ok(ferry_tch::tree::Flat {

@@ -104,7 +104,9 @@ pub(crate) fn plan(
     };
     let ranks = rank_workers(stage_workers, &stage_to_rank, ranks, &by)?;
     let schedule = match spec {
-        ScheduleSpec::Kind(kind) => kind.generate(ranks.len(), stages / ranks.len(), microbatches)?,
+        ScheduleSpec::Kind(kind) => {
+            kind.generate(ranks.len(), stages / ranks.len(), microbatches)?
+        }
         ScheduleSpec::Custom(schedule) => schedule.clone(),
     };
     check_stages(&schedule, stages)?;
@@ -317,7 +319,10 @@ mod tests {
         // Two ranks on one worker: refused.
         let err = plan(&workers(&["a", "a", "a", "a"]), &spec, 2).unwrap_err();
         assert!(
-            matches!(err, PipelineError::Placement(PlacementError::SharedWorker { .. })),
+            matches!(
+                err,
+                PipelineError::Placement(PlacementError::SharedWorker { .. })
+            ),
             "{err}"
         );
     }
@@ -327,13 +332,19 @@ mod tests {
         let two = Schedule::from_csv("0F0,1F0,1B0,0B0\n1F0\n").unwrap();
         let err = plan(&workers(&["a", "b"]), &ScheduleSpec::Custom(two), 1).unwrap_err();
         assert!(
-            matches!(err, PipelineError::Placement(PlacementError::TwoRanks { stage: 1, .. })),
+            matches!(
+                err,
+                PipelineError::Placement(PlacementError::TwoRanks { stage: 1, .. })
+            ),
             "{err}"
         );
         let none = Schedule::from_csv("0F0,0B0\n1F0,1B0\n").unwrap();
         let err = plan(&workers(&["a", "b", "c"]), &ScheduleSpec::Custom(none), 1).unwrap_err();
         assert!(
-            matches!(err, PipelineError::Placement(PlacementError::Unplaced { stage: 2 })),
+            matches!(
+                err,
+                PipelineError::Placement(PlacementError::Unplaced { stage: 2 })
+            ),
             "{err}"
         );
     }

@@ -127,8 +127,8 @@ pub(crate) enum StepFailure {
         stage: u32,
         /// Its worker.
         worker: String,
-        /// "activation" or "gradient".
-        what: String,
+        /// An activation (`true`) or a gradient.
+        forward: bool,
         microbatch: u32,
         /// The action that waited for it.
         action: String,
