@@ -2,6 +2,7 @@
 //! the layers above wrap (libtorch's tensors get their own later).
 
 use std::alloc::Layout;
+use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -16,18 +17,33 @@ use crate::{BufferPool, TransportError};
 pub const STORAGE_ALIGN: usize = 64;
 
 /// A buffer aligned to [`STORAGE_ALIGN`]: zero-initialised heap memory
-/// ([`Storage::zeroed`]), or a destination from a
-/// [`BufferPool`] that goes back to its pool when dropped.
+/// ([`Storage::zeroed`]), a destination from a [`BufferPool`] that goes
+/// back to its pool when dropped, or memory another allocator made and an
+/// owner value keeps alive ([`Storage::from_owner`]: a libtorch tensor's,
+/// so that a received tensor lands once and is taken zero-copy as either a
+/// [`RawTensor`] or the framework's own tensor).
 ///
 /// Large heap buffers come from `calloc`-style zeroed pages, so allocating
 /// one costs no pass over its bytes.
 pub struct Storage {
     ptr: NonNull<u8>,
     len: usize,
-    pooled: Option<(Block, BufferPool)>,
+    backing: Backing,
 }
 
-// SAFETY: Storage owns its allocation exclusively; shared access is read-only
+/// Who frees a [`Storage`]'s memory.
+enum Backing {
+    /// `std::alloc` with `STORAGE_ALIGN` (nothing to free when `len` is 0).
+    Heap,
+    /// A pool block, given back when the storage drops.
+    Pooled(Block, BufferPool),
+    /// Another allocator's memory, freed when its owner drops.
+    Owned(Box<dyn Any + Send + Sync>),
+}
+
+// SAFETY: Storage owns its allocation exclusively (an owner's memory is
+// the storage's alone while it holds the owner, by `from_owner`'s contract,
+// and the owner is itself `Send + Sync`); shared access is read-only
 // through `&self` and mutation needs `&mut self`.
 unsafe impl Send for Storage {}
 // SAFETY: see above; no interior mutability.
@@ -40,7 +56,7 @@ impl Storage {
             return Ok(Self {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len: 0,
-                pooled: None,
+                backing: Backing::Heap,
             });
         }
         let layout = Layout::from_size_align(len, STORAGE_ALIGN)
@@ -53,8 +69,72 @@ impl Storage {
         Ok(Self {
             ptr,
             len,
-            pooled: None,
+            backing: Backing::Heap,
         })
+    }
+
+    /// Wraps `len` bytes at `ptr` that another allocator made (a libtorch
+    /// tensor's storage, say) and that `owner` keeps alive: the storage
+    /// holds `owner` and drops it when it drops, which frees the memory.
+    /// [`Storage::into_owner`] gives `owner` back. `ptr` is not read for an
+    /// empty storage (it may be null).
+    ///
+    /// Fails with [`TransportError::Alloc`] when a non-empty `ptr` is null
+    /// or not aligned to [`STORAGE_ALIGN`] (every storage is).
+    ///
+    /// # Safety
+    ///
+    /// For `len > 0`, `ptr` must be valid for reads and writes of `len`
+    /// bytes for as long as `owner` lives, and no one else may read or
+    /// write them (through `owner` or otherwise) while this storage holds
+    /// `owner`.
+    pub unsafe fn from_owner(
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self, TransportError> {
+        let ptr = if len == 0 {
+            NonNull::<u64>::dangling().cast()
+        } else {
+            let ptr = NonNull::new(ptr).ok_or_else(|| {
+                TransportError::Alloc(format!("a {len}-byte storage at a null address"))
+            })?;
+            if ptr.as_ptr() as usize % STORAGE_ALIGN != 0 {
+                return Err(TransportError::Alloc(format!(
+                    "a {len}-byte storage at {ptr:p}, not aligned to {STORAGE_ALIGN} bytes"
+                )));
+            }
+            ptr
+        };
+        Ok(Self {
+            ptr,
+            len,
+            backing: Backing::Owned(owner),
+        })
+    }
+
+    /// The owner given to [`Storage::from_owner`], when it is a `T`: the
+    /// memory belongs to it again. Any other storage (another owner's, the
+    /// heap's, a pool's) comes back as it is.
+    pub fn into_owner<T: Any>(mut self) -> Result<Box<T>, Storage> {
+        match std::mem::replace(&mut self.backing, Backing::Heap) {
+            Backing::Owned(owner) => match owner.downcast::<T>() {
+                Ok(owner) => {
+                    // Now an empty heap storage: dropping it frees nothing.
+                    self.len = 0;
+                    self.ptr = NonNull::<u64>::dangling().cast();
+                    Ok(owner)
+                }
+                Err(owner) => {
+                    self.backing = Backing::Owned(owner);
+                    Err(self)
+                }
+            },
+            other => {
+                self.backing = other;
+                Err(self)
+            }
+        }
     }
 
     /// The first `len` bytes of a pool block.
@@ -62,7 +142,7 @@ impl Storage {
         Self {
             ptr: block.ptr(),
             len,
-            pooled: Some((block, pool)),
+            backing: Backing::Pooled(block, pool),
         }
     }
 
@@ -71,14 +151,14 @@ impl Storage {
     /// of faults during the copy); does nothing for heap storage. The
     /// receive path calls it in step with the bytes that arrive.
     pub fn prepare(&mut self, upto: usize) {
-        if let Some((block, _)) = self.pooled.as_mut() {
+        if let Backing::Pooled(block, _) = &mut self.backing {
             block.populate(upto.min(self.len));
         }
     }
 
     /// Whether this storage came from a [`BufferPool`] (and returns to it).
     pub fn is_pooled(&self) -> bool {
-        self.pooled.is_some()
+        matches!(self.backing, Backing::Pooled(..))
     }
 
     /// The bytes.
@@ -106,16 +186,17 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if let Some((block, pool)) = self.pooled.take() {
-            pool.give_back(block);
-        } else if self.len > 0 {
+        match std::mem::replace(&mut self.backing, Backing::Heap) {
+            Backing::Pooled(block, pool) => pool.give_back(block),
             // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe {
+            Backing::Heap if self.len > 0 => unsafe {
                 std::alloc::dealloc(
                     self.ptr.as_ptr(),
                     Layout::from_size_align_unchecked(self.len, STORAGE_ALIGN),
                 )
-            }
+            },
+            // An owner frees its memory as it drops, here.
+            Backing::Heap | Backing::Owned(_) => {}
         }
     }
 }
@@ -262,6 +343,26 @@ impl RawTensor {
         &self.storage
     }
 
+    /// The owner of this tensor's memory and the view, when the storage is
+    /// this tensor's alone (no clone shares it) and was made by
+    /// [`Storage::from_owner`] with a `T`: how a framework's tensor type
+    /// takes back, without a copy, a received tensor that its allocator
+    /// landed in its own memory. Any other tensor comes back as it is.
+    pub fn into_owner<T: Any>(self) -> Result<(Box<T>, TensorDescriptor), RawTensor> {
+        let RawTensor { storage, desc } = self;
+        let storage = match Arc::try_unwrap(storage) {
+            Ok(storage) => storage,
+            Err(storage) => return Err(RawTensor { storage, desc }),
+        };
+        match storage.into_owner::<T>() {
+            Ok(owner) => Ok((owner, desc)),
+            Err(storage) => Err(RawTensor {
+                storage: Arc::new(storage),
+                desc,
+            }),
+        }
+    }
+
     /// The elements as a slice, when the tensor is contiguous and of type `T`.
     pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
         if T::DTYPE != self.desc.dtype || !self.is_contiguous() {
@@ -395,11 +496,124 @@ impl<'de> Deserialize<'de> for RawTensor {
         let desc = incoming.descriptor;
         match incoming.storage.downcast::<RawTensor>() {
             Ok(t) => Ok(*t),
+            Err(_) if desc.device != Device::Cpu => {
+                Err(payload::custom_error::<D::Error>(format!(
+                    "received a {} tensor of shape {:?} on {} where a RawTensor was expected: \
+                 a RawTensor holds host memory only",
+                    desc.dtype, desc.shape, desc.device
+                )))
+            }
             Err(_) => Err(payload::custom_error::<D::Error>(format!(
                 "received a {} tensor of shape {:?} into storage that is not a RawTensor \
                  (the receiving worker's allocator produced another type)",
                 desc.dtype, desc.shape
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Memory from "another allocator": an aligned block that counts its drops.
+    #[derive(Debug)]
+    #[repr(align(64))]
+    struct Aligned([u8; 256]);
+
+    #[derive(Debug)]
+    struct Owner {
+        block: Box<Aligned>,
+        drops: Arc<AtomicUsize>,
+    }
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.drops.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn owned(drops: &Arc<AtomicUsize>) -> (Storage, *mut u8) {
+        let mut block = Box::new(Aligned([0; 256]));
+        for (i, b) in block.0.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let ptr = block.0.as_mut_ptr();
+        let owner = Owner {
+            block,
+            drops: drops.clone(),
+        };
+        // SAFETY: the box's 256 bytes live as long as `owner`, and only the
+        // storage touches them while it holds `owner`.
+        let storage = unsafe { Storage::from_owner(ptr, 256, Box::new(owner)) }.unwrap();
+        (storage, ptr)
+    }
+
+    /// A storage over an owner's memory reads that memory in place, gives
+    /// the owner back unshared, and drops it exactly once.
+    #[test]
+    fn an_owners_memory_is_used_in_place_and_given_back() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (storage, ptr) = owned(&drops);
+        assert_eq!(storage.as_bytes().as_ptr(), ptr.cast_const());
+        assert!(!storage.is_pooled());
+        let desc = TensorDescriptor::contiguous(DType::F32, &[8, 8], Device::Cpu);
+        let t = RawTensor::from_storage(Arc::new(storage), desc.clone()).unwrap();
+        assert_eq!(t.to_contiguous_bytes(), (0..=255u8).collect::<Vec<_>>());
+        // Shared, or asked for as another type: kept as it is.
+        let shared = t.clone();
+        let t = t.into_owner::<Owner>().unwrap_err();
+        drop(shared);
+        let t = t.into_owner::<String>().unwrap_err();
+        assert_eq!(t.to_contiguous_bytes(), (0..=255u8).collect::<Vec<_>>());
+        let (owner, back) = t.into_owner::<Owner>().unwrap();
+        assert_eq!(back, desc);
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "given back, not dropped");
+        assert_eq!(owner.block.0.as_ptr(), ptr.cast_const());
+        drop(owner);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+
+        let (storage, _) = owned(&drops);
+        drop(storage);
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "dropped with the storage");
+    }
+
+    /// Memory that is not aligned to `STORAGE_ALIGN`, or a null address, is
+    /// refused (and the owner dropped); an empty storage needs no address;
+    /// a storage of this crate's own has no owner to give back.
+    #[test]
+    fn from_owner_checks_the_address_and_into_owner_keeps_other_storage() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut block = Box::new(Aligned([0; 256]));
+        let ptr = block.0.as_mut_ptr();
+        // SAFETY: refused before the memory is used.
+        let err = unsafe { Storage::from_owner(ptr.wrapping_add(1), 8, Box::new(())) };
+        assert!(
+            err.unwrap_err().to_string().contains("not aligned to 64"),
+            "misaligned"
+        );
+        // SAFETY: as above.
+        let err = unsafe { Storage::from_owner(std::ptr::null_mut(), 8, Box::new(())) };
+        assert!(err.unwrap_err().to_string().contains("null"));
+        let owner = Owner {
+            block,
+            drops: drops.clone(),
+        };
+        // SAFETY: an empty storage reads nothing.
+        let empty = unsafe { Storage::from_owner(std::ptr::null_mut(), 0, Box::new(owner)) };
+        let empty = empty.unwrap();
+        assert!(empty.is_empty() && empty.as_bytes().is_empty());
+        drop(empty);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+
+        let mut heap = Storage::zeroed(64).unwrap();
+        heap.as_bytes_mut()[0] = 7;
+        let heap = heap.into_owner::<Owner>().unwrap_err();
+        assert_eq!(heap.as_bytes()[0], 7);
+        assert_eq!(heap.len(), 64);
     }
 }
