@@ -1,10 +1,17 @@
 //! Receiving: each incoming tensor's bytes land straight in a freshly
-//! allocated libtorch tensor.
+//! allocated libtorch tensor, which the payload's tensor type then takes
+//! as it is: a [`Tensor`](crate::Tensor) the libtorch tensor, a
+//! [`RawTensor`] a view of the same memory (host tensors). Which one a
+//! value asks for is up to its type, tensor by tensor, so one worker serves
+//! functions of either kind, or of both at once, without a copy.
 
 use std::any::Any;
+use std::sync::Arc;
 
-use ferry_transport::{host_destination_len, Allocator, RecvBuffer, TransportError};
-use ferry_wire::TensorDescriptor;
+use ferry_transport::{
+    host_destination_len, Allocator, RawTensor, RecvBuffer, Storage, TransportError, STORAGE_ALIGN,
+};
+use ferry_wire::{Limits, TensorDescriptor};
 
 use crate::dtype::kind_of;
 
@@ -12,6 +19,14 @@ use crate::dtype::kind_of;
 /// `tch::Tensor` for each incoming tensor from its descriptor (the view's
 /// own shape and strides), and the channel writes the bytes into it. No
 /// intermediate buffer.
+///
+/// A host tensor finishes as a [`RawTensor`] whose [`Storage`] owns the
+/// libtorch tensor ([`Storage::from_owner`]): a `RawTensor` in the payload
+/// takes it as it is, and a [`Tensor`](crate::Tensor) takes the libtorch
+/// tensor back out of it ([`Storage::into_owner`]); neither copies. A
+/// tensor on a CUDA device, or one past the default `Limits` a `RawTensor`
+/// keeps to, finishes as the libtorch tensor alone (a `RawTensor` holds
+/// host memory only), which only a [`Tensor`](crate::Tensor) takes.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TchAllocator;
 
@@ -24,6 +39,8 @@ struct TchBuffer {
     /// Whether `storage` is on a CUDA device (the channel then fills it
     /// through its device address).
     on_device: bool,
+    /// The descriptor of the view, on the host (for a `RawTensor` of it).
+    descriptor: TensorDescriptor,
 }
 
 // SAFETY: the buffer owns its freshly allocated tensors; no other handle
@@ -45,15 +62,64 @@ impl RecvBuffer for TchBuffer {
     }
 
     fn finish(self: Box<Self>) -> Result<Box<dyn Any + Send>, TransportError> {
-        Ok(Box::new(Received(self.view)))
+        let TchBuffer {
+            storage,
+            view,
+            len,
+            on_device,
+            descriptor,
+        } = *self;
+        let ptr = if len == 0 {
+            std::ptr::null_mut()
+        } else {
+            storage.data_ptr() as *mut u8
+        };
+        // The view keeps the storage alive.
+        drop(storage);
+        // What a `RawTensor` cannot hold stays a libtorch tensor alone: device
+        // memory, a view past the default `Limits` that `RawTensor` keeps to
+        // (this connection's may be raised), or memory not aligned to
+        // `STORAGE_ALIGN` (libtorch's host allocator aligns to 64 bytes).
+        if on_device
+            || descriptor.validate(&Limits::default()).is_err()
+            || ptr as usize % STORAGE_ALIGN != 0
+        {
+            return Ok(Box::new(Received(view)));
+        }
+        // SAFETY: `ptr` is the start of the allocation of `len` bytes that
+        // `view` keeps alive, and `Landed` keeps `view` out of reach until
+        // the storage gives it back (`into_owner`): while the storage holds
+        // it, no one else reads or writes those bytes.
+        let storage = unsafe { Storage::from_owner(ptr, len, Box::new(Landed(view))) }?;
+        let raw = RawTensor::from_storage(Arc::new(storage), descriptor)?;
+        Ok(Box::new(raw))
     }
 }
 
-/// What a [`TchAllocator`] destination finishes as.
+/// A [`TchAllocator`] destination on a CUDA device, finished: the libtorch
+/// tensor alone.
 pub(crate) struct Received(pub(crate) tch::Tensor);
 
 // SAFETY: a fresh tensor with no other handle; moved, never shared.
 unsafe impl Send for Received {}
+
+/// The owner of a host [`TchAllocator`] destination's memory, inside the
+/// `RawTensor` it finishes as: the libtorch view over it.
+pub(crate) struct Landed(pub(crate) tch::Tensor);
+
+// SAFETY: the only handle on a fresh tensor; it is moved, and never read
+// through a shared reference (the storage holding it exposes it only by
+// giving it back, by value).
+unsafe impl Send for Landed {}
+// SAFETY: as above: no `&Landed` ever reaches the tensor.
+unsafe impl Sync for Landed {}
+
+/// Takes the libtorch tensor back out of a `RawTensor` that a
+/// [`TchAllocator`] received into, without a copy; any other `RawTensor`
+/// (another allocator's, or a shared one) comes back as it is.
+pub(crate) fn take_landed(raw: RawTensor) -> Result<tch::Tensor, RawTensor> {
+    raw.into_owner::<Landed>().map(|(landed, _)| landed.0)
+}
 
 impl Allocator for TchAllocator {
     fn allocate(
@@ -99,6 +165,7 @@ impl Allocator for TchAllocator {
             view,
             len,
             on_device,
+            descriptor: host,
         }))
     }
 }

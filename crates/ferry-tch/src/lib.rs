@@ -5,7 +5,9 @@
 //! of `rpc_sync`, `rpc_async` and `remote`: the payload carries only its
 //! index in the message's tensor table, its bytes leave from its own storage
 //! (contiguous or not, nothing is copied) and arrive straight in a tensor the
-//! receiver allocated from the descriptor ([`TchAllocator`]). Every element
+//! receiver allocated from the descriptor ([`TchAllocator`]). That
+//! receiver's `RawTensor`s take the same memory, also without a copy, so
+//! one worker serves both kinds. Every element
 //! type libtorch has travels, except the quantized ones.
 //!
 //! Distributed autograd ([`grad`]) hooks in here: inside an autograd context
@@ -87,9 +89,13 @@ pub enum TchError {
     Torch(#[from] tch::TchError),
 }
 
-/// Makes a worker receive tensors as libtorch tensors (installs
-/// [`TchAllocator`]). Tensors sent as `ferry_transport::RawTensor` then
-/// still decode as [`Tensor`] (with one copy), not as `RawTensor`. With
+/// Makes a worker receive tensors into libtorch memory (installs
+/// [`TchAllocator`]). Each received tensor is then taken, without a copy,
+/// as whatever type the value asks for at its place: a [`Tensor`] gets the
+/// libtorch tensor, a `ferry_transport::RawTensor` a view of the same host
+/// memory. One worker so serves functions taking either kind, and values
+/// holding both, whatever the sender sent. (A worker without it receives
+/// into `RawTensor`s, which a [`Tensor`] takes with one copy.) With
 /// feature `cuda` it also loads libtorch's CUDA backend
 /// ([`load_cuda_backend`]; without it, CUDA stays unavailable to libtorch).
 ///

@@ -7,7 +7,7 @@ use ferry_transport::RawTensor;
 use ferry_wire::payload;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::alloc::Received;
+use crate::alloc::{take_landed, Received};
 use crate::dtype::kind_of;
 use crate::grad::{self, GradMeta};
 use crate::outgoing::Outgoing;
@@ -134,17 +134,26 @@ impl<'de> Deserialize<'de> for Tensor {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let incoming = payload::deserialize_tensor(d)?;
                 let desc = incoming.descriptor;
-                match incoming.storage.downcast::<Received>() {
+                let storage = match incoming.storage.downcast::<RawTensor>() {
+                    Ok(raw) => {
+                        return match take_landed(*raw) {
+                            // `TchAllocator` received it: the libtorch tensor
+                            // the bytes landed in.
+                            Ok(t) => Ok(Entry(t)),
+                            // Another allocator received it: one copy into
+                            // libtorch.
+                            Err(raw) => from_raw(&raw).map(Entry).map_err(payload::custom_error),
+                        };
+                    }
+                    Err(other) => other,
+                };
+                match storage.downcast::<Received>() {
                     Ok(t) => Ok(Entry(t.0)),
-                    Err(other) => match other.downcast::<RawTensor>() {
-                        // Another allocator received it: one copy into libtorch.
-                        Ok(raw) => from_raw(&raw).map(Entry).map_err(payload::custom_error),
-                        Err(_) => Err(payload::custom_error(format!(
-                            "received a {} tensor of shape {:?} into storage that is neither \
-                             a libtorch tensor nor a RawTensor",
-                            desc.dtype, desc.shape
-                        ))),
-                    },
+                    Err(_) => Err(payload::custom_error(format!(
+                        "received a {} tensor of shape {:?} into storage that is neither \
+                         a libtorch tensor nor a RawTensor",
+                        desc.dtype, desc.shape
+                    ))),
                 }
             }
         }
