@@ -114,6 +114,10 @@ pub(crate) struct Inner {
     store_server: Mutex<Option<TcpStoreServer>>,
     rpc_timeout: Duration,
     pub(crate) init_timeout: Duration,
+    /// Graceful shutdown's bound without progress.
+    pub(crate) shutdown_timeout: Duration,
+    /// What connections tell of each peer (shutdown tells a gone peer by it).
+    pub(crate) liveness: crate::join::Liveness,
     /// Bound on the wait for an incoming connection's first message.
     handshake_timeout: Duration,
     /// The agent's own tasks (accept loop, timer, connections, layers'
@@ -195,6 +199,8 @@ impl Agent {
             store_server: Mutex::new(rendezvous.server),
             rpc_timeout: options.rpc_timeout,
             init_timeout: options.init_timeout,
+            shutdown_timeout: options.shutdown_timeout.unwrap_or(options.init_timeout),
+            liveness: crate::join::Liveness::new(world),
             handshake_timeout: options.handshake_timeout,
             tasks: Mutex::new(JoinSet::new()),
             span: span.clone(),
@@ -297,10 +303,21 @@ impl Agent {
     /// Graceful shutdown: waits until no worker of the group has calls
     /// outstanding (PyTorch's `join`), then all workers stop together.
     ///
-    /// Fails with [`RpcError::Join`] (and stops all the same) when the
-    /// group makes no progress for `init_timeout`: a worker that does not
-    /// come, calls that stay outstanding, a call that was never served,
-    /// a store that does not answer.
+    /// Stops all the same when it fails. With a worker that does not take
+    /// part it fails with [`RpcError::Absent`] naming it: at once when the
+    /// worker's connection closed and its address refuses a new one (a
+    /// killed process: [`Absence::Gone`](crate::Absence::Gone)), else once
+    /// the group has made no progress for
+    /// [`shutdown_timeout`](crate::RpcOptions::shutdown_timeout)
+    /// ([`Absence::Silent`](crate::Absence::Silent)); the worker that finds
+    /// it tells the others through the store, so each survivor in shutdown
+    /// ends with the same error ([`Absence::Reported`](crate::Absence::Reported)).
+    /// Rank 0, which hosts the store, first waits up to one more
+    /// `shutdown_timeout` until every other survivor has had that news.
+    /// Calls that stay outstanding, a call that was never served, or a
+    /// store that does not answer fail it with [`RpcError::Join`] after
+    /// `shutdown_timeout` without progress. Layers' shutdown hooks are
+    /// bounded by `shutdown_timeout` each.
     ///
     /// Call it from a thread, not from inside an async task on the agent's runtime.
     pub fn shutdown(&self) -> Result<(), RpcError> {
@@ -450,19 +467,19 @@ impl Inner {
         }
     }
 
-    /// Runs a layer's shutdown hook for at most `init_timeout`.
+    /// Runs a layer's shutdown hook for at most `shutdown_timeout`.
     async fn bounded_hook(
         &self,
         layer: &str,
         hook: &str,
         run: crate::functions::BoxFuture<()>,
     ) -> Result<(), RpcError> {
-        tokio::time::timeout(self.init_timeout, run)
+        tokio::time::timeout(self.shutdown_timeout, run)
             .await
             .map_err(|_| {
                 RpcError::Join(format!(
                     "the {layer:?} layer's {hook} did not finish within {:?}",
-                    self.init_timeout
+                    self.shutdown_timeout
                 ))
             })
     }

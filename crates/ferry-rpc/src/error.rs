@@ -238,6 +238,54 @@ pub enum RpcError {
     /// Graceful shutdown could not complete.
     #[error("graceful shutdown failed: {0}")]
     Join(String),
+    /// Graceful shutdown ended without these workers: they did not take
+    /// part (killed, stopped, or silent for the shutdown timeout), so the
+    /// group cannot agree that no call is outstanding. The agent stopped
+    /// all the same. The worker that finds them absent tells the others
+    /// through the store, so every worker still in shutdown ends with this
+    /// error too, naming the same workers.
+    #[error("graceful shutdown failed: workers {workers:?} did not take part: {how}")]
+    Absent {
+        /// The absent workers, by rank.
+        workers: Vec<String>,
+        /// How they were found absent.
+        how: Absence,
+    },
+}
+
+/// How graceful shutdown found workers absent ([`RpcError::Absent`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absence {
+    /// Their connection with this worker closed and a new connection to
+    /// their address was refused: their process, or its agent, is gone.
+    /// Found as soon as both happened.
+    Gone,
+    /// They wrote no shutdown record within the shutdown timeout
+    /// ([`RpcOptions::shutdown_timeout`](crate::RpcOptions::shutdown_timeout))
+    /// of the group's last progress: dead on a host that does not answer,
+    /// cut off, or not calling `shutdown`.
+    Silent {
+        /// The timeout.
+        after: Duration,
+    },
+    /// Another worker found them absent and told the group.
+    Reported {
+        /// The worker that found them absent.
+        by: String,
+    },
+}
+
+impl fmt::Display for Absence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Absence::Gone => f.write_str("their connection closed and a new one was refused"),
+            Absence::Silent { after } => write!(
+                f,
+                "no shutdown record from them within {after:?} (the shutdown timeout)"
+            ),
+            Absence::Reported { by } => write!(f, "worker {by:?} found them absent"),
+        }
+    }
 }
 
 impl RpcError {

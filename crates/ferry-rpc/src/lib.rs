@@ -13,9 +13,11 @@
 //! - A failing function, an unknown function or worker, a wrong type, a dead
 //!   peer, a malformed frame and a timeout each give their own [`RpcError`].
 //! - [`shutdown`] is graceful (like PyTorch's: every worker waits until no
-//!   worker has calls outstanding), and fails with [`RpcError::Join`] once
-//!   the group has made no progress for `init_timeout`; [`shutdown_now`]
-//!   is immediate.
+//!   worker has calls outstanding). A worker that does not take part is
+//!   named by [`RpcError::Absent`]: at once when it was killed (its
+//!   connection closed, its address refuses), else after
+//!   [`RpcOptions::shutdown_timeout`] without progress; other stalls fail
+//!   with [`RpcError::Join`] after it. [`shutdown_now`] is immediate.
 //! - Connections to peers have TCP keepalive and `TCP_USER_TIMEOUT`
 //!   ([`RpcOptions::keepalive`]), so a partition fails calls with
 //!   [`RpcError::PeerUnreachable`] within bounds.
@@ -85,7 +87,7 @@ use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use call::RpcFuture;
-pub use error::{RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
+pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{
     panic_message, short_type_name, BoxFuture, Functions, Signature, SignatureId, SignatureSchema,

@@ -45,9 +45,19 @@ pub struct RpcOptions {
     pub listen_ip: IpAddr,
     /// Default per-call timeout; zero means none.
     pub rpc_timeout: Duration,
-    /// Bound on rendezvous, connecting to peers, and on graceful shutdown
-    /// without progress.
+    /// Bound on rendezvous and connecting to peers, and on graceful
+    /// shutdown without progress unless
+    /// [`shutdown_timeout`](Self::shutdown_timeout) is set.
     pub init_timeout: Duration,
+    /// Bound on graceful shutdown ([`Agent::shutdown`](crate::Agent::shutdown))
+    /// without progress: each wait for the other workers' shutdown records,
+    /// for this worker's calls to end, for a store operation and for each
+    /// layer's shutdown hook. A worker that does not take part and is not
+    /// known gone ends shutdown with [`RpcError::Absent`] after it; rank 0
+    /// may wait once more as long for the others to learn it. `None` (the
+    /// default) takes `init_timeout`. Not zero. `FERRY_SHUTDOWN_TIMEOUT_MS`
+    /// sets it from the environment.
+    pub shutdown_timeout: Option<Duration>,
     /// How long an incoming connection may take to send its first message
     /// (its Ferry handshake frame, or with a secret its authentication
     /// `Hello`) before it is dropped, whatever `init_timeout` says: an
@@ -119,6 +129,7 @@ impl RpcOptions {
             listen_ip,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             init_timeout: DEFAULT_INIT_TIMEOUT,
+            shutdown_timeout: None,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             keepalive: Keepalive::default(),
             io_threads: 2,
@@ -137,6 +148,7 @@ impl RpcOptions {
 
     /// Options from the environment: `MASTER_ADDR` (default `127.0.0.1`),
     /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`; optional `FERRY_RPC_TIMEOUT_MS`,
+    /// `FERRY_SHUTDOWN_TIMEOUT_MS` ([`shutdown_timeout`](Self::shutdown_timeout)),
     /// `FERRY_IO_THREADS`, `FERRY_CHANNELS` and `FERRY_TRANSPORTS` (comma-separated,
     /// by preference; e.g. `FERRY_CHANNELS=shm,inline` keeps `cma` and `mpt`
     /// out), `FERRY_SMALL_TENSOR_BYTES` (tensors below it go inline whatever
@@ -239,6 +251,12 @@ impl RpcOptions {
                 .map_err(|_| RpcError::Config("FERRY_RPC_TIMEOUT_MS is not a number".into()))?;
             o.rpc_timeout = Duration::from_millis(ms);
         }
+        if let Some(ms) = lookup("FERRY_SHUTDOWN_TIMEOUT_MS") {
+            let ms: u64 = ms.trim().parse().map_err(|_| {
+                RpcError::Config(format!("FERRY_SHUTDOWN_TIMEOUT_MS is not a number: {ms:?}"))
+            })?;
+            o.shutdown_timeout = Some(Duration::from_millis(ms));
+        }
         if let Some(n) = lookup("FERRY_IO_THREADS") {
             o.io_threads = n
                 .parse()
@@ -308,9 +326,17 @@ impl RpcOptions {
         self
     }
 
-    /// Sets the rendezvous / connect / shutdown-round bound.
+    /// Sets the rendezvous / connect bound (and graceful shutdown's, when
+    /// [`shutdown_timeout`](Self::shutdown_timeout) is not set).
     pub fn init_timeout(mut self, timeout: Duration) -> Self {
         self.init_timeout = timeout;
+        self
+    }
+
+    /// Sets graceful shutdown's bound without progress (see
+    /// [`shutdown_timeout`](Self::shutdown_timeout)).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = Some(timeout);
         self
     }
 
@@ -398,6 +424,11 @@ impl RpcOptions {
         }
         if self.io_threads == 0 {
             return Err(RpcError::Config("io_threads must be at least 1".into()));
+        }
+        if self.shutdown_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(RpcError::Config(
+                "the shutdown timeout must be longer than zero".into(),
+            ));
         }
         if self.handshake_timeout.is_zero() {
             return Err(RpcError::Config(

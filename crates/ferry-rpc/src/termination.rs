@@ -25,6 +25,20 @@
 //! was missing. Each worker deletes its own record two rounds back (every
 //! worker has read it by then); rank 0 deletes the rest once every worker
 //! has passed the final barrier.
+//!
+//! A worker that does not take part (killed, stopped, or silent) is
+//! *absent*: the shell reports a peer whose connection closed and whose
+//! address refuses a new one ([`Input::Gone`], at once), a wait for keys
+//! reports ranks whose key did not come by the deadline
+//! ([`Input::Missing`]). Either ends this worker's detection with
+//! [`Failure::Absent`] naming them, and the group learns it through the
+//! store: the worker writes the abort record (`phase/abort`: the absent
+//! ranks and who found them) that every other worker's waits watch
+//! ([`Input::Aborted`]), and every worker that gives up writes
+//! `phase/over/{rank}`. Rank 0, which hosts the store, waits (at most
+//! `timeout` more) for the `over` key of every worker that is not absent
+//! before it fails, so that the others read the verdict before the store
+//! goes away.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -126,6 +140,83 @@ pub(crate) enum Input {
     Quiet,
     /// A store operation failed.
     StoreFailed(String),
+    /// These peers are gone: their connection with this worker closed and
+    /// a new one was refused, so they will write no key again, and they
+    /// did not give up on their own (no `over` key; that one's own error
+    /// explains it, and the others' deadlines end their waits). During an
+    /// [`Action::Collect`] only the ranks among its `ranks` whose key is
+    /// missing. Not reported while an abort record this worker was not
+    /// told of exists: [`Input::Aborted`] then.
+    Gone(Vec<u32>),
+    /// The abort record (`phase/abort`) appeared or changed: another
+    /// worker gave up on the group. Reported once per value.
+    Aborted(Vec<u8>),
+}
+
+/// How workers were found absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum How {
+    /// Their connection closed and a new one was refused.
+    Gone,
+    /// Their key did not appear within the timeout.
+    Silent {
+        /// The timeout.
+        after: Duration,
+    },
+    /// Worker `by` found them absent and wrote the abort record.
+    Reported {
+        /// Its rank.
+        by: u32,
+    },
+}
+
+/// Why the detection failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// These workers did not take part.
+    Absent {
+        /// Their ranks, increasing.
+        ranks: Vec<u32>,
+        /// How that was found.
+        how: How,
+    },
+    /// Anything else (the text of [`crate::RpcError::Join`]).
+    Other(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Absent { ranks, how } => write!(f, "ranks {ranks:?} absent ({how:?})"),
+            Failure::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The abort record: `by:r,r,...` (the ranks increasing, none, or some).
+pub(crate) fn encode_abort(by: u32, ranks: &[u32]) -> Vec<u8> {
+    let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    format!("{by}:{}", list.join(",")).into_bytes()
+}
+
+/// Parses an abort record for a group of `n`: who wrote it, and the ranks
+/// it names (below `n`, increasing, at least one).
+pub(crate) fn decode_abort(bytes: &[u8], n: usize) -> Option<(u32, Vec<u32>)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (by, list) = text.split_once(':')?;
+    let by: u32 = by.parse().ok()?;
+    if by as usize >= n {
+        return None;
+    }
+    let mut ranks = Vec::new();
+    for r in list.split(',') {
+        let r: u32 = r.parse().ok()?;
+        if r as usize >= n || ranks.last().is_some_and(|&l| l >= r) {
+            return None;
+        }
+        ranks.push(r);
+    }
+    Some((by, ranks))
 }
 
 /// What the machine asks the shell to do, in order. A batch ends with
@@ -142,6 +233,14 @@ pub(crate) enum Action {
         /// The value.
         value: Vec<u8>,
     },
+    /// Write `value` under `key` unless the key exists (the first
+    /// verdict stays).
+    SetOnce {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
     /// Wait until this worker has no call outstanding, at most until
     /// `deadline`; then [`Input::Idle`] or [`Input::Busy`].
     WaitIdle {
@@ -149,10 +248,13 @@ pub(crate) enum Action {
         deadline: Instant,
     },
     /// Wait until every key exists, at most until `deadline`, and read
-    /// them; then [`Input::Records`] or [`Input::Missing`].
+    /// them; then [`Input::Records`] or [`Input::Missing`]. Key `keys[i]`
+    /// is written by rank `ranks[i]`.
     Collect {
         /// The keys.
         keys: Vec<String>,
+        /// Who writes each key.
+        ranks: Vec<u32>,
         /// The deadline.
         deadline: Instant,
     },
@@ -169,16 +271,19 @@ pub(crate) enum Action {
     },
     /// The group is done.
     Done,
-    /// Shutdown failed (the text of [`crate::RpcError::Join`]).
-    Fail(String),
+    /// Shutdown failed.
+    Fail(Failure),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Waiting {
     Idle,
     Round,
     Change,
     Exit,
+    /// Given up: writing the verdict, and on rank 0 waiting for these
+    /// workers' `over` keys; then this failure.
+    Leaving(Failure, Vec<u32>),
     Over,
 }
 
@@ -239,44 +344,140 @@ impl Termination {
         format!("{}/exit/{rank}", self.phase)
     }
 
+    /// The key every worker's waits watch: written by a worker that found
+    /// others absent.
+    pub(crate) fn abort_key(&self) -> String {
+        format!("{}/abort", self.phase)
+    }
+
+    /// The key a worker that gave up writes before it stops.
+    pub(crate) fn over_key(&self, rank: u32) -> String {
+        format!("{}/over/{rank}", self.phase)
+    }
+
     fn all(&self, key: impl Fn(u32) -> String) -> Vec<String> {
         (0..self.names.len() as u32).map(key).collect()
     }
 
-    fn fail(&mut self, why: String) -> Vec<Action> {
-        self.waiting = Waiting::Over;
-        vec![Action::Fail(why)]
+    fn all_ranks(&self) -> Vec<u32> {
+        (0..self.names.len() as u32).collect()
     }
 
-    fn missing_names(&self, ranks: &[u32]) -> Vec<&str> {
-        ranks
-            .iter()
-            .filter_map(|r| self.names.get(*r as usize).map(String::as_str))
-            .collect()
+    /// A failure that the store itself caused (nothing more is written).
+    fn fail(&mut self, why: String) -> Vec<Action> {
+        self.waiting = Waiting::Over;
+        vec![Action::Fail(Failure::Other(why))]
+    }
+
+    /// Gives up on the group with `failure`: writes the abort record when
+    /// workers are absent (unless it came from one), then this worker's
+    /// `over` key; rank 0 then waits, at most `timeout`, for the `over`
+    /// key of every worker that is neither absent nor (when `others_wait`
+    /// is false: they passed the final barrier) done.
+    fn give_up(&mut self, now: Instant, failure: Failure, others_wait: bool) -> Vec<Action> {
+        tracing::debug!(phase = %self.phase, round = self.round, %failure, "giving up on shutdown");
+        let mut actions = Vec::new();
+        let mut absent: &[u32] = &[];
+        if let Failure::Absent { ranks, how } = &failure {
+            absent = ranks;
+            if !matches!(how, How::Reported { .. }) {
+                actions.push(Action::SetOnce {
+                    key: self.abort_key(),
+                    value: encode_abort(self.rank, ranks),
+                });
+            }
+        }
+        if self.rank != 0 {
+            actions.push(Action::Set {
+                key: self.over_key(self.rank),
+                value: Vec::new(),
+            });
+        }
+        let ranks: Vec<u32> = (1..self.names.len() as u32)
+            .filter(|r| others_wait && self.rank == 0 && !absent.contains(r))
+            .collect();
+        self.deadline = now + self.timeout;
+        actions.extend(self.leave(failure, ranks));
+        actions
+    }
+
+    /// The wait for the `over` keys of `ranks` (rank 0), or the failure.
+    fn leave(&mut self, failure: Failure, ranks: Vec<u32>) -> Vec<Action> {
+        if ranks.is_empty() {
+            // A failed write of the verdict ends with this failure too.
+            self.waiting = Waiting::Leaving(failure.clone(), ranks);
+            return vec![Action::Fail(failure)];
+        }
+        let action = Action::Collect {
+            keys: ranks.iter().map(|&r| self.over_key(r)).collect(),
+            ranks: ranks.clone(),
+            deadline: self.deadline,
+        };
+        self.waiting = Waiting::Leaving(failure, ranks);
+        vec![action]
     }
 
     /// The next actions after `input`, at `now`.
     pub(crate) fn step(&mut self, now: Instant, input: Input) -> Vec<Action> {
-        match (self.waiting, input) {
+        let n = self.names.len();
+        let waiting = std::mem::replace(&mut self.waiting, Waiting::Over);
+        match (waiting, input) {
             (Waiting::Over, _) => Vec::new(),
+            (Waiting::Leaving(failure, mut ranks), Input::Gone(gone)) if !ranks.is_empty() => {
+                // Rank 0 waits no longer for the `over` keys of the gone.
+                ranks.retain(|r| !gone.contains(r));
+                self.leave(failure, ranks)
+            }
+            (Waiting::Leaving(failure, ranks), Input::Aborted(_)) if !ranks.is_empty() => {
+                // Another worker's verdict: rank 0 still waits for the rest.
+                self.leave(failure, ranks)
+            }
+            (Waiting::Leaving(failure, _), _) => vec![Action::Fail(failure)],
             (_, Input::StoreFailed(e)) => self.fail(e),
+            (waiting, Input::Gone(ranks)) => {
+                let others_wait = waiting != Waiting::Exit;
+                let failure = Failure::Absent {
+                    ranks: sorted(ranks),
+                    how: How::Gone,
+                };
+                self.give_up(now, failure, others_wait)
+            }
+            (waiting, Input::Aborted(record)) => match decode_abort(&record, n) {
+                Some((by, ranks)) => {
+                    let others_wait = waiting != Waiting::Exit;
+                    let failure = Failure::Absent {
+                        ranks,
+                        how: How::Reported { by },
+                    };
+                    self.give_up(now, failure, others_wait)
+                }
+                None => {
+                    let why = format!("corrupt shutdown record {}", self.abort_key());
+                    self.give_up(now, Failure::Other(why), true)
+                }
+            },
             (Waiting::Idle, Input::Idle(counts)) => self.publish(counts),
             (Waiting::Idle, Input::Busy { active }) => {
                 let why = format!(
                     "{active} calls still outstanding on this worker after {:?} of shutdown round {} without progress",
                     self.timeout, self.round
                 );
-                self.fail(why)
+                self.give_up(now, Failure::Other(why), true)
             }
             (Waiting::Round, Input::Records(records)) => self.on_records(now, records),
             (Waiting::Round, Input::Missing(ranks)) => {
-                let why = format!(
-                    "workers {:?} did not reach shutdown round {} within {:?}",
-                    self.missing_names(&ranks),
-                    self.round,
-                    self.timeout
+                tracing::debug!(
+                    workers = ?self.missing_names(&ranks),
+                    round = self.round,
+                    "workers did not reach the shutdown round"
                 );
-                self.fail(why)
+                let failure = Failure::Absent {
+                    ranks: sorted(ranks),
+                    how: How::Silent {
+                        after: self.timeout,
+                    },
+                };
+                self.give_up(now, failure, true)
             }
             (Waiting::Change, Input::Changed { own }) => {
                 self.waiting = Waiting::Idle;
@@ -294,10 +495,9 @@ impl Termination {
             }
             (Waiting::Change, Input::Quiet) => {
                 let why = self.unbalanced();
-                self.fail(why)
+                self.give_up(now, Failure::Other(why), true)
             }
             (Waiting::Exit, Input::Records(_)) => {
-                self.waiting = Waiting::Over;
                 // Every worker has read the last rounds: rank 0 removes them.
                 let last = self.round;
                 let mut keys = self.all(|r| self.key(last, r));
@@ -310,12 +510,14 @@ impl Termination {
                 vec![Action::Delete(keys), Action::Done]
             }
             (Waiting::Exit, Input::Missing(ranks)) => {
-                let why = format!(
-                    "workers {:?} did not reach the final shutdown barrier within {:?}",
-                    self.missing_names(&ranks),
-                    self.timeout
-                );
-                self.fail(why)
+                // The others passed the final barrier and are done.
+                let failure = Failure::Absent {
+                    ranks: sorted(ranks),
+                    how: How::Silent {
+                        after: self.timeout,
+                    },
+                };
+                self.give_up(now, failure, false)
             }
             (waiting, input) => {
                 let why =
@@ -323,6 +525,13 @@ impl Termination {
                 self.fail(why)
             }
         }
+    }
+
+    fn missing_names(&self, ranks: &[u32]) -> Vec<&str> {
+        ranks
+            .iter()
+            .filter_map(|r| self.names.get(*r as usize).map(String::as_str))
+            .collect()
     }
 
     fn publish(&mut self, counts: Counts) -> Vec<Action> {
@@ -346,6 +555,7 @@ impl Termination {
         });
         actions.push(Action::Collect {
             keys: self.all(|k| self.key(r, k)),
+            ranks: self.all_ranks(),
             deadline: self.deadline,
         });
         self.mine = Some(counts);
@@ -361,13 +571,13 @@ impl Termination {
                 Some(c) if r < n => matrix.push(c),
                 _ => {
                     let why = format!("corrupt shutdown record {}", self.key(self.round, r as u32));
-                    return self.fail(why);
+                    return self.give_up(now, Failure::Other(why), true);
                 }
             }
         }
         if matrix.len() != n {
             let why = format!("{} shutdown records for {n} workers", matrix.len());
-            return self.fail(why);
+            return self.give_up(now, Failure::Other(why), true);
         }
         let stable = self.previous.as_ref() == Some(&matrix);
         if stable && balanced(&matrix) {
@@ -380,6 +590,7 @@ impl Termination {
                 // Rank 0 hosts the store: it stops last.
                 actions.push(Action::Collect {
                     keys: self.all(|r| self.exit_key(r)),
+                    ranks: self.all_ranks(),
                     deadline: now + self.timeout,
                 });
             } else {
@@ -432,6 +643,13 @@ impl Termination {
             pairs.join("; ")
         )
     }
+}
+
+/// `ranks` increasing, each once.
+fn sorted(mut ranks: Vec<u32>) -> Vec<u32> {
+    ranks.sort_unstable();
+    ranks.dedup();
+    ranks
 }
 
 /// Whether every pair caller → callee has `served + lost >= sent`.

@@ -10,7 +10,7 @@ use ferry_transport::accept::{
     auth_opening, await_opening, handshake_opening, OpeningError, RefusalWarnings,
 };
 use ferry_transport::auth::AUTH_FAILED;
-use ferry_transport::{OutgoingMessage, PeerConnection};
+use ferry_transport::{OutgoingMessage, PeerConnection, TransportError};
 use ferry_wire::{Flags, PeerText};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
@@ -79,6 +79,13 @@ impl Inner {
         link
     }
 
+    /// Connects to `rank` if no link to it is up (shutdown's check of a
+    /// peer whose connection ended: a live peer answers, a gone one
+    /// refuses, see [`crate::join::Liveness`]).
+    pub(crate) fn probe(self: &Arc<Self>, rank: u32) {
+        let _ = self.link(rank);
+    }
+
     /// Connects to `rank` (connect, handshake and channel set-up within
     /// `init_timeout`, the peer answering as the worker the rendezvous
     /// table names), then serves the connection; a failure fails the link.
@@ -108,7 +115,15 @@ impl Inner {
                     ),
                 )
             }
-            Ok(Err(e)) => return self.fail_connection(conn, e.to_string()),
+            Ok(Err(e)) => {
+                if matches!(&e, TransportError::Io { source, .. } if source.kind() == std::io::ErrorKind::ConnectionRefused)
+                {
+                    // Nothing listens there: the peer's process or agent is gone.
+                    debug!(peer = %peer.name, "connection refused");
+                    self.liveness.refused(rank);
+                }
+                return self.fail_connection(conn, e.to_string());
+            }
             Err(_) => return self.fail_connection(conn, format!("connecting to {addr} timed out")),
         };
         debug!(peer = %peer.name, "connected");
@@ -132,6 +147,7 @@ impl Inner {
             channels = ?connection.outgoing_channels(),
             "connection established"
         );
+        self.liveness.up(peer.id);
         self.link_info.lock().insert(
             peer.id,
             LinkInfo {
@@ -179,6 +195,7 @@ impl Inner {
                 }
             }
         }
+        self.liveness.ended(peer.id);
         drop(outbox);
         writer_task.abort();
     }
