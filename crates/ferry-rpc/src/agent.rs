@@ -112,7 +112,9 @@ pub(crate) struct Inner {
     state: AtomicU8,
     pub(crate) store: Arc<dyn Store>,
     store_server: Mutex<Option<TcpStoreServer>>,
-    rpc_timeout: Duration,
+    /// The default timeout of calls, in nanoseconds (0: none): the
+    /// options' until [`Agent::set_rpc_timeout`] changes it.
+    rpc_timeout: AtomicU64,
     pub(crate) init_timeout: Duration,
     /// Graceful shutdown's bound without progress.
     pub(crate) shutdown_timeout: Duration,
@@ -197,7 +199,7 @@ impl Agent {
             state: AtomicU8::new(RUNNING),
             store: rendezvous.store,
             store_server: Mutex::new(rendezvous.server),
-            rpc_timeout: options.rpc_timeout,
+            rpc_timeout: AtomicU64::new(nanos(options.rpc_timeout)),
             init_timeout: options.init_timeout,
             shutdown_timeout: options.shutdown_timeout.unwrap_or(options.init_timeout),
             liveness: crate::join::Liveness::new(world),
@@ -261,9 +263,30 @@ impl Agent {
         Ok(self.inner.link_info.lock().get(&rank).cloned())
     }
 
-    /// The default timeout of calls.
+    /// The default timeout of calls (zero: none): [`RpcOptions::rpc_timeout`]
+    /// until [`set_rpc_timeout`](Self::set_rpc_timeout) changes it
+    /// (PyTorch's `rpc._get_rpc_timeout`).
     pub fn rpc_timeout(&self) -> Duration {
-        self.inner.rpc_timeout
+        self.inner.rpc_timeout()
+    }
+
+    /// Changes the default timeout of the calls started from now on (zero:
+    /// none), as PyTorch's `rpc._set_rpc_timeout` does: every call, proxy
+    /// call, `remote` and `to_here` that names no timeout of its own reads
+    /// it when it starts; calls already under way keep theirs. A timeout
+    /// over about 584 years counts as that long.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let agent = ferry_rpc::agent()?;
+    /// agent.set_rpc_timeout(Duration::from_secs(5));
+    /// assert_eq!(agent.rpc_timeout(), Duration::from_secs(5));
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn set_rpc_timeout(&self, timeout: Duration) {
+        self.inner
+            .rpc_timeout
+            .store(nanos(timeout), Ordering::SeqCst);
     }
 
     /// This worker.
@@ -428,6 +451,22 @@ impl Drop for Inner {
     }
 }
 
+/// Names the worker: `Agent { name: "worker0", rank: 0, world_size: 2 }`.
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.inner.me.name)
+            .field("rank", &self.inner.me.id)
+            .field("world_size", &self.inner.workers.len())
+            .finish()
+    }
+}
+
+/// `timeout` in whole nanoseconds, saturating at `u64::MAX`.
+fn nanos(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A reference to an [`Agent`] that does not keep it alive.
 #[derive(Clone, Debug)]
 pub struct WeakAgent(std::sync::Weak<Inner>);
@@ -440,6 +479,11 @@ impl WeakAgent {
 }
 
 impl Inner {
+    /// The default timeout of calls (see [`Agent::rpc_timeout`]).
+    pub(crate) fn rpc_timeout(&self) -> Duration {
+        Duration::from_nanos(self.rpc_timeout.load(Ordering::SeqCst))
+    }
+
     fn running(&self) -> Result<(), RpcError> {
         if self.state.load(Ordering::SeqCst) == STOPPED {
             Err(RpcError::NotInitialized)

@@ -353,6 +353,49 @@ pub(crate) fn failure_to_error(
     }
 }
 
+/// Waits for every future of `futures` and returns their results in the
+/// same order, or the first error as soon as it arrives, without waiting
+/// for the others (PyTorch's `torch.futures.wait_all`). The calls whose
+/// futures are left behind are not cancelled: the callees still run them,
+/// and graceful shutdown still waits for them.
+///
+/// It blocks the calling thread: call it from a thread (a blocking
+/// function body, a user thread), not from an async task on the agent's
+/// runtime, where each future is `.await`ed instead.
+///
+/// ```no_run
+/// use ferry_rpc::Function;
+///
+/// const SQUARE: Function<i64, i64> = Function::new("square");
+///
+/// let pending: Vec<_> = (1..4).map(|rank| SQUARE.rpc_async(rank, i64::from(rank))).collect();
+/// assert_eq!(ferry_rpc::wait_all(pending)?, [1, 4, 9]);
+/// # Ok::<(), ferry_rpc::RpcError>(())
+/// ```
+pub fn wait_all<T: DeserializeOwned>(
+    futures: impl IntoIterator<Item = RpcFuture<T>>,
+) -> Result<Vec<T>, RpcError> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+
+    // Polled as they complete, not in order, so that a failure behind a
+    // call still running ends the wait at once.
+    let mut pending: FuturesUnordered<_> = futures
+        .into_iter()
+        .enumerate()
+        .map(|(i, future)| async move { (i, future.await) })
+        .collect();
+    let mut results: Vec<Option<T>> = std::iter::repeat_with(|| None)
+        .take(pending.len())
+        .collect();
+    futures::executor::block_on(async {
+        while let Some((i, result)) = pending.next().await {
+            results[i] = Some(result?);
+        }
+        Ok::<(), RpcError>(())
+    })?;
+    Ok(results.into_iter().flatten().collect())
+}
+
 impl<T: DeserializeOwned> Future for RpcFuture<T> {
     type Output = Result<T, RpcError>;
 

@@ -86,7 +86,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
-pub use call::RpcFuture;
+pub use call::{wait_all, RpcFuture};
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{
@@ -102,23 +102,25 @@ pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service, ThreadStart};
 pub use topology::LocalTopology;
 pub use torchelastic::TorchElastic;
-pub use typed::Function;
+pub use typed::{Arg, Function, Ret};
 pub use value::Value;
 
 /// The process's agent, set by [`init_rpc`] and cleared by shutdown.
 static AGENT: Mutex<Option<Agent>> = Mutex::new(None);
 
 /// Starts this process's worker and makes it the target of the free
-/// functions of this crate. A second init while one runs is an error.
-pub fn init_rpc(options: RpcOptions) -> Result<(), RpcError> {
+/// functions of this crate; returns its agent. A second init while one
+/// runs is an error.
+pub fn init_rpc(options: RpcOptions) -> Result<Agent, RpcError> {
     let mut slot = AGENT.lock();
     if let Some(a) = slot.as_ref() {
         return Err(RpcError::AlreadyInitialized {
             name: a.worker_info().name.clone(),
         });
     }
-    *slot = Some(Agent::start(options)?);
-    Ok(())
+    let agent = Agent::start(options)?;
+    *slot = Some(agent.clone());
+    Ok(agent)
 }
 
 /// The process's agent.
@@ -168,6 +170,19 @@ pub fn rpc_async_timeout<R: DeserializeOwned, A: Serialize>(
         Ok(a) => a.rpc_async_timeout(to, function, args, timeout),
         Err(e) => RpcFuture::failed(e, function, Signature::of::<A, R>()),
     }
+}
+
+/// The process's default timeout of calls (zero: none), PyTorch's
+/// `rpc._get_rpc_timeout` ([`Agent::rpc_timeout`]).
+pub fn get_rpc_timeout() -> Result<Duration, RpcError> {
+    Ok(agent()?.rpc_timeout())
+}
+
+/// Changes the process's default timeout of the calls started from now on
+/// (zero: none), PyTorch's `rpc._set_rpc_timeout` ([`Agent::set_rpc_timeout`]).
+pub fn set_rpc_timeout(timeout: Duration) -> Result<(), RpcError> {
+    agent()?.set_rpc_timeout(timeout);
+    Ok(())
 }
 
 /// Looks a worker up by name or rank; `None` gives this worker.

@@ -121,6 +121,13 @@ impl Hooks {
             .iter()
             .any(|l| l.clone().downcast::<T>().is_ok())
     }
+    /// The layer of type `T`, if one is installed (as [`Agent::layer`]
+    /// finds it once the agent runs).
+    pub fn get_layer<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.layers
+            .iter()
+            .find_map(|l| l.clone().downcast::<T>().ok())
+    }
     /// Adds an interceptor.
     pub fn interceptor(&mut self, interceptor: Arc<dyn Interceptor>) -> &mut Self {
         self.interceptors.push(interceptor);

@@ -59,6 +59,40 @@ pub struct Function<A, R> {
     _types: PhantomData<fn(A) -> R>,
 }
 
+/// What a typed function's argument can be, named once for generic code:
+/// anything that travels both ways (serialised by the caller, decoded by
+/// the callee), has a [`Schema`] for its signature, and may move to
+/// another thread. Blanket-implemented, so never implemented by hand.
+///
+/// A helper generic over calls names `A: Arg, R: Ret` instead of the
+/// bounds they stand for (`Serialize + DeserializeOwned + Schema + Send +
+/// 'static`), and can call, register and `remote` any [`Function<A, R>`]:
+///
+/// ```no_run
+/// use ferry_rpc::{Arg, Function, Ret, RpcError};
+///
+/// /// Calls `function` on every worker of `ranks` with the same arguments.
+/// fn call_each<A: Arg + Clone, R: Ret>(
+///     function: Function<A, R>,
+///     ranks: std::ops::Range<u32>,
+///     args: A,
+/// ) -> Result<Vec<R>, RpcError> {
+///     let pending = ranks.map(|rank| function.rpc_async(rank, args.clone()));
+///     ferry_rpc::wait_all(pending)
+/// }
+/// ```
+pub trait Arg: Serialize + DeserializeOwned + Schema + Send + 'static {}
+
+impl<T> Arg for T where T: Serialize + DeserializeOwned + Schema + Send + 'static {}
+
+/// What a typed function's result can be, named once for generic code:
+/// the same bounds as [`Arg`] (a result travels back, and `remote` keeps
+/// it on the callee and serialises it again for `to_here`).
+/// Blanket-implemented.
+pub trait Ret: Serialize + DeserializeOwned + Schema + Send + 'static {}
+
+impl<T> Ret for T where T: Serialize + DeserializeOwned + Schema + Send + 'static {}
+
 impl<A, R> Function<A, R> {
     /// Declares the function registered under `name`.
     ///
@@ -95,11 +129,7 @@ impl<A: Schema, R: Schema> Function<A, R> {
     }
 }
 
-impl<A, R> Function<A, R>
-where
-    A: Serialize + Schema,
-    R: DeserializeOwned + Schema,
-{
+impl<A: Arg, R: Ret> Function<A, R> {
     /// Calls the function on worker `to` (a rank or a name) with the
     /// process's agent and its default timeout, and blocks for the result.
     ///
@@ -228,8 +258,8 @@ impl Functions {
     /// ```
     pub fn add<A, R, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         F: Fn(A) -> R + Send + Sync + 'static,
     {
         self.add_fallible(function, move |a: A| {
@@ -264,8 +294,8 @@ impl Functions {
     /// ```
     pub fn add_fallible<A, R, E, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         E: Into<BoxError>,
         F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
     {
@@ -291,8 +321,8 @@ impl Functions {
     /// ```
     pub fn add_async<A, R, E, F, Fut>(&mut self, function: Function<A, R>, f: F) -> &mut Self
     where
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         E: Into<BoxError> + Send + 'static,
         F: Fn(A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,

@@ -44,7 +44,7 @@ impl Agent {
         function: &str,
         args: A,
     ) -> RpcFuture<R> {
-        self.rpc_async_timeout(to, function, args, self.inner.rpc_timeout)
+        self.rpc_async_timeout(to, function, args, self.inner.rpc_timeout())
     }
 
     /// [`rpc_sync`](Self::rpc_sync) with a per-call timeout (zero: none).
