@@ -21,7 +21,7 @@ use crate::message::{RRefMessage, RemoteReply, ToHereReply, RREF_SERVICE};
 use crate::protocol::{
     Counts, Envelope, Event, ForkData, ForkId, Holder, RRefId, RRefProtocol, Transmit, WorkerId,
 };
-use crate::slot::{OwnerSlot, SlotState};
+use crate::slot::{FailureText, OwnerSlot, SlotState};
 use crate::wait;
 
 /// How often a control message is tried before it is given up (and the
@@ -476,7 +476,9 @@ impl RRefContext {
             // Owned here: the value itself records the failure.
             None => {
                 if let Some(slot) = self.slot(rref_id) {
-                    slot.set(Err(format!("RRef creation failed: {reason}")));
+                    slot.set(Err(FailureText::new(format!(
+                        "RRef creation failed: {reason}"
+                    ))));
                 }
             }
         }
@@ -565,7 +567,8 @@ impl RRefContext {
                     }
                     _ => RemoteReply::Ran,
                 };
-                slot.set(outcome.map_err(|e| e.to_string()));
+                // Kept as raised; escaped where it is shown.
+                slot.set(outcome.map_err(FailureText::of));
                 payload::encode(&reply).map_err(|e| e.to_string())
             }
             RRefMessage::ToHere {
@@ -600,9 +603,9 @@ impl RRefContext {
                                 out.tensors = value.tensors;
                                 Ok(out)
                             }
-                            Err(e) => {
-                                reply(ToHereReply::Failed(format!("cannot encode the value: {e}")))
-                            }
+                            Err(e) => reply(ToHereReply::Failed(FailureText::new(format!(
+                                "cannot encode the value: {e}"
+                            )))),
                         }
                     }
                 }
@@ -727,11 +730,6 @@ fn named_call(e: RpcError, function: &str) -> RpcError {
 
 /// A peer's text cut to [`ferry_rpc::MAX_ERROR_TEXT_BYTES`] on a character
 /// boundary (errors show it escaped).
-fn bounded(mut text: String) -> String {
-    let mut end = ferry_rpc::MAX_ERROR_TEXT_BYTES.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text
+fn bounded(text: String) -> String {
+    FailureText::new(text).message
 }

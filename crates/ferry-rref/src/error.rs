@@ -3,8 +3,35 @@
 use std::time::Duration;
 
 use ferry_rpc::RpcError;
+use ferry_wire::PeerText;
 
 use crate::protocol::RRefId;
+
+/// A text from another worker as an error shows it: escaped (see
+/// [`PeerText`]), then `…(N more bytes)` if bytes of it were left out.
+struct Shown<'a> {
+    text: &'a str,
+    omitted_bytes: u64,
+}
+
+impl<'a> Shown<'a> {
+    fn new(text: &'a str, omitted_bytes: &u64) -> Self {
+        Self {
+            text,
+            omitted_bytes: *omitted_bytes,
+        }
+    }
+}
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        PeerText::bounded(self.text, ferry_rpc::MAX_ERROR_TEXT_BYTES).fmt(f)?;
+        if self.omitted_bytes > 0 {
+            write!(f, "…({} more bytes)", self.omitted_bytes)?;
+        }
+        Ok(())
+    }
+}
 
 /// An RRef operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -22,14 +49,27 @@ pub enum RRefError {
     },
     /// The function that computes the value failed on the owner; the error
     /// was stored there and is raised by every `to_here`.
-    #[error("the function creating {rref_id} failed on owner {owner}: {message}")]
+    ///
+    /// `message` is the function's error text exactly as it was raised
+    /// (as [`RpcError::Remote`]'s is), up to
+    /// [`MAX_ERROR_TEXT_BYTES`](ferry_rpc::MAX_ERROR_TEXT_BYTES); where the
+    /// call was refused instead (no such function, a wrong signature), the
+    /// refusal's text. `Display` shows it escaped on one line, followed by
+    /// `…(N more bytes)` when it was cut.
+    #[error(
+        "the function creating {rref_id} failed on owner {owner}: {}",
+        Shown::new(.message, .omitted_bytes)
+    )]
     ValueFailed {
         /// The RRef.
         rref_id: RRefId,
         /// The owner's name.
         owner: String,
-        /// The owner's error.
+        /// The owner's error text, as raised.
         message: String,
+        /// How many bytes of the raised text were left out after
+        /// `message` (0: `message` is the whole text).
+        omitted_bytes: u64,
     },
     /// `local_value` on a worker that is not the owner.
     #[error("local_value() of {rref_id} called on {worker}, but its owner is {owner}")]

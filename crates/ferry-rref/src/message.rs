@@ -56,7 +56,7 @@ pub(crate) enum ToHereReply {
     /// The value was not made within the request's timeout.
     NotYet,
     /// The function creating the value failed with this text.
-    Failed(String),
+    Failed(crate::slot::FailureText),
     /// The value is of this other type.
     WrongType(String),
 }

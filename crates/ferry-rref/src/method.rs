@@ -6,9 +6,7 @@
 
 use std::marker::PhantomData;
 
-use ferry_rpc::{BoxError, Function, Functions, Schema};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use ferry_rpc::{Arg, BoxError, Function, Functions, Ret, Schema};
 
 use crate::RRef;
 
@@ -126,8 +124,8 @@ pub trait MethodsExt {
     fn add_method<T, A, R, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         F: Fn(&T, A) -> R + Send + Sync + 'static;
 
     /// Registers `f`, which returns `Result<R, E>`, as `method`; an `Err`
@@ -136,8 +134,8 @@ pub trait MethodsExt {
     fn add_method_fallible<T, A, R, E, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         E: Into<BoxError>,
         F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static;
 }
@@ -146,8 +144,8 @@ impl MethodsExt for Functions {
     fn add_method<T, A, R, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         F: Fn(&T, A) -> R + Send + Sync + 'static,
     {
         self.add_method_fallible(method, move |value: &T, args: A| {
@@ -158,8 +156,8 @@ impl MethodsExt for Functions {
     fn add_method_fallible<T, A, R, E, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
-        A: DeserializeOwned + Schema + Send + 'static,
-        R: Serialize + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
         E: Into<BoxError>,
         F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static,
     {

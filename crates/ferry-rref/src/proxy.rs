@@ -14,7 +14,7 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use ferry_rpc::{Functions, RpcFuture, Schema};
+use ferry_rpc::{Arg, Functions, Ret, RpcFuture, Schema};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -118,8 +118,8 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
     pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> Result<R, RRefError>
     where
         T: Schema,
-        A: Serialize + Schema,
-        R: DeserializeOwned + Schema,
+        A: Arg,
+        R: Ret,
     {
         self.as_async()
             .call(method, args)
@@ -158,8 +158,8 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
     pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> RpcFuture<R>
     where
         T: Schema,
-        A: Serialize + Schema,
-        R: DeserializeOwned + Schema,
+        A: Arg,
+        R: Ret,
     {
         let function = method.function();
         let args = (self.rref.clone(), args);
@@ -199,8 +199,8 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
     pub fn call<A, R>(&self, method: Method<T, A, R>, args: A) -> Result<RRef<R>, RRefError>
     where
         T: Schema,
-        A: Serialize + Schema,
-        R: Serialize + DeserializeOwned + Schema + Send + 'static,
+        A: Arg,
+        R: Ret,
     {
         let agent = crate::agent_of(self.rref)?;
         let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());

@@ -163,10 +163,11 @@ impl<T: Send + 'static> RRef<T> {
             };
         match slot.wait(timeout) {
             SlotState::Ready(v) => Ok(v),
-            SlotState::Failed(message) => Err(RRefError::ValueFailed {
+            SlotState::Failed(failure) => Err(RRefError::ValueFailed {
                 rref_id: id,
                 owner: self.owner_name(),
-                message,
+                message: failure.message,
+                omitted_bytes: failure.omitted_bytes,
             }),
             SlotState::Pending => Err(RRefError::Timeout {
                 rref_id: id,
@@ -325,11 +326,16 @@ fn to_here_reply<T: DeserializeOwned>(
             owner,
             after: timeout,
         }),
-        ToHereReply::Failed(message) => Err(RRefError::ValueFailed {
-            rref_id,
-            owner,
-            message,
-        }),
+        ToHereReply::Failed(failure) => {
+            // The owner's text, as raised there: bounded again here.
+            let failure = failure.bounded();
+            Err(RRefError::ValueFailed {
+                rref_id,
+                owner,
+                message: failure.message,
+                omitted_bytes: failure.omitted_bytes,
+            })
+        }
         ToHereReply::WrongType(actual) => Err(RRefError::WrongType {
             rref_id,
             owner,

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_rpc::Value;
+use ferry_rpc::{RpcError, Value, MAX_ERROR_TEXT_BYTES};
 use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::wait;
@@ -14,7 +15,63 @@ use crate::wait;
 pub(crate) enum SlotState {
     Pending,
     Ready(Value),
-    Failed(String),
+    Failed(FailureText),
+}
+
+/// Why a value was not made: the error's text exactly as it was raised
+/// (the function's own error, line breaks and all), at most
+/// [`MAX_ERROR_TEXT_BYTES`], and how many bytes of it were left out.
+/// Escaped only where it is shown ([`RRefError::ValueFailed`]'s `Display`).
+///
+/// [`RRefError::ValueFailed`]: crate::RRefError::ValueFailed
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FailureText {
+    pub(crate) message: String,
+    pub(crate) omitted_bytes: u64,
+}
+
+impl FailureText {
+    /// A text of this worker's own, cut to the bound if longer.
+    pub(crate) fn new(message: String) -> Self {
+        Self {
+            message,
+            omitted_bytes: 0,
+        }
+        .bounded()
+    }
+
+    /// The failure of the function creating a value: a function's error
+    /// keeps the text it raised, any other error (no such function, a
+    /// wrong signature) its own description.
+    pub(crate) fn of(error: RpcError) -> Self {
+        match error {
+            RpcError::Remote {
+                message,
+                omitted_bytes,
+                ..
+            } => Self {
+                message,
+                omitted_bytes,
+            }
+            .bounded(),
+            other => Self::new(other.to_string()),
+        }
+    }
+
+    /// Cut to [`MAX_ERROR_TEXT_BYTES`] on a character boundary, the bytes
+    /// cut counted: a text from a peer is not trusted to be bounded.
+    pub(crate) fn bounded(mut self) -> Self {
+        if self.message.len() > MAX_ERROR_TEXT_BYTES {
+            let mut end = MAX_ERROR_TEXT_BYTES;
+            while !self.message.is_char_boundary(end) {
+                end -= 1;
+            }
+            let cut = (self.message.len() - end) as u64;
+            self.message.truncate(end);
+            self.omitted_bytes = self.omitted_bytes.saturating_add(cut);
+        }
+        self
+    }
 }
 
 /// An owned value that threads and tasks can wait for.
@@ -41,7 +98,7 @@ impl OwnerSlot {
     }
 
     /// Sets the outcome (once; later calls are ignored).
-    pub(crate) fn set(&self, outcome: Result<Value, String>) {
+    pub(crate) fn set(&self, outcome: Result<Value, FailureText>) {
         let mut state = self.state.lock();
         if matches!(*state, SlotState::Pending) {
             *state = match outcome {

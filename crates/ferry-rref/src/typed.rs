@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use ferry_rpc::schema::{Schema, Shape};
-use ferry_rpc::{Agent, Function, WorkerRef};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use ferry_rpc::{Agent, Arg, Function, Ret, WorkerRef};
 
 use crate::{RRef, RRefError};
 
@@ -57,11 +55,7 @@ pub trait RemoteExt<A, R> {
     ) -> Result<RRef<R>, RRefError>;
 }
 
-impl<A, R> RemoteExt<A, R> for Function<A, R>
-where
-    A: Serialize + Schema,
-    R: Serialize + DeserializeOwned + Schema + Send + 'static,
-{
+impl<A: Arg, R: Ret> RemoteExt<A, R> for Function<A, R> {
     fn remote(&self, to: impl Into<WorkerRef>, args: A) -> Result<RRef<R>, RRefError> {
         let agent = ferry_rpc::agent()?;
         let timeout = agent.rpc_timeout();
