@@ -12,7 +12,7 @@
 //! `ferry-tch`), `autograd` (distributed autograd and the distributed
 //! optimizer, `ferry-autograd`) and `pipeline` (pipeline-parallel training,
 //! `ferry-pipeline`) too. [`init_rpc`] starts the agent with
-//! every layer installed.
+//! every layer installed and returns the [`Worker`], the way to them.
 //! [`launch`] starts a group of local worker processes, like `torchrun` on
 //! one host.
 //!
@@ -50,6 +50,9 @@
 //! `ferry::pipeline::Pipeline`, ...).
 
 pub mod launch;
+mod worker;
+
+pub use worker::Worker;
 
 pub use ferry_rpc as rpc;
 pub use ferry_rref as rref;
@@ -58,13 +61,14 @@ pub use ferry_wire as wire;
 
 // The RPC layer: options, the agent, errors, and the free functions.
 pub use ferry_rpc::{
-    get_worker_info, rpc_async, rpc_async_timeout, rpc_sync, rpc_sync_timeout, shutdown,
-    shutdown_now, Agent, Functions, LocalTopology, RpcError, RpcFuture, RpcOptions, TorchElastic,
-    WorkerInfo, WorkerRef,
+    get_rpc_timeout, get_worker_info, rpc_async, rpc_async_timeout, rpc_sync, rpc_sync_timeout,
+    set_rpc_timeout, shutdown, shutdown_now, wait_all, Agent, Functions, LocalTopology, RpcError,
+    RpcFuture, RpcOptions, TorchElastic, WorkerInfo, WorkerRef,
 };
 // Typed remote functions: `Function` declarations, the `Schema` of their
-// types (trait and derive), any error with `?`.
-pub use ferry_rpc::{BoxError, Function, Schema};
+// types (trait and derive), the bounds generic code over them names
+// (`Arg`, `Ret`), any error with `?`.
+pub use ferry_rpc::{Arg, BoxError, Function, Ret, Schema};
 // RRefs: `remote` on a declaration (`RemoteExt`), typed methods, and the
 // string-named free functions.
 pub use ferry_rref::{
@@ -88,27 +92,37 @@ pub use ferry_pipeline as pipeline;
 /// Starts this process's worker with every layer installed (RRefs, and with
 /// the `torch` feature libtorch tensors, distributed autograd and the
 /// pipeline layer), then makes it the target of the free functions
-/// ([`rpc_sync`], [`remote`], ...).
+/// ([`rpc_sync`], [`remote`], ...). Returns the started [`Worker`], the
+/// way to its agent, RRef context and autograd container.
 ///
-/// The pipeline layer installed here can build no stage: a worker that
-/// owns stages registers their constructors first, with
-/// `ferry::pipeline::install(&mut options, stages)`, and this keeps it.
-pub fn init_rpc(mut options: RpcOptions) -> Result<(), RpcError> {
+/// This is the one way to start a worker. A layer already installed on
+/// `options` is kept: the pipeline layer installed here can build no
+/// stage, so a worker that owns stages registers their constructors
+/// first, with `ferry::pipeline::install(&mut options, stages)`.
+pub fn init_rpc(mut options: RpcOptions) -> Result<Worker, RpcError> {
     #[cfg(feature = "torch")]
-    if !options
+    let autograd = match options
         .hooks
-        .has_layer::<ferry_autograd::DistAutogradContainer>()
+        .get_layer::<ferry_autograd::DistAutogradContainer>()
     {
-        ferry_autograd::install(&mut options);
-    }
+        Some(container) => container,
+        None => ferry_autograd::install(&mut options),
+    };
     #[cfg(feature = "torch")]
     if !options.hooks.has_layer::<ferry_pipeline::PipelineHost>() {
         ferry_pipeline::install(&mut options, ferry_pipeline::Stages::new());
     }
-    if !options.hooks.has_layer::<ferry_rref::RRefContext>() {
-        ferry_rref::install(&mut options);
-    }
-    ferry_rpc::init_rpc(options)
+    let rrefs = match options.hooks.get_layer::<ferry_rref::RRefContext>() {
+        Some(context) => context,
+        None => ferry_rref::install(&mut options),
+    };
+    let agent = ferry_rpc::init_rpc(options)?;
+    Ok(Worker::new(
+        agent,
+        rrefs,
+        #[cfg(feature = "torch")]
+        autograd,
+    ))
 }
 pub use ferry_transport::RawTensor;
 pub use ferry_wire::{DType, Device};
