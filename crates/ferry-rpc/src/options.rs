@@ -537,6 +537,31 @@ mod env_tests {
     }
 
     #[test]
+    fn the_shutdown_timeout_is_read_in_milliseconds_and_defaults_to_init() {
+        let base = [("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")];
+        assert_eq!(from(&base).unwrap().shutdown_timeout, None);
+        let mut vars = base.to_vec();
+        vars.push(("FERRY_SHUTDOWN_TIMEOUT_MS", "2500"));
+        let o = from(&vars).unwrap();
+        assert_eq!(o.shutdown_timeout, Some(Duration::from_millis(2500)));
+        vars.pop();
+        vars.push(("FERRY_SHUTDOWN_TIMEOUT_MS", "2s"));
+        let e = refused(&vars);
+        assert!(
+            e.to_string()
+                .contains("FERRY_SHUTDOWN_TIMEOUT_MS is not a number: \"2s\""),
+            "{e}"
+        );
+        // Zero would end every shutdown at once: refused before rendezvous.
+        let o = from(&base).unwrap().shutdown_timeout(Duration::ZERO);
+        let e = o.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid RPC options: the shutdown timeout must be longer than zero"
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         let base = [("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")];
         for (extra, text) in [
