@@ -2,7 +2,9 @@
 //! with an error naming it, dropping the pipeline returns, and graceful
 //! shutdown on the driver and on the surviving worker ends with
 //! `RpcError::Absent` naming the dead worker (found through its closed
-//! connection, not after a timeout). The kill happens inside the stage's
+//! connection, not after a timeout), whether the workers call shutdown
+//! after the step failed or, as PyTorch workers do, at once (so the kill
+//! happens inside their shutdown). The kill happens inside the stage's
 //! forward, so it is always mid-step; the testkit's deadline is the hang
 //! guard, and the short `shutdown_timeout` keeps even a fallback quick.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -91,6 +93,74 @@ fn shut_down_naming_the_dead() {
     }
 }
 
+/// Runs the driver's side: a pipeline whose stage 1 (worker 2) is killed
+/// in its second forward, the step, the drop, then graceful shutdown.
+fn drive() {
+    let agent = ferry_rpc::agent().unwrap();
+    // The driver holds no stage: stage 0 on worker 1, stage 1 on worker 2.
+    let args = block_args(2);
+    let mut pipeline = Pipeline::builder()
+        .stage(1u32, BLOCK, args[0])
+        .stage(
+            2u32,
+            KILLER,
+            KillerArgs {
+                block: args[1],
+                kill_at: 1,
+            },
+        )
+        .schedule(ScheduleKind::OneFOneB)
+        .microbatches(4)
+        .loss(MSE_MEAN)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (x, y) = batch(0, 8);
+    let err = pipeline.step(&x, &y).unwrap_err();
+    assert!(
+        matches!(&err, PipelineError::Worker { worker, stages, .. } if worker == "worker2" && stages == &[1]),
+        "{err}"
+    );
+    println!("STEP={err}");
+    // Destroying the ranks: worker 2 refuses at once.
+    drop(pipeline);
+    agent
+        .block_on(agent.store().set(STEP_FAILED, Vec::new()))
+        .unwrap();
+    shut_down_naming_the_dead();
+}
+
+/// In the parent: worker 2 was killed, the step named it, and both
+/// survivors' shutdowns named it, found through its closed connection.
+fn check(outputs: &[ferry_testkit::Output]) {
+    assert!(
+        outputs[2].status.contains("SIGKILL"),
+        "worker 2 should have been killed: {}\n{}",
+        outputs[2].status,
+        outputs[2].stderr
+    );
+    let step = outputs[0].values("STEP");
+    assert_eq!(step.len(), 1, "{}", outputs[0].stdout);
+    assert!(step[0].starts_with("worker worker2 "), "{step:?}");
+    for (rank, o) in outputs.iter().enumerate().take(2) {
+        assert!(
+            o.success,
+            "rank {rank} ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            o.status, o.stdout, o.stderr
+        );
+        let shutdown = o.values("SHUTDOWN");
+        assert_eq!(shutdown.len(), 1, "rank {rank}: {}", o.stdout);
+        eprintln!("rank {rank}: shutdown found {}", shutdown[0]);
+        let (workers, how) = shutdown[0].split_once('/').unwrap();
+        assert_eq!(workers, "worker2", "rank {rank}");
+        // Through the closed connection (here or on the other survivor).
+        assert!(
+            how == "gone" || how.starts_with("reported by worker"),
+            "rank {rank}: {how}"
+        );
+    }
+}
+
 #[test]
 fn a_worker_killed_mid_step_is_named_by_the_step_and_by_every_survivors_shutdown() {
     let test = "a_worker_killed_mid_step_is_named_by_the_step_and_by_every_survivors_shutdown";
@@ -98,41 +168,9 @@ fn a_worker_killed_mid_step_is_named_by_the_step_and_by_every_survivors_shutdown
         start_worker(rank);
         let agent = ferry_rpc::agent().unwrap();
         match rank {
-            0 => {
-                // The driver holds no stage: stage 0 on worker 1, stage 1
-                // on worker 2, which is killed in its second forward.
-                let args = block_args(2);
-                let mut pipeline = Pipeline::builder()
-                    .stage(1u32, BLOCK, args[0])
-                    .stage(
-                        2u32,
-                        KILLER,
-                        KillerArgs {
-                            block: args[1],
-                            kill_at: 1,
-                        },
-                    )
-                    .schedule(ScheduleKind::OneFOneB)
-                    .microbatches(4)
-                    .loss(MSE_MEAN)
-                    .timeout(Duration::from_secs(30))
-                    .build()
-                    .unwrap();
-                let (x, y) = batch(0, 8);
-                let err = pipeline.step(&x, &y).unwrap_err();
-                assert!(
-                    matches!(&err, PipelineError::Worker { worker, stages, .. } if worker == "worker2" && stages == &[1]),
-                    "{err}"
-                );
-                println!("STEP={err}");
-                // Destroying the ranks: worker 2 refuses at once.
-                drop(pipeline);
-                agent
-                    .block_on(agent.store().set(STEP_FAILED, Vec::new()))
-                    .unwrap();
-                shut_down_naming_the_dead();
-            }
+            0 => drive(),
             1 => {
+                // Shuts down once the step has failed.
                 agent
                     .block_on(
                         agent
@@ -150,31 +188,23 @@ fn a_worker_killed_mid_step_is_named_by_the_step_and_by_every_survivors_shutdown
     }) else {
         return;
     };
-    assert!(
-        outputs[2].status.contains("SIGKILL"),
-        "worker 2 should have been killed: {}\n{}",
-        outputs[2].status,
-        outputs[2].stderr
-    );
-    let step = outputs[0].values("STEP");
-    assert_eq!(step.len(), 1, "{}", outputs[0].stdout);
-    assert!(step[0].starts_with("worker worker2 "), "{step:?}");
-    for rank in [0, 1] {
-        let o = &outputs[rank];
-        assert!(
-            o.success,
-            "rank {rank} ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            o.status, o.stdout, o.stderr
-        );
-        let shutdown = o.values("SHUTDOWN");
-        assert_eq!(shutdown.len(), 1, "rank {rank}: {}", o.stdout);
-        eprintln!("rank {rank}: shutdown found {}", shutdown[0]);
-        let (workers, how) = shutdown[0].split_once('/').unwrap();
-        assert_eq!(workers, "worker2", "rank {rank}");
-        // Through the closed connection (here or on the other survivor).
-        assert!(
-            how == "gone" || how.starts_with("reported by worker"),
-            "rank {rank}: {how}"
-        );
-    }
+    check(&outputs);
+}
+
+#[test]
+fn workers_already_in_shutdown_when_one_is_killed_name_it() {
+    let test = "workers_already_in_shutdown_when_one_is_killed_name_it";
+    let Some(outputs) = ferry_testkit::world(test, 3, |rank| {
+        start_worker(rank);
+        if rank == 0 {
+            drive();
+        } else {
+            // As PyTorch workers do: shutdown at once, serving the driver
+            // meanwhile. Worker 2 is killed inside it, serving a forward.
+            shut_down_naming_the_dead();
+        }
+    }) else {
+        return;
+    };
+    check(&outputs);
 }
