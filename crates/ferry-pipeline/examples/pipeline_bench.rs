@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ferry_autograd::OptimizerKind;
-use ferry_pipeline::{Pipeline, Timeline};
+use ferry_pipeline::{HandOffSummary, Pipeline, Timeline};
 use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_schedule::ScheduleKind;
 use serde_json::{json, Value};
@@ -286,6 +286,8 @@ fn cell(
         .optimizer(OptimizerKind::sgd(c.lr))
         .timeout(Duration::from_secs_f64(c.rpc_timeout))
         .wait_spin(c.wait_spin())
+        // The peer's outputs stay on its last rank; so do Ferry's.
+        .return_outputs(false)
         .build()?;
     pipeline.set_trace(true);
     let stage_to_rank = pipeline.stage_to_rank().to_vec();
@@ -333,6 +335,7 @@ fn cell(
     let mut order: Vec<usize> = (0..timed.len()).collect();
     order.sort_by(|&a, &b| timed[a].total.total_cmp(&timed[b].total));
     let median = &timed[order[order.len() / 2]];
+    let handoffs = HandOffSummary::of(timed.iter().flat_map(|s| s.timeline.handoffs()));
     let costs = median.timeline.measured_costs();
     let costs: Value = costs
         .stage_overrides
@@ -380,6 +383,13 @@ fn cell(
         "pipeline_step_over_simulated": ratio(&|s| s.step * 1e3),
         "makespan_over_simulated": ratio(&|s| s.timeline.makespan_ms()),
         "bubble_measured": median.timeline.bubble(),
+        "handoff": handoffs.map(|h| json!({
+            "count": h.count,
+            "median_us": h.median_us,
+            "p90_us": h.p90_us,
+            "transit_median_us": h.transit_median_us,
+            "wake_median_us": h.wake_median_us,
+        })),
         "costs_ms_of_median_step": costs,
         "times_s": totals,
         "losses": losses,

@@ -13,10 +13,23 @@ use parking_lot::Mutex;
 
 use crate::erased::ErasedLoss;
 use crate::mailbox::{Direction, Key, Mailbox, WaitError};
-use crate::protocol::{ActionSpan, Deliver, Packet, RunStep, StepFailure, StepReply, DELIVER};
+use crate::protocol::{
+    ActionSpan, Deliver, HandOffStamps, Packet, RunStep, StepFailure, StepReply, DELIVER,
+};
 use crate::slot::{Saved, StageSlot};
 
-/// A value waiting for one of this rank's stages.
+/// A value waiting for one of this rank's stages, with when it was sent
+/// and when it arrived (ns since the Unix epoch; both "now" for a value
+/// handed over in memory).
+pub(crate) struct Arrival {
+    pub value: Delivery,
+    pub sent_ns: u64,
+    pub received_ns: u64,
+    /// Whether it came from another worker.
+    pub remote: bool,
+}
+
+/// A value for one of this rank's stages.
 pub(crate) enum Delivery {
     /// An activation: the flattened value.
     Activation(Vec<u8>, Vec<tch::Tensor>),
@@ -38,7 +51,7 @@ pub(crate) struct RankActor {
     /// The stages in `slots` (fixed at creation; read without the lock,
     /// which a running step holds during compute).
     pub local_stages: Vec<usize>,
-    pub mailbox: Mailbox<Delivery>,
+    pub mailbox: Mailbox<Arrival>,
     /// How long a wait for an input polls before it sleeps
     /// ([`PipelineBuilder::wait_spin`](crate::PipelineBuilder::wait_spin)).
     pub wait_spin: Duration,
@@ -137,6 +150,11 @@ struct StepRun<'a> {
     /// When the running compute action got its input (its span starts
     /// there: the wait before is idle time, not compute).
     computing_since: Option<u64>,
+    /// Whether to record hand-offs (the timeline was asked for).
+    trace: bool,
+    /// The values received from other workers: their stamps, the start
+    /// filled in when the action that took one starts.
+    handoffs: Vec<HandOffStamps>,
 }
 
 fn now_ns() -> u64 {
@@ -189,6 +207,8 @@ impl RankActor {
             losses: Vec::new(),
             outputs: Vec::new(),
             computing_since: None,
+            trace: request.trace,
+            handoffs: Vec::new(),
         };
         let mut spans = Vec::new();
         let result = (|| -> Result<(), Failed> {
@@ -199,6 +219,13 @@ impl RankActor {
                 let start = now_ns();
                 self.execute(&mut run, action)?;
                 let start = run.computing_since.take().unwrap_or(start);
+                // The values this action received: it started with them.
+                for handoff in run.handoffs.iter_mut().rev() {
+                    if handoff.started_ns != 0 {
+                        break;
+                    }
+                    handoff.started_ns = start;
+                }
                 if request.trace {
                     spans.push(ActionSpan {
                         index: index as u32,
@@ -230,6 +257,7 @@ impl RankActor {
                     losses: run.losses,
                     outputs: run.outputs,
                     spans,
+                    handoffs: run.handoffs,
                 })
             }
             Err(failed) => {
@@ -312,6 +340,8 @@ impl RankActor {
                     .stage_workers
                     .get(to)
                     .ok_or_else(|| fail(format!("there is no stage {to} to send to").into()))?;
+                let mut message = message;
+                message.sent_ns = now_ns();
                 let send = DELIVER.rpc_async_with(run.agent, worker.as_str(), message, run.limit);
                 run.sends.push((action.clone(), send));
                 Ok(())
@@ -325,8 +355,10 @@ impl RankActor {
     }
 
     /// Takes the value `key` names, waiting for it.
-    fn receive(&self, run: &StepRun<'_>, key: Key) -> Result<Delivery, Fault> {
-        self.mailbox
+    fn receive(&self, run: &mut StepRun<'_>, key: Key) -> Result<Delivery, Fault> {
+        let asked_ns = if run.trace { now_ns() } else { 0 };
+        let arrival = self
+            .mailbox
             .take(key, run.limit, self.wait_spin)
             .map_err(|e| match e {
                 WaitError::Aborted(reason) => Fault::Aborted(reason),
@@ -342,7 +374,19 @@ impl RankActor {
                         limit,
                     }
                 }
-            })
+            })?;
+        if run.trace && arrival.remote {
+            run.handoffs.push(HandOffStamps {
+                stage: key.stage as u32,
+                microbatch: key.microbatch as u32,
+                forward: key.direction == Direction::Forward,
+                sent_ns: arrival.sent_ns,
+                received_ns: arrival.received_ns,
+                asked_ns,
+                started_ns: 0,
+            });
+        }
+        Ok(arrival.value)
     }
 
     fn forward(&self, run: &mut StepRun<'_>, stage: usize, mb: usize) -> Result<(), Fault> {
@@ -488,6 +532,7 @@ impl RankActor {
                     microbatch: mb as u32,
                     activation: Some(packet),
                     grads: Vec::new(),
+                    sent_ns: 0,
                 },
             );
             Ok(())
@@ -507,6 +552,13 @@ impl RankActor {
             stage,
             direction,
             microbatch: mb,
+        };
+        let now = now_ns();
+        let value = Arrival {
+            value,
+            sent_ns: now,
+            received_ns: now,
+            remote: false,
         };
         self.mailbox
             .put(key, value)
@@ -717,6 +769,7 @@ impl RankActor {
                     microbatch: mb as u32,
                     activation: None,
                     grads: grads.into_iter().map(|g| g.map(Tensor::from)).collect(),
+                    sent_ns: 0,
                 },
             );
             Ok(())
@@ -753,6 +806,12 @@ impl RankActor {
             stage,
             direction,
             microbatch: message.microbatch as usize,
+        };
+        let value = Arrival {
+            value,
+            sent_ns: message.sent_ns,
+            received_ns: now_ns(),
+            remote: true,
         };
         self.mailbox.put(key, value).map(|_| ()).map_err(|_| {
             format!(

@@ -109,4 +109,4 @@ pub use memory::{
 pub use microbatch::{split_tensor, Replicate, Split, SplitAlong, SplitError};
 pub use plan::ScheduleSpec;
 pub use stage::{LossFn, Stage, StageFn, Stages};
-pub use timeline::Timeline;
+pub use timeline::{HandOff, HandOffSummary, Timeline};

@@ -108,6 +108,9 @@ pub(crate) struct StepReply {
     pub outputs: Vec<(u32, Packet)>,
     /// The action timeline, when asked for.
     pub spans: Vec<ActionSpan>,
+    /// The values this rank received from other workers, when the timeline
+    /// was asked for.
+    pub handoffs: Vec<HandOffStamps>,
 }
 
 /// Why a rank's step failed, as it travels back to the driver.
@@ -157,6 +160,29 @@ pub(crate) struct Deliver {
     /// Gradients, one per tensor of the activation that went forward
     /// (`None`: that tensor gets no gradient).
     pub grads: Vec<Option<Tensor>>,
+    /// When the sender sent it (ns since the Unix epoch), for the
+    /// timeline's hand-offs.
+    pub sent_ns: u64,
+}
+
+/// One value handed from a stage to the next (or back), as the receiving
+/// rank saw it: nanoseconds since the Unix epoch, on the sender's and the
+/// receiver's clocks (one host: one clock).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, Schema)]
+pub(crate) struct HandOffStamps {
+    /// The receiving stage.
+    pub stage: u32,
+    pub microbatch: u32,
+    /// An activation (`true`) or a gradient.
+    pub forward: bool,
+    /// The sender sent it.
+    pub sent_ns: u64,
+    /// It reached the receiver's mailbox.
+    pub received_ns: u64,
+    /// The receiving action started waiting for it (or asked for it).
+    pub asked_ns: u64,
+    /// The receiving action had it and started computing.
+    pub started_ns: u64,
 }
 
 /// Stops a step on a rank.

@@ -13,6 +13,45 @@ use crate::protocol::StepReply;
 #[derive(Clone, Debug)]
 pub struct Timeline {
     run: TimedRun,
+    handoffs: Vec<HandOff>,
+}
+
+/// One value handed from a stage on one worker to a stage on another, as
+/// the receiving rank saw it (microseconds; one host, one clock).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HandOff {
+    /// The receiving stage.
+    pub stage: usize,
+    /// The microbatch.
+    pub microbatch: usize,
+    /// An activation (`true`) or a gradient.
+    pub activation: bool,
+    /// Whether the receiving action was already waiting when the value
+    /// arrived (an idle receiver): then [`total_us`](Self::total_us) is
+    /// the whole hand-off latency.
+    pub idle: bool,
+    /// From the send to the value in the receiver's mailbox.
+    pub transit_us: f64,
+    /// From the value in the mailbox (or, if it came first, from the
+    /// action asking for it) to the action starting: the receiver's wake-up.
+    pub wake_us: f64,
+    /// From the send to the start of the action that consumed it.
+    pub total_us: f64,
+}
+
+/// The median and 90th percentile of the hand-offs to idle receivers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HandOffSummary {
+    /// How many hand-offs found their receiver idle.
+    pub count: usize,
+    /// Median send-to-start latency, µs.
+    pub median_us: f64,
+    /// 90th percentile, µs.
+    pub p90_us: f64,
+    /// Median transit (send to mailbox), µs.
+    pub transit_median_us: f64,
+    /// Median wake-up (mailbox to start), µs.
+    pub wake_median_us: f64,
 }
 
 impl Timeline {
@@ -81,6 +120,21 @@ impl Timeline {
                 peak_activations,
             })
             .collect();
+        let us = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3;
+        let handoffs = replies
+            .iter()
+            .flat_map(|r| &r.handoffs)
+            .filter(|h| h.started_ns != 0)
+            .map(|h| HandOff {
+                stage: h.stage as usize,
+                microbatch: h.microbatch as usize,
+                activation: h.forward,
+                idle: h.asked_ns < h.received_ns,
+                transit_us: us(h.received_ns, h.sent_ns),
+                wake_us: us(h.started_ns, h.received_ns.max(h.asked_ns)),
+                total_us: us(h.started_ns, h.sent_ns),
+            })
+            .collect();
         Timeline {
             run: TimedRun {
                 schedule: lowered.clone(),
@@ -88,7 +142,20 @@ impl Timeline {
                 ranks,
                 makespan,
             },
+            handoffs,
         }
+    }
+
+    /// Every value handed between stages on different workers in this step.
+    pub fn handoffs(&self) -> &[HandOff] {
+        &self.handoffs
+    }
+
+    /// The hand-off latency to idle receivers (from the send of a value to
+    /// the start of the action that consumes it, when that action was
+    /// already waiting), or `None` when no receiver waited.
+    pub fn handoff_summary(&self) -> Option<HandOffSummary> {
+        summarize(self.handoffs.iter().filter(|h| h.idle))
     }
 
     /// The per-stage costs of this step (ms): the median duration of each
@@ -169,5 +236,34 @@ impl Timeline {
     /// A Chrome trace (`chrome://tracing`, Perfetto) of the step.
     pub fn chrome_trace(&self) -> String {
         ferry_schedule::chrome_trace_timed(&self.run, 1000.0)
+    }
+}
+
+/// The summary of `handoffs` (see [`Timeline::handoff_summary`]); public
+/// through [`HandOffSummary::of`] for hand-offs gathered over many steps.
+fn summarize<'a>(handoffs: impl Iterator<Item = &'a HandOff>) -> Option<HandOffSummary> {
+    let list: Vec<&HandOff> = handoffs.collect();
+    if list.is_empty() {
+        return None;
+    }
+    let quantile = |mut v: Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    };
+    let total: Vec<f64> = list.iter().map(|h| h.total_us).collect();
+    Some(HandOffSummary {
+        count: list.len(),
+        median_us: quantile(total.clone(), 0.5),
+        p90_us: quantile(total, 0.9),
+        transit_median_us: quantile(list.iter().map(|h| h.transit_us).collect(), 0.5),
+        wake_median_us: quantile(list.iter().map(|h| h.wake_us).collect(), 0.5),
+    })
+}
+
+impl HandOffSummary {
+    /// The summary of the idle-receiver hand-offs among `handoffs` (for
+    /// example those of many steps' timelines).
+    pub fn of<'a>(handoffs: impl IntoIterator<Item = &'a HandOff>) -> Option<HandOffSummary> {
+        summarize(handoffs.into_iter().filter(|h| h.idle))
     }
 }
