@@ -66,6 +66,7 @@ mod error;
 mod guard;
 mod message;
 pub mod optim;
+mod service;
 mod waiting_root;
 
 use std::sync::Arc;
@@ -96,7 +97,7 @@ pub fn install(options: &mut RpcOptions) -> Arc<DistAutogradContainer> {
         .hooks
         .service(
             AUTOGRAD_SERVICE,
-            Arc::new(message::AutogradService(container.clone())),
+            Arc::new(service::AutogradService(container.clone())),
         )
         .interceptor(Arc::new(container::ContextInterceptor(container.clone())))
         .layer(container.clone())

@@ -1,18 +1,13 @@
-//! The autograd service: what workers send each other during backward and
-//! clean-up, and the handler that serves it.
+//! What workers send each other during backward and clean-up; the
+//! service that handles it is in `service.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_rpc::{Agent, BoxFuture, RemoteError, RpcError, Service, WorkerInfo};
+use ferry_rpc::{Agent, RemoteError, RpcError};
 use ferry_tch::Tensor;
-use ferry_transport::IncomingMessage;
-use ferry_wire::payload::{self, Encoded};
+use ferry_wire::payload;
 use ferry_wire::MessageKind;
 use serde::{Deserialize, Serialize};
-
-use crate::container::DistAutogradContainer;
-use crate::engine;
 
 /// The service kind of distributed autograd messages.
 pub const AUTOGRAD_SERVICE: MessageKind = ferry_wire::kinds::AUTOGRAD;
@@ -83,62 +78,4 @@ pub(crate) fn send_with_retries(agent: &Agent, to: u32, message: AutogradMessage
             }
         }
     });
-}
-
-/// Serves [`AUTOGRAD_SERVICE`].
-pub(crate) struct AutogradService(pub(crate) Arc<DistAutogradContainer>);
-
-impl Service for AutogradService {
-    fn name(&self) -> &str {
-        SERVICE_NAME
-    }
-
-    fn started(&self, agent: &Agent) {
-        self.0.started(agent);
-    }
-
-    fn after_join(&self) -> BoxFuture<()> {
-        // Releases still waiting for a message to ride on leave now; the
-        // second termination round waits for them.
-        self.0.flush_releases();
-        Box::pin(async {})
-    }
-
-    fn handle(
-        &self,
-        from: WorkerInfo,
-        message: IncomingMessage,
-    ) -> BoxFuture<Result<Encoded, String>> {
-        let container = self.0.clone();
-        Box::pin(async move {
-            let msg: AutogradMessage = payload::decode(&message.payload, message.tensors)
-                .map_err(|e| format!("malformed autograd message: {e}"))?;
-            match msg {
-                AutogradMessage::Propagate {
-                    context_id,
-                    message_id,
-                    grad,
-                } => {
-                    let outcome = engine::on_propagate(
-                        container.clone(),
-                        context_id,
-                        message_id,
-                        grad.into_inner(),
-                    )
-                    .await;
-                    let reply = match outcome {
-                        Ok(()) => PropagateReply::Done,
-                        Err(e) => PropagateReply::Failed(e.into_remote(&container.worker_name())),
-                    };
-                    payload::encode(&reply).map_err(|e| e.to_string())
-                }
-                AutogradMessage::ReleaseContexts { context_ids } => {
-                    for id in context_ids {
-                        container.release(id, Some(from.id));
-                    }
-                    payload::encode(&()).map_err(|e| e.to_string())
-                }
-            }
-        })
-    }
 }

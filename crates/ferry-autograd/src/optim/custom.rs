@@ -200,11 +200,11 @@ where
                 tracing::debug!(class, id, params = tensors.len(), "optimizer class built");
                 container.optimizers.insert(
                     id,
-                    super::distributed::Owned::Custom(CustomOptimizer {
+                    CustomOptimizer {
                         class,
                         params: tensors,
                         rule: Box::new(rule),
-                    }),
+                    },
                 );
                 Ok(())
             },

@@ -26,6 +26,12 @@ pub(crate) enum Owned {
     Custom(CustomOptimizer),
 }
 
+impl From<CustomOptimizer> for Owned {
+    fn from(custom: CustomOptimizer) -> Self {
+        Owned::Custom(custom)
+    }
+}
+
 impl Owned {
     fn params(&self) -> &[tch::Tensor] {
         match self {
@@ -54,10 +60,10 @@ pub(crate) struct LocalOptimizers {
 
 impl LocalOptimizers {
     /// Keeps distributed optimizer `id`'s part on this worker.
-    pub(crate) fn insert(&self, id: u64, owned: Owned) {
+    pub(crate) fn insert(&self, id: u64, owned: impl Into<Owned>) {
         self.optimizers
             .lock()
-            .insert(id, Arc::new(Mutex::new(owned)));
+            .insert(id, Arc::new(Mutex::new(owned.into())));
     }
 }
 
