@@ -131,11 +131,17 @@ fn member(rank: u32, protocol: Protocol) {
         println!("THIRD={third}");
         rt.block_on(store.set("calls/done", Vec::new())).unwrap();
     }
-    rt.block_on(store.wait(&["calls/done".into(), "relay/done".into()], T))
-        .unwrap();
+    rt.block_on(store.wait(&["calls/done".into()], T)).unwrap();
     let planted = rt.block_on(store.check(&["planted".into()])).unwrap();
     println!("PLANTED={planted}");
+    // The relay still carries worker0's connection to worker1: a graceful
+    // shutdown through it ends cleanly (without it, worker0 could not
+    // reach worker1 again and would rightly name it absent).
     ferry_rpc::shutdown().unwrap();
+    // The agent closed the client it was given; a new one says so.
+    let after = store_client(&rt, protocol);
+    rt.block_on(after.set(&format!("shutdown/{rank}"), Vec::new()))
+        .unwrap();
 }
 
 /// Copies exactly `n` bytes from `from` to `to`.
@@ -249,9 +255,11 @@ fn outsider(protocol: Protocol) {
         let relaying = tokio::spawn(async move {
             let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
         });
-        store.wait(&["calls/done".into()], T).await.unwrap();
+        store
+            .wait(&["shutdown/0".into(), "shutdown/1".into()], T)
+            .await
+            .unwrap();
         relaying.abort();
-        store.set("relay/done", Vec::new()).await.unwrap();
     });
 }
 
