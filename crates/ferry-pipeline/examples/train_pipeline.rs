@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use ferry_pipeline::{Pipeline, Timeline};
+use ferry_pipeline::{HandOffSummary, Pipeline, Timeline};
 use ferry_rpc::RpcOptions;
 use ferry_schedule::ScheduleKind;
 
@@ -129,6 +129,10 @@ struct Run {
     traced_step: usize,
     /// The makespans of all the traced steps (ms).
     traced_ms: Vec<f64>,
+    /// Every traced step's measured makespan over its own simulation.
+    traced_ratios: Vec<f64>,
+    /// The hand-offs of all the traced steps to idle receivers.
+    handoffs: Option<HandOffSummary>,
     stage_to_rank: Vec<usize>,
 }
 
@@ -217,6 +221,12 @@ fn train_pipelined(
     }
     progress.finish();
     let traced_ms = traced.iter().map(|(_, t)| t.makespan_ms()).collect();
+    let stage_to_rank = pipeline.stage_to_rank().to_vec();
+    let traced_ratios = traced
+        .iter()
+        .map(|(_, t)| Ok(t.makespan_ms() / t.simulated(&stage_to_rank)?.makespan.max(1e-9)))
+        .collect::<Result<Vec<f64>>>()?;
+    let handoffs = HandOffSummary::of(traced.iter().flat_map(|(_, t)| t.handoffs()));
     traced.sort_by(|a, b| a.1.makespan_ms().total_cmp(&b.1.makespan_ms()));
     let middle = traced.len() / 2;
     let (traced_step, traced) = traced
@@ -230,7 +240,9 @@ fn train_pipelined(
         traced,
         traced_step,
         traced_ms,
-        stage_to_rank: pipeline.stage_to_rank().to_vec(),
+        traced_ratios,
+        handoffs,
+        stage_to_rank,
     })
 }
 
@@ -301,6 +313,25 @@ fn report(
         simulated.bubble() * 100.0,
         measured.makespan / simulated.makespan.max(1e-9)
     );
+    let mut ratios = run.traced_ratios.clone();
+    ratios.sort_by(f64::total_cmp);
+    if let Some(h) = &run.handoffs {
+        println!(
+            "  over the {} traced steps: measured/simulated median {:.2} (from {:.2} to {:.2}); \
+             hand-off from a send to the start of the action it feeds on an idle receiver: \
+             median {:.0} µs, p90 {:.0} µs over {} values (in transit {:.0} µs, waking the \
+             receiver {:.0} µs, medians)",
+            ratios.len(),
+            median(&ratios),
+            ratios.first().copied().unwrap_or(f64::NAN),
+            ratios.last().copied().unwrap_or(f64::NAN),
+            h.median_us,
+            h.p90_us,
+            h.count,
+            h.transit_median_us,
+            h.wake_median_us,
+        );
+    }
     let split = matches!(
         kind,
         ScheduleKind::InterleavedZeroBubble | ScheduleKind::ZbvZeroBubble
