@@ -45,6 +45,7 @@ use crate::{Functions, RpcError, RpcOptions, WorkerInfo, WorkerRef};
 mod calls;
 mod connections;
 mod serving;
+mod shutdown;
 
 pub use calls::ServiceFuture;
 
@@ -104,7 +105,7 @@ pub(crate) struct Inner {
     timer_wake: Notify,
     next_conn: AtomicU64,
     /// Calls sent, lost and served per peer (shutdown's termination detection).
-    pub(crate) tally: crate::join::Tally,
+    pub(crate) tally: crate::tally::Tally,
     /// Calls outstanding here: sent and unanswered, or received and running.
     active: AtomicU64,
     /// Woken when `active` drops to zero.
@@ -119,7 +120,7 @@ pub(crate) struct Inner {
     /// Graceful shutdown's bound without progress.
     pub(crate) shutdown_timeout: Duration,
     /// What connections tell of each peer (shutdown tells a gone peer by it).
-    pub(crate) liveness: crate::join::Liveness,
+    pub(crate) liveness: crate::tally::Liveness,
     /// Bound on the wait for an incoming connection's first message.
     handshake_timeout: Duration,
     /// The agent's own tasks (accept loop, timer, connections, layers'
@@ -193,7 +194,7 @@ impl Agent {
             calls: Mutex::new(PendingCalls::new()),
             timer_wake: Notify::new(),
             next_conn: AtomicU64::new(1),
-            tally: crate::join::Tally::new(world),
+            tally: crate::tally::Tally::new(world),
             active: AtomicU64::new(0),
             idle: Notify::new(),
             state: AtomicU8::new(RUNNING),
@@ -202,7 +203,7 @@ impl Agent {
             rpc_timeout: AtomicU64::new(nanos(options.rpc_timeout)),
             init_timeout: options.init_timeout,
             shutdown_timeout: options.shutdown_timeout.unwrap_or(options.init_timeout),
-            liveness: crate::join::Liveness::new(world),
+            liveness: crate::tally::Liveness::new(world),
             handshake_timeout: options.handshake_timeout,
             tasks: Mutex::new(JoinSet::new()),
             span: span.clone(),
@@ -321,70 +322,6 @@ impl Agent {
     pub fn worker_addr(&self, worker: impl Into<WorkerRef>) -> Result<SocketAddr, RpcError> {
         let rank = self.inner.resolve(&worker.into())?;
         Ok(self.inner.addrs[rank as usize])
-    }
-
-    /// Graceful shutdown: waits until no worker of the group has calls
-    /// outstanding (PyTorch's `join`), then all workers stop together.
-    ///
-    /// Stops all the same when it fails. With a worker that does not take
-    /// part it fails with [`RpcError::Absent`] naming it: at once when the
-    /// worker's connection closed and its address refuses a new one (a
-    /// killed process: [`Absence::Gone`](crate::Absence::Gone)), else once
-    /// the group has made no progress for
-    /// [`shutdown_timeout`](crate::RpcOptions::shutdown_timeout)
-    /// ([`Absence::Silent`](crate::Absence::Silent)); the worker that finds
-    /// it tells the others through the store, so each survivor in shutdown
-    /// ends with the same error ([`Absence::Reported`](crate::Absence::Reported)).
-    /// Rank 0, which hosts the store, first waits up to one more
-    /// `shutdown_timeout` until every other survivor has had that news.
-    /// Calls that stay outstanding, a call that was never served, or a
-    /// store that does not answer fail it with [`RpcError::Join`] after
-    /// `shutdown_timeout` without progress. Layers' shutdown hooks are
-    /// bounded by `shutdown_timeout` each.
-    ///
-    /// Call it from a thread, not from inside an async task on the agent's runtime.
-    pub fn shutdown(&self) -> Result<(), RpcError> {
-        let inner = &self.inner;
-        if inner
-            .state
-            .compare_exchange(RUNNING, JOINING, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return Err(RpcError::NotInitialized);
-        }
-        let services: Vec<Arc<dyn Service>> = inner.services.values().cloned().collect();
-        let result = inner.handle.block_on(
-            async {
-                crate::join::join(inner.clone(), "join").await?;
-                if services.is_empty() {
-                    return Ok(());
-                }
-                // The group is idle: layers send what they still owe (the
-                // RRef layer deletes its users), then the group waits until
-                // that traffic has drained too, and layers release the rest.
-                // Each hook is bounded too: shutdown ends within its bounds.
-                let mut hooks = Ok(());
-                for s in &services {
-                    hooks = hooks.and(
-                        inner
-                            .bounded_hook(s.name(), "after_join", s.after_join())
-                            .await,
-                    );
-                }
-                let drained = crate::join::join(inner.clone(), "drain").await;
-                for s in &services {
-                    hooks = hooks.and(
-                        inner
-                            .bounded_hook(s.name(), "before_stop", s.before_stop())
-                            .await,
-                    );
-                }
-                hooks.and(drained)
-            }
-            .instrument(inner.span.clone()),
-        );
-        self.stop();
-        result
     }
 
     /// Immediate shutdown: outstanding calls fail with a shut-down error,
@@ -509,23 +446,6 @@ impl Inner {
                 world_size: self.workers.len() as u32,
             }),
         }
-    }
-
-    /// Runs a layer's shutdown hook for at most `shutdown_timeout`.
-    async fn bounded_hook(
-        &self,
-        layer: &str,
-        hook: &str,
-        run: crate::functions::BoxFuture<()>,
-    ) -> Result<(), RpcError> {
-        tokio::time::timeout(self.shutdown_timeout, run)
-            .await
-            .map_err(|_| {
-                RpcError::Join(format!(
-                    "the {layer:?} layer's {hook} did not finish within {:?}",
-                    self.shutdown_timeout
-                ))
-            })
     }
 
     /// Runs `task` on the agent's runtime as one of the agent's tasks

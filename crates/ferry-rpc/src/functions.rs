@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use ferry_wire::payload::{self, IncomingTensor};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::boxed::BoxFuture;
 use crate::protocol::{Failure, FailureKind};
 use crate::schema::{Schema, Shape};
 use crate::watch;
@@ -211,8 +211,6 @@ pub fn short_type_name(name: &str) -> String {
     out
 }
 
-/// A boxed, sendable future (what services and layers return).
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub(crate) type CallResult = Result<Value, Failure>;
 type BlockingFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> CallResult + Send + Sync;
 type AsyncFn = dyn Fn(&[u8], Vec<IncomingTensor>) -> BoxFuture<CallResult> + Send + Sync;

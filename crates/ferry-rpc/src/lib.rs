@@ -49,6 +49,7 @@
 extern crate self as ferry_rpc;
 
 mod agent;
+mod boxed;
 mod call;
 mod current;
 mod error;
@@ -66,6 +67,7 @@ pub mod schema;
 mod schema_impls;
 pub mod scope;
 pub mod service;
+mod tally;
 mod termination;
 mod throttle;
 mod topology;
@@ -86,11 +88,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
+pub use boxed::BoxFuture;
 pub use call::{wait_all, RpcFuture};
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{
-    panic_message, short_type_name, BoxFuture, Functions, Signature, SignatureId, SignatureSchema,
+    panic_message, short_type_name, Functions, Signature, SignatureId, SignatureSchema,
 };
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{

@@ -7,7 +7,7 @@ use ferry_transport::IncomingMessage;
 use ferry_wire::payload::{Encoded, IncomingTensor, OutgoingTensor};
 use ferry_wire::MessageKind;
 
-use crate::functions::BoxFuture;
+use crate::boxed::BoxFuture;
 use crate::protocol::Extension;
 use crate::scope::CallScope;
 use crate::{Agent, WorkerInfo};

@@ -39,7 +39,7 @@
 
 use std::cell::RefCell;
 
-use crate::functions::BoxFuture;
+use crate::boxed::BoxFuture;
 
 /// How a watched message ended, as far as its receiver's code goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

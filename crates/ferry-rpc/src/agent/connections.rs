@@ -81,7 +81,7 @@ impl Inner {
 
     /// Connects to `rank` if no link to it is up (shutdown's check of a
     /// peer whose connection ended: a live peer answers, a gone one
-    /// refuses, see [`crate::join::Liveness`]).
+    /// refuses, see [`crate::tally::Liveness`]).
     pub(crate) fn probe(self: &Arc<Self>, rank: u32) {
         let _ = self.link(rank);
     }

@@ -36,7 +36,7 @@ impl Agent {
         signature: crate::SignatureId,
         args: Vec<u8>,
         tensors: Vec<IncomingTensor>,
-    ) -> crate::functions::BoxFuture<Result<Value, RpcError>> {
+    ) -> crate::boxed::BoxFuture<Result<Value, RpcError>> {
         let inner = &self.inner;
         let worker = inner.me.name.clone();
         let name = function.to_string();
