@@ -529,6 +529,9 @@ fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
         options.channel_config.spin = Duration::from_micros(us);
     }
     let spin_us = options.channel_config.spin.as_micros() as u64;
+    // Freed tensors are reused, not faulted in again, in the pipeline's
+    // workers and in the baseline alike.
+    ferry_pipeline::retain_freed_memory()?;
     ferry_pipeline::install(&mut options, model::stages());
     ferry_rpc::init_rpc(options)?;
     let result = if rank == 0 {

@@ -109,6 +109,9 @@ fn main() -> Result<()> {
         ferry::launch::Role::Worker { rank, .. } => rank,
     };
     tch::set_num_threads(args.threads);
+    // Freed tensors are reused, not faulted in again, in the pipeline's
+    // workers and in the one-process run alike.
+    ferry_pipeline::retain_freed_memory()?;
     let mut options = RpcOptions::from_env(format!("worker{rank}"))?;
     ferry_pipeline::install(&mut options, model::stages());
     ferry::init_rpc(options)?;

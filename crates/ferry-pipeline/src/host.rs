@@ -185,13 +185,10 @@ fn agent() -> Result<Agent, String> {
 /// facade's `ferry::init_rpc` installs an empty registry where this was not
 /// called.
 ///
-/// It also keeps freed tensor memory in this process for the next
-/// microbatch ([`retain_freed_memory`](crate::retain_freed_memory)),
-/// unless `FERRY_PIPELINE_RETAIN_MEMORY=0`.
+/// It changes nothing outside `options`: keeping freed tensor memory for
+/// the next microbatch, which retunes the process's allocator, is a
+/// separate choice ([`retain_freed_memory`](crate::retain_freed_memory)).
 pub fn install(options: &mut RpcOptions, stages: Stages) -> Arc<PipelineHost> {
-    if crate::memory::wanted() && !crate::memory::retain_freed_memory() {
-        tracing::debug!("malloc tuning not available on this platform");
-    }
     let host = Arc::new(PipelineHost {
         stages,
         ranks: Mutex::new(HashMap::new()),

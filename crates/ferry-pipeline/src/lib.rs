@@ -104,7 +104,7 @@ pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN};
 pub use error::{Awaited, PipelineError};
 pub use host::{install, PipelineHost};
 pub use memory::{
-    retain_freed_memory, ARENA_MAX, MMAP_THRESHOLD, RETAIN_MEMORY_ENV, TRIM_THRESHOLD,
+    retain_freed_memory, RetainMemoryError, ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD,
 };
 pub use microbatch::{split_tensor, Replicate, Split, SplitAlong, SplitError};
 pub use plan::ScheduleSpec;

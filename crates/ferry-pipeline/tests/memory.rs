@@ -51,7 +51,7 @@ fn freed_blocks_are_reused_instead_of_faulted_in_again() {
         "glibc's defaults should fault every page of every round: {untuned} faults"
     );
 
-    assert!(ferry_pipeline::retain_freed_memory());
+    ferry_pipeline::retain_freed_memory().expect("glibc takes the settings");
     let _ = faults_of_reallocating(); // the first round after tuning may map
     let tuned = faults_of_reallocating();
     assert!(
@@ -70,7 +70,7 @@ const THREAD_TEST: &str = "threads_started_after_tuning_reuse_freed_heaps";
 /// heaps) and reallocates a gradient-sized block that no longer fits
 /// beside them. Prints the faults of the reallocating rounds.
 fn child() {
-    assert!(ferry_pipeline::retain_freed_memory());
+    ferry_pipeline::retain_freed_memory().expect("glibc takes the settings");
     let faults = std::thread::spawn(|| {
         let live: Vec<Vec<u8>> = (0..8).map(|_| vec![1u8; 7 << 20]).collect();
         std::hint::black_box(&live);
