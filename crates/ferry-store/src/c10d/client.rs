@@ -13,7 +13,7 @@ use tracing::debug;
 
 use super::wire::{self, Query, Reply, ReplyKind, WaitReply, KEY_PREFIX, VALIDATION_MAGIC};
 use super::C10dFormatError;
-use crate::tcp::connect_with_retry;
+use crate::tcp::connect::connect_with_retry;
 use crate::{Store, StoreError, StoreFuture};
 
 /// Room made in the read buffer before each read.

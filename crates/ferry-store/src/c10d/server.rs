@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use super::wire::{self, C10dFormatError, Query, QueryType, Reply, WaitReply, VALIDATION_MAGIC};
 use crate::quota::{ConnId, QuotaBound, Refusal};
-use crate::tcp::{closing, Served};
+use crate::tcp::served::{closing, Served};
 use crate::StoreError;
 
 /// A c10d `WAIT` has no timeout on the server (the client cancels it);
