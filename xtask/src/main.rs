@@ -16,21 +16,17 @@
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
 //! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
-//! commands, [`table`] builds Ferry-vs-peer comparison tables. Repository
+//! commands (`bench` has a module per benchmark family). Repository
 //! checks ("tidy") are unit tests in `tidy.rs`: `cargo test -p xtask`.
 
 mod bench;
 mod demo;
 mod gpu_bundle;
-mod pipeline_bench;
-mod schedule_bench;
 mod setup;
 mod steps;
-mod table;
 mod test;
 #[cfg(test)]
 mod tidy;
-mod ucx_bench;
 mod ucx_bindings;
 
 use anyhow::{bail, Result};

@@ -10,10 +10,12 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{out_path, remove_stale, sides_in_order, write_result, Options};
+use super::comparison::sides_in_order;
+use super::options::Options;
+use super::results::{out_path, remove_stale, write_result};
+use crate::bench::table::{self, Better, Metric, RowSpec};
 use crate::setup::{venv_python, TORCH_VERSION};
 use crate::steps::{cargo, cmd, root, run, Steps};
-use crate::table::{self, Better, Metric, RowSpec};
 
 /// Shapes (ranks x microbatches) both sides run.
 pub(crate) const SHAPES: &[&str] = &["8x32", "32x128", "64x256"];

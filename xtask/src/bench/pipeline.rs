@@ -20,10 +20,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{out_path, remove_stale, sides_in_order, write_result, Options};
+use super::comparison::sides_in_order;
+use super::options::Options;
+use super::results::{out_path, remove_stale, write_result};
+use crate::bench::table;
 use crate::setup::{venv_python, with_libtorch, TORCH_VERSION};
 use crate::steps::{cargo, cmd, root, run, Steps};
-use crate::table;
 
 /// The schedules both sides run, as both name them.
 pub(crate) const SCHEDULES: &[&str] = &["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"];

@@ -27,10 +27,10 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{out_path, release_binary, write_result};
+use super::results::{out_path, release_binary, write_result};
+use crate::bench::table;
 use crate::setup::ensure_debian_package;
 use crate::steps::{cargo, run, Steps};
-use crate::table;
 
 const PERFTEST: &str = "/usr/bin/ucx_perftest";
 /// Bandwidth sizes, bytes.

@@ -1,0 +1,138 @@
+//! `cargo xtask bench [--quick]`: the criterion benches, then each of
+//! Ferry's benchmarks side by side with its peer (`target/ferry-bench/`).
+//!
+//! One module per benchmark family: [`rpc`] (RPC latency against PyTorch
+//! RPC), [`rref`] (the PyTorch RPC paper's Table 1), [`autograd`] (its
+//! Table 2), [`lighthouse`] (against torchft's), [`schedule`] (pipeline
+//! schedules against `torch.distributed.pipelining`), [`pipeline`]
+//! (pipeline-parallel training against it) and [`ucx`] (the `ucx` channel
+//! against `ucx_perftest`). The machinery they share: [`options`] (the
+//! command line), [`peers`] (the peer scripts), [`comparison`] (Ferry's
+//! binary and the peer's script run alternately), [`process`] (a bounded
+//! run of a program), [`results`] (result files and medians over runs),
+//! [`table`] (Ferry-vs-peer rows and their ratios) and [`report`] (the
+//! tables printed from the result files).
+
+mod autograd;
+mod comparison;
+mod lighthouse;
+mod options;
+mod peers;
+mod pipeline;
+mod process;
+mod report;
+mod results;
+mod rpc;
+mod rref;
+mod schedule;
+pub(crate) mod table;
+mod ucx;
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use self::options::Bench;
+pub(crate) use self::options::Options;
+use self::peers::peers_dir;
+use self::results::OUT_DIR;
+use crate::setup::ensure_venv;
+use crate::steps::{cargo, root, run, Steps};
+
+/// `cargo xtask bench --quick` must finish within this many seconds.
+const QUICK_BUDGET_S: f64 = 600.0;
+
+pub(crate) fn main(o: &Options) -> Result<()> {
+    let t0 = Instant::now();
+    let mut steps = Steps::default();
+    std::fs::create_dir_all(root().join(OUT_DIR)).context("creating target/ferry-bench")?;
+
+    let peers = if o.no_peer {
+        eprintln!("(--no-peer: skipping the peer column)");
+        None
+    } else {
+        let found = peers_dir();
+        if found.is_none() {
+            eprintln!(
+                "peer scripts not found (../shared/peers or $FERRY_PEERS_DIR): \
+                 skipping the peer column"
+            );
+        }
+        found
+    };
+    let side_by_side = o.runs(Bench::Rpc)
+        || o.runs(Bench::Rref)
+        || o.runs(Bench::Autograd)
+        || o.runs(Bench::Lighthouse);
+    // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
+    // The schedule bench's peer script is in the repository: it needs no peers directory.
+    // So does the pipeline bench's Ferry side (ferry-pipeline links libtorch).
+    let needs_venv = (peers.is_some() && side_by_side)
+        || o.runs(Bench::Autograd)
+        || o.runs(Bench::Pipeline)
+        || (!o.no_peer && o.runs(Bench::Schedule));
+    if needs_venv && !o.table_only {
+        steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
+    }
+
+    if o.table_only {
+        eprintln!("(--table-only: tables from the results already in {OUT_DIR})");
+    } else if !o.runs(Bench::Criterion) {
+        eprintln!("(--only: skipping criterion benches)");
+    } else if o.no_criterion {
+        eprintln!("(--no-criterion: skipping criterion benches)");
+    } else {
+        steps.step("criterion: wire", || {
+            let mut c = cargo(&["bench", "-p", "ferry-benches", "--bench", "wire"]);
+            if o.quick {
+                c.args(["--", "--warm-up-time", "1", "--measurement-time", "2"]);
+            }
+            run(&mut c)
+        })?;
+    }
+
+    if o.runs(Bench::Rpc) {
+        rpc::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Rref) {
+        rref::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Autograd) {
+        autograd::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Lighthouse) {
+        lighthouse::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Schedule) {
+        schedule::main(&mut steps, o)?;
+    }
+    if o.runs(Bench::Pipeline) {
+        pipeline::main(&mut steps, o, peers.as_deref())?;
+    }
+    if o.runs(Bench::Ucx) && !o.table_only {
+        ucx::main(&mut steps)?;
+    }
+    if o.runs(Bench::Cuda) && !o.table_only {
+        steps.step("cuda: channels vs device-to-device copy", || {
+            run(&mut cargo(&[
+                "run",
+                "--release",
+                "-p",
+                "ferry-transport",
+                "--features",
+                "cuda",
+                "--example",
+                "cuda_bench",
+            ]))
+        })?;
+    }
+
+    steps.summary();
+    let took = t0.elapsed().as_secs_f64();
+    if o.quick && took > QUICK_BUDGET_S {
+        eprintln!(
+            "warning: `cargo xtask bench --quick` took {took:.0}s, over its {QUICK_BUDGET_S:.0}s budget"
+        );
+    }
+    Ok(())
+}
