@@ -19,6 +19,7 @@ mod lighthouse;
 mod options;
 mod peers;
 mod pipeline;
+mod pipeline_small;
 mod process;
 mod report;
 mod results;

@@ -125,7 +125,8 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Resu
         );
         check_complete(&rows)?;
         Ok("ok")
-    })
+    })?;
+    super::pipeline_small::main(steps, o, &super::pipeline_small::binary())
 }
 
 /// Where Ferry's side writes the measured and simulated timelines.
