@@ -28,7 +28,8 @@ use std::collections::BTreeMap;
 
 use ferry_wire::Device;
 
-use crate::cuda::CudaUnavailable;
+use crate::cuda::{self, CudaUnavailable};
+use crate::TransportError;
 
 /// Why a device map is refused, or a tensor has no device to land on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,6 +257,36 @@ fn check_injective(worker: &str, map: &BTreeMap<Device, Device>) -> Result<(), D
         seen.insert(remote, local);
     }
     Ok(())
+}
+
+/// The device a tensor that worker `peer` sent from its `device` lands on
+/// here (the device maps' reverse), checked to exist. A CUDA tensor with no
+/// landing device on a host without CUDA gets [`CudaUnavailable`] rather
+/// than the missing mapping.
+pub(crate) fn landing(
+    maps: &DeviceMaps,
+    peer: &str,
+    device: Device,
+) -> Result<Device, TransportError> {
+    match maps.received_on(peer, device) {
+        Ok(local) => {
+            cuda::check_device(local)?;
+            Ok(local)
+        }
+        Err(e) => Err(cuda::explain(e.into(), device, device)),
+    }
+}
+
+/// The device of worker `peer` a tensor sent there from local `device`
+/// lands on; a CUDA tensor needs CUDA here ([`CudaUnavailable`]) and a
+/// mapping.
+pub(crate) fn target(
+    maps: &DeviceMaps,
+    peer: &str,
+    device: Device,
+) -> Result<Device, TransportError> {
+    cuda::check_device(device)?;
+    maps.target(peer, device).map_err(TransportError::from)
 }
 
 #[cfg(test)]

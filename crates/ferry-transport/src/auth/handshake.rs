@@ -6,7 +6,7 @@ use sha2::Sha256;
 
 use super::message::{AuthMessage, DecodeError, NONCE_LEN, TAG_LEN};
 use super::records::Protection;
-use super::secret::{Key, SessionKey};
+use super::secret::{Key, Role, SessionKey};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -57,15 +57,6 @@ fn derive(key: &Key, role: Role, nonce_c: &[u8], nonce_s: &[u8]) -> SessionKey {
         protection,
         role,
     }
-}
-
-/// Which end of the connection this side is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The side that accepted the connection (it answers the hello).
-    Accept,
-    /// The side that opened the connection (it says hello first).
-    Connect,
 }
 
 /// Why a handshake failed.

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::handshake::{AuthError, Handshake, Role};
+use super::handshake::{AuthError, Handshake};
 use super::message::{AuthMessage, HEADER_LEN, NONCE_LEN};
-use super::secret::{Key, SessionKey};
+use super::secret::{Key, Role, SessionKey};
 
 /// How long a listener gives a peer to finish the handshake.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);

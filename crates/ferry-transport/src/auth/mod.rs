@@ -66,8 +66,8 @@ pub mod message;
 pub mod records;
 mod secret;
 
-pub use handshake::{AuthError, Handshake, Role, Step};
+pub use handshake::{AuthError, Handshake, Step};
 pub use io::{accept, connect, AUTH_TIMEOUT};
 pub use message::{AuthMessage, DecodeError};
 pub use records::{Protection, RecordError, RecordReader, RecordWriter};
-pub use secret::{Key, Secret, SecretError, SessionKey, SECRET_ENV};
+pub use secret::{Key, Role, Secret, SecretError, SessionKey, SECRET_ENV};

@@ -3,8 +3,16 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::handshake::Role;
 use super::records::{Opener, Protection, RecordReader, RecordWriter, Sealer};
+
+/// Which end of the connection this side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that accepted the connection (it answers the hello).
+    Accept,
+    /// The side that opened the connection (it says hello first).
+    Connect,
+}
 
 /// The environment variable holding the group's shared secret.
 pub const SECRET_ENV: &str = "FERRY_AUTH_SECRET";

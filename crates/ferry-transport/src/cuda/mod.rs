@@ -15,7 +15,6 @@ use std::sync::OnceLock;
 
 use ferry_wire::Device;
 
-use crate::device_map::DeviceMaps;
 use crate::TransportError;
 
 #[cfg(feature = "cuda")]
@@ -74,36 +73,6 @@ pub fn check_device(device: Device) -> Result<(), CudaUnavailable> {
             }
         }
     }
-}
-
-/// The device a tensor that worker `peer` sent from its `device` lands on
-/// here (the device maps' reverse; see [`crate::device_map`]), checked to
-/// exist. A CUDA tensor with no landing device on a host without CUDA gets
-/// [`CudaUnavailable`] rather than the missing mapping.
-pub(crate) fn landing(
-    maps: &DeviceMaps,
-    peer: &str,
-    device: Device,
-) -> Result<Device, TransportError> {
-    match maps.received_on(peer, device) {
-        Ok(local) => {
-            check_device(local)?;
-            Ok(local)
-        }
-        Err(e) => Err(explain(e.into(), device, device)),
-    }
-}
-
-/// The device of worker `peer` a tensor sent there from local `device`
-/// lands on; a CUDA tensor needs CUDA here ([`CudaUnavailable`]) and a
-/// mapping.
-pub(crate) fn target(
-    maps: &DeviceMaps,
-    peer: &str,
-    device: Device,
-) -> Result<Device, TransportError> {
-    check_device(device)?;
-    maps.target(peer, device).map_err(TransportError::from)
 }
 
 /// Replaces an error about a pair of devices involving CUDA by

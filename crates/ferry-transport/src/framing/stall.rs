@@ -5,7 +5,6 @@ use std::future::Future as _;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::reader::TensorWhat;
 use crate::{RecvBuffer, TransportError};
 
 /// Tensor bytes arriving on a stream (inline, or the `shm` ring) are read
@@ -95,14 +94,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for StallReader<'_, R> {
 
 /// Fills a tensor's destination from a stream in [`RECV_STEP`] steps,
 /// making each step's memory resident only as its bytes are about to
-/// arrive. `channel` names the channel in errors of a channel's own stream
-/// (`None`: the connection's stream).
+/// arrive. `what` describes the tensor in a stall's error; `channel` names
+/// the channel in errors of a channel's own stream (`None`: the
+/// connection's stream).
 pub(super) async fn receive_in_steps<R: AsyncRead + Unpin + ?Sized>(
     r: &mut R,
     dest: &mut dyn RecvBuffer,
     stall: std::time::Duration,
     peer: &str,
-    what: &TensorWhat,
+    what: &(dyn std::fmt::Display + Sync),
     channel: Option<&'static str>,
 ) -> Result<(), TransportError> {
     let len = dest.as_mut_bytes().len();
