@@ -1,5 +1,5 @@
 //! Ferry's side of the pipeline benchmark: the same model, data, schedules
-//! and timing as `../shared/peers/pt_pipeline.py` (PyTorch's
+//! and timing as `benches/peers/pt_pipeline.py` (PyTorch's
 //! `torch.distributed.pipelining` over gloo), so `cargo xtask bench --only
 //! pipeline` can put both in one table.
 //!
