@@ -4,7 +4,7 @@
 //! tensor both send, the peers' summary statistics, the two-process set-up,
 //! and writing a result as JSON.
 //!
-//! The statistics follow the peer scripts in `../shared/peers` so that
+//! The statistics follow the peer scripts in `benches/peers/` so that
 //! `cargo xtask bench` can put both sides in one table.
 
 use std::path::Path;

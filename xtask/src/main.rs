@@ -47,9 +47,9 @@ commands:
                     RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and
                     distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
                     (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft;
-                    pipeline schedules (generate + lower + simulate) against
-                    torch.distributed.pipelining (benches/peers/pt_schedule.py); pipeline-parallel
-                    training (ferry-pipeline) against torch.distributed.pipelining (pt_pipeline.py)
+                    pipeline schedules (generate + lower + simulate) and pipeline-parallel
+                    training (ferry-pipeline) against torch.distributed.pipelining; the peer
+                    scripts are in benches/peers/
         [--no-criterion] [--no-peer] [--table-only]
         [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx]
                     (--table-only: rebuild the tables from results already in target/ferry-bench;

@@ -3,7 +3,7 @@
 //! handles when the client is not the bottleneck.
 //!
 //! torchft's own `LighthouseClient` (driven from Python threads by
-//! `../shared/peers/lighthouse_bench.py`) spends about 50 µs of CPU per
+//! `benches/peers/lighthouse_bench.py`) spends about 50 µs of CPU per
 //! heartbeat, three to four times what either server spends, so on a small
 //! machine its rate measures the client. This program sends the same
 //! `Heartbeat` requests from one thread (a current-thread tokio runtime) over

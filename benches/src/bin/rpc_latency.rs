@@ -1,5 +1,5 @@
 //! Ferry's side of the PyTorch RPC latency comparison: the same cells as
-//! `../shared/peers/pt_rpc_latency.py` (identity on float32 tensors, two
+//! `benches/peers/pt_rpc_latency.py` (identity on float32 tensors, two
 //! processes on 127.0.0.1), written as JSON in the same schema so
 //! `cargo xtask bench` can put both in one table.
 //!

@@ -1,6 +1,6 @@
 //! Ferry's side of Table 1 of the PyTorch RPC paper: the overhead of passing
 //! a tensor by RRef instead of by value. Same protocol and JSON schema as
-//! `../shared/peers/pt_rref_overhead.py`, so `cargo xtask bench` can put both
+//! `benches/peers/pt_rref_overhead.py`, so `cargo xtask bench` can put both
 //! in one table.
 //!
 //! Two processes on 127.0.0.1; rank 0 = caller `worker0` (owns the tensor),

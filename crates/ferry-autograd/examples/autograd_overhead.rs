@@ -1,6 +1,6 @@
 //! Ferry's side of Table 2 of the PyTorch RPC paper: the overhead of
 //! distributed autograd. Same model, protocol and JSON schema as
-//! `../shared/peers/pt_dist_autograd_overhead.py`, so `cargo xtask bench`
+//! `benches/peers/pt_dist_autograd_overhead.py`, so `cargo xtask bench`
 //! can put both in one table.
 //!
 //! Model: two `nn.Linear(H, H)` layers (`x.linear(w, Some(b))`, no

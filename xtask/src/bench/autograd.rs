@@ -1,8 +1,6 @@
 //! The PyTorch RPC paper's Table 2: distributed autograd overhead,
 //! `ferry-autograd`'s `autograd_overhead` against PyTorch RPC.
 
-use std::path::Path;
-
 use anyhow::Result;
 use serde_json::{json, Value};
 
@@ -29,7 +27,7 @@ const AUTOGRAD_RUNS: [usize; 2] = [5, 1];
 /// paper's Table 2), [`AUTOGRAD_RUNS`] times each, alternating which side
 /// goes first; then the table, from each side's medians over its runs
 /// ([`autograd_over_runs`]).
-pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let runs = AUTOGRAD_RUNS[usize::from(o.quick)];
     let heading = format!(
         "Ferry vs PyTorch RPC: distributed autograd overhead (the paper's Table 2), same \
@@ -57,7 +55,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Resu
             over_runs: autograd_over_runs,
         }),
     }
-    .run(steps, o, peers)
+    .run(steps, o)
 }
 
 /// The overheads of one autograd run (a result of either side), each

@@ -29,7 +29,7 @@ pub(crate) struct Comparison<'a> {
     pub(crate) libtorch: bool,
     /// Arguments of Ferry's binary, after `--quick` and before `--out`.
     pub(crate) ferry_args: &'a [&'a str],
-    /// The peer script's file name in the peers directory.
+    /// The peer script's file name in `benches/peers/`.
     pub(crate) peer_script: &'a str,
     /// Arguments of the peer script, before `--quick` and `--out`.
     pub(crate) peer_args: &'a [&'a str],
@@ -62,14 +62,14 @@ impl Comparison<'_> {
     /// The steps `ferry: <name>`, `peer: <script> (PyTorch RPC)` (where the
     /// script is there) and `table: <name>`; under `--table-only`, only
     /// the table.
-    pub(crate) fn run(&self, steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+    pub(crate) fn run(&self, steps: &mut Steps, o: &Options) -> Result<()> {
         if !o.table_only {
             let ferry_out = self.out_path("ferry_");
             let peer_out = self.out_path("peer_");
             // Files left from an earlier run must not pose as this run's.
             remove_stale(&ferry_out)?;
             remove_stale(&peer_out)?;
-            let script = peer_script(peers, self.peer_script);
+            let script = peer_script(o.no_peer, self.peer_script);
             let runs = self.repeat.as_ref().map_or(1, |r| r.runs);
             // Each run's result (when repeating), read before the next run
             // overwrites it.

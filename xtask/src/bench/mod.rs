@@ -35,7 +35,6 @@ use anyhow::{Context, Result};
 
 use self::options::Bench;
 pub(crate) use self::options::Options;
-use self::peers::peers_dir;
 use self::results::OUT_DIR;
 use crate::setup::ensure_venv;
 use crate::steps::{cargo, root, run, Steps};
@@ -48,30 +47,18 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     let mut steps = Steps::default();
     std::fs::create_dir_all(root().join(OUT_DIR)).context("creating target/ferry-bench")?;
 
-    let peers = if o.no_peer {
+    if o.no_peer {
         eprintln!("(--no-peer: skipping the peer column)");
-        None
-    } else {
-        let found = peers_dir();
-        if found.is_none() {
-            eprintln!(
-                "peer scripts not found (../shared/peers or $FERRY_PEERS_DIR): \
-                 skipping the peer column"
-            );
-        }
-        found
-    };
+    }
     let side_by_side = o.runs(Bench::Rpc)
         || o.runs(Bench::Rref)
         || o.runs(Bench::Autograd)
         || o.runs(Bench::Lighthouse);
-    // Ferry's autograd benchmark links the .venv's libtorch, peer or not.
-    // The schedule bench's peer script is in the repository: it needs no peers directory.
-    // So does the pipeline bench's Ferry side (ferry-pipeline links libtorch).
-    let needs_venv = (peers.is_some() && side_by_side)
+    // The peer scripts run in the .venv; Ferry's autograd and pipeline
+    // benchmarks link its libtorch, peer or not.
+    let needs_venv = (!o.no_peer && (side_by_side || o.runs(Bench::Schedule)))
         || o.runs(Bench::Autograd)
-        || o.runs(Bench::Pipeline)
-        || (!o.no_peer && o.runs(Bench::Schedule));
+        || o.runs(Bench::Pipeline);
     if needs_venv && !o.table_only {
         steps.step_with("setup: .venv (torch, numpy)", ensure_venv)?;
     }
@@ -93,22 +80,22 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
 
     if o.runs(Bench::Rpc) {
-        rpc::main(&mut steps, o, peers.as_deref())?;
+        rpc::main(&mut steps, o)?;
     }
     if o.runs(Bench::Rref) {
-        rref::main(&mut steps, o, peers.as_deref())?;
+        rref::main(&mut steps, o)?;
     }
     if o.runs(Bench::Autograd) {
-        autograd::main(&mut steps, o, peers.as_deref())?;
+        autograd::main(&mut steps, o)?;
     }
     if o.runs(Bench::Lighthouse) {
-        lighthouse::main(&mut steps, o, peers.as_deref())?;
+        lighthouse::main(&mut steps, o)?;
     }
     if o.runs(Bench::Schedule) {
         schedule::main(&mut steps, o)?;
     }
     if o.runs(Bench::Pipeline) {
-        pipeline::main(&mut steps, o, peers.as_deref())?;
+        pipeline::main(&mut steps, o)?;
     }
     if o.runs(Bench::Ucx) && !o.table_only {
         ucx::main(&mut steps)?;

@@ -1,29 +1,16 @@
-//! The peer benchmark scripts Ferry is compared with.
+//! The peer benchmark scripts Ferry is compared with: the project's own,
+//! in `benches/peers/`, run with the `.venv`'s Python (PyTorch, and
+//! torchft for the lighthouse).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::steps::root;
 
-/// The directory of the peer benchmark scripts (read-only), if present:
-/// `$FERRY_PEERS_DIR`, else `../shared/peers` next to the repository.
-pub(crate) fn peers_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("FERRY_PEERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("..").join("shared").join("peers"));
-    dir.is_dir().then_some(dir)
-}
+/// Where the peer scripts are, relative to the repository root.
+pub(crate) const PEERS_DIR: &str = "benches/peers";
 
-/// The peer script `name` in `peers`, if both are there; says so when the
-/// directory is there but the script is not.
-pub(crate) fn peer_script(peers: Option<&Path>, name: &str) -> Option<PathBuf> {
-    let script = peers?.join(name);
-    if script.is_file() {
-        Some(script)
-    } else {
-        eprintln!(
-            "peer script {} not found: skipping its column",
-            script.display()
-        );
-        None
-    }
+/// The peer script `name` (e.g. `pt_rpc_latency.py`), unless `no_peer`
+/// (`--no-peer`) says to skip the peer's column.
+pub(crate) fn peer_script(no_peer: bool, name: &str) -> Option<PathBuf> {
+    (!no_peer).then(|| root().join(PEERS_DIR).join(name))
 }

@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::comparison::sides_in_order;
 use super::options::Options;
+use super::peers::peer_script;
 use super::results::{out_path, remove_stale, write_result};
 use crate::bench::table;
 use crate::setup::{venv_python, with_libtorch, TORCH_VERSION};
@@ -40,21 +41,16 @@ const TARGET_RATIO_ZBV: f64 = 0.5;
 /// ... and Ferry's measured step at most this multiple of its simulation.
 const TARGET_SIMULATED: f64 = 1.15;
 
-/// The bench: [`RUNS`] runs of each side (the peer unless `--no-peer` or
-/// its script is missing), pooled into `ferry_pipeline.json` and
+/// The bench: [`RUNS`] runs of each side (the peer unless `--no-peer`),
+/// pooled into `ferry_pipeline.json` and
 /// `peer_pipeline.json`, then the table. Under `--table-only`, the table.
-pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let ferry_out = out_path("ferry_pipeline.json");
     let peer_out = out_path("peer_pipeline.json");
     if !o.table_only {
         remove_stale(&ferry_out)?;
         remove_stale(&peer_out)?;
-        let script = peers
-            .map(|p| p.join("pt_pipeline.py"))
-            .filter(|s| s.is_file());
-        if script.is_none() && !o.no_peer {
-            eprintln!("pt_pipeline.py not found in the peers directory: Ferry's column only");
-        }
+        let script = peer_script(o.no_peer, "pt_pipeline.py");
         let runs = RUNS[usize::from(o.quick)];
         steps.step(
             "build: ferry-pipeline's example pipeline_bench (release, libtorch)",
@@ -175,9 +171,7 @@ fn run_ferry(o: &Options, out: &Path) -> Result<()> {
 fn run_peer(o: &Options, script: &Path, out: &Path) -> Result<()> {
     let py = venv_python();
     let mut c = cmd(&py.to_string_lossy(), &[]);
-    c.arg(script)
-        .args(shared_args())
-        .arg("--no-baseline-all-threads");
+    c.arg(script).args(shared_args());
     if o.quick {
         c.arg("--quick");
     }

@@ -1,8 +1,6 @@
 //! RPC latency and throughput: Ferry's `rpc_latency` against PyTorch RPC
 //! (TensorPipe), with what the group's secret costs (Ferry only).
 
-use std::path::Path;
-
 use anyhow::Result;
 use serde_json::Value;
 
@@ -29,9 +27,9 @@ fn rpc_target(bytes: f64) -> Option<f64> {
 const RPC_THROUGHPUT_TARGET: f64 = 25.0;
 
 /// Ferry's `rpc_latency` binary and the peer's `pt_rpc_latency.py`, then the table.
-pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let sizes = if o.quick { RPC_SIZES_QUICK } else { RPC_SIZES };
-    let peer_args = [&["--funcs", "identity", "--sizes"][..], sizes].concat();
+    let peer_args = [&["--sizes"][..], sizes].concat();
     let ferry_args = [&["--sizes"][..], sizes].concat();
     Comparison {
         name: "rpc_latency",
@@ -45,7 +43,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Resu
         specs: rpc_latency_specs,
         repeat: None,
     }
-    .run(steps, o, peers)
+    .run(steps, o)
 }
 
 /// Row specs for the RPC latency table: three rows per (func, size) cell

@@ -1,8 +1,6 @@
 //! The PyTorch RPC paper's Table 1: a tensor passed by value or by RRef,
 //! Ferry's `rref_overhead` against PyTorch RPC.
 
-use std::path::Path;
-
 use anyhow::Result;
 use serde_json::Value;
 
@@ -18,7 +16,7 @@ const RREF_SIZES_QUICK: &[&str] = &["4MB", "40MB"];
 
 /// Ferry's `rref_overhead` binary and the peer's `pt_rref_overhead.py`
 /// (the paper's Table 1: tensor vs RRef argument), then the table.
-pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let sizes = if o.quick {
         RREF_SIZES_QUICK
     } else {
@@ -38,7 +36,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Resu
         specs: rref_overhead_specs,
         repeat: None,
     }
-    .run(steps, o, peers)
+    .run(steps, o)
 }
 
 /// Row specs for the RRef overhead table: per size found on either side

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::comparison::sides_in_order;
 use super::options::Options;
+use super::peers::PEERS_DIR;
 use super::results::{out_path, remove_stale, write_result};
 use crate::bench::table::{self, Better, Metric, RowSpec};
 use crate::setup::{venv_python, TORCH_VERSION};
@@ -27,8 +28,6 @@ pub(crate) const SCHEDULES: &[&str] = &["Interleaved1F1B", "ZBVZeroBubble"];
 pub(crate) const TARGET: f64 = 300.0;
 /// Runs of each side, alternating which goes first, and under `--quick`.
 const RUNS: [usize; 2] = [3, 1];
-/// The peer script, relative to the repository root.
-const PEER_SCRIPT: &str = "benches/peers/pt_schedule.py";
 /// The phases each side times (one repetition is all three).
 const PHASES: &[&str] = &["total", "generate", "lower", "simulate"];
 
@@ -103,7 +102,8 @@ fn run_ferry(o: &Options, out: &Path) -> Result<()> {
 
 fn run_peer(o: &Options, out: &Path) -> Result<()> {
     let py = venv_python();
-    let mut c = cmd(&py.to_string_lossy(), &[PEER_SCRIPT]);
+    let script = format!("{PEERS_DIR}/pt_schedule.py");
+    let mut c = cmd(&py.to_string_lossy(), &[&script]);
     if o.quick {
         c.arg("--quick");
     }

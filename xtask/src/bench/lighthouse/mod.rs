@@ -54,9 +54,9 @@ const LIGHTHOUSE_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 /// After the script, each run also drives the same server process with
 /// Ferry's heartbeat load generator, `lighthouse_load`
 /// ([`LIGHTHOUSE_LOAD_SHAPES`]). Each side's result is the median over its
-/// runs. Then the table. Without the script (no peers directory, or
-/// `--no-peer`) there is no driver: the bench is skipped.
-pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Result<()> {
+/// runs. Then the table. Under `--no-peer` there is no driver: the
+/// bench is skipped.
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let runs = LIGHTHOUSE_RUNS[usize::from(o.quick)];
     let heading = format!(
         "Ferry vs torchft {TORCHFT_VERSION}: lighthouse (`ferry-lighthouse` vs torchft's \
@@ -78,7 +78,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, peers: Option<&Path>) -> Resu
         specs: lighthouse_specs,
     };
     if !o.table_only {
-        let Some(script) = peer_script(peers, "lighthouse_bench.py") else {
+        let Some(script) = peer_script(o.no_peer, "lighthouse_bench.py") else {
             eprintln!(
                 "(the lighthouse bench is driven by the peer's lighthouse_bench.py: skipping it)"
             );
