@@ -193,7 +193,11 @@ impl RankActor {
             agent,
             step,
             train: request.train,
-            limit: Duration::from_millis(request.wait_limit_ms),
+            // Zero: no time limit, as for an RPC timeout.
+            limit: match request.wait_limit_ms {
+                0 => NO_LIMIT,
+                ms => Duration::from_millis(ms),
+            },
             loss_weights: loss_weights(&request.targets, self.scale_grads),
             inputs: request.inputs.into_iter().map(Some).collect(),
             targets: request
@@ -821,6 +825,10 @@ impl RankActor {
         })
     }
 }
+
+/// A wait "without a time limit": long enough never to end first, short
+/// enough to add to an `Instant`.
+const NO_LIMIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Which part of a backward an action runs.
 #[derive(Clone, Copy)]

@@ -125,8 +125,10 @@ impl<O, I> PipelineBuilder<O, I> {
         self
     }
 
-    /// The time limit of one step and of every wait inside it (default: the
-    /// agent's RPC timeout).
+    /// The time limit of every wait for a value inside a step (a rank's
+    /// whole step gets twice that; default: the agent's RPC timeout; zero:
+    /// no limit, and dropping the pipeline waits at most [`DROP_TIMEOUT`]
+    /// per rank).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -692,19 +694,25 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
     }
 }
 
+/// How long dropping a pipeline waits for each rank to drop its part when
+/// the pipeline has no time limit (a zero [`PipelineBuilder::timeout`]).
+pub const DROP_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl<O, I> Drop for Pipeline<O, I> {
     fn drop(&mut self) {
+        // A hung worker must not hang the drop: bounded even without a
+        // time limit of the pipeline's own.
+        let bound = if self.timeout.is_zero() {
+            DROP_TIMEOUT
+        } else {
+            self.timeout
+        };
         let calls: Vec<_> = self
             .plan
             .ranks
             .iter()
             .map(|w| {
-                CONTROL.rpc_async_with(
-                    &self.agent,
-                    w.as_str(),
-                    (self.id, Control::Destroy),
-                    self.timeout,
-                )
+                CONTROL.rpc_async_with(&self.agent, w.as_str(), (self.id, Control::Destroy), bound)
             })
             .collect();
         for call in calls {

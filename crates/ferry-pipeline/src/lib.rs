@@ -100,7 +100,7 @@ mod slot;
 mod stage;
 mod timeline;
 
-pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN};
+pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN, DROP_TIMEOUT};
 pub use error::{Awaited, PipelineError};
 pub use host::{install, PipelineHost};
 pub use memory::{

@@ -297,3 +297,36 @@ fn a_stalled_stage_is_named_by_the_timeout_of_the_action_that_waited_for_it() {
     };
     assert_eq!(outputs[0].values("BLAMED"), ["ok"]);
 }
+
+#[test]
+fn a_pipeline_without_a_time_limit_waits_as_long_as_it_takes() {
+    let test = "a_pipeline_without_a_time_limit_waits_as_long_as_it_takes";
+    let Some(outputs) = ferry_testkit::world_ok(test, 2, |rank| {
+        start_blame(rank);
+        if rank == 0 {
+            let args = block_args(4);
+            // Zero is "no limit", as for an RPC timeout: every wait for a
+            // value (there is one per microbatch and stage boundary) waits.
+            let mut p = Pipeline::builder()
+                .stage(0, BLOCK, args[0])
+                .stage(1, BLOCK, args[1])
+                .stage(0, BLOCK, args[2])
+                .stage(1, BLOCK, args[3])
+                .schedule(ScheduleKind::Interleaved1F1B)
+                .microbatches(4)
+                .loss(MSE_MEAN)
+                .timeout(Duration::ZERO)
+                .build()
+                .unwrap();
+            let (x, y) = batch(0, 8);
+            let out = p.step(&x, &y).unwrap();
+            assert_eq!(out.losses.len(), 4);
+            drop(p);
+            println!("UNLIMITED=ok");
+        }
+        ferry_rpc::shutdown().unwrap();
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0].values("UNLIMITED"), ["ok"]);
+}
