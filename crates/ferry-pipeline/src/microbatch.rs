@@ -16,7 +16,34 @@
 //! - `Option`, `Vec` and tuples of these split element by element.
 //!
 //! A tuple of them splits too (what [`Pipeline::step`](crate::Pipeline::step)
-//! takes), and so does any struct that implements [`Split`] field by field.
+//! takes), and so does a struct of them with `#[derive(Split)]` (each
+//! field split as its type says), or one that implements [`Split`] by hand.
+//!
+//! ```
+//! use ferry_pipeline::{Replicate, Split, SplitAlong};
+//! use ferry_tch::Tensor;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, Split)]
+//! struct Batch {
+//!     tokens: Tensor,
+//!     mask: SplitAlong<1>,
+//!     table: Replicate<Tensor>,
+//!     causal: bool,
+//! }
+//!
+//! let f = (tch::Kind::Float, tch::Device::Cpu);
+//! let batch = Batch {
+//!     tokens: Tensor::from(tch::Tensor::zeros([10, 4], f)),
+//!     mask: SplitAlong(Tensor::from(tch::Tensor::zeros([2, 10], f))),
+//!     table: Replicate(Tensor::from(tch::Tensor::zeros([3], f))),
+//!     causal: true,
+//! };
+//! let parts = batch.split(4)?;
+//! assert_eq!(parts[0].tokens.size(), [3, 4]);
+//! assert_eq!(parts[3].mask.size(), [2, 2]);
+//! assert!(parts.iter().all(|p| p.causal && p.table.size() == [3]));
+//! # Ok::<(), ferry_pipeline::SplitError>(())
+//! ```
 //!
 //! ```
 //! use ferry_pipeline::{Replicate, Split, SplitAlong};

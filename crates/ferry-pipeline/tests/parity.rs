@@ -10,7 +10,9 @@ mod common;
 
 use common::*;
 use ferry_autograd::OptimizerKind;
-use ferry_pipeline::{Pipeline, Replicate, ScheduleSpec, SplitAlong, Stage, StageFn, Stages};
+use ferry_pipeline::{
+    Pipeline, Replicate, ScheduleSpec, Split, SplitAlong, Stage, StageFn, Stages,
+};
 use ferry_rpc::{BoxError, RpcOptions};
 use ferry_schedule::{Schedule, ScheduleKind};
 use ferry_tch::Tensor;
@@ -25,7 +27,13 @@ const UNEVEN_MICROBATCHES: usize = 4;
 /// The input of the mixing stage: rows split along dimension 0, a per-row
 /// scale split along dimension 1, a table every microbatch uses whole, and
 /// a plain factor passed through.
-type MixIn = (Tensor, SplitAlong<1>, Replicate<Tensor>, f64);
+#[derive(serde::Serialize, serde::Deserialize, Split)]
+struct MixIn {
+    x: Tensor,
+    scale: SplitAlong<1>,
+    table: Replicate<Tensor>,
+    k: f64,
+}
 
 /// `(x * scale^T) W^T + factor * table`, with a learnable `W`.
 struct Mixer {
@@ -54,7 +62,8 @@ impl Mixer {
 impl Stage for Mixer {
     type Input = MixIn;
     type Output = Tensor;
-    fn forward(&mut self, (x, scale, table, k): MixIn) -> Result<Tensor, BoxError> {
+    fn forward(&mut self, input: MixIn) -> Result<Tensor, BoxError> {
+        let MixIn { x, scale, table, k } = input;
         Ok(Tensor::from(self.apply(&x, &scale, &table, k)))
     }
     fn parameters(&self) -> Vec<tch::Tensor> {
@@ -292,12 +301,12 @@ fn several_inputs_split_along_their_own_dimensions_train_like_one_process() {
                     let scale = tch::Tensor::rand([1, UNEVEN_ROWS], F32) + 0.5;
                     let table = tch::Tensor::randn([WIDTH], F32);
                     let k = 0.25 * (step + 1) as f64;
-                    let inputs: MixIn = (
-                        Tensor::from(x.shallow_clone()),
-                        SplitAlong(Tensor::from(scale.shallow_clone())),
-                        Replicate(Tensor::from(table.shallow_clone())),
+                    let inputs = MixIn {
+                        x: Tensor::from(x.shallow_clone()),
+                        scale: SplitAlong(Tensor::from(scale.shallow_clone())),
+                        table: Replicate(Tensor::from(table.shallow_clone())),
                         k,
-                    );
+                    };
                     let out = pipeline.step(&inputs, &y).unwrap();
                     let whole = last.apply(&mixer.apply(&x, &scale, &table, k));
                     let merged: Tensor = out.merged().unwrap();
