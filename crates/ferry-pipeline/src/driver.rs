@@ -138,14 +138,11 @@ impl<O, I> PipelineBuilder<O, I> {
     /// from another worker) polls for it before it sleeps (default
     /// [`DEFAULT_WAIT_SPIN`], 3 ms; zero: sleep at once). Polling keeps
     /// the rank's core awake, so the message is handed to the compute at
-    /// once; it yields the CPU between checks, and runs only during the
-    /// schedule's bubbles, when the rank has nothing else to compute. On
-    /// the 2-vCPU bench host, where an idle core took 1.5–3.5 ms to wake for
-    /// the first input of a step, 3 ms took about 5% off the step (median
-    /// ratio over the bench's 8 rows 0.95 and 0.96, in two comparisons of
-    /// 8 and 6 alternating runs) and brought the measured step from
-    /// 1.08–1.15 to 1.02–1.07 of its simulation on ZBVZeroBubble and
-    /// Interleaved1F1B.
+    /// once instead of after the wake-up of an idle core, which on a
+    /// virtual machine can take milliseconds; it yields the CPU between
+    /// checks, and runs only during the schedule's bubbles, when the rank
+    /// has nothing else to compute. A longer spin saves wake-ups at the
+    /// start of a step; a shorter one leaves the cores to other work.
     pub fn wait_spin(mut self, spin: Duration) -> Self {
         self.wait_spin = spin;
         self

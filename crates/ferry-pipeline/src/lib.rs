@@ -1,8 +1,9 @@
 //! # ferry-pipeline
 //!
-//! Pipeline-parallel training over Ferry's RPC and libtorch, as the
-//! pipeline seed's "Approach 3 with modifications" chose: a training loop on
-//! one driver; stage actors on the workers, each running its rank's lowered
+//! Pipeline-parallel training over Ferry's RPC and libtorch, in the
+//! single-driver, RPC-based shape PyTorch's pipeline-parallelism RFC
+//! sketches (<https://github.com/pytorch/pytorch/issues/44827>): a training
+//! loop on one driver; stage actors on the workers, each running its rank's lowered
 //! action list from [`ferry_schedule`] (any schedule PyTorch ships, or one
 //! written by hand or loaded from PyTorch's CSV); a manual backward per
 //! stage (no distributed autograd), with I and W split for the zero-bubble
