@@ -1,8 +1,9 @@
 //! # ferry-autograd
 //!
 //! Distributed autograd over libtorch, as PyTorch's
-//! `torch.distributed.autograd` does it (see the distributed autograd
-//! design in the seeds), and the [`DistributedOptimizer`].
+//! `torch.distributed.autograd` does it (PyTorch's [distributed autograd
+//! design](https://pytorch.org/docs/stable/rpc/distributed_autograd.html),
+//! FAST mode), and the [`DistributedOptimizer`].
 //!
 //! - [`context`] opens a distributed autograd context on this thread. Every
 //!   RPC made inside it (`rpc_sync`, `rpc_async`, `remote`, and `to_here`,

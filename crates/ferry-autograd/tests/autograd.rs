@@ -15,7 +15,8 @@ fn t(x: &tch::Tensor) -> Tensor {
     Tensor::from(x.shallow_clone())
 }
 
-/// The seed's first example: `t3 = rpc_sync(worker1, my_add, (t1, t2))`,
+/// The first example of PyTorch's distributed autograd design note:
+/// `t3 = rpc_sync(worker1, my_add, (t1, t2))`,
 /// `t5 = t3 * t4`, `loss = t5.sum()`.
 #[test]
 fn my_add_matches_local_autograd() {
@@ -64,7 +65,7 @@ fn my_add_matches_local_autograd() {
     });
 }
 
-/// The seed's "simple end to end example": two remote random tensors,
+/// The design note's "simple end to end example": two remote random tensors,
 /// backward, then `DistributedOptimizer(SGD, lr=0.05).step`.
 #[test]
 fn simple_end_to_end_with_the_distributed_optimizer() {

@@ -9,8 +9,8 @@
 //! the RRef on inside the arguments or results of any call.
 //!
 //! The owner keeps the value exactly as long as some worker can still reach
-//! it, by the reference-counting protocol of the seed "Remote Reference
-//! Protocol" ([`protocol`], a sans-IO state machine proven by a simulator
+//! it, by the reference-counting protocol of PyTorch's [Remote Reference
+//! Protocol](https://pytorch.org/docs/stable/rpc/rref.html) ([`protocol`], a sans-IO state machine proven by a simulator
 //! under reordered, duplicated and dropped messages).
 //!
 //! ```no_run

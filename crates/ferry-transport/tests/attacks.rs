@@ -304,7 +304,7 @@ async fn read_reply<R: AsyncRead + Unpin>(r: &mut R) -> Option<Vec<u8>> {
         .unwrap_or_else(|_| panic!("the worker neither answered nor closed within {STEP:?}"))
 }
 
-/// Issue 23, point 1: a client that claims another process's pid in its
+/// A client that claims another process's pid in its
 /// handshake must not make the worker read that process's memory. Over TCP
 /// it must not get `cma` at all; over the `shm` transport the worker reads
 /// only from the process the kernel names as its peer (the attacker).
@@ -405,7 +405,7 @@ async fn closed_without_a_word(s: &mut TcpStream) {
     }
 }
 
-/// Issue 23, point 5: the header of the first frame is checked against the
+/// The header of the first frame is checked against the
 /// handshake's 64 KiB cap before anything else is read: a header announcing
 /// 256 MiB closes the connection at once, and the worker serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,7 +432,7 @@ async fn a_first_frame_larger_than_a_handshake_is_refused_unread() {
         .expect("the worker still serves");
 }
 
-/// Issue 23, point 9 (handshake disclosure): a client that sends garbage or
+/// Handshake disclosure: a client that sends garbage or
 /// an invalid handshake gets nothing back; one whose handshake is valid
 /// but shares no same-host domain learns neither the worker's pid nor its
 /// boot id, namespaces or user ids.
@@ -550,7 +550,7 @@ async fn honest_echo(addr: SocketAddr) {
     assert!(reply.payload == bytes, "the echo differs");
 }
 
-/// Issue 23, point 3: two small frames announcing 2 GiB tensors each, then
+/// Two small frames announcing 2 GiB tensors each, then
 /// silence, must not make the worker commit the memory they announce. The
 /// worker commits receive memory in step with the bytes that arrive, so its
 /// resident memory grows by a few MiB (one receive step per connection),
@@ -575,7 +575,7 @@ async fn announced_tensors_that_never_arrive_cost_no_memory() {
     honest_echo(addr).await;
 }
 
-/// Issue 23, point 3: a frame that stops arriving closes its connection
+/// A frame that stops arriving closes its connection
 /// once the stall timeout runs out, with an error naming the peer and the
 /// piece that stalled; the worker serves other peers on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Both tensor kinds in one worker (issue 48, point 3). Built with the
+//! Both tensor kinds in one worker. Built with the
 //! `torch` feature, `ferry::init_rpc` installs the libtorch receive path in
 //! every worker; a worker then still serves functions taking `RawTensor`
 //! beside functions taking libtorch `Tensor`s, and values holding both,
@@ -80,7 +80,7 @@ fn one_worker_serves_raw_and_libtorch_tensors_side_by_side() {
             ferry::init_rpc(options).unwrap();
             if rank == 0 {
                 let to = "worker1";
-                // The call issue 48 reported failing: a float32 [2, 2].
+                // A float32 [2, 2] into a function taking `RawTensor`.
                 let raw = RawTensor::from_slice(&[1.0f32, -2.5, 3.0, 0.25], &[2, 2]).unwrap();
                 let back = RAW_DOUBLE.rpc_sync(to, raw.clone()).unwrap();
                 assert_eq!(back.shape(), [2, 2]);

@@ -30,11 +30,10 @@
 //!
 //! By default it serves on one thread (a current-thread tokio runtime). The
 //! lighthouse's work per request is a few microseconds under one lock, so
-//! more worker threads add cross-thread wake-ups without adding capacity:
-//! measured here with many heartbeating clients, one thread handles up to
-//! 1.6× the heartbeats per second of a two-worker runtime, with less CPU per
-//! heartbeat. `--threads N` (N > 1) runs a multi-threaded runtime with N
-//! workers instead.
+//! more worker threads add cross-thread wake-ups without adding capacity
+//! (`cargo xtask bench --only lighthouse` measures the heartbeats handled).
+//! `--threads N` (N > 1) runs a multi-threaded runtime with N workers
+//! instead.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;

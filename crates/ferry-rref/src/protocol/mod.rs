@@ -1,5 +1,5 @@
 //! The RRef reference-counting protocol as a sans-IO state machine, after
-//! the seed's "Remote Reference Protocol".
+//! PyTorch's [Remote Reference Protocol](https://pytorch.org/docs/stable/rpc/rref.html).
 //!
 //! Each worker has one [`RRefProtocol`]. An RRef has one owner (the worker
 //! that holds the value) and any number of users, each identified by a
@@ -16,7 +16,7 @@
 //! copies they have seen, senders retry until acknowledged, so the network
 //! may delay, reorder, duplicate and drop them.
 //!
-//! One addition to the seed: a creator whose `remote` call timed out sends
+//! One addition to PyTorch's protocol: a creator whose `remote` call timed out sends
 //! its deletion without a confirmation, and an owner that gets a deletion
 //! for a user it does not know yet keeps it until the creating message
 //! arrives ([`RRefProtocol::remote_failed`]).

@@ -1,6 +1,7 @@
-//! Hand-written scenarios, each with an exact message order: the seed's four
-//! protocol scenarios and the corner cases around them. Every step still
-//! goes through the world's invariant checks.
+//! Hand-written scenarios, each with an exact message order: the four
+//! scenarios of PyTorch's Remote Reference Protocol note and the corner
+//! cases around them. Every step still goes through the world's
+//! invariant checks.
 
 use ferry_rref::protocol::{Control, Event, ForkId, GloballyUniqueId, Holder, RRefId, WorkerId};
 
@@ -268,7 +269,7 @@ fn z_before_y(remote_creator: bool) {
     finish(&mut w, r, owner);
 }
 
-/// The seed's "Z before Y" case: owner -> A -> Y -> Z, with Z's fork
+/// The protocol note's "Z before Y" case: owner -> A -> Y -> Z, with Z's fork
 /// request and delete processed before anything of Y's.
 #[test]
 fn z_before_y_out_of_order() {
@@ -535,7 +536,7 @@ fn checker_reports_unsafe_deletes_resurrections_and_leaks() {
     assert!(err.contains("leak"), "{err}");
 }
 
-/// Outside the seed's model (where a timed-out `remote` call still arrives
+/// Outside PyTorch's model (where a timed-out `remote` call still arrives
 /// eventually): a call that never left its creator. The creator must not
 /// send a deletion the owner would keep forever as an early delete.
 #[test]

@@ -75,9 +75,9 @@ impl std::fmt::Debug for Lane {
 }
 
 /// Socket buffer size asked for on every lane (`SO_SNDBUF` and `SO_RCVBUF`),
-/// or `None` to leave Linux's autotuning alone. Autotuning measured as fast
-/// or faster on loopback (setting `SO_RCVBUF` turns it off and is capped by
-/// `net.core.rmem_max`), so it is left alone.
+/// or `None` to leave Linux's autotuning alone. It is left alone: setting
+/// `SO_RCVBUF` turns autotuning off and is capped by `net.core.rmem_max`,
+/// and a fixed buffer has not beaten autotuning on loopback.
 const SOCKET_BUFFER: Option<usize> = None;
 
 /// Listens for the lanes of multi-lane TCP channels.

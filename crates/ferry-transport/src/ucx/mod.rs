@@ -204,11 +204,9 @@ pub(crate) fn context(tls: Option<&str>) -> Result<Arc<Context>, TransportError>
     // a message tells the receiver it is done, which wakes a receiver
     // asleep on its event fd. With get (UCX's choice on shared memory) the
     // receiver's own copy completes only on a later progress call that no
-    // event announces: a sleeping receiver then waits for the backstop
-    // timer (measured: 0.6 GB/s instead of 9 GB/s at 4 MiB). Over network
-    // transports the data itself arrives as an event, and UCX's own choice
-    // is faster (tcp, 4 MiB: 4.1 GB/s against 3.2-3.5 by put, measured
-    // with endpoints created from worker addresses).
+    // event announces: a sleeping receiver would wait for the backstop
+    // timer on every rendezvous. Over network transports the data itself
+    // arrives as an event, so UCX keeps its own choice there.
     // `UCX_RNDV_SCHEME` in the environment still wins.
     if std::env::var_os("UCX_RNDV_SCHEME").is_none()
         && may_use_shared_memory(effective_tls(tls).as_deref())
