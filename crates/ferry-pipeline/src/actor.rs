@@ -12,6 +12,7 @@ use ferry_tch::Tensor;
 use parking_lot::Mutex;
 
 use crate::erased::ErasedLoss;
+use crate::fault::{guarded, Fault};
 use crate::mailbox::{Direction, Key, Mailbox, WaitError};
 use crate::protocol::{
     ActionSpan, Deliver, HandOffStamps, Packet, RunStep, StepFailure, StepReply, DELIVER,
@@ -61,71 +62,6 @@ pub(crate) struct RankActor {
 struct Failed {
     action: Action,
     fault: Fault,
-}
-
-/// What went wrong in an action.
-pub(crate) enum Fault {
-    /// The action failed: its stage's forward, the loss or a backward
-    /// returned an error or panicked, or a value was malformed.
-    Failed(String),
-    /// The step was aborted from elsewhere, with the reason.
-    Aborted(String),
-    /// A value the action needs did not arrive within the time limit.
-    Missing {
-        /// The stage that did not deliver it.
-        from: usize,
-        /// "activation" or "gradient".
-        what: &'static str,
-        /// The microbatch.
-        microbatch: usize,
-        /// The limit.
-        limit: Duration,
-    },
-}
-
-impl From<String> for Fault {
-    fn from(message: String) -> Self {
-        Fault::Failed(message)
-    }
-}
-
-impl From<&str> for Fault {
-    fn from(message: &str) -> Self {
-        Fault::Failed(message.to_owned())
-    }
-}
-
-impl std::fmt::Display for Fault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Fault::Failed(message) => f.write_str(message),
-            Fault::Aborted(reason) => write!(f, "aborted: {reason}"),
-            Fault::Missing {
-                from,
-                what,
-                microbatch,
-                limit,
-            } => write!(
-                f,
-                "no {what} for microbatch {microbatch} arrived from stage {from} within {limit:?}"
-            ),
-        }
-    }
-}
-
-/// Runs `body`, a call into the user's code (a stage's forward, the loss)
-/// or into libtorch (a backward), turning a panic into the action's
-/// failure: `"{what} panicked: {message}"`. The worker stays usable: its
-/// state for the step is dropped when the step ends, whatever happened.
-fn guarded<T>(what: &str, body: impl FnOnce() -> Result<T, Fault>) -> Result<T, Fault> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".to_owned());
-        Err(Fault::Failed(format!("{what} panicked: {message}")))
-    })
 }
 
 /// What one step carries from action to action.
@@ -276,13 +212,13 @@ impl RankActor {
                     },
                     Fault::Missing {
                         from,
-                        what,
+                        forward,
                         microbatch,
                         limit,
                     } => StepFailure::Timeout {
                         stage: from as u32,
                         worker: self.stage_workers.get(from).cloned().unwrap_or_default(),
-                        forward: what == "activation",
+                        forward,
                         microbatch: microbatch as u32,
                         action: action.to_string(),
                         waiting_worker: self.worker.clone(),
@@ -367,13 +303,15 @@ impl RankActor {
             .map_err(|e| match e {
                 WaitError::Aborted(reason) => Fault::Aborted(reason),
                 WaitError::TimedOut(limit) => {
-                    let (what, from) = match key.direction {
-                        Direction::Forward => ("activation", key.stage.wrapping_sub(1)),
-                        Direction::Backward => ("gradient", key.stage + 1),
+                    let forward = key.direction == Direction::Forward;
+                    let from = if forward {
+                        key.stage.wrapping_sub(1)
+                    } else {
+                        key.stage + 1
                     };
                     Fault::Missing {
                         from,
-                        what,
+                        forward,
                         microbatch: key.microbatch,
                         limit,
                     }

@@ -91,6 +91,7 @@ mod actor;
 mod driver;
 mod erased;
 mod error;
+mod fault;
 mod host;
 mod mailbox;
 mod memory;
