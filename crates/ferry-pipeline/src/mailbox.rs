@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use ferry_transport::shm::spin_until;
+use ferry_transport::spin::spin_until;
 use parking_lot::{Condvar, Mutex};
 
 /// How many finished and aborted steps a mailbox remembers, to drop their

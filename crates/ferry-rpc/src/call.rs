@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ferry_transport::shm::spin_until;
+use ferry_transport::spin::spin_until;
 use ferry_transport::IncomingMessage;
 use ferry_wire::{payload, MessageKind};
 use parking_lot::{Condvar, Mutex};

@@ -519,7 +519,7 @@ mod env_tests {
         let base = [("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "2")];
         assert_eq!(
             from(&base).unwrap().channel_config.spin,
-            ferry_transport::shm::SPIN_BUDGET
+            ferry_transport::spin::SPIN_BUDGET
         );
         let mut vars = base.to_vec();
         vars.push(("FERRY_SPIN_US", "5"));

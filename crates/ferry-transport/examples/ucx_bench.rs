@@ -56,7 +56,7 @@ fn args() -> Result<Args, Error> {
         tls: "shm".into(),
         channel: "ucx".into(),
         transport: "ucx".into(),
-        spin_us: ferry_transport::shm::SPIN_BUDGET.as_micros() as u64,
+        spin_us: ferry_transport::spin::SPIN_BUDGET.as_micros() as u64,
         sizes: vec![4 << 20, 64 << 20],
         iters: 20_000,
         bytes_per_run: 2 << 30,

@@ -82,6 +82,8 @@ pub mod mpt;
 mod pool;
 pub mod selection;
 pub mod shm;
+#[cfg(not(loom))]
+pub mod spin;
 mod tensor;
 #[cfg(all(feature = "ucx", not(loom)))]
 pub mod ucx;

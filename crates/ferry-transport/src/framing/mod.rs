@@ -115,7 +115,7 @@ pub struct ChannelConfig {
     /// `ferry-rpc`, a caller before it parks until its reply. Polling
     /// saves the wake-up when the answer comes within it (the RPC latency
     /// figures rely on the default,
-    /// [`SPIN_BUDGET`](crate::shm::SPIN_BUDGET)); a shorter spin leaves the
+    /// [`SPIN_BUDGET`](crate::spin::SPIN_BUDGET)); a shorter spin leaves the
     /// CPU to other threads sooner, which pays where compute threads
     /// share few cores with the readers (a pipeline stage on a small
     /// host). Zero: one round of checks, then sleep.
@@ -139,7 +139,7 @@ impl Default for ChannelConfig {
             shm_transport_ring: 2 << 20,
             shm_channel_ring: 8 << 20,
             ucx_tls: None,
-            spin: crate::shm::SPIN_BUDGET,
+            spin: crate::spin::SPIN_BUDGET,
             cuda_staged: crate::cuda::staged::StagedOptions::default(),
             device_maps: Arc::default(),
         }

@@ -7,7 +7,7 @@ use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Release};
@@ -19,102 +19,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::ring::Ring;
 use super::segment::Segment;
 use super::wake::{Signal, Wait};
-
-/// How many times a side that finds the ring empty (reader) or full
-/// (writer) re-checks it, with [`std::hint::spin_loop`] in between, before
-/// it looks at the clock and yields the CPU ([`SPIN_BUDGET`]).
-pub const SPIN_ITERATIONS: u32 = 64;
-
-/// How long, unless set otherwise ([`ShmReader::set_spin`],
-/// [`ShmWriter::set_spin`], `ChannelConfig::spin`), a side that finds the
-/// ring empty (reader) or full (writer) keeps re-checking it before it
-/// announces that it is going to sleep:
-/// rounds of [`SPIN_ITERATIONS`] checks, the CPU yielded
-/// ([`std::thread::yield_now`]) between rounds, so that a thread with work
-/// to do on this core (often the one about to answer) runs first. Like
-/// TensorPipe's busy-polling loop, bounded: a peer that answers within the
-/// budget costs no eventfd wake-up on either side (on this project's
-/// 2-core machine a wake-up costs about as much as the rest of an empty
-/// call's round trip), and a quiet ring costs at most this much CPU before
-/// its side sleeps.
-pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
+use crate::spin::{spin_until, yield_once, SPIN_BUDGET};
 
 /// Wake-ups handled within one `poll` before yielding to the executor (a
 /// guard against a peer that signals without making progress).
 const MAX_WAKES_PER_POLL: u32 = 8;
-
-/// Re-checks `ready()` for up to `budget` in rounds of [`SPIN_ITERATIONS`]
-/// checks ([`std::hint::spin_loop`] in between), yielding the CPU between
-/// rounds; `true` as soon as it holds. How any side that expects an
-/// answer from another process within microseconds should wait before it
-/// parks (the rings here, a caller waiting for its reply).
-pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    spin_while_active(budget, || {
-        if ready() {
-            Check::Ready
-        } else {
-            Check::Waiting
-        }
-    })
-}
-
-/// What one check of [`spin_while_active`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
-    /// What was waited for holds: stop.
-    Ready,
-    /// Not yet, but something moved (bytes of a transfer arrived): the
-    /// idle time starts again.
-    Progressed,
-    /// Not yet, and nothing moved.
-    Waiting,
-}
-
-/// As [`spin_until`], except that the budget is idle time: it starts
-/// again after every round in which a check reported
-/// [`Check::Progressed`], so a transfer whose bytes keep moving is polled
-/// to its end and only a quiet wait gives up after `idle`. `true` as soon
-/// as a check reports [`Check::Ready`]; a zero `idle` is one round.
-pub fn spin_while_active(idle: Duration, check: impl FnMut() -> Check) -> bool {
-    spin_while_active_in_rounds(idle, SPIN_ITERATIONS, check)
-}
-
-/// As [`spin_while_active`], with `checks` checks per round instead of
-/// [`SPIN_ITERATIONS`]: fewer for a check that is expensive (a UCX
-/// progress call), so the CPU is still yielded every few microseconds.
-pub(crate) fn spin_while_active_in_rounds(
-    idle: Duration,
-    checks: u32,
-    mut check: impl FnMut() -> Check,
-) -> bool {
-    let mut quiet_since = Instant::now();
-    loop {
-        let mut active = false;
-        for _ in 0..checks {
-            match check() {
-                Check::Ready => return true,
-                Check::Progressed => active = true,
-                Check::Waiting => {}
-            }
-            std::hint::spin_loop();
-        }
-        if active {
-            quiet_since = Instant::now();
-        }
-        if quiet_since.elapsed() >= idle {
-            return check() == Check::Ready;
-        }
-        std::thread::yield_now();
-    }
-}
-
-/// Yields to the tokio scheduler once: `Pending` the first time, with the
-/// task woken after the worker has run what is queued, without waking
-/// another worker thread (a self-wake would). How a reader lets the task
-/// its last message woke run before it spins (`yield_before_spin`).
-pub(crate) fn yield_once(cx: &mut Context<'_>) -> Poll<()> {
-    std::pin::pin!(tokio::task::yield_now()).poll(cx)
-}
 
 /// A future that completes when the peer process is gone; the optional
 /// argument of [`ShmLink::split`](super::ShmLink::split).
@@ -294,7 +203,7 @@ impl ShmReader {
 
     /// How long a read that finds the ring empty re-checks it before it
     /// sleeps on the eventfd ([`SPIN_BUDGET`] unless set; zero: one round
-    /// of [`SPIN_ITERATIONS`] checks). A shorter spin leaves more CPU to
+    /// of [`SPIN_ITERATIONS`](crate::spin::SPIN_ITERATIONS) checks). A shorter spin leaves more CPU to
     /// other threads on the same cores (compute, say) and costs a wake-up
     /// whenever the peer answers later than it.
     pub fn set_spin(&mut self, spin: Duration) {
@@ -606,58 +515,6 @@ impl Drop for ShmWriter {
     fn drop(&mut self) {
         if let Err(e) = self.close() {
             tracing::warn!("cannot signal the shm reader on close: {e}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_spin_lasts_while_checks_report_progress() {
-        // An hour of idle budget: only the checks end this spin. Far more
-        // checks than one round report progress before the last is ready.
-        let mut checks = 0;
-        let ready = spin_while_active(Duration::from_secs(3600), || {
-            checks += 1;
-            if checks == 10 * SPIN_ITERATIONS {
-                Check::Ready
-            } else {
-                Check::Progressed
-            }
-        });
-        assert!(ready);
-        assert_eq!(checks, 10 * SPIN_ITERATIONS);
-    }
-
-    #[test]
-    fn a_spin_with_no_idle_time_is_one_round_and_a_last_check() {
-        let mut checks = 0;
-        let ready = spin_while_active(Duration::ZERO, || {
-            checks += 1;
-            Check::Progressed
-        });
-        assert!(!ready);
-        assert_eq!(checks, SPIN_ITERATIONS + 1);
-        // spin_until keeps its meaning: ready on the last check counts.
-        let mut checks = 0;
-        assert!(spin_until(Duration::ZERO, || {
-            checks += 1;
-            checks > SPIN_ITERATIONS
-        }));
-    }
-
-    #[test]
-    fn a_round_has_as_many_checks_as_asked_for() {
-        for per_round in [1, 4, 16] {
-            let mut checks = 0;
-            let ready = spin_while_active_in_rounds(Duration::ZERO, per_round, || {
-                checks += 1;
-                Check::Waiting
-            });
-            assert!(!ready);
-            assert_eq!(checks, per_round + 1, "{per_round} per round");
         }
     }
 }

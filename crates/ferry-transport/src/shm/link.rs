@@ -25,7 +25,7 @@ fn invalid(msg: String) -> TransportError {
 }
 
 /// One side of a same-host, bidirectional byte link between two processes:
-/// a memfd segment holding two [`Ring`]s (one per direction) and four
+/// a memfd segment holding two rings (one per direction) and four
 /// eventfds for wake-ups.
 ///
 /// One process calls [`create`](ShmLink::create) and sends the returned fds
@@ -52,7 +52,8 @@ impl ShmLink {
     /// [`open`](ShmLink::open) expects, in this order:
     ///
     /// 0. the memfd holding both rings (ring A at offset 0, ring B right
-    ///    after it, each [`Ring::bytes_needed`]`(capacity)` bytes);
+    ///    after it, each a ring header followed by `capacity` data bytes
+    ///    rounded up to 64);
     /// 1. ring A's data-available eventfd;
     /// 2. ring A's space-available eventfd;
     /// 3. ring B's data-available eventfd;
@@ -63,7 +64,7 @@ impl ShmLink {
     pub const FD_COUNT: usize = 5;
 
     /// Creates a link whose two rings each hold `capacity` bytes (a power of
-    /// two, at most [`MAX_RING_CAPACITY`]). Returns this side and the
+    /// two, at most 1 TiB). Returns this side and the
     /// [`FD_COUNT`](Self::FD_COUNT) fds (in the order documented there) to send to the
     /// peer; they are close-on-exec duplicates, and this side keeps its own.
     pub fn create(capacity: usize) -> Result<(ShmLink, Vec<OwnedFd>), TransportError> {

@@ -1,15 +1,23 @@
 //! Same-host shared memory: the byte rings under Ferry's `shm` transport and
 //! `shm` channel.
 //!
-//! Two processes on one host exchange bytes through a memfd [`Segment`]
-//! that both map. A [`Ring`] is a lock-free single-producer
-//! single-consumer byte ring inside such a segment (header with `head` /
-//! `tail` counters and flags, then a power-of-two data area); an
-//! [`ShmLink`] puts two rings (one per direction) in one segment and adds
-//! four eventfds for wake-ups; [`ShmReader`] / [`ShmWriter`] expose one
-//! direction as tokio [`AsyncRead`](tokio::io::AsyncRead) /
-//! [`AsyncWrite`](tokio::io::AsyncWrite). The fds reach the peer over a
-//! Unix socket with [`send_fds`] / [`recv_fds`].
+//! [`PeerConnection`](crate::PeerConnection) sets these links up and uses
+//! them by itself; nothing here is needed to send frames or tensors. What
+//! is public is the link as a peer process sees it, for a program that
+//! acts as a same-host peer without `PeerConnection` (a tool, a test that
+//! plays a misbehaving peer): [`ShmLink`], its halves [`ShmReader`] /
+//! [`ShmWriter`], the [`PeerGone`] signal, and [`send_fds`] / [`recv_fds`]
+//! to pass its file descriptors over a Unix socket. The rings and segments
+//! inside stay private.
+//!
+//! Two processes on one host exchange bytes through a memfd segment that
+//! both map. A ring is a lock-free single-producer single-consumer byte
+//! ring inside such a segment (header with `head` / `tail` counters and
+//! flags, then a power-of-two data area); an [`ShmLink`] puts two rings
+//! (one per direction) in one segment and adds four eventfds for
+//! wake-ups; [`ShmReader`] / [`ShmWriter`] expose one direction as tokio
+//! [`AsyncRead`](tokio::io::AsyncRead) /
+//! [`AsyncWrite`](tokio::io::AsyncWrite).
 //!
 //! ```no_run
 //! # async fn demo(sock: tokio::net::UnixStream) -> Result<(), Box<dyn std::error::Error>> {
@@ -33,7 +41,8 @@
 //! involves the kernel, through a Dekker-style handshake on a flag:
 //!
 //! - A consumer that finds the ring empty re-checks `head` for up to
-//!   [`SPIN_BUDGET`] (rounds of [`SPIN_ITERATIONS`] checks with
+//!   [`SPIN_BUDGET`](crate::spin::SPIN_BUDGET) (rounds of
+//!   [`SPIN_ITERATIONS`](crate::spin::SPIN_ITERATIONS) checks with
 //!   [`std::hint::spin_loop`], the CPU yielded between rounds), then stores
 //!   `reader_sleeping = 1`, issues a `SeqCst` fence and re-checks `head`
 //!   (and `closed`); only if the ring is still empty does it wait on the
@@ -55,13 +64,16 @@
 //! reader) always signals. The protocol is model-checked with loom
 //! (`RUSTFLAGS="--cfg loom" cargo test -p ferry-transport --release --lib
 //! shm`), where the rings live in loom-tracked memory; under `cfg(loom)`
-//! only [`Ring`] and [`Segment`] are compiled (tokio has no I/O under loom).
+//! only the ring and the segment are compiled (tokio has no I/O under loom).
 //!
 //! A crashed peer never sets `closed`; the owner of a link reports its
 //! death through [`PeerGone`], which makes a waiting read or write fail
 //! instead of hanging.
 
+// Under `--cfg loom` only the ring's model checks use these.
+#[cfg_attr(loom, allow(dead_code))]
 mod ring;
+#[cfg_attr(loom, allow(dead_code))]
 mod segment;
 mod sync;
 
@@ -74,17 +86,13 @@ mod link;
 #[cfg(not(loom))]
 mod wake;
 
-pub use ring::{Ring, MAX_RING_CAPACITY, RING_ALIGN};
-pub use segment::{Segment, MAX_SEGMENT_LEN};
 
 #[cfg(not(loom))]
 pub use fdpass::{recv_fds, send_fds, MAX_FDS_PER_MESSAGE};
 #[cfg(not(loom))]
-pub use io::{
-    spin_until, spin_while_active, Check, PeerGone, ShmReader, ShmWriter, SPIN_BUDGET,
-    SPIN_ITERATIONS,
-};
-#[cfg(all(not(loom), feature = "ucx"))]
-pub(crate) use io::{spin_while_active_in_rounds, yield_once};
+pub use io::{PeerGone, ShmReader, ShmWriter};
 #[cfg(not(loom))]
 pub use link::ShmLink;
+
+#[cfg(all(test, not(loom)))]
+mod tests;

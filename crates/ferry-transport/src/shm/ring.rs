@@ -39,10 +39,10 @@ use super::sync::{fence, AtomicU32, AtomicU64, DataByte};
 const MAGIC: u64 = u64::from_be_bytes(*b"FRYRING\x01");
 
 /// The alignment a ring's start must have (one cache line).
-pub const RING_ALIGN: usize = 64;
+pub(crate) const RING_ALIGN: usize = 64;
 
 /// The largest capacity a ring may have (1 TiB).
-pub const MAX_RING_CAPACITY: usize = 1 << 40;
+pub(crate) const MAX_RING_CAPACITY: usize = 1 << 40;
 
 /// A value on its own cache line, so the producer's and the consumer's
 /// fields never share one.
@@ -109,7 +109,7 @@ fn invalid(msg: String) -> io::Error {
 /// The sleep/wake methods implement the wake-up protocol described in the
 /// [module docs](super); [`ShmReader`](super::ShmReader) and
 /// [`ShmWriter`](super::ShmWriter) use them with eventfds.
-pub struct Ring {
+pub(crate) struct Ring {
     hdr: NonNull<Header>,
     data: NonNull<DataByte>,
     capacity: usize,
@@ -147,12 +147,12 @@ impl fmt::Debug for Ring {
 
 impl Ring {
     /// Size of the shared header that precedes the data bytes.
-    pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
+    pub(crate) const HEADER_SIZE: usize = std::mem::size_of::<Header>();
 
     /// Bytes of shared memory a ring of `capacity` data bytes occupies: the
     /// header plus the data, rounded up to [`RING_ALIGN`] so rings can be
     /// laid out back to back (ring `k` at offset `k * bytes_needed(c)`).
-    pub const fn bytes_needed(capacity: usize) -> usize {
+    pub(crate) const fn bytes_needed(capacity: usize) -> usize {
         Self::HEADER_SIZE + capacity.div_ceil(RING_ALIGN) * RING_ALIGN
     }
 
@@ -194,7 +194,7 @@ impl Ring {
     /// and must be accessed by nothing else than `Ring`s while they do. Over
     /// the ring's whole life, at most one `Ring` may call `write` and at most
     /// one may call `read` (they may be the same value).
-    pub unsafe fn init(ptr: NonNull<u8>, len: usize, capacity: usize) -> io::Result<Ring> {
+    pub(crate) unsafe fn init(ptr: NonNull<u8>, len: usize, capacity: usize) -> io::Result<Ring> {
         let capacity = Self::check_region(ptr, len, capacity as u64)?;
         let hdr = ptr.cast::<Header>();
         // SAFETY: the region is valid for `len >= HEADER_SIZE` bytes and
@@ -219,7 +219,7 @@ impl Ring {
     ///
     /// Same as [`init`](Ring::init): `ptr` valid for `len` bytes while the
     /// ring lives, and one producer and one consumer overall.
-    pub unsafe fn attach(ptr: NonNull<u8>, len: usize) -> io::Result<Ring> {
+    pub(crate) unsafe fn attach(ptr: NonNull<u8>, len: usize) -> io::Result<Ring> {
         if len < Self::HEADER_SIZE {
             return Err(invalid(format!(
                 "ring region of {len} bytes is smaller than the {}-byte header",
@@ -288,7 +288,7 @@ impl Ring {
     }
 
     /// The number of data bytes the ring holds when full.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
@@ -311,7 +311,7 @@ impl Ring {
     ///
     /// Call [`take_reader_sleeping`](Ring::take_reader_sleeping) afterwards
     /// to learn whether the consumer must be signalled.
-    pub fn write(&mut self, src: &[u8]) -> usize {
+    pub(crate) fn write(&mut self, src: &[u8]) -> usize {
         if src.is_empty() {
             return 0;
         }
@@ -336,8 +336,11 @@ impl Ring {
     /// empty.
     ///
     /// Call [`take_writer_sleeping`](Ring::take_writer_sleeping) afterwards
-    /// to learn whether the producer must be signalled.
-    pub fn read(&mut self, dst: &mut [u8]) -> usize {
+    /// to learn whether the producer must be signalled. (The transport
+    /// reads into uninitialised buffers with `read_uninit`; the tests and
+    /// the model checks read with this.)
+    #[cfg(any(test, loom))]
+    pub(crate) fn read(&mut self, dst: &mut [u8]) -> usize {
         // SAFETY: `dst` is valid for writes of `dst.len()` bytes.
         unsafe { self.read_raw(dst.as_mut_ptr(), dst.len()) }
     }
@@ -373,13 +376,13 @@ impl Ring {
     }
 
     /// Bytes the consumer could read now.
-    pub fn readable(&self) -> usize {
+    pub(crate) fn readable(&self) -> usize {
         let head = self.hdr().head.0.load(Acquire);
         head.wrapping_sub(self.tail).min(self.capacity as u64) as usize
     }
 
     /// Bytes the producer could write now.
-    pub fn writable(&self) -> usize {
+    pub(crate) fn writable(&self) -> usize {
         let tail = self.hdr().tail.0.load(Acquire);
         (self.capacity as u64).saturating_sub(self.head.wrapping_sub(tail)) as usize
     }
@@ -390,7 +393,7 @@ impl Ring {
     /// consumer may sleep until signalled (the producer is now bound to
     /// signal after its next publish). Returns `false`, with the flag
     /// cleared again, if data or `closed` showed up meanwhile.
-    pub fn arm_reader_wait(&self) -> bool {
+    pub(crate) fn arm_reader_wait(&self) -> bool {
         let h = self.hdr();
         h.reader_sleeping.0.store(1, Relaxed);
         fence(SeqCst);
@@ -403,7 +406,7 @@ impl Ring {
 
     /// Consumer: clears `reader_sleeping` after waking up (or giving up on
     /// sleeping). Harmless if the producer already cleared it.
-    pub fn disarm_reader_wait(&self) {
+    pub(crate) fn disarm_reader_wait(&self) {
         self.hdr().reader_sleeping.0.store(0, Relaxed);
     }
 
@@ -411,7 +414,7 @@ impl Ring {
     /// `reader_sleeping`; returns `true` (having cleared it) if the consumer
     /// is asleep or going to sleep and must be signalled. No atomic
     /// read-modify-write and no syscall when it is not.
-    pub fn take_reader_sleeping(&self) -> bool {
+    pub(crate) fn take_reader_sleeping(&self) -> bool {
         fence(SeqCst);
         let flag = &self.hdr().reader_sleeping.0;
         flag.load(Relaxed) != 0 && flag.swap(0, Relaxed) != 0
@@ -421,7 +424,7 @@ impl Ring {
     /// `writer_sleeping`, issues a `SeqCst` fence and re-checks. Returns
     /// `true` if the ring is still full and the reader has not closed (sleep
     /// until signalled), `false` with the flag cleared otherwise.
-    pub fn arm_writer_wait(&self) -> bool {
+    pub(crate) fn arm_writer_wait(&self) -> bool {
         let h = self.hdr();
         h.writer_sleeping.0.store(1, Relaxed);
         fence(SeqCst);
@@ -435,14 +438,14 @@ impl Ring {
     }
 
     /// Producer: clears `writer_sleeping` after waking up (or giving up).
-    pub fn disarm_writer_wait(&self) {
+    pub(crate) fn disarm_writer_wait(&self) {
         self.hdr().writer_sleeping.0.store(0, Relaxed);
     }
 
     /// Consumer, right after freeing space: issues a `SeqCst` fence and
     /// checks `writer_sleeping`; returns `true` (having cleared it) if the
     /// producer must be signalled.
-    pub fn take_writer_sleeping(&self) -> bool {
+    pub(crate) fn take_writer_sleeping(&self) -> bool {
         fence(SeqCst);
         let flag = &self.hdr().writer_sleeping.0;
         flag.load(Relaxed) != 0 && flag.swap(0, Relaxed) != 0
@@ -451,25 +454,25 @@ impl Ring {
     /// Producer: marks the stream finished. Bytes already written stay
     /// readable; once they are drained the consumer sees end of stream. The
     /// caller should then signal the consumer unconditionally.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.hdr().closed.0.store(1, Release);
     }
 
     /// Whether the producer closed the stream. When `true`, everything it
     /// wrote before closing is visible to the next [`read`](Ring::read).
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.hdr().closed.0.load(Acquire) != 0
     }
 
     /// Consumer: marks that nothing will be read any more, so a producer
     /// waiting for space should give up. The caller should then signal the
     /// producer unconditionally.
-    pub fn close_reader(&self) {
+    pub(crate) fn close_reader(&self) {
         self.hdr().reader_closed.0.store(1, Release);
     }
 
     /// Whether the consumer closed its end.
-    pub fn is_reader_closed(&self) -> bool {
+    pub(crate) fn is_reader_closed(&self) -> bool {
         self.hdr().reader_closed.0.load(Acquire) != 0
     }
 
@@ -567,7 +570,7 @@ impl Ring {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::shm::Segment;
+    use crate::shm::segment::Segment;
 
     fn ring_in(seg: &Segment, offset: usize, capacity: usize) -> Ring {
         let ptr = NonNull::new(seg.as_ptr()).expect("mapping").as_ptr();

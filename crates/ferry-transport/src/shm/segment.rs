@@ -11,7 +11,7 @@ use crate::TransportError;
 
 /// The largest segment [`Segment::create`] makes and [`Segment::open`]
 /// accepts (1 TiB): a bound so sizes never overflow offset arithmetic.
-pub const MAX_SEGMENT_LEN: usize = 1 << 40;
+pub(crate) const MAX_SEGMENT_LEN: usize = 1 << 40;
 
 /// The seals [`Segment::create`] applies: the size can never change again,
 /// so a peer cannot shrink the file under our mapping (which would turn our
@@ -28,7 +28,7 @@ const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK
 /// is removed when the `Segment` is dropped; share it with `Arc` while rings
 /// point into it.
 #[derive(Debug)]
-pub struct Segment {
+pub(crate) struct Segment {
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
@@ -57,7 +57,7 @@ impl Segment {
     /// named `name` (the name is only shown in `/proc/<pid>/fd`; it must not
     /// contain a NUL byte). The memfd is close-on-exec and sealed so its
     /// size never changes.
-    pub fn create(len: usize, name: &str) -> Result<Segment, TransportError> {
+    pub(crate) fn create(len: usize, name: &str) -> Result<Segment, TransportError> {
         if len == 0 || len > MAX_SEGMENT_LEN {
             return Err(io_err(
                 "create",
@@ -79,7 +79,7 @@ impl Segment {
     /// `fstat`; the fd must be a memfd sealed against shrinking (as
     /// [`Segment::create`] makes them), otherwise this fails: a peer could
     /// otherwise truncate the file and crash us with `SIGBUS`.
-    pub fn open(fd: OwnedFd) -> Result<Segment, TransportError> {
+    pub(crate) fn open(fd: OwnedFd) -> Result<Segment, TransportError> {
         let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
             invalid(
                 "open",
@@ -128,25 +128,20 @@ impl Segment {
     }
 
     /// The memfd, to duplicate or send to the peer.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// Start of the mapping (page-aligned). Valid for [`len`](Self::len)
     /// bytes as long as `self` lives; other processes may write it at any
     /// time, so only access it through atomics or raw-pointer copies.
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     /// Length of the mapping in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Always false: a segment has at least one byte.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -170,7 +165,6 @@ mod tests {
         let dup = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).expect("dup");
         let b = Segment::open(dup).expect("open");
         assert_eq!(b.len(), 8192);
-        assert!(!b.is_empty());
         // SAFETY: both pointers are valid for 8192 bytes; nothing else
         // accesses them in this test.
         unsafe {

@@ -148,7 +148,7 @@ impl AsyncRead for UcxReader {
             if std::mem::take(&mut this.yield_first) {
                 // Before the receive is posted, so the task this reader
                 // woke (which may answer the message) runs first.
-                std::task::ready!(crate::shm::yield_once(cx));
+                std::task::ready!(crate::spin::yield_once(cx));
             }
             if this.posted.is_none() {
                 this.post()?;

@@ -74,7 +74,7 @@ const ARM_TRIES: usize = 4;
 /// A progress call (with the link's lock) costs about 250 ns over UCX's
 /// tcp and 25 ns over its shared memory, where an `shm` ring check costs a
 /// few, so over tcp the rings' round
-/// ([`SPIN_ITERATIONS`](crate::shm::SPIN_ITERATIONS), 64) would hold the
+/// ([`SPIN_ITERATIONS`](crate::spin::SPIN_ITERATIONS), 64) would hold the
 /// core for about 16 µs, while on a small host the thread that must answer
 /// may be waiting for it. Measured on the 2-vCPU VM, empty `rpc_sync` over
 /// UCX shm, median of 10 alternating runs: 64 per round 18.1 µs, 16 16.1,

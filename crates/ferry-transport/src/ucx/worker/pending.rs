@@ -175,7 +175,7 @@ impl Pending {
             if !armed {
                 // UCX keeps reporting events: let other tasks run, then
                 // try again.
-                if crate::shm::yield_once(cx).is_pending() {
+                if crate::spin::yield_once(cx).is_pending() {
                     return Poll::Pending;
                 }
                 continue;

@@ -17,7 +17,7 @@ use super::request::{is_request, Completion, Inflight};
 use super::{
     DRAIN, PROGRESS_CALLS_PER_ROUND, STREAMING_BYTES, STREAMING_FOR, STREAMING_SPIN_FACTOR,
 };
-use crate::shm::{spin_while_active_in_rounds, Check};
+use crate::spin::{spin_while_active_in_rounds, Check};
 use crate::ucx::{exit, status_text, sys, Context};
 use crate::{channel, TransportError};
 

@@ -10,8 +10,9 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use ferry_transport::shm::{recv_fds, send_fds, PeerGone, Ring, Segment, ShmLink};
-use ferry_transport::shm::{ShmReader, ShmWriter};
+use super::ring::Ring;
+use super::segment::Segment;
+use super::{recv_fds, send_fds, PeerGone, ShmLink, ShmReader, ShmWriter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
