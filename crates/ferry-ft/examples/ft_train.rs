@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_ft::collective::{ProcessGroup, ProcessGroupOptions};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
-use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions};
+use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions, QuorumRequest};
 use ferry_ft::recovery::{
     fetch_checkpoint, CheckpointServer, CheckpointServerOptions, CheckpointState, FetchOptions,
 };
@@ -318,12 +318,11 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
     while step < args.steps || last_groups < args.until_groups {
         let quorum = match client
             .quorum(
-                0,
-                step,
-                &checkpoints.address(),
-                false,
-                true,
-                commit_failures,
+                QuorumRequest {
+                    checkpoint_metadata: checkpoints.address(),
+                    commit_failures,
+                    ..QuorumRequest::new(0, step)
+                },
                 quorum_timeout,
             )
             .await

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use ferry_ft::access::{Access, AllowList, ClientTls, EndpointError, TlsIdentity};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
-use ferry_ft::manager::{Manager, ManagerClient, ManagerClientError, ManagerOptions};
+use ferry_ft::manager::{
+    Manager, ManagerClient, ManagerClientError, ManagerOptions, QuorumRequest,
+};
 use ferry_ft::proto::lighthouse_service_client::LighthouseServiceClient;
 use ferry_ft::proto::LighthouseHeartbeatRequest;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -131,7 +133,7 @@ async fn ferry_clients_reach_tls_servers_when_they_trust_the_ca() {
         .await
         .unwrap();
     let quorum = client
-        .quorum(0, 0, "", false, true, 0, BOUND)
+        .quorum(QuorumRequest::new(0, 0), BOUND)
         .await
         .unwrap();
     assert_eq!(quorum.replica_world_size, 1);
@@ -159,7 +161,7 @@ async fn ferry_clients_reach_tls_servers_when_they_trust_the_ca() {
     let client = ManagerClient::connect_with(untrusting.address(), BOUND, Some(&trust))
         .await
         .unwrap();
-    match client.quorum(0, 0, "", false, true, 0, BOUND).await {
+    match client.quorum(QuorumRequest::new(0, 0), BOUND).await {
         Err(e @ ManagerClientError::LighthouseUnreachable { .. }) => {
             assert!(
                 e.to_string().contains("TLS with the lighthouse failed"),

@@ -16,7 +16,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ferry_ft::lighthouse::Lighthouse;
-use ferry_ft::manager::{Manager, ManagerClient, ManagerClientError, ManagerStatus, QuorumResult};
+use ferry_ft::manager::{
+    Manager, ManagerClient, ManagerClientError, ManagerStatus, QuorumRequest, QuorumResult,
+};
 use ferry_ft::proto::manager_service_client::ManagerServiceClient;
 use ferry_ft::proto::{CheckpointMetadataRequest, ManagerQuorumRequest};
 use tokio::task::JoinHandle;
@@ -70,12 +72,12 @@ fn ask_with(
     tokio::spawn(async move {
         client
             .quorum(
-                group_rank,
-                step,
-                &format!("metadata_{group_rank}@{step}"),
-                false,
-                init_sync,
-                commit_failures,
+                QuorumRequest {
+                    checkpoint_metadata: format!("metadata_{group_rank}@{step}"),
+                    init_sync,
+                    commit_failures,
+                    ..QuorumRequest::new(group_rank, step)
+                },
                 timeout,
             )
             .await
@@ -495,7 +497,13 @@ async fn requests_without_deadline_or_outside_the_group_are_invalid() {
     let client = connect(&manager).await;
     let error = bounded(
         "rank 2 of 2",
-        client.quorum(2, 1, "", false, false, 0, DEADLINE),
+        client.quorum(
+            QuorumRequest {
+                init_sync: false,
+                ..QuorumRequest::new(2, 1)
+            },
+            DEADLINE,
+        ),
     )
     .await
     .expect_err("outside the group");

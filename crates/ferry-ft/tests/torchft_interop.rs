@@ -36,7 +36,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_ft::access::Access;
 use ferry_ft::lighthouse::{HeartbeatStatus, Lighthouse};
-use ferry_ft::manager::{compute_quorum_results, Manager, ManagerClient, QuorumResult};
+use ferry_ft::manager::{
+    compute_quorum_results, Manager, ManagerClient, QuorumRequest, QuorumResult,
+};
 use ferry_ft::proto::{Quorum, QuorumMember};
 use serde_json::{json, Value};
 
@@ -471,10 +473,12 @@ async fn drive_replica_a(
                 let client = client.clone();
                 let (step, init_sync) = (round.a_step, round.init_sync);
                 tokio::spawn(async move {
-                    let metadata = format!("a/{rank}/r{r}");
-                    client
-                        .quorum(rank, step, &metadata, false, init_sync, 0, DEADLINE)
-                        .await
+                    let request = QuorumRequest {
+                        checkpoint_metadata: format!("a/{rank}/r{r}"),
+                        init_sync,
+                        ..QuorumRequest::new(rank, step)
+                    };
+                    client.quorum(request, DEADLINE).await
                 })
             })
             .collect();

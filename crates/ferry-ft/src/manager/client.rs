@@ -139,6 +139,54 @@ pub enum ManagerClientError {
     },
 }
 
+/// What a rank asks its manager for the next quorum with: torchft's
+/// `ManagerQuorumRequest`, its fields named as torchft's
+/// `ManagerClient._quorum` names its arguments, ranks and counts unsigned.
+///
+/// ```
+/// use ferry_ft::manager::QuorumRequest;
+///
+/// let request = QuorumRequest {
+///     checkpoint_metadata: "http://10.0.0.5:29600".into(),
+///     ..QuorumRequest::new(0, 42)
+/// };
+/// assert!(request.init_sync && !request.shrink_only);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumRequest {
+    /// This rank's rank in its replica group.
+    pub group_rank: u64,
+    /// The step this rank is at.
+    pub step: i64,
+    /// What healing peers fetch with
+    /// [`ManagerClient::checkpoint_metadata`] (the address of this rank's
+    /// checkpoint server, say).
+    pub checkpoint_metadata: String,
+    /// Whether the quorum may only shrink (no replica group joins).
+    pub shrink_only: bool,
+    /// Whether a replica group behind, or new, heals before it steps
+    /// (torchft's `init_sync`).
+    pub init_sync: bool,
+    /// This rank's consecutive commit failures so far.
+    pub commit_failures: u64,
+}
+
+impl QuorumRequest {
+    /// Rank `group_rank`'s request at `step` with torchft's defaults: no
+    /// checkpoint metadata, not shrink-only, `init_sync`, no commit
+    /// failures.
+    pub fn new(group_rank: u64, step: i64) -> Self {
+        Self {
+            group_rank,
+            step,
+            checkpoint_metadata: String::new(),
+            shrink_only: false,
+            init_sync: true,
+            commit_failures: 0,
+        }
+    }
+}
+
 /// What a rank learns from a quorum: [`ManagerQuorumResponse`] with typed
 /// fields (ranks and sizes unsigned, absent values `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,12 +283,12 @@ impl TryFrom<ManagerQuorumResponse> for QuorumResult {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use ferry_ft::manager::ManagerClient;
+/// use ferry_ft::manager::{ManagerClient, QuorumRequest};
 ///
 /// # async fn run() -> Result<(), ferry_ft::manager::ManagerClientError> {
 /// let client = ManagerClient::connect("http://replica_a:29512").await?;
 /// let timeout = Duration::from_secs(60);
-/// let quorum = client.quorum(0, 42, "", false, true, 0, timeout).await?;
+/// let quorum = client.quorum(QuorumRequest::new(0, 42), timeout).await?;
 /// if quorum.heal {
 ///     // fetch the state from quorum.recover_src_manager_address ...
 /// }
@@ -325,27 +373,30 @@ impl ManagerClient {
         &self.address
     }
 
-    /// Asks for the next quorum as rank `group_rank` of the replica group
-    /// at `step`, registering `checkpoint_metadata` (what healing peers
-    /// fetch with [`checkpoint_metadata`](Self::checkpoint_metadata)).
-    /// Returns once every rank of the group has asked and the lighthouse
-    /// has formed the quorum.
-    #[allow(clippy::too_many_arguments)] // torchft's `_quorum`, argument for argument
+    /// Asks for the next quorum as rank `request.group_rank` of the
+    /// replica group at `request.step`, registering
+    /// `request.checkpoint_metadata` (what healing peers fetch with
+    /// [`checkpoint_metadata`](Self::checkpoint_metadata)), within
+    /// `timeout`. Returns once every rank of the group has asked and the
+    /// lighthouse has formed the quorum.
     pub async fn quorum(
         &self,
-        group_rank: u64,
-        step: i64,
-        checkpoint_metadata: &str,
-        shrink_only: bool,
-        init_sync: bool,
-        commit_failures: u64,
+        request: QuorumRequest,
         timeout: Duration,
     ) -> Result<QuorumResult, ManagerClientError> {
         const METHOD: &str = "quorum";
+        let QuorumRequest {
+            group_rank,
+            step,
+            checkpoint_metadata,
+            shrink_only,
+            init_sync,
+            commit_failures,
+        } = request;
         let request = ManagerQuorumRequest {
             group_rank: signed("group_rank", group_rank)?,
             step,
-            checkpoint_metadata: checkpoint_metadata.to_owned(),
+            checkpoint_metadata,
             shrink_only,
             init_sync,
             commit_failures: signed("commit_failures", commit_failures)?,

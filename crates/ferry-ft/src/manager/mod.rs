@@ -21,7 +21,8 @@ mod results;
 mod server;
 
 pub use client::{
-    ManagerClient, ManagerClientError, NegativeField, QuorumResult, DEFAULT_CONNECT_TIMEOUT,
+    ManagerClient, ManagerClientError, NegativeField, QuorumRequest, QuorumResult,
+    DEFAULT_CONNECT_TIMEOUT,
 };
 pub use commit::ShouldCommitVotes;
 pub use gather::{GatheredQuorum, ManagerInfo, QuorumGather};
