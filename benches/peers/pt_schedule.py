@@ -19,9 +19,8 @@ One repetition of a row (ranks x microbatches), each phase timed on its own:
   total     generate + lower + simulate: exactly the work Ferry's side does.
 and, once per row and run (unless --no-constructor), the full constructor
 as users call it (`construct`: generation plus its own lowering: UNSHARD /
-RESHARD, REDUCE_GRAD and SEND/RECV for rank 0's runtime). `issue_total` =
-construct + lower + simulate, the definition of the PyTorch side in Ferry's
-issue.
+RESHARD, REDUCE_GRAD and SEND/RECV for rank 0's runtime). `construct_total` =
+construct + lower + simulate: PyTorch's side as its users run it.
 
 Repetitions: at least --min-reps and until --min-seconds of work, at most
 --max-reps (the 64x256 rows take seconds each, so they get --min-reps).
@@ -166,7 +165,7 @@ def row(name, ranks, micro, args):
         took = time.perf_counter() - t0
         result["construct"] = stats([took])
         lower_sim = [l + s for l, s in zip(phases["lower"], phases["simulate"])]
-        result["issue_total"] = stats([took + x for x in lower_sim])
+        result["construct_total"] = stats([took + x for x in lower_sim])
         line += f", constructor {took * 1e3:.2f} ms"
     print(line, file=sys.stderr, flush=True)
     return result

@@ -5,19 +5,20 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::comparison::{Comparison, Repeat};
+use super::doc::Part;
 use super::options::Options;
 use super::results::median_tree;
 use crate::bench::table::{Better, Metric, RowSpec};
 use crate::steps::Steps;
 
-/// The issue's target for distributed autograd: each of Ferry's overheads
+/// Ferry's target for distributed autograd: each of its overheads
 /// (forward, backward, optimizer step) at most 1/4 of PyTorch's, i.e. a
 /// ratio (PyTorch / Ferry) of at least 4.
 const AUTOGRAD_TARGET: f64 = 4.0;
-/// Runs of each side of the autograd comparison, and under `--quick`. On a
-/// small machine one run's medians move by tens of percent from the next
-/// (page faults on the fresh 4 MB gradients, how the host places the two
-/// vCPUs), and an overhead is a small difference of two of them; so each
+/// Runs of each side of the autograd comparison, and under `--quick`. One
+/// run's medians can move by tens of percent from the next (page faults
+/// on the fresh 4 MB gradients, where the threads land on the cores), and
+/// an overhead is a small difference of two of them; so each
 /// run's overheads are inferred from that run's own columns, and the table
 /// shows their median over the runs.
 const AUTOGRAD_RUNS: [usize; 2] = [5, 1];
@@ -43,6 +44,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     );
     Comparison {
         name: "autograd_overhead",
+        part: Part::Autograd,
         ferry_target: &["-p", "ferry-autograd", "--example", "autograd_overhead"],
         libtorch: true,
         ferry_args: &[],
@@ -111,11 +113,11 @@ fn autograd_over_runs(runs: Vec<Value>) -> Value {
 
 /// Row specs for the distributed autograd table (the paper's Table 2),
 /// from [`autograd_over_runs`] results: the median of each column, then the
-/// inferred overheads ([`autograd_inferred`]). The three figures the issue
-/// sets a target for carry [`AUTOGRAD_TARGET`]: the optimizer step and the
+/// inferred overheads ([`autograd_inferred`]). The three figures with a
+/// target carry [`AUTOGRAD_TARGET`]: the optimizer step and the
 /// forward and backward overheads as the peer defines them. The paper's
 /// backward overhead (the peer's minus the RPC forward overhead) is shown
-/// without one: the issue's backward figure is the peer's definition.
+/// without one: the target's backward figure is the peer's definition.
 pub(crate) fn autograd_overhead_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
     let row = |case: &str, ptr: String| RowSpec::new(case, "ms", Better::Lower, Metric::At(ptr));
     let column = |col: &str| {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use super::doc::{self, Part};
 use super::options::Options;
 use super::peers::peer_script;
 use super::report::Table;
@@ -21,6 +22,8 @@ pub(crate) struct Comparison<'a> {
     /// `target/ferry-bench/`: `ferry_<name>.json`, `peer_<name>.json` and
     /// the table's `<name>.json`.
     pub(crate) name: &'a str,
+    /// Its section of `docs/benchmarks.md`.
+    pub(crate) part: Part,
     /// Cargo's package and target selection for Ferry's side, as given to
     /// `cargo run --release` (e.g. `-p ferry-benches --bin rpc_latency`).
     pub(crate) ferry_target: &'a [&'a str],
@@ -69,6 +72,7 @@ impl Comparison<'_> {
             // Files left from an earlier run must not pose as this run's.
             remove_stale(&ferry_out)?;
             remove_stale(&peer_out)?;
+            doc::record_host(self.part.bench(), o)?;
             let script = peer_script(o.no_peer, self.peer_script);
             let runs = self.repeat.as_ref().map_or(1, |r| r.runs);
             // Each run's result (when repeating), read before the next run
@@ -147,6 +151,7 @@ impl Comparison<'_> {
     pub(crate) fn table(&self, steps: &mut Steps, o: &Options) -> Result<()> {
         Table {
             name: self.name,
+            part: self.part,
             heading: self.heading,
             specs: self.specs,
         }

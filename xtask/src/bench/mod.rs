@@ -10,11 +10,13 @@
 //! command line), [`peers`] (the peer scripts), [`comparison`] (Ferry's
 //! binary and the peer's script run alternately), [`process`] (a bounded
 //! run of a program), [`results`] (result files and medians over runs),
-//! [`table`] (Ferry-vs-peer rows and their ratios) and [`report`] (the
-//! tables printed from the result files).
+//! [`table`] (Ferry-vs-peer rows and their ratios), [`report`] (the
+//! tables printed from the result files) and [`doc`] (`docs/benchmarks.md`,
+//! generated from what the tables printed).
 
 mod autograd;
 mod comparison;
+mod doc;
 mod lighthouse;
 mod options;
 mod peers;
@@ -97,8 +99,13 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     if o.runs(Bench::Pipeline) {
         pipeline::main(&mut steps, o)?;
     }
-    if o.runs(Bench::Ucx) && !o.table_only {
-        ucx::main(&mut steps)?;
+    // `--table-only` alone also rebuilds the UCX table, from its last run.
+    if o.runs(Bench::Ucx) || (o.table_only && o.only.is_none()) {
+        if o.table_only {
+            ucx::table(&mut steps)?;
+        } else {
+            ucx::main(&mut steps, o)?;
+        }
     }
     if o.runs(Bench::Cuda) && !o.table_only {
         steps.step("cuda: channels vs device-to-device copy", || {
@@ -115,6 +122,7 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         })?;
     }
 
+    doc::write()?;
     steps.summary();
     let took = t0.elapsed().as_secs_f64();
     if o.quick && took > QUICK_BUDGET_S {

@@ -6,11 +6,11 @@
 //! GPipe, 1F1B, Interleaved1F1B and ZBVZeroBubble at 4 and 8 microbatches,
 //! and each side's one-process baseline. Then the table: per row, each
 //! side's median and p90 step time, the ratio Ferry / PyTorch with the
-//! issue's target, each side's speedup against its own baseline, and
+//! target, each side's speedup against its own baseline, and
 //! Ferry's measured step against its simulation from the costs measured
 //! in the same step.
 //!
-//! The host is small and shared: each side runs [`RUNS`] times, the sides
+//! A host's speed drifts: each side runs [`RUNS`] times, the sides
 //! alternating which goes first, and every number in the table is the
 //! median over the runs of that run's number, with the runs' spread; the
 //! load average at the start of every run is printed beside it.
@@ -21,6 +21,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::comparison::sides_in_order;
+use super::doc::{self, Part};
 use super::options::Options;
 use super::peers::peer_script;
 use super::results::{out_path, remove_stale, write_result};
@@ -34,7 +35,7 @@ pub(crate) const SCHEDULES: &[&str] = &["GPipe", "1F1B", "Interleaved1F1B", "ZBV
 pub(crate) const MICROBATCHES: &[&str] = &["4", "8"];
 /// Runs of each side, alternating which goes first, and under `--quick`.
 const RUNS: [usize; 2] = [3, 1];
-/// The issue's targets: Ferry's step at most this share of PyTorch's.
+/// Ferry's targets: its step at most this share of PyTorch's.
 const TARGET_RATIO: f64 = 0.75;
 /// ... and on ZBVZeroBubble.
 const TARGET_RATIO_ZBV: f64 = 0.5;
@@ -50,6 +51,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     if !o.table_only {
         remove_stale(&ferry_out)?;
         remove_stale(&peer_out)?;
+        doc::record_host("pipeline", o)?;
         let script = peer_script(o.no_peer, "pt_pipeline.py");
         let runs = RUNS[usize::from(o.quick)];
         steps.step(
@@ -106,9 +108,14 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
             None
         };
         let rows = rows(&ferry, peer.as_ref());
-        println!("\n{}\n", heading(&ferry, peer.as_ref()));
-        print!("{}", render(&rows));
-        print!("\n{}", render_runs(&ferry, peer.as_ref()));
+        let text = format!(
+            "{}\n\n{}\n{}",
+            heading(&ferry, peer.as_ref()),
+            render(&rows),
+            render_runs(&ferry, peer.as_ref())
+        );
+        println!("\n{text}");
+        doc::record(Part::Pipeline, &text);
         let table_out = out_path("pipeline.json");
         let list: Vec<Value> = rows.iter().map(Row::to_json).collect();
         let text = serde_json::to_string_pretty(&list).context("encoding the table")?;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use super::doc::{self, Part};
 use super::options::Options;
 use super::results::{out_path, remove_stale, write_result};
 use crate::bench::table;
@@ -74,8 +75,9 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, binary: &Path) -> Result<()> 
             return Ok("skipped");
         }
         let pooled = table::read_result(&path)?;
-        println!("\n{}\n", heading());
-        print!("{}", render(&pooled));
+        let text = format!("{}\n\n{}", heading(), render(&pooled));
+        println!("\n{text}");
+        doc::record(Part::Pipeline, &text);
         Ok("ok")
     })
 }

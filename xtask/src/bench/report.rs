@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde_json::Value;
 
+use super::doc::{self, Part};
 use super::options::Options;
 use super::results::out_path;
 use crate::bench::table::{self, RowSpec};
@@ -15,6 +16,8 @@ use crate::steps::{root, Steps};
 /// there) `peer_<name>.json`, written as `<name>.json`.
 pub(crate) struct Table<'a> {
     pub(crate) name: &'a str,
+    /// Its section of `docs/benchmarks.md`.
+    pub(crate) part: Part,
     /// The line(s) printed above the table.
     pub(crate) heading: &'a str,
     /// The table's rows, from Ferry's result and the peer's (if there).
@@ -28,7 +31,8 @@ impl Table<'_> {
     }
 
     /// The step `table: <name>`: reads both results (the peer's if there),
-    /// prints the table and writes its JSON. Under `--table-only`, a
+    /// prints the table, records it for `docs/benchmarks.md` and writes its
+    /// JSON. Under `--table-only`, a
     /// missing Ferry result skips the table.
     pub(crate) fn run(&self, steps: &mut Steps, o: &Options) -> Result<()> {
         let (ferry_out, peer_out, table_out) = (
@@ -50,11 +54,35 @@ impl Table<'_> {
                 None
             };
             let rows = table::compare(&ferry, peer.as_ref(), &(self.specs)(&ferry, peer.as_ref()));
-            println!("\n{}\n", self.heading);
-            print!("{}", table::render(&rows));
+            let text = format!("{}\n\n{}", self.heading, table::render(&rows));
+            println!("\n{text}");
+            record(self.part, self.heading, &rows);
             table::write_json(&root().join(&table_out), &rows)?;
             println!("\nwritten: {}", table_out.display());
             Ok("ok")
         })
+    }
+}
+
+/// Records a printed table for `docs/benchmarks.md`: its `auth:` rows
+/// (what the group's secret costs, measured by the RPC benchmark) form the
+/// Authentication section, the others `part`'s.
+fn record(part: Part, heading: &str, rows: &[table::Row]) {
+    let (auth, rest): (Vec<table::Row>, Vec<table::Row>) = rows
+        .iter()
+        .cloned()
+        .partition(|r| r.case.starts_with("auth: "));
+    doc::record(part, &format!("{heading}\n\n{}", table::render(&rest)));
+    if !auth.is_empty() {
+        doc::record(
+            Part::Authentication,
+            &format!(
+                "{}\n\n{}",
+                "Ferry only, in one process over loopback: no secret, records with a MAC, \
+                 records sealed (FERRY_AUTH=encrypt); each cost against no secret within a \
+                 repetition, median [min–max] over repetitions",
+                table::render(&auth)
+            ),
+        );
     }
 }

@@ -5,6 +5,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use super::comparison::Comparison;
+use super::doc::Part;
 use super::options::Options;
 use crate::bench::table::{Better, Metric, RowSpec};
 use crate::steps::Steps;
@@ -13,7 +14,7 @@ use crate::steps::Steps;
 const RPC_SIZES: &[&str] = &["0", "1KB", "1MB", "4MB", "40MB", "400MB"];
 /// [`RPC_SIZES`] under `--quick`.
 const RPC_SIZES_QUICK: &[&str] = &["0", "1KB", "1MB", "4MB", "40MB"];
-/// The fast-path issue's targets, as ratios PyTorch / Ferry: the empty call
+/// Ferry's targets against PyTorch RPC, as ratios PyTorch / Ferry: the empty call
 /// at most 1/20 of PyTorch's, 64 empty calls in flight at least 25× the
 /// rate, 4 MB at most 1/2, 40 MB and 400 MB at most 1/4.
 fn rpc_target(bytes: f64) -> Option<f64> {
@@ -33,6 +34,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let ferry_args = [&["--sizes"][..], sizes].concat();
     Comparison {
         name: "rpc_latency",
+        part: Part::Rpc,
         ferry_target: &["-p", "ferry-benches", "--bin", "rpc_latency"],
         libtorch: false,
         ferry_args: &ferry_args,

@@ -5,6 +5,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use super::comparison::Comparison;
+use super::doc::Part;
 use super::options::Options;
 use crate::bench::table::{Better, Metric, RowSpec};
 use crate::steps::Steps;
@@ -25,6 +26,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     let sizes_args = [&["--sizes"][..], sizes].concat();
     Comparison {
         name: "rref_overhead",
+        part: Part::Rref,
         ferry_target: &["-p", "ferry-benches", "--bin", "rref_overhead"],
         libtorch: false,
         ferry_args: &sizes_args,

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::comparison::sides_in_order;
+use super::doc::{self, Part};
 use super::options::Options;
 use super::peers::PEERS_DIR;
 use super::results::{out_path, remove_stale, write_result};
@@ -24,7 +25,7 @@ pub(crate) const SHAPES: &[&str] = &["8x32", "32x128", "64x256"];
 pub(crate) const FERRY_ONLY_SHAPES: &[&str] = &["16x64", "128x512"];
 /// The schedules, as both sides name them.
 pub(crate) const SCHEDULES: &[&str] = &["Interleaved1F1B", "ZBVZeroBubble"];
-/// The issue's target: Ferry at least 300x faster on every row.
+/// Ferry's target: at least 300x faster on every row.
 pub(crate) const TARGET: f64 = 300.0;
 /// Runs of each side, alternating which goes first, and under `--quick`.
 const RUNS: [usize; 2] = [3, 1];
@@ -40,6 +41,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     if !o.table_only {
         remove_stale(&ferry_out)?;
         remove_stale(&peer_out)?;
+        doc::record_host("schedule", o)?;
         let runs = RUNS[usize::from(o.quick)];
         steps.step(
             "build: ferry-schedule's example schedule_bench (release)",
@@ -167,7 +169,7 @@ fn stats(secs: &[f64], spread: Spread) -> Value {
 /// One side's runs pooled: per (schedule, shape), every phase's samples of
 /// every run together, their statistics ([`stats`]), the step and action
 /// counts (which must agree between runs), and for the full constructor
-/// (`construct`, `issue_total`; the peer's only) the same.
+/// (`construct`, `construct_total`; the peer's only) the same.
 pub(crate) fn pool_runs(runs: &[Value], spread: Spread) -> Result<Value> {
     let mut rows: Vec<Value> = Vec::new();
     for run in runs {
@@ -208,7 +210,7 @@ pub(crate) fn pool_runs(runs: &[Value], spread: Spread) -> Result<Value> {
                     );
                 }
             }
-            for phase in PHASES.iter().chain(&["construct", "issue_total"]) {
+            for phase in PHASES.iter().chain(&["construct", "construct_total"]) {
                 let Some(samples) = r[*phase]["samples_s"].as_array() else {
                     continue;
                 };
@@ -313,7 +315,7 @@ fn timed(case: String, schedule: &str, shape: &str, phase: &str) -> RowSpec {
 
 /// The main table: per schedule and shape both sides ran, the whole work
 /// (generate + lower + simulate) with [`TARGET`]; then the same against
-/// the PyTorch side as the issue defines it (the full constructor, with its
+/// PyTorch's side as users call it (the full constructor, with its
 /// own lowering, + `_add_send_recv` + `_simulate_comms_compute`), also with
 /// the target.
 pub(crate) fn main_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> {
@@ -334,7 +336,7 @@ pub(crate) fn main_specs(_ferry: &Value, _peer: Option<&Value>) -> Vec<RowSpec> 
                     format!("{schedule} {shape}, PyTorch via its constructor"),
                     schedule,
                     shape,
-                    "issue_total",
+                    "construct_total",
                 )
                 .with_target(TARGET),
             );
@@ -414,14 +416,14 @@ pub(crate) fn add_growth(ferry: &mut Value) {
 }
 
 /// Ferry's pooled result as the tables read it: with its growth
-/// ([`add_growth`]) and, on every row, `issue_total` equal to its `total`
+/// ([`add_growth`]) and, on every row, `construct_total` equal to its `total`
 /// (Ferry's work has no constructor beside it: generating is its
 /// constructor), so the constructor rows set it against PyTorch's.
 pub(crate) fn ferry_view(mut ferry: Value) -> Value {
     add_growth(&mut ferry);
     if let Some(rows) = ferry["rows"].as_array_mut() {
         for row in rows {
-            row["issue_total"] = row["total"].clone();
+            row["construct_total"] = row["total"].clone();
         }
     }
     ferry
@@ -448,8 +450,8 @@ fn tables(steps: &mut Steps, o: &Options, ferry_out: &Path, peer_out: &Path) -> 
                  counts on {n} rows"
             );
         }
-        println!(
-            "\nFerry vs PyTorch {TORCH_VERSION} (torch.distributed.pipelining): generate a pipeline \
+        let heading = format!(
+            "Ferry vs PyTorch {TORCH_VERSION} (torch.distributed.pipelining): generate a pipeline \
              schedule for every rank, lower it (SEND/RECV) and simulate it in unit steps; 2 stages \
              per rank (Interleaved1F1B: loop placement, ZBVZeroBubble: V), RxM = ranks x \
              microbatches; same host, one thread each\n\
@@ -458,23 +460,28 @@ fn tables(steps: &mut Steps, o: &Options, ferry_out: &Path, peer_out: &Path) -> 
              PyTorch: pipeline_order (the constructor with its own lowering skipped) + \
              _add_send_recv + _simulate_comms_compute, the same work as Ferry's; \"via its \
              constructor\": the full constructor (which also adds UNSHARD/RESHARD, REDUCE_GRAD \
-             and SEND/RECV for its runtime) + _add_send_recv + _simulate_comms_compute, as the \
-             issue defines PyTorch's side\n\
-             ratio = PyTorch / Ferry; target ≥{TARGET}x on every row\n",
+             and SEND/RECV for its runtime) + _add_send_recv + _simulate_comms_compute, \
+             PyTorch's side as users call it\n\
+             ratio = PyTorch / Ferry; target ≥{TARGET}x on every row",
             ferry["runs"]
         );
         let rows = table::compare(&ferry, peer.as_ref(), &main_specs(&ferry, peer.as_ref()));
-        print!("{}", table::render(&rows));
         let main_out = out_path("schedule.json");
         table::write_json(&root().join(&main_out), &rows)?;
-        println!(
-            "\nper phase (ratio = PyTorch / Ferry, no target), and Ferry's growth with ranks x \
+        let phases_heading = format!(
+            "per phase (ratio = PyTorch / Ferry, no target), and Ferry's growth with ranks x \
              microbatches (also {}; ns per lowered action = median total / actions after \
-             add_send_recv)\n",
+             add_send_recv)",
             FERRY_ONLY_SHAPES.join(", ")
         );
         let phases = table::compare(&ferry, peer.as_ref(), &phase_specs(&ferry, peer.as_ref()));
-        print!("{}", table::render(&phases));
+        let text = format!(
+            "{heading}\n\n{}\n{phases_heading}\n\n{}",
+            table::render(&rows),
+            table::render(&phases)
+        );
+        println!("\n{text}");
+        doc::record(Part::Schedule, &text);
         let phases_out = out_path("schedule_phases.json");
         table::write_json(&root().join(&phases_out), &phases)?;
         println!(
@@ -572,7 +579,7 @@ mod tests {
             &[0.0001, 0.0002, 0.0003],
         )]);
         let mut peer = run(&[("Interleaved1F1B", "8x32", 863, 2944, &[0.05])]);
-        peer["rows"][0]["issue_total"] = json!({"samples_s": [0.08]});
+        peer["rows"][0]["construct_total"] = json!({"samples_s": [0.08]});
         let ferry = ferry_view(pool_runs(&[ferry], Spread::P10P90).expect("pools"));
         let peer = pool_runs(&[peer], Spread::MinMax).expect("pools");
         let rows = table::compare(&ferry, Some(&peer), &main_specs(&ferry, Some(&peer)));

@@ -27,6 +27,8 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::doc::{self, Part};
+use super::options::Options;
 use super::results::{out_path, release_binary, write_result};
 use crate::bench::table;
 use crate::setup::ensure_debian_package;
@@ -35,17 +37,17 @@ use crate::steps::{cargo, run, Steps};
 const PERFTEST: &str = "/usr/bin/ucx_perftest";
 /// Bandwidth sizes, bytes.
 const SIZES: [u64; 2] = [4 << 20, 64 << 20];
-/// The target: Ferry's bandwidth at least this share of UCX's.
+/// Ferry's target: its bandwidth at least this share of `ucx_perftest`'s.
 const BANDWIDTH_TARGET: f64 = 0.9;
-/// Rounds of the comparison, the sides alternating within each. On the
-/// 2-core host one round's UCX-tcp bandwidth ratio moves between about
-/// 0.65 and 1.1 (8-round runs), so the median needs more than three.
+/// Rounds of the comparison, the sides alternating within each: one
+/// round's bandwidth ratio over UCX's tcp can move by tens of percent
+/// from the next on a busy host, so the median needs more than three.
 const ROUNDS: usize = 5;
 /// Rounds of the `rpc_sync` comparison (each side's run takes about a
 /// second and a half). Each run's median covers about 2,000 calls, a few
 /// tens of milliseconds, in which the threads keep one placement on the
-/// cores; on the 2-core host that placement alone moves a run's median
-/// between about 11 and 23 µs, so the ratio needs many runs of each side,
+/// cores; where the threads outnumber the cores that placement alone can
+/// double a run's median, so the ratio needs many runs of each side,
 /// and the bench also compares the sides within each placement
 /// ([`placement_split`]).
 const RPC_ROUNDS: usize = 20;
@@ -137,8 +139,8 @@ fn min(values: &[f64]) -> f64 {
 
 /// How much slower the slower of the two thread placements must be, at
 /// the widest step between consecutive runs, for [`placement_split`] to
-/// call the runs two groups (the two placements differ by about 1.5x on
-/// the 2-core host; neighbouring runs within one differ by a few %).
+/// call the runs two groups (the placements differ by tens of percent,
+/// neighbouring runs within one by a few).
 const PLACEMENT_STEP: f64 = 1.2;
 
 /// The fewest runs [`placement_split`] puts in either group, so that one
@@ -231,8 +233,11 @@ fn rpc_sync(transport: &str, tls: Option<&str>) -> Result<f64> {
         .context("no rpc_sync median in rpc_latency's result")
 }
 
+/// The line above the benchmark's rows.
+const HEADING: &str = "Ferry's ucx channel vs ucx_perftest (same run, this host):";
+
 /// Runs the UCX benchmark.
-pub(crate) fn main(steps: &mut Steps) -> Result<()> {
+pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     steps.step_with("setup: ucx-utils (Debian)", || {
         ensure_debian_package("ucx-utils", PERFTEST)
     })?;
@@ -262,6 +267,7 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
             "rpc_latency",
         ]))
     })?;
+    doc::record_host("ucx", o)?;
     let mut rows = Vec::new();
     let mut result = json!({});
     for (i, tls) in ["shm", "tcp"].into_iter().enumerate() {
@@ -449,12 +455,40 @@ pub(crate) fn main(steps: &mut Steps) -> Result<()> {
         "placement_split_us": split,
         "rounds": {"ucx_shm": ucx_runs, "ferry_shm": shm_runs},
     });
+    result["summary"] = json!(rows);
     write_result(&out_path("ucx.json"), &result)?;
-    eprintln!("\nFerry's ucx channel vs ucx_perftest (same run, this host):");
-    for r in rows {
-        eprintln!("  {r}");
-    }
+    print_summary(&rows);
     Ok(())
+}
+
+/// Under `--table-only`: the rows of the last run, from `ucx.json`.
+pub(crate) fn table(steps: &mut Steps) -> Result<()> {
+    steps.step_with("table: ucx", || {
+        let path = crate::steps::root().join(out_path("ucx.json"));
+        if !path.is_file() {
+            eprintln!("    no {}: skipping this table", path.display());
+            return Ok("skipped");
+        }
+        let result = table::read_result(&path)?;
+        let rows: Vec<String> = result["summary"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(String::from))
+            .collect();
+        print_summary(&rows);
+        Ok("ok")
+    })
+}
+
+/// Prints the benchmark's rows and records them for `docs/benchmarks.md`.
+fn print_summary(rows: &[String]) {
+    let text = std::iter::once(HEADING.to_string())
+        .chain(rows.iter().map(|r| format!("  {r}")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    println!("\n{text}");
+    doc::record(Part::Ucx, &text);
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use self::server::{LighthouseProcess, LighthouseProgram};
 use super::comparison::sides_in_order;
+use super::doc::{self, Part};
 use super::options::Options;
 use super::peers::peer_script;
 use super::process::{last_json_object, log_tail, run_bounded};
@@ -21,7 +22,7 @@ use crate::bench::table::{Better, Metric, RowSpec};
 use crate::setup::{ensure_torchft, venv_python, TORCHFT_VERSION};
 use crate::steps::{cargo, cmd, root, run, Steps};
 
-/// Replica counts of the lighthouse quorum rows (the 2, 16, 128).
+/// Replica counts of the lighthouse quorum rows.
 const LIGHTHOUSE_REPLICAS: &[&str] = &["2", "16", "128"];
 /// Clients sending heartbeats back to back in the lighthouse bench.
 const LIGHTHOUSE_HB_CLIENTS: &str = "8";
@@ -32,13 +33,13 @@ const LIGHTHOUSE_LOAD_SHAPES: &[&str] = &["8x1", "8x16"];
 /// `lighthouse_load --seconds`, and under `--quick`.
 const LIGHTHOUSE_LOAD_SECONDS: [&str; 2] = ["2", "1"];
 /// Runs of the lighthouse script per side, and under `--quick` (each run
-/// takes about 6 s; on a small machine one run's numbers move by tens of
-/// percent from the next, so the table shows the median).
+/// takes about 6 s; one run's numbers can move by tens of percent from
+/// the next, so the table shows the median).
 const LIGHTHOUSE_RUNS: [usize; 2] = [5, 1];
 /// The lighthouse script's `--rounds` and `--hb-seconds`, and under `--quick`.
 const LIGHTHOUSE_ROUNDS: [&str; 2] = ["5", "3"];
 const LIGHTHOUSE_HB_SECONDS: [&str; 2] = ["3", "1"];
-/// The target for the lighthouse: Ferry at least as fast as
+/// Ferry's target for the lighthouse: at least as fast as
 /// torchft's on every row.
 const LIGHTHOUSE_TARGET: f64 = 1.0;
 /// Bound on one run of `lighthouse_bench.py` (it takes well under a minute).
@@ -74,6 +75,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
     );
     let table = Table {
         name: "lighthouse",
+        part: Part::Lighthouse,
         heading: &heading,
         specs: lighthouse_specs,
     };
@@ -87,6 +89,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
         let (ferry_out, peer_out) = (table.out_path("ferry_"), table.out_path("peer_"));
         remove_stale(&ferry_out)?;
         remove_stale(&peer_out)?;
+        doc::record_host("lighthouse", o)?;
         // Per-run logs of an earlier, longer run must not pose as this run's.
         for i in 1..=LIGHTHOUSE_RUNS[0] {
             for stem in [
