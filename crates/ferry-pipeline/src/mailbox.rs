@@ -133,8 +133,8 @@ impl<V> Mailbox<V> {
     /// ([`spin_until`]: rounds of checks, the CPU yielded between them);
     /// `None` when neither came within it. A thread that polls keeps its core awake, so
     /// the thread that receives the value runs at once when it arrives: on
-    /// a virtual machine an idle core sleeps, and waking it took 1.5–3.5 ms
-    /// for the first input of a step (measured on the 2-vCPU bench host).
+    /// a virtual machine an idle core sleeps, and waking it can take
+    /// milliseconds.
     pub(crate) fn poll_for(&self, key: Key, spin: Duration) -> Option<Result<V, WaitError>> {
         if spin.is_zero() {
             return None;
