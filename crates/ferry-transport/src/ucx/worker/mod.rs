@@ -19,9 +19,8 @@
 //! another task's progress call completes wakes it too; once awake it takes
 //! the waker back out, so that its own progress call does not wake it
 //! again. The event that ends the sleep thus wakes the waiting task
-//! directly, with no other task in between: measured on a link that sleeps
-//! before every message, 20–26% less CPU time and about 0.7 times the
-//! one-way latency over UCX's tcp and shared memory (see the user guide).
+//! directly, with no other task in between: a handoff through a second
+//! task would cost a wake-up and a thread switch per message.
 //! The connection's progress task works only while a send UCX has not
 //! finished is in flight: it spins on progress while UCX keeps moving the
 //! send (as a waiting receive spins), then arms the worker and sleeps on
@@ -71,14 +70,13 @@ const DRAIN: usize = 64;
 /// reports events pending (`UCS_ERR_BUSY`) before it yields to tokio.
 const ARM_TRIES: usize = 4;
 /// Progress calls per round of a spinning wait before the CPU is yielded.
-/// A progress call (with the link's lock) costs about 250 ns over UCX's
-/// tcp and 25 ns over its shared memory, where an `shm` ring check costs a
-/// few, so over tcp the rings' round
-/// ([`SPIN_ITERATIONS`](crate::spin::SPIN_ITERATIONS), 64) would hold the
-/// core for about 16 µs, while on a small host the thread that must answer
-/// may be waiting for it. Measured on the 2-vCPU VM, empty `rpc_sync` over
-/// UCX shm, median of 10 alternating runs: 64 per round 18.1 µs, 16 16.1,
-/// 4 16.7, 1 16.3 (Ferry's `shm` transport 13.3); bandwidth unchanged.
+/// A progress call (with the link's lock) costs far more than an `shm`
+/// ring check (hundreds of nanoseconds over UCX's tcp), so a round as
+/// long as the rings' ([`SPIN_ITERATIONS`](crate::spin::SPIN_ITERATIONS),
+/// 64) would hold the core for many microseconds while, on a host with
+/// fewer cores than busy threads, the thread that must answer may be
+/// waiting for it. Shorter rounds yield more often and cost a `sched_yield`
+/// each.
 const PROGRESS_CALLS_PER_ROUND: u32 = 16;
 /// A send or receive at least this long marks its link as streaming
 /// ([`Shared::spin_budget`]): its bytes take hundreds of microseconds to
@@ -92,12 +90,9 @@ const STREAMING_FOR: Duration = Duration::from_millis(2);
 /// small host the gaps between them (the other side's thread descheduled
 /// for a moment) often outlast the configured spin: the wait then sleeps on
 /// the event fd and pays a wake-up, again and again within one transfer.
-/// Measured with `ucx_bench` over UCX's tcp, two sets of 8 rounds
-/// alternating with the build before: 4 MiB one way 3452 -> 3653 MiB/s
-/// and 2996 -> 3233 (faster in 6 of 8 each), 64 MiB 3201 -> 3224 and
-/// 2956 -> 3005 (6 and 5 of 8); the machine's idle share during the
-/// 64 MiB phase fell from 16-22% to 5-9%. Over UCX's shared memory it
-/// changed nothing (6 rounds, 1.01 and 1.00). The cost is bounded: only
+/// Spinning longer keeps the waiting side on its core through those gaps;
+/// over shared memory the bytes come as one copy, so it changes nothing
+/// there. The cost is bounded: only
 /// links moving bulk data spin longer, and only while bytes keep moving or
 /// for the longer budget after they stop.
 const STREAMING_SPIN_FACTOR: u32 = 10;
