@@ -3,9 +3,9 @@
 //! handles when the client is not the bottleneck.
 //!
 //! torchft's own `LighthouseClient` (driven from Python threads by
-//! `benches/peers/lighthouse_bench.py`) spends about 50 µs of CPU per
-//! heartbeat, three to four times what either server spends, so on a small
-//! machine its rate measures the client. This program sends the same
+//! `benches/peers/lighthouse_bench.py`) spends several times the CPU per
+//! heartbeat that either server spends, so where cores are few its rate
+//! measures the client. This program sends the same
 //! `Heartbeat` requests from one thread (a current-thread tokio runtime) over
 //! `--connections` HTTP/2 connections with `--in-flight` requests outstanding
 //! on each, the way many replica groups heartbeat one lighthouse, so the

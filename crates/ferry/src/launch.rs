@@ -53,8 +53,8 @@ pub enum LaunchError {
 }
 
 /// How many rounds an idle libgomp thread spins before it sleeps, in the
-/// workers [`local`] starts: 2,000 rounds of `pause`, about 45 µs on this
-/// project's machines, instead of libgomp's 300,000 (about 6 ms).
+/// workers [`local`] starts: 2,000 rounds of `pause` (tens of
+/// microseconds) instead of libgomp's 300,000 (milliseconds).
 ///
 /// libtorch's intra-op parallelism is libgomp's OpenMP. After each parallel
 /// region (a matrix product, say) the team's idle threads spin for the next

@@ -12,10 +12,10 @@ use crate::ucx::sys;
 /// timer (one timer, reset rather than created anew each time);
 /// otherwise sleep until a send is unfinished ([`Shared::wanted`]), with
 /// no timer. Nothing needs this task then: a waiting receive progresses
-/// the worker itself. A timer there woke a runtime thread every 5 ms for
-/// nothing, and that thread then held tokio's I/O driver and took over the
-/// receive its events woke, so a connection's reader moved between the
-/// runtime's threads (see the user guide).
+/// the worker itself. A timer there would wake a runtime thread every
+/// backstop for nothing, and that thread would then hold tokio's I/O
+/// driver and take over the receive its events woke, moving a
+/// connection's reader between the runtime's threads.
 ///
 /// [`State::needs_events`]: super::State::needs_events
 pub(super) async fn drive(shared: Arc<Shared>) {
