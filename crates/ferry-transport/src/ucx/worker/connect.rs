@@ -3,12 +3,12 @@
 
 use std::ffi::c_void;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::drive::drive;
 use super::pending::sleep_on_fd;
-use super::shared::{ep_failed, Shared, State};
+use super::shared::{close_listener, ep_failed, ConnRequest, Shared};
 use super::{StopOnDrop, UcxLink, UcxWorker};
 use crate::accept::RefusalWarnings;
 use crate::ucx::sockaddr;
@@ -18,13 +18,6 @@ use crate::{channel, TransportError};
 /// The warning about connection requests rejected while waiting for the
 /// peer's ([`UcxWorker::accept`]).
 const REJECTED: &str = "rejected a UCX connection request that is not the peer's";
-
-/// A connection request UCX's listener handed over, not yet accepted or
-/// rejected.
-pub(super) struct ConnRequest(sys::ucp_conn_request_h);
-
-// SAFETY: a UCX handle, used only under the worker's state lock.
-unsafe impl Send for ConnRequest {}
 
 unsafe extern "C" fn conn_requested(request: sys::ucp_conn_request_h, arg: *mut c_void) {
     // SAFETY: `arg` is the `Shared` that owns the listener; the listener is
@@ -341,26 +334,6 @@ impl Shared {
         }
         Ok(step)
     }
-}
-
-/// Destroys the listener, if any, rejecting the requests it handed over
-/// (into `requests`) that were not accepted.
-pub(super) fn close_listener(
-    api: &sys::Ucp,
-    state: &mut State,
-    requests: &Mutex<Vec<ConnRequest>>,
-) {
-    if state.listener.is_null() {
-        return;
-    }
-    let pending = std::mem::take(&mut *requests.lock().unwrap_or_else(|p| p.into_inner()));
-    for request in pending {
-        // SAFETY: the listener is live; each request is rejected once.
-        unsafe { api.ucp_listener_reject(state.listener, request.0) };
-    }
-    // SAFETY: a live listener, destroyed once, before its worker.
-    unsafe { api.ucp_listener_destroy(state.listener) };
-    state.listener = std::ptr::null_mut();
 }
 
 #[cfg(test)]

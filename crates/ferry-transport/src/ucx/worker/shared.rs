@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
-use super::connect::{close_listener, ConnRequest};
 use super::request::{is_request, Completion, Inflight};
 use super::{
     DRAIN, PROGRESS_CALLS_PER_ROUND, STREAMING_BYTES, STREAMING_FOR, STREAMING_SPIN_FACTOR,
@@ -20,6 +19,13 @@ use super::{
 use crate::spin::{spin_while_active_in_rounds, Check};
 use crate::ucx::{exit, status_text, sys, Context};
 use crate::{channel, TransportError};
+
+/// A connection request UCX's listener handed over, not yet accepted or
+/// rejected.
+pub(super) struct ConnRequest(pub(super) sys::ucp_conn_request_h);
+
+// SAFETY: a UCX handle, used only under the worker's state lock.
+unsafe impl Send for ConnRequest {}
 
 pub(super) unsafe extern "C" fn ep_failed(
     arg: *mut c_void,
@@ -300,6 +306,26 @@ impl exit::Quiesce for Shared {
         // Kept locked: nothing uses this worker again in this process.
         std::mem::forget(state);
     }
+}
+
+/// Destroys the listener, if any, rejecting the requests it handed over
+/// (into `requests`) that were not accepted.
+pub(super) fn close_listener(
+    api: &sys::Ucp,
+    state: &mut State,
+    requests: &Mutex<Vec<ConnRequest>>,
+) {
+    if state.listener.is_null() {
+        return;
+    }
+    let pending = std::mem::take(&mut *requests.lock().unwrap_or_else(|p| p.into_inner()));
+    for request in pending {
+        // SAFETY: the listener is live; each request is rejected once.
+        unsafe { api.ucp_listener_reject(state.listener, request.0) };
+    }
+    // SAFETY: a live listener, destroyed once, before its worker.
+    unsafe { api.ucp_listener_destroy(state.listener) };
+    state.listener = std::ptr::null_mut();
 }
 
 /// Closes the listener and the endpoint, cancels what is in flight and
