@@ -11,7 +11,12 @@ use crate::steps::{cargo, is_ci, root, run, Steps};
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
 /// the one edit needed when such a crate lands.
-pub(crate) const LIBTORCH_CRATES: &[&str] = &["ferry-tch", "ferry-autograd", "ferry-pipeline"];
+pub(crate) const LIBTORCH_CRATES: &[&str] = &[
+    "ferry-tch",
+    "ferry-autograd",
+    "ferry-pipeline",
+    "ferry-facade-only",
+];
 
 /// Target dir of the fuzz harness (its own workspace), kept under `target/`
 /// so it is cached with everything else.

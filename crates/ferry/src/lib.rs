@@ -8,10 +8,13 @@
 //! This facade re-exports Ferry's crates, each usable on its own:
 //! [`wire`] (the sans-IO wire format), [`transport`] (connections and tensor
 //! channels, embeddable alone), [`rpc`] (the agent) and [`rref`] (Remote
-//! References). With the `torch` feature, `tensor` (libtorch tensors,
-//! `ferry-tch`), `autograd` (distributed autograd and the distributed
-//! optimizer, `ferry-autograd`) and `pipeline` (pipeline-parallel training,
-//! `ferry-pipeline`) too. [`init_rpc`] starts the agent with
+//! References), [`schedule`] (pipeline schedules as data). With the
+//! `torch` feature, `tensor` (libtorch tensors, `ferry-tch`, and the `tch`
+//! it is built on: `ferry::tensor::tch`), `autograd` (distributed autograd
+//! and the distributed optimizer, `ferry-autograd`) and `pipeline`
+//! (pipeline-parallel training, `ferry-pipeline`) too; with the `ft`
+//! feature, `ft` (torchft-compatible fault tolerance, `ferry-ft`). A
+//! program needs no other Ferry crate. [`init_rpc`] starts the agent with
 //! every layer installed and returns the [`Worker`], the way to them.
 //! [`launch`] starts a group of local worker processes, like `torchrun` on
 //! one host.
@@ -56,6 +59,7 @@ pub use worker::Worker;
 
 pub use ferry_rpc as rpc;
 pub use ferry_rref as rref;
+pub use ferry_schedule as schedule;
 pub use ferry_transport as transport;
 pub use ferry_wire as wire;
 
@@ -88,6 +92,12 @@ pub use ferry_autograd as autograd;
 /// (`ferry-pipeline`; feature `torch`).
 #[cfg(feature = "torch")]
 pub use ferry_pipeline as pipeline;
+
+/// torchft-compatible fault tolerance: the lighthouse, the replica groups'
+/// managers, checkpoint recovery and their allreduce (`ferry-ft`; feature
+/// `ft`).
+#[cfg(feature = "ft")]
+pub use ferry_ft as ft;
 
 /// Starts this process's worker with every layer installed (RRefs, and with
 /// the `torch` feature libtorch tensors, distributed autograd and the
@@ -132,8 +142,6 @@ pub use ferry_wire::{DType, Device};
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-/// The user guide's code, compiled as doctests. Some of it uses libtorch,
-/// so it is checked with the `torch` feature (`cargo xtask test` does).
-#[cfg(all(doctest, feature = "torch"))]
-#[doc = include_str!("../../../docs/user-guide.md")]
-pub struct UserGuideDoctests;
+// The user guide's code is compiled by `tests/facade-only`, a crate that
+// depends on this one alone, so that a guide example needing another Ferry
+// crate fails there.

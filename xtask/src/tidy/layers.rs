@@ -119,9 +119,13 @@ fn the_crate_map_matches_the_manifests() -> Result<()> {
                 }
             }
         }
-        // libtorch: only ferry-tch and the crates built on it.
+        // libtorch: only ferry-tch and the crates built on it (directly,
+        // or through the facade, whose `torch` feature is ferry-tch).
         let links_torch = deps.iter().any(|(d, _)| d == "tch" || d == "torch-sys");
-        let on_tch = name == "ferry-tch" || deps.iter().any(|(d, _)| d == "ferry-tch");
+        let on_tch = name == "ferry-tch"
+            || deps
+                .iter()
+                .any(|(d, _)| d == "ferry-tch" || (d == "ferry" && name != "ferry"));
         if links_torch && !on_tch {
             problems.push(format!(
                 "`{name}` links libtorch (tch/torch-sys) without being built on ferry-tch"
