@@ -1,5 +1,7 @@
 //! Typed stages and losses behind object-safe traits, so that one runtime
 //! runs every stage type: values cross as [`Flat`] (bytes plus tensors).
+//! A typed [`Stage`](crate::Stage) takes the trait through `stage.rs`'s
+//! `TypedStage`.
 
 use std::sync::Arc;
 
@@ -7,8 +9,6 @@ use ferry_rpc::BoxError;
 use ferry_tch::tree::{self, Flat};
 use ferry_tch::Tensor;
 use serde::de::DeserializeOwned;
-
-use crate::stage::Stage;
 
 /// Builds a stage from its flattened constructor arguments.
 pub(crate) type StageBuilder =
@@ -21,21 +21,6 @@ pub(crate) trait ErasedStage: Send {
     fn forward(&mut self, bytes: &[u8], tensors: Vec<tch::Tensor>) -> Result<Flat, BoxError>;
     /// The stage's parameters.
     fn parameters(&self) -> Vec<tch::Tensor>;
-}
-
-/// The [`ErasedStage`] of a typed [`Stage`].
-pub(crate) struct TypedStage<S>(pub(crate) S);
-
-impl<S: Stage> ErasedStage for TypedStage<S> {
-    fn forward(&mut self, bytes: &[u8], tensors: Vec<tch::Tensor>) -> Result<Flat, BoxError> {
-        let input: S::Input = tree::unflatten(bytes, tensors)?;
-        let output = self.0.forward(input)?;
-        Ok(tree::flatten(&output)?)
-    }
-
-    fn parameters(&self) -> Vec<tch::Tensor> {
-        self.0.parameters()
-    }
 }
 
 /// A loss with its output type erased.

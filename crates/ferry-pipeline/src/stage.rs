@@ -7,11 +7,12 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ferry_rpc::BoxError;
+use ferry_tch::tree::{self, Flat};
 use ferry_tch::Tensor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::erased::{ErasedLoss, ErasedStage, StageBuilder, TypedLoss, TypedStage};
+use crate::erased::{ErasedLoss, ErasedStage, StageBuilder, TypedLoss};
 
 /// One stage of a pipeline: a libtorch module (or any struct with a
 /// forward) that lives on its owning worker.
@@ -129,6 +130,21 @@ impl<O> Clone for LossFn<O> {
     }
 }
 impl<O> Copy for LossFn<O> {}
+
+/// The [`ErasedStage`] of a typed [`Stage`].
+pub(crate) struct TypedStage<S>(pub(crate) S);
+
+impl<S: Stage> ErasedStage for TypedStage<S> {
+    fn forward(&mut self, bytes: &[u8], tensors: Vec<tch::Tensor>) -> Result<Flat, BoxError> {
+        let input: S::Input = tree::unflatten(bytes, tensors)?;
+        let output = self.0.forward(input)?;
+        Ok(tree::flatten(&output)?)
+    }
+
+    fn parameters(&self) -> Vec<tch::Tensor> {
+        self.0.parameters()
+    }
+}
 
 /// The stage constructors and loss functions a worker can run, given to
 /// [`install`](crate::install) before the worker starts. Every worker that
