@@ -94,6 +94,7 @@
 //! ```
 
 pub mod access;
+pub mod baby;
 pub mod collective;
 mod error;
 mod grpc;

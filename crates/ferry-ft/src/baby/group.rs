@@ -1,0 +1,1081 @@
+//! The parent's side: [`BabyProcessGroup`], one driver task per child that
+//! owns the child process and its socket, and [`BabyWork`], the future of
+//! one operation.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, info_span, warn, Instrument, Span};
+
+use super::child::write_all;
+use super::launch::{launch, ChildProgram, Launched};
+use super::protocol::{Command, FrameDecoder, Reply};
+use super::shm::{Released, SharedBuffer};
+use super::BabyError;
+use crate::collective::ReduceOp;
+use crate::manager::QuorumResult;
+
+/// A Baby process group's knobs.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferry_ft::baby::BabyOptions;
+///
+/// let options = BabyOptions::new("replica_a").with_timeout(Duration::from_secs(5));
+/// assert_eq!(options.timeout, Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct BabyOptions {
+    /// This replica group's id, exactly as its manager names it.
+    pub replica_id: String,
+    /// Where the child's process group listens for its peers
+    /// (`host:port`, default `127.0.0.1:0`; use an address the other
+    /// replica groups reach).
+    pub bind: String,
+    /// The collective's timeout inside the child (rendezvous, one
+    /// allreduce), as [`ProcessGroupOptions::timeout`](crate::collective::ProcessGroupOptions::timeout).
+    /// Default 60 s.
+    pub timeout: Duration,
+    /// Connecting to a peer or the store, inside the child. Default 10 s.
+    pub connect_timeout: Duration,
+    /// How much longer than its own limit the parent waits for the child
+    /// to answer before it takes the child for hung and kills it (the
+    /// child's own timeout normally answers first, with the cause).
+    /// Default 2 s.
+    pub watchdog_margin: Duration,
+    /// How long a child asked to exit may take before it is killed with
+    /// SIGKILL. Default 1 s.
+    pub exit_grace: Duration,
+    /// Which program runs the child.
+    pub child: ChildProgram,
+}
+
+impl BabyOptions {
+    /// The defaults for replica group `replica_id`.
+    pub fn new(replica_id: impl Into<String>) -> Self {
+        Self {
+            replica_id: replica_id.into(),
+            bind: "127.0.0.1:0".to_owned(),
+            timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            watchdog_margin: Duration::from_secs(2),
+            exit_grace: Duration::from_secs(1),
+            child: ChildProgram::Auto,
+        }
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// Sets [`watchdog_margin`](Self::watchdog_margin).
+    pub fn with_watchdog_margin(mut self, margin: Duration) -> Self {
+        self.watchdog_margin = margin;
+        self
+    }
+
+    /// Sets [`exit_grace`](Self::exit_grace).
+    pub fn with_exit_grace(mut self, grace: Duration) -> Self {
+        self.exit_grace = grace;
+        self
+    }
+
+    /// Sets [`bind`](Self::bind).
+    pub fn with_bind(mut self, bind: impl Into<String>) -> Self {
+        self.bind = bind.into();
+        self
+    }
+
+    /// Sets [`child`](Self::child).
+    pub fn with_child(mut self, child: ChildProgram) -> Self {
+        self.child = child;
+        self
+    }
+}
+
+/// An operation that failed, with its buffer when it could be taken back
+/// (the child answered, or is dead).
+pub struct BabyFailure {
+    /// What went wrong.
+    pub error: BabyError,
+    /// The buffer the operation held, if any.
+    pub buffer: Option<SharedBuffer>,
+}
+
+impl fmt::Debug for BabyFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BabyFailure")
+            .field("error", &self.error)
+            .field("buffer", &self.buffer)
+            .finish()
+    }
+}
+
+impl fmt::Display for BabyFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for BabyFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<BabyFailure> for BabyError {
+    fn from(failure: BabyFailure) -> Self {
+        failure.error
+    }
+}
+
+/// How an operation ended, as the driver reports it.
+type Outcome = Result<Option<SharedBuffer>, BabyFailure>;
+
+/// The future of one [`allreduce_buffer`](BabyProcessGroup::allreduce_buffer):
+/// it owns nothing of the group, so the group can be reconfigured while it
+/// is outstanding (which fails it). Resolves to the buffer, reduced, or to
+/// the failure with the buffer.
+#[must_use = "the allreduce's result says whether the step may be committed"]
+pub struct BabyWork {
+    state: WorkState,
+}
+
+enum WorkState {
+    Ready(Option<Result<SharedBuffer, BabyFailure>>),
+    Waiting {
+        reply: oneshot::Receiver<Outcome>,
+        replica_id: String,
+        pid: u32,
+    },
+}
+
+impl fmt::Debug for BabyWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.state {
+            WorkState::Ready(_) => f.write_str("BabyWork(ready)"),
+            WorkState::Waiting { pid, .. } => write!(f, "BabyWork(child {pid})"),
+        }
+    }
+}
+
+impl Future for BabyWork {
+    type Output = Result<SharedBuffer, BabyFailure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            WorkState::Ready(result) => Poll::Ready(result.take().unwrap_or_else(|| {
+                Err(BabyFailure {
+                    error: BabyError::NotConfigured,
+                    buffer: None,
+                })
+            })),
+            WorkState::Waiting {
+                reply,
+                replica_id,
+                pid,
+            } => match Pin::new(reply).poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(Ok(buffer))) => match buffer {
+                    Some(buffer) => Poll::Ready(Ok(buffer)),
+                    None => Poll::Ready(Err(BabyFailure {
+                        error: BabyError::ChildProtocol {
+                            replica_id: replica_id.clone(),
+                            pid: *pid,
+                            reason: "an allreduce came back without its buffer".to_owned(),
+                        },
+                        buffer: None,
+                    })),
+                },
+                Poll::Ready(Ok(Err(failure))) => Poll::Ready(Err(failure)),
+                Poll::Ready(Err(_)) => Poll::Ready(Err(BabyFailure {
+                    error: BabyError::Aborted {
+                        replica_id: replica_id.clone(),
+                        pid: *pid,
+                        during: "allreduce".to_owned(),
+                        reason: "the child's driver is gone (runtime shut down)".to_owned(),
+                    },
+                    buffer: None,
+                })),
+            },
+        }
+    }
+}
+
+/// What the handle asks a driver.
+enum Request {
+    Configure {
+        store_address: String,
+        quorum_id: i64,
+        replica_ids: Vec<String>,
+        replica_rank: u64,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Allreduce {
+        buffer: SharedBuffer,
+        reduce: ReduceOp,
+        reply: oneshot::Sender<Outcome>,
+    },
+    /// Stop the child: politely if idle, with SIGKILL if busy (failing
+    /// what is outstanding with `reason`).
+    Stop { reason: String },
+}
+
+/// One child and its driver task.
+struct Incarnation {
+    pid: u32,
+    requests: mpsc::UnboundedSender<Request>,
+    /// The first failure of this child, once it failed.
+    failure: Arc<Mutex<Option<BabyError>>>,
+    driver: JoinHandle<()>,
+}
+
+impl Incarnation {
+    fn failure(&self) -> Option<BabyError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Asks the driver to stop the child and waits until it is reaped.
+    async fn stop(self, reason: String) {
+        let _ = self.requests.send(Request::Stop { reason });
+        drop(self.requests);
+        let _ = self.driver.await;
+    }
+}
+
+/// The quorum a group is configured for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Configured {
+    quorum_id: i64,
+    replica_ids: Vec<String>,
+    rank: u64,
+}
+
+/// A process group across the replica groups of the current quorum whose
+/// collectives run in a child process (torchft's `ProcessGroupBaby`): a
+/// collective that hangs or crashes takes the child down, never the
+/// training process.
+///
+/// The interface is [`ProcessGroup`](crate::collective::ProcessGroup)'s:
+/// [`configure`](Self::configure) after every quorum,
+/// [`allreduce`](Self::allreduce) / [`allreduce_mean`](Self::allreduce_mean)
+/// on a slice; the results are bit-identical, since the child runs that
+/// very group. Without a copy: [`buffer`](Self::buffer) gives a
+/// [`SharedBuffer`] in shared memory, and
+/// [`allreduce_buffer`](Self::allreduce_buffer) reduces it in place in the
+/// child and returns a [`BabyWork`] future that does not borrow the group.
+///
+/// Every new quorum starts a fresh child (the old one is asked to exit, or
+/// killed if busy, which fails its outstanding operations with
+/// [`BabyError::Aborted`]). A child that dies, does not answer within the
+/// timeout plus [`watchdog_margin`](BabyOptions::watchdog_margin), or
+/// reports an error fails every outstanding operation with a typed
+/// [`BabyError`] and is killed with SIGKILL; the group is then broken until
+/// the next quorum. The child exits by itself if this process dies
+/// (`PR_SET_PDEATHSIG`).
+pub struct BabyProcessGroup {
+    options: BabyOptions,
+    released: Released,
+    child: Option<Incarnation>,
+    configured: Option<Configured>,
+    /// A buffer kept for [`allreduce`](Self::allreduce)'s copies.
+    spare: Option<SharedBuffer>,
+}
+
+impl fmt::Debug for BabyProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BabyProcessGroup")
+            .field("replica_id", &self.options.replica_id)
+            .field("child_pid", &self.child_pid())
+            .field("quorum_id", &self.quorum_id())
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BabyProcessGroup {
+    /// A group with no child yet: the first [`configure`](Self::configure)
+    /// starts one.
+    pub fn new(options: BabyOptions) -> Self {
+        Self {
+            options,
+            released: Released::default(),
+            child: None,
+            configured: None,
+            spare: None,
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &BabyOptions {
+        &self.options
+    }
+
+    /// The current child's process id.
+    pub fn child_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.pid)
+    }
+
+    /// The quorum the group is configured for.
+    pub fn quorum_id(&self) -> Option<i64> {
+        self.configured.as_ref().map(|c| c.quorum_id)
+    }
+
+    /// This replica group's rank in the configured group.
+    pub fn rank(&self) -> Option<u64> {
+        self.configured.as_ref().map(|c| c.rank)
+    }
+
+    /// Members of the configured group.
+    pub fn world_size(&self) -> Option<u64> {
+        self.configured.as_ref().map(|c| c.replica_ids.len() as u64)
+    }
+
+    /// Whether the configured group's child failed (the step must not be
+    /// committed; the next quorum rebuilds it).
+    pub fn is_broken(&self) -> bool {
+        self.failure().is_some()
+    }
+
+    /// The configured group's failure, if it failed.
+    pub fn failure(&self) -> Option<BabyError> {
+        self.configured.as_ref()?;
+        match &self.child {
+            Some(child) => child.failure(),
+            None => Some(BabyError::NotConfigured),
+        }
+    }
+
+    /// A zero-filled buffer of `len` `f32` values in shared memory, for
+    /// [`allreduce_buffer`](Self::allreduce_buffer).
+    pub fn buffer(&self, len: usize) -> Result<SharedBuffer, BabyError> {
+        SharedBuffer::create(len, Arc::clone(&self.released)).map_err(|error| BabyError::Buffer {
+            reason: error.to_string(),
+        })
+    }
+
+    /// Configures the group for `quorum` (the manager's answer): a new
+    /// quorum id or other members start a fresh child and rendezvous there;
+    /// the same quorum again is a no-op, or fails with
+    /// [`BabyError::Broken`] if its child failed.
+    pub async fn configure(&mut self, quorum: &QuorumResult) -> Result<(), BabyError> {
+        self.configure_with(
+            &quorum.store_address,
+            quorum.quorum_id,
+            &quorum.replica_ids,
+            quorum.replica_rank,
+        )
+        .await
+    }
+
+    /// [`configure`](Self::configure) from the parts of a quorum result.
+    pub async fn configure_with(
+        &mut self,
+        store_address: &str,
+        quorum_id: i64,
+        replica_ids: &[String],
+        replica_rank: u64,
+    ) -> Result<(), BabyError> {
+        let world_size = replica_ids.len();
+        let rank = usize::try_from(replica_rank)
+            .ok()
+            .filter(|&rank| rank < world_size)
+            .ok_or_else(|| BabyError::InvalidQuorum {
+                reason: format!("replica rank {replica_rank} outside a quorum of {world_size}"),
+            })?;
+        let me = &self.options.replica_id;
+        if &replica_ids[rank] != me {
+            return Err(BabyError::InvalidQuorum {
+                reason: format!(
+                    "rank {rank} of quorum {quorum_id} is {:?}, not this replica group ({me:?})",
+                    replica_ids[rank]
+                ),
+            });
+        }
+        let wanted = Configured {
+            quorum_id,
+            replica_ids: replica_ids.to_vec(),
+            rank: replica_rank,
+        };
+        if self.configured.as_ref() == Some(&wanted) {
+            return match self.failure() {
+                None => Ok(()),
+                Some(error) => Err(BabyError::Broken {
+                    quorum_id,
+                    reason: error.to_string(),
+                }),
+            };
+        }
+        let span = info_span!(
+            "baby_configure",
+            replica_id = %me,
+            quorum_id,
+            rank,
+            world_size
+        );
+        self.configured = None;
+        if let Some(old) = self.child.take() {
+            let pid = old.pid;
+            old.stop(format!("the group is reconfigured for quorum {quorum_id}"))
+                .instrument(span.clone())
+                .await;
+            span.in_scope(|| debug!(pid, "previous Baby child stopped"));
+        }
+        let child = start(&self.options, Arc::clone(&self.released))
+            .instrument(span.clone())
+            .await?;
+        let (reply, outcome) = oneshot::channel();
+        let sent = child.requests.send(Request::Configure {
+            store_address: store_address.to_owned(),
+            quorum_id,
+            replica_ids: replica_ids.to_vec(),
+            replica_rank,
+            reply,
+        });
+        let pid = child.pid;
+        self.child = Some(child);
+        let result = match sent {
+            Err(_) => Err(self.gone("configure", pid)),
+            Ok(()) => match outcome.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(failure)) => Err(failure.error),
+                Err(_) => Err(self.gone("configure", pid)),
+            },
+        };
+        match &result {
+            Ok(()) => {
+                span.in_scope(|| info!(pid, "Baby process group configured"));
+                self.configured = Some(wanted);
+            }
+            Err(error) => {
+                span.in_scope(|| warn!(pid, "Baby configure failed: {error}"));
+                if let Some(child) = self.child.take() {
+                    child.stop(format!("configure failed: {error}")).await;
+                }
+            }
+        }
+        result
+    }
+
+    /// The error for a driver that vanished: its recorded failure.
+    fn gone(&self, during: &str, pid: u32) -> BabyError {
+        self.child
+            .as_ref()
+            .and_then(Incarnation::failure)
+            .unwrap_or_else(|| BabyError::Aborted {
+                replica_id: self.options.replica_id.clone(),
+                pid,
+                during: during.to_owned(),
+                reason: "the child's driver is gone".to_owned(),
+            })
+    }
+
+    /// Starts reducing `buffer` across the group in the child, in place;
+    /// the returned future gives the buffer back, reduced (every member's
+    /// bits identical), or the failure (with the buffer once the child no
+    /// longer holds it). Operations run in the child in the order they are
+    /// started.
+    pub fn allreduce_buffer(&self, buffer: SharedBuffer, reduce: ReduceOp) -> BabyWork {
+        let ready = |error| BabyWork {
+            state: WorkState::Ready(Some(Err(BabyFailure {
+                error,
+                buffer: None,
+            }))),
+        };
+        let (Some(configured), Some(child)) = (&self.configured, &self.child) else {
+            let mut work = ready(BabyError::NotConfigured);
+            if let WorkState::Ready(Some(Err(failure))) = &mut work.state {
+                failure.buffer = Some(buffer);
+            }
+            return work;
+        };
+        if let Some(error) = child.failure() {
+            return BabyWork {
+                state: WorkState::Ready(Some(Err(BabyFailure {
+                    error: BabyError::Broken {
+                        quorum_id: configured.quorum_id,
+                        reason: error.to_string(),
+                    },
+                    buffer: Some(buffer),
+                }))),
+            };
+        }
+        let (reply, outcome) = oneshot::channel();
+        match child.requests.send(Request::Allreduce {
+            buffer,
+            reduce,
+            reply,
+        }) {
+            Ok(()) => BabyWork {
+                state: WorkState::Waiting {
+                    reply: outcome,
+                    replica_id: self.options.replica_id.clone(),
+                    pid: child.pid,
+                },
+            },
+            Err(mpsc::error::SendError(request)) => {
+                let buffer = match request {
+                    Request::Allreduce { buffer, .. } => Some(buffer),
+                    _ => None,
+                };
+                BabyWork {
+                    state: WorkState::Ready(Some(Err(BabyFailure {
+                        error: self.gone("allreduce", child.pid),
+                        buffer,
+                    }))),
+                }
+            }
+        }
+    }
+
+    /// Reduces `data` across the group in place, like
+    /// [`ProcessGroup::allreduce`](crate::collective::ProcessGroup::allreduce)
+    /// and with the same bits. `data` is copied into a shared buffer kept
+    /// for the purpose and back; [`allreduce_buffer`](Self::allreduce_buffer)
+    /// avoids both copies.
+    pub async fn allreduce(&mut self, data: &mut [f32], reduce: ReduceOp) -> Result<(), BabyError> {
+        let mut buffer = match self.spare.take() {
+            Some(buffer) if buffer.len() == data.len() => buffer,
+            _ => self.buffer(data.len())?,
+        };
+        buffer.copy_from_slice(data);
+        match self.allreduce_buffer(buffer, reduce).await {
+            Ok(buffer) => {
+                data.copy_from_slice(&buffer);
+                self.spare = Some(buffer);
+                Ok(())
+            }
+            Err(failure) => {
+                self.spare = failure.buffer;
+                Err(failure.error)
+            }
+        }
+    }
+
+    /// [`allreduce`](Self::allreduce) with [`ReduceOp::Mean`]: gradient
+    /// averaging.
+    pub async fn allreduce_mean(&mut self, data: &mut [f32]) -> Result<(), BabyError> {
+        self.allreduce(data, ReduceOp::Mean).await
+    }
+
+    /// Stops the child (asked to exit, killed if it does not within
+    /// [`exit_grace`](BabyOptions::exit_grace) or is busy) and waits until
+    /// it is reaped. Dropping the group does the same in the background.
+    pub async fn shutdown(mut self) {
+        if let Some(child) = self.child.take() {
+            child.stop("the group is shut down".to_owned()).await;
+        }
+    }
+}
+
+/// Starts a child and waits for its `Ready`; then its driver runs.
+async fn start(options: &BabyOptions, released: Released) -> Result<Incarnation, BabyError> {
+    let replica_id = options.replica_id.clone();
+    let Launched {
+        child,
+        stream,
+        pid,
+        program,
+    } = launch(&options.child, &replica_id).await?;
+    let span = info_span!("baby_child", replica_id = %replica_id, pid);
+    debug!(parent: &span, program = %program.display(), "Baby child started");
+    let mut driver = Driver {
+        replica_id,
+        pid,
+        child,
+        stream,
+        decoder: FrameDecoder::default(),
+        chunk: vec![0; 4096],
+        pending: VecDeque::new(),
+        mapped: HashSet::new(),
+        released,
+        next_op: 1,
+        head_since: Instant::now(),
+        limit: options.timeout + options.watchdog_margin,
+        exit_grace: options.exit_grace,
+        failure: Arc::new(Mutex::new(None)),
+        span: span.clone(),
+    };
+    let init = Command::Init {
+        replica_id: options.replica_id.clone(),
+        bind: options.bind.clone(),
+        timeout_ms: options.timeout.as_millis() as u64,
+        connect_timeout_ms: options.connect_timeout.as_millis() as u64,
+    };
+    let limit = options.connect_timeout + options.watchdog_margin;
+    if let Err(error) = driver.hello(init, limit).await {
+        driver.kill().await;
+        return Err(error);
+    }
+    let (requests, inbox) = mpsc::unbounded_channel();
+    let failure = Arc::clone(&driver.failure);
+    let handle = tokio::spawn(driver.run(inbox).instrument(span));
+    Ok(Incarnation {
+        pid,
+        requests,
+        failure,
+        driver: handle,
+    })
+}
+
+/// An operation sent to the child and not answered yet.
+struct Pending {
+    op: u64,
+    during: &'static str,
+    reply: oneshot::Sender<Outcome>,
+    buffer: Option<SharedBuffer>,
+}
+
+/// Owns one child process and its socket.
+struct Driver {
+    replica_id: String,
+    pid: u32,
+    child: tokio::process::Child,
+    stream: UnixStream,
+    decoder: FrameDecoder,
+    chunk: Vec<u8>,
+    /// Sent and unanswered, in the order the child runs them.
+    pending: VecDeque<Pending>,
+    /// Buffers this child has mapped.
+    mapped: HashSet<u64>,
+    released: Released,
+    next_op: u64,
+    /// Since when the oldest pending operation has been the child's
+    /// current one.
+    head_since: Instant,
+    /// The longest one operation may take before the child counts as hung.
+    limit: Duration,
+    exit_grace: Duration,
+    failure: Arc<Mutex<Option<BabyError>>>,
+    span: Span,
+}
+
+/// What ended a driver's wait.
+enum Event {
+    Exited(String),
+    Read(std::io::Result<usize>),
+    Overdue,
+    Request(Option<Request>),
+}
+
+impl Driver {
+    /// Sends `Init` and waits for `Ready` within `limit`.
+    async fn hello(&mut self, init: Command, limit: Duration) -> Result<(), BabyError> {
+        let deadline = Instant::now() + limit;
+        let during = "start-up";
+        match tokio::time::timeout_at(deadline, write_all(&self.stream, &init.encode())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(self.lost(during, &error.to_string()).await),
+            Err(_) => return Err(self.hung(during, limit)),
+        }
+        loop {
+            if let Some(reply) = self.next_reply().map_err(|reason| self.protocol(reason))? {
+                return match reply {
+                    Reply::Ready { pid, listen } => {
+                        debug!(parent: &self.span, pid, %listen, "Baby child ready");
+                        Ok(())
+                    }
+                    Reply::Failed { kind, message, .. } => Err(BabyError::ChildFailed {
+                        replica_id: self.replica_id.clone(),
+                        pid: self.pid,
+                        during: during.to_owned(),
+                        kind,
+                        message,
+                    }),
+                    other => Err(self.protocol(format!("expected Ready, got {other:?}"))),
+                };
+            }
+            let read = tokio::select! {
+                status = self.child.wait() => {
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                    return Err(self.died(during, status));
+                }
+                read = read_some(&self.stream, &mut self.chunk) => read,
+                () = tokio::time::sleep_until(deadline) => return Err(self.hung(during, limit)),
+            };
+            match read {
+                Ok(0) => return Err(self.lost(during, "closed its socket").await),
+                Ok(n) => self.decoder.push(&self.chunk[..n]),
+                Err(error) => return Err(self.lost(during, &error.to_string()).await),
+            }
+        }
+    }
+
+    fn next_reply(&mut self) -> Result<Option<Reply>, String> {
+        match self.decoder.next_frame() {
+            Ok(None) => Ok(None),
+            Ok(Some(body)) => Reply::decode(&body)
+                .map(Some)
+                .map_err(|e| format!("bad reply: {e}")),
+            Err(error) => Err(format!("reply stream: {error}")),
+        }
+    }
+
+    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Request>) {
+        loop {
+            let deadline = self.pending.front().map(|_| self.head_since + self.limit);
+            let event = tokio::select! {
+                status = self.child.wait() => Event::Exited(
+                    status.map_or_else(|e| e.to_string(), |s| s.to_string())
+                ),
+                read = read_some(&self.stream, &mut self.chunk) => Event::Read(read),
+                () = sleep_until(deadline) => Event::Overdue,
+                request = inbox.recv() => Event::Request(request),
+            };
+            let fatal = match event {
+                Event::Exited(status) => Some(self.died(self.current(), status)),
+                Event::Read(Ok(0)) => Some(self.lost(self.current(), "closed its socket").await),
+                Event::Read(Err(error)) => {
+                    Some(self.lost(self.current(), &error.to_string()).await)
+                }
+                Event::Read(Ok(n)) => {
+                    self.decoder.push(&self.chunk[..n]);
+                    self.answers()
+                }
+                Event::Overdue => Some(self.hung(self.current(), self.limit)),
+                Event::Request(None) => {
+                    self.stop("the group was dropped").await;
+                    return;
+                }
+                Event::Request(Some(Request::Stop { reason })) => {
+                    self.stop(&reason).await;
+                    inbox.close();
+                    while let Ok(request) = inbox.try_recv() {
+                        self.refuse(request, &reason);
+                    }
+                    return;
+                }
+                Event::Request(Some(request)) => self.submit(request).await.err(),
+            };
+            if let Some(error) = fatal {
+                self.fail(error, &mut inbox).await;
+                return;
+            }
+        }
+    }
+
+    /// What the child is doing, for errors.
+    fn current(&self) -> &'static str {
+        self.pending.front().map_or("idle", |p| p.during)
+    }
+
+    /// Handles the replies decoded so far; a fatal error if one is off
+    /// protocol or reports a failure.
+    fn answers(&mut self) -> Option<BabyError> {
+        loop {
+            let reply = match self.next_reply() {
+                Ok(Some(reply)) => reply,
+                Ok(None) => return None,
+                Err(reason) => return Some(self.protocol(reason)),
+            };
+            let (op, failure) = match reply {
+                Reply::Done { op } => (op, None),
+                Reply::Failed { op, kind, message } => (op, Some((kind, message))),
+                other => return Some(self.protocol(format!("unexpected {other:?}"))),
+            };
+            let Some(head) = self.pending.pop_front() else {
+                return Some(self.protocol(format!("an answer for op {op}, none outstanding")));
+            };
+            if head.op != op {
+                let error = self.protocol(format!("an answer for op {op}, expected {}", head.op));
+                self.pending.push_front(head);
+                return Some(error);
+            }
+            self.head_since = Instant::now();
+            match failure {
+                None => {
+                    let _ = head.reply.send(Ok(head.buffer));
+                }
+                Some((kind, message)) => {
+                    let error = BabyError::ChildFailed {
+                        replica_id: self.replica_id.clone(),
+                        pid: self.pid,
+                        during: head.during.to_owned(),
+                        kind,
+                        message,
+                    };
+                    // Broken before anyone hears of it: a caller that
+                    // checks the group after this error sees it broken.
+                    self.record(&error);
+                    let _ = head.reply.send(Err(BabyFailure {
+                        error: error.clone(),
+                        buffer: head.buffer,
+                    }));
+                    return Some(error);
+                }
+            }
+        }
+    }
+
+    /// Sends a request's commands to the child.
+    async fn submit(&mut self, request: Request) -> Result<(), BabyError> {
+        let op = self.next_op;
+        self.next_op += 1;
+        let (during, frame, reply, buffer) = match request {
+            Request::Configure {
+                store_address,
+                quorum_id,
+                replica_ids,
+                replica_rank,
+                reply,
+            } => {
+                let frame = Command::Configure {
+                    op,
+                    store_address,
+                    quorum_id,
+                    replica_ids,
+                    replica_rank,
+                }
+                .encode();
+                ("configure", frame, reply, None)
+            }
+            Request::Allreduce {
+                buffer,
+                reduce,
+                reply,
+            } => {
+                let frame = Command::Allreduce {
+                    op,
+                    buffer: buffer.id(),
+                    reduce,
+                }
+                .encode();
+                ("allreduce", frame, reply, Some(buffer))
+            }
+            Request::Stop { .. } => return Ok(()),
+        };
+        if self.pending.is_empty() {
+            self.head_since = Instant::now();
+        }
+        self.pending.push_back(Pending {
+            op,
+            during,
+            reply,
+            buffer,
+        });
+        let deadline = self.head_since + self.limit;
+        let result = tokio::time::timeout_at(deadline, self.send(frame)).await;
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(self.lost(during, &error.to_string()).await),
+            Err(_) => Err(self.hung(during, self.limit)),
+        }
+    }
+
+    /// Unmaps released buffers, maps the new one, then sends `frame`.
+    async fn send(&mut self, frame: Vec<u8>) -> std::io::Result<()> {
+        let released: Vec<u64> =
+            std::mem::take(&mut *self.released.lock().unwrap_or_else(PoisonError::into_inner));
+        for id in released {
+            if self.mapped.remove(&id) {
+                write_all(&self.stream, &Command::UnmapBuffer { buffer: id }.encode()).await?;
+            }
+        }
+        if let Some(buffer) = self.pending.back().and_then(|p| p.buffer.as_ref()) {
+            if !self.mapped.contains(&buffer.id()) {
+                let mapping = Arc::clone(buffer.mapping());
+                let map = Command::MapBuffer {
+                    buffer: buffer.id(),
+                    len: buffer.len() as u64,
+                }
+                .encode();
+                let id = buffer.id();
+                ferry_transport::shm::send_fds(&self.stream, &map, &[mapping.fd()]).await?;
+                self.mapped.insert(id);
+            }
+        }
+        write_all(&self.stream, &frame).await
+    }
+
+    fn refuse(&self, request: Request, reason: &str) {
+        let (reply, buffer, during) = match request {
+            Request::Configure { reply, .. } => (reply, None, "configure"),
+            Request::Allreduce { reply, buffer, .. } => (reply, Some(buffer), "allreduce"),
+            Request::Stop { .. } => return,
+        };
+        let _ = reply.send(Err(BabyFailure {
+            error: BabyError::Aborted {
+                replica_id: self.replica_id.clone(),
+                pid: self.pid,
+                during: during.to_owned(),
+                reason: reason.to_owned(),
+            },
+            buffer,
+        }));
+    }
+
+    /// A fatal error: the child is killed and reaped, every outstanding
+    /// and queued operation fails.
+    async fn fail(&mut self, error: BabyError, inbox: &mut mpsc::UnboundedReceiver<Request>) {
+        warn!(parent: &self.span, "Baby child failed, killing it: {error}");
+        self.record(&error);
+        self.kill().await;
+        let reason = format!("the child failed: {error}");
+        let mut first = true;
+        while let Some(pending) = self.pending.pop_front() {
+            // The operation the child was on gets the error itself; those
+            // queued behind it were abandoned because of it.
+            let error = if first {
+                error.clone()
+            } else {
+                BabyError::Aborted {
+                    replica_id: self.replica_id.clone(),
+                    pid: self.pid,
+                    during: pending.during.to_owned(),
+                    reason: reason.clone(),
+                }
+            };
+            first = false;
+            let _ = pending.reply.send(Err(BabyFailure {
+                error,
+                buffer: pending.buffer,
+            }));
+        }
+        inbox.close();
+        while let Ok(request) = inbox.try_recv() {
+            self.refuse(request, &reason);
+        }
+    }
+
+    fn record(&self, error: &BabyError) {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| error.clone());
+    }
+
+    /// Stops the child: asked to exit when idle, killed otherwise or when
+    /// it does not exit within the grace; outstanding operations fail with
+    /// `reason`.
+    async fn stop(&mut self, reason: &str) {
+        let busy = !self.pending.is_empty();
+        if busy {
+            debug!(parent: &self.span, "stopping a busy Baby child: {reason}");
+            self.record(&BabyError::Aborted {
+                replica_id: self.replica_id.clone(),
+                pid: self.pid,
+                during: self.current().to_owned(),
+                reason: reason.to_owned(),
+            });
+            self.kill().await;
+        } else {
+            let polite = async {
+                write_all(&self.stream, &Command::Shutdown.encode()).await?;
+                self.child.wait().await
+            };
+            match tokio::time::timeout(self.exit_grace, polite).await {
+                Ok(Ok(status)) => debug!(parent: &self.span, %status, "Baby child exited"),
+                _ => {
+                    debug!(parent: &self.span, "Baby child did not exit in time, killing it");
+                    self.kill().await;
+                }
+            }
+        }
+        while let Some(pending) = self.pending.pop_front() {
+            let _ = pending.reply.send(Err(BabyFailure {
+                error: BabyError::Aborted {
+                    replica_id: self.replica_id.clone(),
+                    pid: self.pid,
+                    during: pending.during.to_owned(),
+                    reason: reason.to_owned(),
+                },
+                buffer: pending.buffer,
+            }));
+        }
+    }
+
+    /// SIGKILL, then reap. A killed process ends unless it is stuck in
+    /// the kernel; the wait is bounded so a parent never hangs on that.
+    async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        match tokio::time::timeout(KILL_WAIT, self.child.wait()).await {
+            Ok(Ok(status)) => debug!(parent: &self.span, %status, "Baby child reaped"),
+            Ok(Err(error)) => warn!(parent: &self.span, "cannot reap the Baby child: {error}"),
+            Err(_) => warn!(
+                parent: &self.span,
+                "Baby child still not gone {KILL_WAIT:?} after SIGKILL; \
+                 tokio reaps it when it ends"
+            ),
+        }
+    }
+
+    fn died(&self, during: &str, status: String) -> BabyError {
+        BabyError::ChildDied {
+            replica_id: self.replica_id.clone(),
+            pid: self.pid,
+            during: during.to_owned(),
+            status,
+        }
+    }
+
+    /// The socket broke or closed: the child is dying or dead; its exit
+    /// status (waited for at most the grace) says how.
+    async fn lost(&mut self, during: &str, what: &str) -> BabyError {
+        let status = match tokio::time::timeout(self.exit_grace, self.child.wait()).await {
+            Ok(Ok(status)) => status.to_string(),
+            _ => format!("command socket: {what}"),
+        };
+        self.died(during, status)
+    }
+
+    fn hung(&self, during: &str, waited: Duration) -> BabyError {
+        BabyError::ChildHung {
+            replica_id: self.replica_id.clone(),
+            pid: self.pid,
+            during: during.to_owned(),
+            waited,
+        }
+    }
+
+    fn protocol(&self, reason: String) -> BabyError {
+        BabyError::ChildProtocol {
+            replica_id: self.replica_id.clone(),
+            pid: self.pid,
+            reason,
+        }
+    }
+}
+
+/// How long a SIGKILLed child may take to be reaped before the driver
+/// stops waiting.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads what is available on `stream` into `buf` (cancel-safe).
+async fn read_some(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        match stream.try_read(buf) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+            result => return result,
+        }
+    }
+}
