@@ -8,6 +8,8 @@ use anyhow::{ensure, Context, Result};
 use crate::steps::root;
 
 #[cfg(test)]
+mod cycles;
+#[cfg(test)]
 mod layers;
 
 pub(crate) fn read(rel: &str) -> Result<String> {
