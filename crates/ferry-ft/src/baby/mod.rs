@@ -78,6 +78,7 @@
 //! ```
 
 mod child;
+mod driver;
 mod error;
 mod group;
 mod launch;
