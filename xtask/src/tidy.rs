@@ -11,6 +11,8 @@ use crate::steps::root;
 mod cycles;
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod links;
 
 pub(crate) fn read(rel: &str) -> Result<String> {
     let path = root().join(rel);
