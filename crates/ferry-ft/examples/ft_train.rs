@@ -20,6 +20,11 @@
 //! 4. replica group 2 is started again: it heals from a live peer and joins;
 //! 5. everyone trains to the last step and prints its parameters.
 //!
+//! `ft_train --baby` runs the same scenario with each replica group's
+//! allreduce in a [`BabyProcessGroup`]: a child process (this example
+//! re-executed, see [`run_child_if_requested`] in `main`) that is killed
+//! and restarted on failures instead of sharing the trainer's fate.
+//!
 //! Each replica prints one line per event on stdout, which the scenario
 //! (and `tests/ft_e2e.rs`) parses: `READY`, `HEAL step=.. from=..`,
 //! `COMMIT step=.. participants=..`, `SKIP step=.. reason=..` and
@@ -35,9 +40,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use ferry_ft::baby::{run_child_if_requested, BabyOptions, BabyProcessGroup, ChildProgram};
 use ferry_ft::collective::{ProcessGroup, ProcessGroupOptions};
 use ferry_ft::lighthouse::{Lighthouse, LighthouseOptions};
-use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions, QuorumRequest};
+use ferry_ft::manager::{Manager, ManagerClient, ManagerOptions, QuorumRequest, QuorumResult};
 use ferry_ft::recovery::{
     fetch_checkpoint, CheckpointServer, CheckpointServerOptions, CheckpointState, FetchOptions,
 };
@@ -215,6 +221,10 @@ pub(crate) struct ReplicaArgs {
     /// killed mid-step).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) hang_at_step: Option<i64>,
+    /// Run the allreduce in a Baby process group (a child process) rather
+    /// than in this process.
+    #[arg(long)]
+    pub(crate) baby: bool,
 }
 
 impl ReplicaArgs {
@@ -240,6 +250,7 @@ impl ReplicaArgs {
                 .into_iter()
                 .flatten(),
         )
+        .chain(self.baby.then(|| "--baby".to_owned()))
         .collect()
     }
 
@@ -285,11 +296,29 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
     let store = TcpStoreServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
     let checkpoints =
         CheckpointServer::bind("127.0.0.1:0", CheckpointServerOptions::new(&replica_id)).await?;
-    let mut pg = ProcessGroup::bind(
-        "127.0.0.1:0",
-        ProcessGroupOptions::new(&replica_id).with_timeout(timeout),
-    )
-    .await?;
+    let mut pg = if args.baby {
+        // The child is this example re-executed (`main` starts with
+        // `run_child_if_requested`), or the `ferry-ft-baby` program named
+        // by FERRY_FT_BABY_BIN.
+        let child = if std::env::var_os(ferry_ft::baby::CHILD_BIN_ENV).is_some() {
+            ChildProgram::Auto
+        } else {
+            ChildProgram::CurrentExe
+        };
+        Group::Baby(BabyProcessGroup::new(
+            BabyOptions::new(&replica_id)
+                .with_timeout(timeout)
+                .with_child(child),
+        ))
+    } else {
+        Group::InProcess(
+            ProcessGroup::bind(
+                "127.0.0.1:0",
+                ProcessGroupOptions::new(&replica_id).with_timeout(timeout),
+            )
+            .await?,
+        )
+    };
     let store_address = store.local_addr().to_string();
     let manager = Manager::bind(
         "127.0.0.1:0",
@@ -421,9 +450,35 @@ async fn train(args: ReplicaArgs, replica_id: String) -> Result<()> {
         model.params_hex()
     );
     info!(step, "training done");
+    if let Group::Baby(pg) = pg {
+        pg.shutdown().await;
+    }
     drop(client);
     manager.shutdown().await?;
     Ok(())
+}
+
+/// The replica groups' process group: in this process, or in a Baby child.
+enum Group {
+    InProcess(ProcessGroup),
+    Baby(BabyProcessGroup),
+}
+
+impl Group {
+    async fn configure(&mut self, quorum: &QuorumResult) -> Result<(), String> {
+        match self {
+            Group::InProcess(pg) => pg.configure(quorum).await.map_err(|e| e.to_string()),
+            Group::Baby(pg) => pg.configure(quorum).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// An error here means the step must not be committed.
+    async fn allreduce_mean(&mut self, grad: &mut [f32]) -> Result<(), String> {
+        match self {
+            Group::InProcess(pg) => pg.allreduce_mean(grad).await.map_err(|e| e.to_string()),
+            Group::Baby(pg) => pg.allreduce_mean(grad).await.map_err(|e| e.to_string()),
+        }
+    }
 }
 
 /// Fetches the state to heal to: the source's checkpoint address from its
@@ -461,6 +516,8 @@ pub(crate) struct ScenarioOptions {
     pub(crate) timeout_ms: u64,
     /// The whole scenario must end within this.
     pub(crate) deadline: Duration,
+    /// Replica groups allreduce through Baby process groups.
+    pub(crate) baby: bool,
 }
 
 impl Default for ScenarioOptions {
@@ -472,6 +529,7 @@ impl Default for ScenarioOptions {
             min_replicas: 2,
             timeout_ms: 2000,
             deadline: Duration::from_secs(60),
+            baby: false,
         }
     }
 }
@@ -716,6 +774,7 @@ pub(crate) fn run_scenario(
         until_groups: options.groups,
         min_replicas: options.min_replicas,
         timeout_ms: options.timeout_ms,
+        baby: options.baby,
     };
 
     let (sender, receiver) = mpsc::channel();
@@ -892,12 +951,15 @@ fn check(report: &ScenarioReport, options: &ScenarioOptions, survivors: &[usize]
 }
 
 fn main() -> Result<()> {
+    // A Baby process group's child (`--baby`) is this program re-executed.
+    run_child_if_requested();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("replica") {
         return replica_main(&args[1..]);
     }
-    if !args.is_empty() {
-        bail!("usage: ft_train            (the whole scenario)\n       ft_train replica ...  (one replica group)");
+    let baby = args.first().map(String::as_str) == Some("--baby");
+    if args.len() > usize::from(baby) {
+        bail!("usage: ft_train [--baby]   (the whole scenario; --baby: allreduce in child processes)\n       ft_train replica ...  (one replica group)");
     }
     let exe = std::env::current_exe()?;
     let replica = |flags: &[String]| {
@@ -905,7 +967,11 @@ fn main() -> Result<()> {
         command.arg("replica").args(flags);
         command
     };
-    let report = run_scenario(&ScenarioOptions::default(), &replica)?;
+    let options = ScenarioOptions {
+        baby,
+        ..ScenarioOptions::default()
+    };
+    let report = run_scenario(&options, &replica)?;
     let truth = true_params();
     println!(
         "scenario done in {:.1} s: {} commits ({} by the two survivors while replica group 2 was down), skipped (process, step): {:?}, heals at steps {:?}",

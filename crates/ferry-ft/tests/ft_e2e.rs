@@ -19,11 +19,27 @@ use std::time::Duration;
 
 /// Set in the children: the replica flags, separated by U+001F.
 const CHILD_ENV: &str = "FERRY_FT_E2E_REPLICA";
-/// This test's name, for the children to run it again (in replica mode).
+/// The first test's name, for the children to run it again (in replica
+/// mode).
 const TEST_NAME: &str = "three_replica_groups_train_through_a_sigkill";
 
 #[test]
 fn three_replica_groups_train_through_a_sigkill() {
+    scenario(TEST_NAME, false);
+}
+
+/// The same with every replica group's allreduce in a Baby process group
+/// (the `ferry-ft-baby` program as its child, through FERRY_FT_BABY_BIN):
+/// the SIGKILLed replica's child exits with it.
+#[test]
+fn three_replica_groups_train_through_a_sigkill_with_baby_groups() {
+    scenario(
+        "three_replica_groups_train_through_a_sigkill_with_baby_groups",
+        true,
+    );
+}
+
+fn scenario(test_name: &str, baby: bool) {
     if let Ok(flags) = std::env::var(CHILD_ENV) {
         let flags: Vec<String> = flags.split('\u{1f}').map(str::to_owned).collect();
         let code = match ft_train::replica_main(&flags) {
@@ -40,12 +56,17 @@ fn three_replica_groups_train_through_a_sigkill() {
     let replica = |flags: &[String]| {
         let mut command = Command::new(&exe);
         command
-            .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, flags.join("\u{1f}"));
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, flags.join("\u{1f}"))
+            .env(
+                ferry_ft::baby::CHILD_BIN_ENV,
+                env!("CARGO_BIN_EXE_ferry-ft-baby"),
+            );
         command
     };
     let options = ft_train::ScenarioOptions {
         deadline: Duration::from_secs(60),
+        baby,
         ..ft_train::ScenarioOptions::default()
     };
     let report = ft_train::run_scenario(&options, &replica).unwrap_or_else(|e| panic!("{e:#}"));
