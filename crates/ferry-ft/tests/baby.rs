@@ -495,10 +495,15 @@ fn a_peer_replica_groups_child_killed_fails_the_others_and_the_next_quorum_succe
                         .allreduce_buffer(buffer, ReduceOp::Sum)
                         .await
                         .unwrap_err();
+                    // Depending on when its driver sees the death: the
+                    // death itself, the group already broken, or the
+                    // request abandoned because of it.
                     assert!(
                         matches!(
                             &failure.error,
-                            BabyError::ChildDied { .. } | BabyError::Broken { .. }
+                            BabyError::ChildDied { .. }
+                                | BabyError::Broken { .. }
+                                | BabyError::Aborted { .. }
                         ),
                         "{failure}"
                     );
@@ -616,5 +621,34 @@ fn a_child_exits_by_itself_when_its_parent_is_sigkilled() {
         outputs[1].status.contains("SIGKILL") || outputs[1].status.contains("signal: 9"),
         "the victim was killed: {}",
         outputs[1].status
+    );
+}
+
+#[tokio::test]
+async fn a_child_program_that_cannot_start_is_a_typed_error_and_no_group() {
+    let mut pg = BabyProcessGroup::new(
+        BabyOptions::new("replica_0")
+            .with_child(ChildProgram::Program("/nonexistent/ferry-ft-baby".into())),
+    );
+    let error = pg
+        .configure_with("127.0.0.1:1", 1, &members(1), 0)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, BabyError::Spawn { program, .. }
+            if program.to_str() == Some("/nonexistent/ferry-ft-baby")),
+        "{error}"
+    );
+    assert_eq!(pg.quorum_id(), None);
+    assert_eq!(pg.child_pid(), None);
+    let failure = pg
+        .allreduce_buffer(pg.buffer(3).unwrap(), ReduceOp::Sum)
+        .await
+        .unwrap_err();
+    assert_eq!(failure.error, BabyError::NotConfigured);
+    assert_eq!(
+        failure.buffer.map(|b| b.len()),
+        Some(3),
+        "the buffer comes back"
     );
 }

@@ -170,12 +170,15 @@ impl Driver {
         loop {
             let deadline = self.pending.front().map(|_| self.head_since + self.limit);
             let event = tokio::select! {
+                // Requests first: one sent before the child died is
+                // submitted (and fails with the death) rather than refused.
+                biased;
+                request = inbox.recv() => Event::Request(request),
                 status = self.child.wait() => Event::Exited(
                     status.map_or_else(|e| e.to_string(), |s| s.to_string())
                 ),
                 read = read_some(&self.stream, &mut self.chunk) => Event::Read(read),
                 () = sleep_until(deadline) => Event::Overdue,
-                request = inbox.recv() => Event::Request(request),
             };
             let fatal = match event {
                 Event::Exited(status) => Some(self.died(self.current(), status)),
