@@ -49,10 +49,12 @@ commands:
                     (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft;
                     pipeline schedules (generate + lower + simulate) and pipeline-parallel
                     training (ferry-pipeline) against torch.distributed.pipelining; the peer
-                    scripts are in benches/peers/
+                    scripts are in benches/peers/; rewrites the sections of docs/benchmarks.md
+                    it measured, under the host they ran on
         [--no-criterion] [--no-peer] [--table-only]
-        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx]
-                    (--table-only: rebuild the tables from results already in target/ferry-bench;
+        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx|cuda]
+                    (--table-only: rebuild the tables and docs/benchmarks.md from the results
+                     already in target/ferry-bench;
                      --only: run or tabulate just that benchmark; `--only ucx`, never run by
                      default: Ferry's ucx channel vs ucx_perftest for UCX_TLS shm and tcp, and
                      rpc_sync over the ucx transport vs the shm transport)
