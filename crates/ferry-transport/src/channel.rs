@@ -86,8 +86,8 @@ pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, UCX_TRANSPORT, TCP];
 pub const KNOWN_TRANSPORTS: &[&str] = &[SHM_TRANSPORT, TCP];
 
 /// Default priority of the `ucx` channel: above `mpt` (across hosts UCX
-/// wins), below `shm` and `cma` (on one host they are faster; see the
-/// user guide's UCX section for the measurement).
+/// wins), below `shm` and `cma` (on one host they copy once with no
+/// library in the path; `cargo xtask bench --only ucx` compares them).
 pub const UCX_CHANNEL_PRIORITY: i32 = 15;
 /// Default priority of the `cuda_staged` channel: above `inline`, below
 /// the host channels, so CPU-to-CPU pairs keep those; it is the only

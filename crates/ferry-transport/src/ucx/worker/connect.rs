@@ -94,7 +94,7 @@ impl UcxWorker {
     /// memory registration needs invalidating) together with peer-failure
     /// handling. An endpoint created from a worker address with peer-failure
     /// handling gets neither over TCP, and its bulk data goes as fragments
-    /// the receiver copies (see the user guide).
+    /// the receiver copies (`docs/reference/ucx.md`, Connecting).
     ///
     /// [`connect_to_listener`]: Self::connect_to_listener
     pub(crate) fn listen(&mut self, ip: IpAddr) -> Result<SocketAddr, TransportError> {

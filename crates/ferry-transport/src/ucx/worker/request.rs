@@ -44,7 +44,8 @@ impl Completion {
     /// progress the worker itself: a completion its own progress call
     /// causes must not wake it again. Such a self-wake makes tokio queue
     /// the task once more and wake another worker thread, which then
-    /// often takes the task over (see the user guide).
+    /// often takes the task over, moving the connection's reader between
+    /// the runtime's threads.
     pub(super) fn unregister(&self) {
         self.lock_waker().take();
     }
