@@ -210,9 +210,9 @@ unsafe impl Send for Captured {}
 
 impl Drop for Captured {
     fn drop(&mut self) {
-        // SAFETY: a capture from ferry_backward_input, freed once (the
-        // weight half takes the pointer out before it frees it itself).
         if !self.0.is_null() {
+            // SAFETY: a capture from ferry_backward_input, freed once (the
+            // weight half takes the pointer out before it frees it itself).
             unsafe { ferry_free_split(self.0) };
         }
     }

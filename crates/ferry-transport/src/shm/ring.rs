@@ -697,8 +697,8 @@ mod tests {
         for bad in [0u64, 48, u64::MAX, 1 << 62, 128] {
             // SAFETY: the capacity word of the header; no ring is alive.
             unsafe { cap_word.write_volatile(bad) };
-            // SAFETY: as above.
             assert!(
+                // SAFETY: as above.
                 unsafe { Ring::attach(base, per) }.is_err(),
                 "capacity {bad}"
             );
