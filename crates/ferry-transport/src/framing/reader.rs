@@ -172,7 +172,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 // (CPU stays CPU unless mapped); the allocator gets the
                 // descriptor with that device.
                 let source = descriptor.device;
-                let landing = crate::device_map::landing(&self.channels.cuda.maps, &self.peer, source)?;
+                let landing =
+                    crate::device_map::landing(&self.channels.cuda.maps, &self.peer, source)?;
                 let name = self
                     .selection
                     .channel_for(source, landing)

@@ -243,7 +243,8 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         for (m, (message, descriptors)) in batch.iter().zip(descriptors).enumerate() {
             let mut routes = Vec::with_capacity(descriptors.len());
             for (d, tensor) in descriptors.iter().zip(&message.tensors) {
-                let target = crate::device_map::target(&self.channels.cuda.maps, &self.peer, d.device)?;
+                let target =
+                    crate::device_map::target(&self.channels.cuda.maps, &self.peer, d.device)?;
                 let name = self
                     .selection
                     .channel_for(d.device, target)
