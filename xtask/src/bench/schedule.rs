@@ -104,8 +104,8 @@ fn run_ferry(o: &Options, out: &Path) -> Result<()> {
 
 fn run_peer(o: &Options, out: &Path) -> Result<()> {
     let py = venv_python();
-    let script = format!("{PEERS_DIR}/pt_schedule.py");
-    let mut c = cmd(&py.to_string_lossy(), &[&script]);
+    let mut c = cmd(&py.to_string_lossy(), &[]);
+    c.arg(Path::new(PEERS_DIR).join("pt_schedule.py"));
     if o.quick {
         c.arg("--quick");
     }
