@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument, Span};
 
 use super::child::write_all;
-use super::group::{BabyFailure, BabyOptions, Incarnation, Outcome, Request};
 use super::launch::{launch, Launched};
 use super::protocol::{Command, FrameDecoder, Reply};
+use super::shared::{BabyFailure, BabyOptions, Incarnation, Outcome, Request};
 use super::shm::{Released, SharedBuffer};
 use super::BabyError;
 

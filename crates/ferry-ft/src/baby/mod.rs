@@ -83,13 +83,15 @@ mod error;
 mod group;
 mod launch;
 pub mod protocol;
+mod shared;
 mod shm;
 
 pub use child::{child_main, run_child_if_requested};
 pub use error::BabyError;
-pub use group::{BabyFailure, BabyOptions, BabyProcessGroup, BabyWork};
+pub use group::{BabyProcessGroup, BabyWork};
 pub use launch::ChildProgram;
 pub use protocol::FailureKind;
+pub use shared::{BabyFailure, BabyOptions};
 pub use shm::{SharedBuffer, ShmError};
 
 /// The environment variable naming the child program
