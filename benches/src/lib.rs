@@ -142,7 +142,7 @@ pub fn two_workers(
         Role::Launcher => return Ok(None),
     };
     let mut functions = Functions::new();
-    functions.add_async(
+    functions.add(
         IDENTITY,
         |t| async move { Ok::<_, std::convert::Infallible>(t) },
     );

@@ -188,7 +188,7 @@ fn main() -> Result<()> {
     // `identity_rref` answers on the callee's runtime like `identity`, and
     // awaits the fetch from the owner instead of blocking a thread on it.
     let register = |functions: &mut Functions| {
-        functions.add_async(IDENTITY_RREF, |rref: RRef<RawTensor>| async move {
+        functions.add(IDENTITY_RREF, |rref: RRef<RawTensor>| async move {
             rref.to_here_async(TIMEOUT).await
         });
     };

@@ -12,10 +12,10 @@
 //!
 //! - `norpc-fwd`: `layer2(layer1(x)).sum()`, both layers local, autograd on;
 //! - `nograd-fwd`: under `tch::no_grad`, layer 1 locally, then
-//!   `rpc_sync(worker1, remote_fwd_nograd, (layer2_rref, h))` (the callee
+//!   `by_name(remote_fwd_nograd).rpc_sync(worker1, (layer2_rref, h))` (the callee
 //!   also runs under `no_grad`), no distributed autograd context;
 //! - `grad-fwd`: inside `ferry_autograd::context()`, layer 1 locally, then
-//!   `rpc_sync(worker1, remote_fwd, (layer2_rref, h))` (send/recv recorded);
+//!   `by_name(remote_fwd).rpc_sync(worker1, (layer2_rref, h))` (send/recv recorded);
 //! - `norpc-bwd`: `loss.backward()` of the local model, its gradients
 //!   cleared first (untimed);
 //! - `grad-bwd`: `ctx.backward(&[loss], false)` of the RPC model, in the
@@ -186,15 +186,15 @@ const PARAM_RREFS: Function<RRef<Linear>, Vec<RRef<Tensor>>> = Function::new("pa
 fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(MAKE_LAYER, |(h, seed)| Linear::new(h, seed));
-    f.add_fallible(REMOTE_FWD, |(layer, h): (RRef<Linear>, Tensor)| {
+    f.add(REMOTE_FWD, |(layer, h): (RRef<Linear>, Tensor)| {
         let layer = layer.local_value()?;
         Ok::<_, BoxError>(Tensor::from(layer.forward(&h)))
     });
-    f.add_fallible(REMOTE_FWD_NOGRAD, |(layer, h): (RRef<Linear>, Tensor)| {
+    f.add(REMOTE_FWD_NOGRAD, |(layer, h): (RRef<Linear>, Tensor)| {
         let layer = layer.local_value()?;
         Ok::<_, BoxError>(Tensor::from(tch::no_grad(|| layer.forward(&h))))
     });
-    f.add_fallible(PARAM_RREFS, |layer: RRef<Linear>| {
+    f.add(PARAM_RREFS, |layer: RRef<Linear>| {
         let layer = layer.local_value()?;
         layer
             .params()
@@ -456,7 +456,9 @@ fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
         .functions(functions())
         .rpc_timeout(Duration::from_secs_f64(c.rpc_timeout));
     ferry_autograd::install(&mut options);
-    ferry_rpc::init_rpc(options)?;
+    // The agent with the autograd layer alone, as the process's.
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
     let result = if rank == 0 {
         trainer(c).and_then(|r| Ok(std::fs::write(part, serde_json::to_vec(&r)?)?))
     } else {

@@ -72,11 +72,11 @@ impl Layer {
 fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(Layer::NEW, |(i, o, seed)| Layer::new(i, o, seed));
-    f.add_method_fallible(Layer::FORWARD, |layer: &Layer, x: RRef<Tensor>| {
+    f.add_method(Layer::FORWARD, |layer: &Layer, x: RRef<Tensor>| {
         let x = x.to_here()?;
         Ok::<_, BoxError>(Tensor::from(layer.forward(&x)))
     });
-    f.add_method_fallible(Layer::PARAMS, |layer: &Layer, ()| {
+    f.add_method(Layer::PARAMS, |layer: &Layer, ()| {
         let w = RRef::new(layer.weight.clone())?;
         let b = RRef::new(layer.bias.clone())?;
         Ok::<_, BoxError>(vec![w, b])
@@ -225,7 +225,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tch::set_num_threads(1);
     let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions());
     ferry_autograd::install(&mut options);
-    ferry_rpc::init_rpc(options)?;
+    ferry::init_rpc(options)?;
     if rank == 0 {
         eprintln!(
             "Listing 1 across 3 processes: coordinator worker0, Layer({INPUTS}, {HIDDEN}) on worker1, \
@@ -248,6 +248,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("FINAL_LOSS={last}");
         println!("LOCAL_FINAL_LOSS={local_last}");
     }
-    ferry_rpc::shutdown()?;
+    ferry::shutdown()?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use ferry_rpc::{RemoteError, RpcError};
 #[derive(Debug, thiserror::Error)]
 pub enum AutogradError {
     /// The agent has no autograd layer (`ferry_autograd::install` was not called).
-    #[error("distributed autograd is not installed on this worker: start it with ferry::init_rpc (which installs every layer), or call ferry_autograd::install(&mut options) before ferry_rpc::init_rpc")]
+    #[error("distributed autograd is not installed on this worker: start it with ferry::init_rpc (which installs every layer), or call ferry_autograd::install(&mut options) before starting the agent")]
     NotInstalled,
     /// `context()` on a thread that is already inside one.
     #[error("this thread is already inside distributed autograd context {existing}: contexts do not nest")]

@@ -34,28 +34,34 @@
 //! The `(t * g).sum()` trick would have done the first, but not the second,
 //! which PyTorch's `get_gradients` needs for leaves never sent anywhere.
 //!
+//! A worker started with the facade's `ferry::init_rpc` has this layer
+//! (or call [`install`] on its options before starting the agent):
+//!
 //! ```no_run
-//! use ferry_rpc::{Functions, RpcOptions};
+//! use ferry_rpc::{Function, Functions, RpcOptions};
 //! use ferry_tch::Tensor;
+//!
+//! const MY_ADD: Function<(Tensor, Tensor), Tensor> = Function::new("my_add");
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut functions = Functions::new();
-//! functions.register("my_add", |(a, b): (Tensor, Tensor)| Tensor::from(&*a + &*b));
-//! let mut options = RpcOptions::from_env("worker0")?.functions(functions);
-//! ferry_autograd::install(&mut options);
-//! ferry_rpc::init_rpc(options)?;
+//! functions.add(MY_ADD, |(a, b)| Tensor::from(&*a + &*b));
+//! let rank: u32 = std::env::var("RANK")?.parse()?;
+//! ferry::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
 //!
-//! let opts = (tch::Kind::Float, tch::Device::Cpu);
-//! let t1 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
-//! let t2 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
-//! let ctx = ferry_autograd::context()?;
-//! let t3: Tensor = ferry_rpc::rpc_sync("worker1", "my_add", (Tensor::from(t1.shallow_clone()), Tensor::from(t2.shallow_clone())))?;
-//! let loss = (&*t3 * 2.0).sum(tch::Kind::Float);
-//! ctx.backward(&[loss], false)?;
-//! let grads = ctx.gradients();
-//! assert!(grads.get(&t1).is_some() && grads.get(&t2).is_some());
-//! drop(ctx);
-//! ferry_rpc::shutdown()?;
+//! if rank == 0 {
+//!     let opts = (tch::Kind::Float, tch::Device::Cpu);
+//!     let t1 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
+//!     let t2 = tch::Tensor::rand([3, 3], opts).set_requires_grad(true);
+//!     let ctx = ferry_autograd::context()?;
+//!     let args = (Tensor::from(t1.shallow_clone()), Tensor::from(t2.shallow_clone()));
+//!     let t3 = MY_ADD.rpc_sync("worker1", args)?;
+//!     let loss = (&*t3 * 2.0).sum(tch::Kind::Float);
+//!     ctx.backward(&[loss], false)?;
+//!     let grads = ctx.gradients();
+//!     assert!(grads.get(&t1).is_some() && grads.get(&t2).is_some());
+//! }
+//! ferry::shutdown()?;
 //! # Ok(()) }
 //! ```
 

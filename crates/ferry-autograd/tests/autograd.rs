@@ -16,7 +16,7 @@ fn t(x: &tch::Tensor) -> Tensor {
 }
 
 /// The first example of PyTorch's distributed autograd design note:
-/// `t3 = rpc_sync(worker1, my_add, (t1, t2))`,
+/// `t3 = by_name(my_add).rpc_sync(worker1, (t1, t2))`,
 /// `t5 = t3 * t4`, `loss = t5.sum()`.
 #[test]
 fn my_add_matches_local_autograd() {

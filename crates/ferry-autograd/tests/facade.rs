@@ -98,16 +98,16 @@ fn functions() -> Functions {
         tch::manual_seed(seed);
         Tensor::from((tch::Tensor::randn(shape, F32) * 0.5).set_requires_grad(true))
     });
-    f.add_fallible(LINEAR, |(w, x)| -> Result<Tensor, BoxError> {
+    f.add(LINEAR, |(w, x)| -> Result<Tensor, BoxError> {
         let w = w.local_value()?;
         Ok(Tensor::from(x.linear::<&tch::Tensor>(&w, None)))
     });
-    f.add_fallible(CURRENT_ID, |()| match autograd::current_context() {
+    f.add(CURRENT_ID, |()| match autograd::current_context() {
         Ok(ctx) => Ok(Some(ctx.id())),
         Err(AutogradError::NoCurrentContext) => Ok(None),
         Err(e) => Err(e),
     });
-    f.add_fallible(GRAD_HERE, |w| -> Result<_, BoxError> {
+    f.add(GRAD_HERE, |w| -> Result<_, BoxError> {
         let w = w.local_value()?;
         let grads = autograd::current_context()?.gradients()?;
         Ok(grads.get(&w).map(|g| Tensor::from(g.shallow_clone())))

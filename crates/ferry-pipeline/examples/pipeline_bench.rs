@@ -533,7 +533,9 @@ fn worker(rank: u32, c: &Config, part: &Path) -> Result<()> {
     // workers and in the baseline alike.
     ferry_pipeline::retain_freed_memory()?;
     ferry_pipeline::install(&mut options, model::stages());
-    ferry_rpc::init_rpc(options)?;
+    // The agent with the pipeline layer alone, as the process's.
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
     let result = if rank == 0 {
         let result = driver(c).and_then(|mut r| {
             r["spin_us"] = json!(spin_us);

@@ -282,7 +282,10 @@ impl RankActor {
                     .ok_or_else(|| fail(format!("there is no stage {to} to send to").into()))?;
                 let mut message = message;
                 message.sent_ns = now_ns();
-                let send = DELIVER.rpc_async_with(run.agent, worker.as_str(), message, run.limit);
+                let send = DELIVER
+                    .agent(run.agent)
+                    .timeout(run.limit)
+                    .rpc_async(worker.as_str(), message);
                 run.sends.push((action.clone(), send));
                 Ok(())
             }

@@ -160,7 +160,7 @@ impl<O, I> PipelineBuilder<O, I> {
             return Err(PipelineError::Config(
                 "the pipeline layer is not installed on this worker: start it with ferry::init_rpc \
                  (which installs every layer), or call ferry_pipeline::install(&mut options, stages) \
-                 before ferry_rpc::init_rpc"
+                 before starting the agent"
                     .into(),
             ));
         }
@@ -215,7 +215,10 @@ impl<O, I> PipelineBuilder<O, I> {
                     optimizer: optimizer.clone(),
                     wait_spin_us: u64::try_from(self.wait_spin.as_micros()).unwrap_or(u64::MAX),
                 };
-                CREATE.rpc_async_with(&agent, plan.ranks[rank].as_str(), request, timeout)
+                CREATE
+                    .agent(&agent)
+                    .timeout(timeout)
+                    .rpc_async(plan.ranks[rank].as_str(), request)
             })
             .collect();
         let pipeline = Pipeline {
@@ -463,12 +466,10 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                 // A rank's whole step gets twice the limit of one wait, so
                 // that a wait that times out is reported (naming the stage
                 // that did not deliver) before the call to the stalled rank.
-                let call = RUN_STEP.rpc_async_with(
-                    &self.agent,
-                    self.plan.ranks[rank].as_str(),
-                    request,
-                    self.timeout.saturating_mul(2),
-                );
+                let call = RUN_STEP
+                    .agent(&self.agent)
+                    .timeout(self.timeout.saturating_mul(2))
+                    .rpc_async(self.plan.ranks[rank].as_str(), request);
                 async move { (rank, call.await) }
             })
             .collect();
@@ -532,15 +533,13 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         for worker in &self.plan.ranks {
             // Best effort: a rank that cannot be reached stops at its own
             // time limit.
-            drop(ABORT.rpc_async_with(
-                &self.agent,
+            drop(ABORT.agent(&self.agent).timeout(self.timeout).rpc_async(
                 worker.as_str(),
                 Abort {
                     pipeline: self.id,
                     step,
                     reason: reason.to_owned(),
                 },
-                self.timeout,
             ));
         }
     }
@@ -551,7 +550,10 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
             .ranks
             .iter()
             .map(|w| {
-                CONTROL.rpc_async_with(&self.agent, w.as_str(), (self.id, control), self.timeout)
+                CONTROL
+                    .agent(&self.agent)
+                    .timeout(self.timeout)
+                    .rpc_async(w.as_str(), (self.id, control))
             })
             .collect();
         for (rank, call) in calls.into_iter().enumerate() {
@@ -589,7 +591,10 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
             .ranks
             .iter()
             .map(|w| {
-                TENSORS.rpc_async_with(&self.agent, w.as_str(), (self.id, grads), self.timeout)
+                TENSORS
+                    .agent(&self.agent)
+                    .timeout(self.timeout)
+                    .rpc_async(w.as_str(), (self.id, grads))
             })
             .collect();
         for (rank, call) in calls.into_iter().enumerate() {
@@ -709,7 +714,10 @@ impl<O, I> Drop for Pipeline<O, I> {
             .ranks
             .iter()
             .map(|w| {
-                CONTROL.rpc_async_with(&self.agent, w.as_str(), (self.id, Control::Destroy), bound)
+                CONTROL
+                    .agent(&self.agent)
+                    .timeout(bound)
+                    .rpc_async(w.as_str(), (self.id, Control::Destroy))
             })
             .collect();
         for call in calls {

@@ -213,7 +213,7 @@ fn register(functions: &mut Functions, host: Arc<PipelineHost>) {
         }),
     });
     let h = host.clone();
-    functions.add_async(DELIVER, move |message| {
+    functions.add(DELIVER, move |message| {
         let result = match h.rank(message.pipeline) {
             Some(actor) => actor.deliver(message),
             None => Err(format!(
@@ -224,7 +224,7 @@ fn register(functions: &mut Functions, host: Arc<PipelineHost>) {
         std::future::ready(Ok::<_, std::convert::Infallible>(result))
     });
     let h = host.clone();
-    functions.add_async(ABORT, move |abort: Abort| {
+    functions.add(ABORT, move |abort: Abort| {
         if let Some(actor) = h.rank(abort.pipeline) {
             actor.mailbox.abort(abort.step, &abort.reason);
         }

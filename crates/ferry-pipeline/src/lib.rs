@@ -60,7 +60,7 @@
 //! let rank: u32 = std::env::var("RANK")?.parse()?;
 //! let mut options = ferry_rpc::RpcOptions::from_env(format!("worker{rank}"))?;
 //! ferry_pipeline::install(&mut options, stages);
-//! ferry_rpc::init_rpc(options)?;
+//! ferry::init_rpc(options)?; // installs the other layers too
 //!
 //! // On the driver:
 //! if rank == 0 {
@@ -83,7 +83,7 @@
 //!         println!("losses {:?}", step.losses);
 //!     }
 //! }
-//! ferry_rpc::shutdown()?;
+//! ferry::shutdown()?;
 //! # Ok(()) }
 //! ```
 

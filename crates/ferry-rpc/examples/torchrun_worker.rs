@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_rpc::{Function, Functions, RpcOptions};
+use ferry_rpc::{Agent, Function, Functions, RpcOptions};
 
 /// Who answers: name, node (`GROUP_RANK`), `LOCAL_RANK` and the restart
 /// count of its attempt.
@@ -52,11 +52,12 @@ fn main() -> anyhow::Result<()> {
         me.clone()
     });
     let world_size = options.world_size;
-    ferry_rpc::init_rpc(options.functions(functions))?;
+    let agent = Agent::start(options.functions(functions))?;
 
     let mut seen = Vec::new();
     for peer in 0..world_size {
         let (who, node, local, their_restart) = WHOAMI
+            .agent(&agent)
             .rpc_sync(peer, ())
             .with_context(|| format!("{name} calling rank {peer}"))?;
         seen.push(format!(
@@ -72,6 +73,6 @@ fn main() -> anyhow::Result<()> {
         let path = std::path::Path::new(&dir).join(format!("restart{restart}_rank{rank}"));
         std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
     }
-    ferry_rpc::shutdown()?;
+    agent.shutdown()?;
     Ok(())
 }

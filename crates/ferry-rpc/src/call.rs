@@ -163,7 +163,8 @@ impl CallSlot {
     }
 }
 
-/// The pending result of [`rpc_async`](crate::Agent::rpc_async): `.await`
+/// The pending result of a call's `rpc_async`
+/// ([`Function::rpc_async`](crate::Function::rpc_async)): `.await`
 /// it in async code or [`wait`](RpcFuture::wait) for it from a thread.
 ///
 /// Dropping it does not cancel the call: the callee still runs it, and

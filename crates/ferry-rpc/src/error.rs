@@ -73,10 +73,15 @@ fn shown(text: &str) -> Shown<'_> {
 /// was wrong: the worker, the function, the limit.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
-    /// No agent is running in this process (before init or after shutdown).
-    #[error("RPC is not initialized: call init_rpc first (or it was shut down)")]
+    /// No agent is running in this process (before `ferry::init_rpc` or
+    /// [`set_process_agent`](crate::set_process_agent), or after shutdown),
+    /// or the agent a call names has stopped.
+    #[error(
+        "RPC is not initialized: start the worker first (ferry::init_rpc), or it was shut down"
+    )]
     NotInitialized,
-    /// `init_rpc` was called while an agent is running.
+    /// A worker was started, or made the process's, while another agent
+    /// runs as the process's.
     #[error("RPC is already initialized in this process as worker {name:?}")]
     AlreadyInitialized {
         /// Name of the running worker.

@@ -3,7 +3,6 @@
 
 use std::any::type_name;
 use std::collections::HashMap;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -14,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::boxed::BoxFuture;
 use crate::protocol::{Failure, FailureKind};
+use crate::reply::{Outcome, Reply};
 use crate::schema::{Schema, Shape};
 use crate::watch;
 use crate::Value;
@@ -239,20 +239,24 @@ pub(crate) struct Function {
 ///
 /// Register the same functions under the same names on every worker (the
 /// usual way is one function that builds the registry, called by every
-/// process), then pass it in the options.
+/// process), then pass it in the options. Each is registered through its
+/// typed [`Function`](crate::Function) declaration with
+/// [`add`](Self::add), whose body may be plain, fallible or async
+/// ([`Reply`]).
 ///
 /// ```
-/// use ferry_rpc::Functions;
+/// use ferry_rpc::{Function, Functions};
+///
+/// const ADD: Function<(i64, i64), i64> = Function::new("add");
+/// const DIV: Function<(f64, f64), f64> = Function::new("div");
+/// const GREET: Function<String, String> = Function::new("greet");
 ///
 /// let mut functions = Functions::new();
-/// functions.register("add", |(a, b): (i64, i64)| a + b);
-/// functions.register_fallible("div", |(a, b): (f64, f64)| {
-///     if b == 0.0 { Err("division by zero") } else { Ok(a / b) }
-/// });
-/// functions.register_async("greet", |name: String| async move {
-///     Ok::<_, std::convert::Infallible>(format!("hello, {name}"))
-/// });
-/// assert!(functions.contains("add"));
+/// functions
+///     .add(ADD, |(a, b)| a + b)
+///     .add(DIV, |(a, b)| if b == 0.0 { Err("division by zero") } else { Ok(a / b) })
+///     .add(GREET, |name| async move { format!("hello, {name}") });
+/// assert_eq!(functions.names(), ["add", "div", "greet"]);
 /// ```
 #[derive(Clone, Default)]
 pub struct Functions {
@@ -265,112 +269,60 @@ impl Functions {
         Self::default()
     }
 
-    /// Registers a function that returns its result directly. It runs on the
-    /// blocking pool; a panic becomes an error at the caller.
-    pub fn register<A, R, F>(&mut self, name: &str, f: F) -> &mut Self
-    where
-        A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
-        F: Fn(A) -> R + Send + Sync + 'static,
-    {
-        self.register_fallible(name, move |a: A| Ok::<R, std::convert::Infallible>(f(a)))
-    }
-
-    /// Registers a function that returns `Result<R, E>`; an `Err` arrives at
-    /// the caller as [`RpcError::Remote`](crate::RpcError::Remote) with `E`'s text.
-    pub fn register_fallible<A, R, E, F>(&mut self, name: &str, f: F) -> &mut Self
-    where
-        A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
-        E: std::fmt::Display,
-        F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
-    {
-        self.insert_fallible(name, Signature::of::<A, R>(), f)
-    }
-
-    /// Registers a blocking body under `name` with `signature`.
-    pub(crate) fn insert_fallible<A, R, E, F>(
+    /// Registers `body` under `name` with `signature`: on the blocking pool,
+    /// or as a task on the runtime when its reply is async ([`Reply::ASYNC`]).
+    pub(crate) fn insert_body<A, R, F, O, M>(
         &mut self,
         name: &str,
         signature: Signature,
-        f: F,
+        body: F,
     ) -> &mut Self
     where
         A: DeserializeOwned + Send + 'static,
         R: Serialize + Send + 'static,
-        E: std::fmt::Display,
-        F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
+        F: Fn(A) -> O + Send + Sync + 'static,
+        O: Reply<R, M>,
     {
-        let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
-            let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
-            let args = args?;
-            if !before.is_empty() {
-                before.block().map_err(Failure::failed)?;
-            }
-            match catch_unwind(AssertUnwindSafe(|| f(args))) {
-                Ok(Ok(r)) => Ok(Value::new(r)),
-                Ok(Err(e)) => Err(Failure::failed(e.to_string())),
-                Err(panic) => Err(Failure::failed(panic_message(&*panic))),
-            }
-        };
-        self.insert(
-            name,
-            Function {
-                signature,
-                body: Body::Blocking(Arc::new(body)),
-            },
-        )
-    }
-
-    /// Registers an async function: it runs as a task on the agent's runtime,
-    /// must not block, and makes nested calls with `rpc_async(..).await`.
-    pub fn register_async<A, R, E, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
-    where
-        A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
-        E: std::fmt::Display + Send + 'static,
-        F: Fn(A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<R, E>> + Send + 'static,
-    {
-        self.insert_async(name, Signature::of::<A, R>(), f)
-    }
-
-    /// Registers an async body under `name` with `signature`.
-    pub(crate) fn insert_async<A, R, E, F, Fut>(
-        &mut self,
-        name: &str,
-        signature: Signature,
-        f: F,
-    ) -> &mut Self
-    where
-        A: DeserializeOwned + Send + 'static,
-        R: Serialize + Send + 'static,
-        E: std::fmt::Display + Send + 'static,
-        F: Fn(A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<R, E>> + Send + 'static,
-    {
-        let f = Arc::new(f);
-        let body = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> BoxFuture<CallResult> {
-            let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
-            let f = f.clone();
-            Box::pin(async move {
+        let body = if O::ASYNC {
+            let f = Arc::new(body);
+            let run = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> BoxFuture<CallResult> {
+                let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
+                let f = f.clone();
+                Box::pin(async move {
+                    let args = args?;
+                    if !before.is_empty() {
+                        before.wait().await.map_err(Failure::failed)?;
+                    }
+                    let outcome = f(args).into_outcome();
+                    let result = match outcome {
+                        Outcome::Ready(result) => result,
+                        Outcome::Pending(future) => future.await,
+                    };
+                    result.map(Value::new).map_err(Failure::failed)
+                })
+            };
+            Body::Async(Arc::new(run))
+        } else {
+            let run = move |bytes: &[u8], tensors: Vec<IncomingTensor>| -> CallResult {
+                let (args, before) = watch::decoding_arguments(|| decode_args::<A>(bytes, tensors));
                 let args = args?;
                 if !before.is_empty() {
-                    before.wait().await.map_err(Failure::failed)?;
+                    before.block().map_err(Failure::failed)?;
                 }
-                match f(args).await {
-                    Ok(r) => Ok(Value::new(r)),
-                    Err(e) => Err(Failure::failed(e.to_string())),
+                let outcome = catch_unwind(AssertUnwindSafe(|| match body(args).into_outcome() {
+                    Outcome::Ready(result) => result,
+                    // A reply that says it is not async but is: waited
+                    // for here, on the blocking pool.
+                    Outcome::Pending(future) => futures::executor::block_on(future),
+                }));
+                match outcome {
+                    Ok(result) => result.map(Value::new).map_err(Failure::failed),
+                    Err(panic) => Err(Failure::failed(panic_message(&*panic))),
                 }
-            })
+            };
+            Body::Blocking(Arc::new(run))
         };
-        self.insert(
-            name,
-            Function {
-                signature,
-                body: Body::Async(Arc::new(body)),
-            },
-        )
+        self.insert(name, Function { signature, body })
     }
 
     /// Whether a function is registered under `name`.

@@ -2,22 +2,27 @@
 //!
 //! The RPC agent of Ferry, the way PyTorch's `torch.distributed.rpc` works:
 //! workers rendezvous through a key-value store that rank 0 hosts, then call
-//! each other's registered functions by name with [`rpc_sync`] and
-//! [`rpc_async`], tensors anywhere inside the arguments and results.
+//! each other's registered functions, tensors anywhere inside the arguments
+//! and results.
 //!
+//! - Remote functions are declared once, as typed [`Function`] handles in
+//!   code every worker shares, registered on every worker with
+//!   [`Functions::add`] (plain, fallible or async bodies) and called with
+//!   `F.rpc_sync(to, args)` or `F.rpc_async(to, args)`; a wrong argument or
+//!   result type does not compile, and the callee checks the declared
+//!   [`Schema`]s again. Options go on the call (`F.timeout(d)`,
+//!   `F.agent(&agent)`: [`Call`]); [`by_name`] calls a function named at
+//!   run time.
 //! - Worker names are unique in the group; calls go to a name or a rank,
 //!   including the caller itself.
-//! - Remote functions are ordinary Rust functions registered under a stable
-//!   name on every worker ([`Functions`]); arguments and results are serde
-//!   types, checked against the registration's signature.
 //! - A failing function, an unknown function or worker, a wrong type, a dead
 //!   peer, a malformed frame and a timeout each give their own [`RpcError`].
-//! - [`shutdown`] is graceful (like PyTorch's: every worker waits until no
-//!   worker has calls outstanding). A worker that does not take part is
-//!   named by [`RpcError::Absent`]: at once when it was killed (its
+//! - [`Agent::shutdown`] is graceful (like PyTorch's: every worker waits
+//!   until no worker has calls outstanding). A worker that does not take
+//!   part is named by [`RpcError::Absent`]: at once when it was killed (its
 //!   connection closed, its address refuses), else after
 //!   [`RpcOptions::shutdown_timeout`] without progress; other stalls fail
-//!   with [`RpcError::Join`] after it. [`shutdown_now`] is immediate.
+//!   with [`RpcError::Join`] after it. [`Agent::shutdown_now`] is immediate.
 //! - Connections to peers have TCP keepalive and `TCP_USER_TIMEOUT`
 //!   ([`RpcOptions::keepalive`]), so a partition fails calls with
 //!   [`RpcError::PeerUnreachable`] within bounds.
@@ -28,20 +33,29 @@
 //! - [`service`] lets the layers above (RRef, autograd) handle their own
 //!   message kinds and see every call.
 //!
-//! ```no_run
-//! use ferry_rpc::{Functions, RpcOptions};
+//! A program starts its worker with the facade's `ferry::init_rpc`, which
+//! installs every layer (RRefs, and with libtorch tensors, distributed
+//! autograd and pipelines) and makes the worker the process's, the one
+//! calls without `.agent(..)` and the free functions ([`shutdown`],
+//! [`get_worker_info`], ...) use. An embedder that needs the agent alone
+//! starts it with [`Agent::start`] and calls through it, as here:
 //!
-//! # fn main() -> Result<(), ferry_rpc::RpcError> {
+//! ```no_run
+//! use ferry_rpc::{Agent, Function, Functions, RpcOptions};
+//!
+//! // Declared once, in code every worker shares.
+//! const ADD: Function<(i64, i64), i64> = Function::new("add");
+//!
+//! # fn main() -> Result<(), ferry_rpc::BoxError> {
 //! let mut functions = Functions::new();
-//! functions.register("add", |(a, b): (i64, i64)| a + b);
+//! functions.add(ADD, |(a, b)| a + b);
 //! // MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from the environment.
-//! let rank: u32 = std::env::var("RANK").unwrap().parse().unwrap();
-//! ferry_rpc::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
+//! let rank: u32 = std::env::var("RANK")?.parse()?;
+//! let agent = Agent::start(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
 //! if rank == 0 {
-//!     let sum: i64 = ferry_rpc::rpc_sync("worker1", "add", (2i64, 3i64))?;
-//!     assert_eq!(sum, 5);
+//!     assert_eq!(ADD.agent(&agent).rpc_sync("worker1", (2, 3))?, 5);
 //! }
-//! ferry_rpc::shutdown()?;
+//! agent.shutdown()?;
 //! # Ok(()) }
 //! ```
 
@@ -51,6 +65,7 @@ extern crate self as ferry_rpc;
 mod agent;
 mod boxed;
 mod call;
+mod calling;
 mod current;
 mod error;
 mod fallible;
@@ -63,6 +78,7 @@ mod outbox;
 mod pending;
 mod protocol;
 mod rendezvous;
+pub mod reply;
 pub mod schema;
 mod schema_impls;
 pub mod scope;
@@ -84,12 +100,11 @@ pub use ferry_store as store;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use boxed::BoxFuture;
 pub use call::{wait_all, RpcFuture};
+pub use calling::{by_name, ByName, Call, CallOptions};
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{
@@ -100,6 +115,7 @@ pub use options::{
     RpcOptions, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_INIT_TIMEOUT, DEFAULT_RPC_TIMEOUT,
 };
 pub use protocol::Extension;
+pub use reply::Reply;
 pub use schema::Schema;
 pub use scope::CallScope;
 pub use service::{Hooks, IncomingCall, Interceptor, OutgoingCall, Service, ThreadStart};
@@ -108,71 +124,31 @@ pub use torchelastic::TorchElastic;
 pub use typed::{Arg, Function, Ret};
 pub use value::Value;
 
-/// The process's agent, set by [`init_rpc`] and cleared by shutdown.
+/// The process's agent, set by [`set_process_agent`] and cleared by
+/// [`shutdown`].
 static AGENT: Mutex<Option<Agent>> = Mutex::new(None);
 
-/// Starts this process's worker and makes it the target of the free
-/// functions of this crate; returns its agent. A second init while one
-/// runs is an error.
-pub fn init_rpc(options: RpcOptions) -> Result<Agent, RpcError> {
+/// Makes `agent` the process's: the one that calls without
+/// [`.agent(..)`](Call::agent) and the free functions of this crate
+/// ([`shutdown`], [`get_worker_info`], ...) and of the layers above use.
+/// The facade's `ferry::init_rpc` does this for the worker it starts; an
+/// embedder calls it after [`Agent::start`] where it wants the same.
+/// Fails with [`RpcError::AlreadyInitialized`] while another running agent
+/// is the process's.
+pub fn set_process_agent(agent: &Agent) -> Result<(), RpcError> {
     let mut slot = AGENT.lock();
-    if let Some(a) = slot.as_ref() {
+    if let Some(running) = slot.as_ref().filter(|a| a.is_running()) {
         return Err(RpcError::AlreadyInitialized {
-            name: a.worker_info().name.clone(),
+            name: running.worker_info().name.clone(),
         });
     }
-    let agent = Agent::start(options)?;
     *slot = Some(agent.clone());
-    Ok(agent)
+    Ok(())
 }
 
-/// The process's agent.
+/// The process's agent ([`set_process_agent`]).
 pub fn agent() -> Result<Agent, RpcError> {
     AGENT.lock().clone().ok_or(RpcError::NotInitialized)
-}
-
-/// Calls `function` on worker `to` and blocks for its result ([`Agent::rpc_sync`]).
-pub fn rpc_sync<R: DeserializeOwned, A: Serialize>(
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-) -> Result<R, RpcError> {
-    agent()?.rpc_sync(to, function, args)
-}
-
-/// Calls `function` on worker `to` and returns a future of its result ([`Agent::rpc_async`]).
-pub fn rpc_async<R: DeserializeOwned, A: Serialize>(
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-) -> RpcFuture<R> {
-    match agent() {
-        Ok(a) => a.rpc_async(to, function, args),
-        Err(e) => RpcFuture::failed(e, function, Signature::of::<A, R>()),
-    }
-}
-
-/// [`rpc_sync`] with a per-call timeout; zero means none.
-pub fn rpc_sync_timeout<R: DeserializeOwned, A: Serialize>(
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-    timeout: Duration,
-) -> Result<R, RpcError> {
-    agent()?.rpc_sync_timeout(to, function, args, timeout)
-}
-
-/// [`rpc_async`] with a per-call timeout; zero means none.
-pub fn rpc_async_timeout<R: DeserializeOwned, A: Serialize>(
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-    timeout: Duration,
-) -> RpcFuture<R> {
-    match agent() {
-        Ok(a) => a.rpc_async_timeout(to, function, args, timeout),
-        Err(e) => RpcFuture::failed(e, function, Signature::of::<A, R>()),
-    }
 }
 
 /// The process's default timeout of calls (zero: none), PyTorch's

@@ -2,22 +2,24 @@
 //! both sides share, through which functions are registered and called,
 //! so that a wrong argument or result type does not compile.
 
-use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::fallible::{error_text, BoxError};
+use crate::calling::Call;
 use crate::functions::Signature;
+use crate::reply::Reply;
 use crate::schema::Schema;
 use crate::{Agent, Functions, RpcError, RpcFuture, WorkerRef};
 
 /// A remote function from `A` to `R`, declared by name: register it with
-/// [`Functions::add`] (or [`add_fallible`](Functions::add_fallible),
-/// [`add_async`](Functions::add_async)) and call it with
-/// [`rpc_sync`](Self::rpc_sync) and [`rpc_async`](Self::rpc_async).
+/// [`Functions::add`] (its body plain, fallible or async) and call it with
+/// [`rpc_sync`](Self::rpc_sync) and [`rpc_async`](Self::rpc_async) (and,
+/// with the RRef layer, `remote`); a call's options go on the call:
+/// `ADD.timeout(d).rpc_sync(..)`, `ADD.agent(&agent).rpc_async(..)`
+/// ([`Call`]).
 ///
 /// The types are checked twice: by the compiler, at both the registration
 /// and every call; and at run time, by the callee, against the hash of the
@@ -29,7 +31,7 @@ use crate::{Agent, Functions, RpcError, RpcFuture, WorkerRef};
 /// Several arguments travel as a tuple.
 ///
 /// ```no_run
-/// use ferry_rpc::{Function, Functions, RpcOptions};
+/// use ferry_rpc::{Agent, Function, Functions, RpcOptions};
 ///
 /// pub const ADD: Function<(i64, i64), i64> = Function::new("add");
 ///
@@ -37,13 +39,16 @@ use crate::{Agent, Functions, RpcError, RpcFuture, WorkerRef};
 /// let mut functions = Functions::new();
 /// functions.add(ADD, |(a, b)| a + b);
 /// let rank: u32 = std::env::var("RANK")?.parse()?;
-/// ferry_rpc::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
+/// let options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
+/// // The agent alone; with the facade, `ferry::init_rpc(options)` starts
+/// // the worker, and calls need no `.agent(..)`.
+/// let agent = Agent::start(options)?;
 /// if rank == 0 {
-///     assert_eq!(ADD.rpc_sync(1, (2, 3))?, 5);
-///     let pending = ADD.rpc_async("worker1", (4, 5));
+///     assert_eq!(ADD.agent(&agent).rpc_sync(1, (2, 3))?, 5);
+///     let pending = ADD.agent(&agent).rpc_async("worker1", (4, 5));
 ///     assert_eq!(pending.wait()?, 9);
 /// }
-/// ferry_rpc::shutdown()?;
+/// agent.shutdown()?;
 /// # Ok(()) }
 /// ```
 ///
@@ -140,7 +145,7 @@ impl<A: Arg, R: Ret> Function<A, R> {
     /// # Ok::<(), ferry_rpc::RpcError>(())
     /// ```
     pub fn rpc_sync(&self, to: impl Into<WorkerRef>, args: A) -> Result<R, RpcError> {
-        self.rpc_async(to, args).wait()
+        Call::new(*self).rpc_sync(to, args)
     }
 
     /// Calls the function on worker `to` and returns at once a future of
@@ -156,72 +161,36 @@ impl<A: Arg, R: Ret> Function<A, R> {
     /// # Ok::<(), ferry_rpc::RpcError>(())
     /// ```
     pub fn rpc_async(&self, to: impl Into<WorkerRef>, args: A) -> RpcFuture<R> {
-        match crate::agent() {
-            Ok(agent) => {
-                let timeout = agent.rpc_timeout();
-                self.rpc_async_with(&agent, to, args, timeout)
-            }
-            Err(e) => RpcFuture::failed(e, self.name, self.signature()),
-        }
+        Call::new(*self).rpc_async(to, args)
     }
 
-    /// [`rpc_sync`](Self::rpc_sync) with a per-call timeout (zero: none).
+    /// A call of this function with a timeout of its own (zero: none)
+    /// instead of the agent's default: `ADD.timeout(d).rpc_sync(to, args)`.
     ///
     /// ```no_run
     /// # use ferry_rpc::Function;
     /// # use std::time::Duration;
     /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let sum = ADD.rpc_sync_timeout("worker1", (2, 3), Duration::from_secs(5))?;
+    /// let sum = ADD.timeout(Duration::from_secs(5)).rpc_sync("worker1", (2, 3))?;
     /// # Ok::<(), ferry_rpc::RpcError>(())
     /// ```
-    pub fn rpc_sync_timeout(
-        &self,
-        to: impl Into<WorkerRef>,
-        args: A,
-        timeout: Duration,
-    ) -> Result<R, RpcError> {
-        self.rpc_async_timeout(to, args, timeout).wait()
+    pub fn timeout(&self, timeout: Duration) -> Call<Self> {
+        Call::new(*self).timeout(timeout)
     }
 
-    /// [`rpc_async`](Self::rpc_async) with a per-call timeout (zero: none).
-    ///
-    /// ```no_run
-    /// # use ferry_rpc::Function;
-    /// # use std::time::Duration;
-    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let pending = ADD.rpc_async_timeout(1, (2, 3), Duration::from_millis(500));
-    /// # Ok::<(), ferry_rpc::RpcError>(())
-    /// ```
-    pub fn rpc_async_timeout(
-        &self,
-        to: impl Into<WorkerRef>,
-        args: A,
-        timeout: Duration,
-    ) -> RpcFuture<R> {
-        match crate::agent() {
-            Ok(agent) => self.rpc_async_with(&agent, to, args, timeout),
-            Err(e) => RpcFuture::failed(e, self.name, self.signature()),
-        }
-    }
-
-    /// [`rpc_async_timeout`](Self::rpc_async_timeout) through a given
-    /// agent rather than the process's (for layers and tests that hold one).
+    /// A call of this function through `agent` instead of the process's
+    /// (for layers, tests and embedders that hold one):
+    /// `ADD.agent(&agent).rpc_async(to, args)`.
     ///
     /// ```no_run
     /// # use ferry_rpc::Function;
     /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
     /// let agent = ferry_rpc::agent()?;
-    /// let sum = ADD.rpc_async_with(&agent, 1, (2, 3), agent.rpc_timeout()).wait()?;
+    /// let sum = ADD.agent(&agent).rpc_async(1, (2, 3)).wait()?;
     /// # Ok::<(), ferry_rpc::RpcError>(())
     /// ```
-    pub fn rpc_async_with(
-        &self,
-        agent: &Agent,
-        to: impl Into<WorkerRef>,
-        args: A,
-        timeout: Duration,
-    ) -> RpcFuture<R> {
-        agent.call_signed(to.into(), self.name, self.signature(), args, timeout)
+    pub fn agent(&self, agent: &Agent) -> Call<Self> {
+        Call::new(*self).agent(agent)
     }
 }
 
@@ -244,92 +213,49 @@ impl<A, R> std::fmt::Debug for Function<A, R> {
 }
 
 impl Functions {
-    /// Registers `f` as the typed function `function`. It runs on the
-    /// blocking pool; a panic becomes an error at the caller.
-    ///
-    /// ```
-    /// use ferry_rpc::{Function, Functions};
-    ///
-    /// const ADD: Function<(i64, i64), i64> = Function::new("add");
-    ///
-    /// let mut functions = Functions::new();
-    /// functions.add(ADD, |(a, b)| a + b);
-    /// assert!(functions.contains("add"));
-    /// ```
-    pub fn add<A, R, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
-    where
-        A: Arg,
-        R: Ret,
-        F: Fn(A) -> R + Send + Sync + 'static,
-    {
-        self.add_fallible(function, move |a: A| {
-            Ok::<R, std::convert::Infallible>(f(a))
-        })
-    }
-
-    /// Registers `f`, which returns `Result<R, E>`, as the typed function
-    /// `function`. `E` is any error (anything that converts into a
-    /// [`BoxError`]: `std::error::Error` types, `String`, `&str`, `anyhow`'s
-    /// error, [`BoxError`] itself, so that a body uses `?` on errors of
-    /// several kinds): an `Err` reaches the caller as
-    /// [`RpcError::Remote`] with the error's text and the texts of its
-    /// sources (`"outer: cause: root cause"`).
-    ///
-    /// To hand the caller the error itself, declare it in the result:
-    /// `Function<A, Result<R, MyError>>` with `MyError: Serialize + Schema`.
+    /// Registers `body` as the typed function `function`. The body returns
+    /// `R` (plain), `Result<R, E>` (fallible: an `Err` reaches the caller
+    /// as [`RpcError::Remote`] with its text and its sources'), or a future
+    /// of either (async), as [`Reply`] explains: a plain or fallible body
+    /// runs on the blocking pool (a panic becomes an error at the caller),
+    /// an async one as a task on the agent's runtime.
     ///
     /// ```
     /// use ferry_rpc::{BoxError, Function, Functions};
     ///
+    /// const ADD: Function<(i64, i64), i64> = Function::new("add");
     /// const PARSE: Function<String, i64> = Function::new("parse");
+    /// const GREET: Function<String, String> = Function::new("greet");
     ///
     /// let mut functions = Functions::new();
-    /// functions.add_fallible(PARSE, |s: String| -> Result<i64, BoxError> {
+    /// functions.add(ADD, |(a, b)| a + b);
+    /// functions.add(PARSE, |s: String| -> Result<i64, BoxError> {
     ///     let n: i64 = s.trim().parse()?; // a ParseIntError
     ///     if n < 0 {
     ///         return Err("negative".into());
     ///     }
     ///     Ok(n)
     /// });
-    /// ```
-    pub fn add_fallible<A, R, E, F>(&mut self, function: Function<A, R>, f: F) -> &mut Self
-    where
-        A: Arg,
-        R: Ret,
-        E: Into<BoxError>,
-        F: Fn(A) -> Result<R, E> + Send + Sync + 'static,
-    {
-        self.insert_fallible(function.name, function.signature(), move |a: A| {
-            f(a).map_err(|e| error_text(&*e.into()))
-        })
-    }
-
-    /// Registers an async `f` as the typed function `function`: it runs as
-    /// a task on the agent's runtime, must not block, and makes nested
-    /// calls with `rpc_async(..).await`. Its errors are as for
-    /// [`add_fallible`](Self::add_fallible).
-    ///
-    /// ```
-    /// use ferry_rpc::{BoxError, Function, Functions};
-    ///
-    /// const GREET: Function<String, String> = Function::new("greet");
-    ///
-    /// let mut functions = Functions::new();
-    /// functions.add_async(GREET, |name: String| async move {
+    /// functions.add(GREET, |name: String| async move {
     ///     Ok::<_, BoxError>(format!("hello, {name}"))
     /// });
+    /// assert!(functions.contains("add"));
     /// ```
-    pub fn add_async<A, R, E, F, Fut>(&mut self, function: Function<A, R>, f: F) -> &mut Self
+    ///
+    /// A body of the wrong type is a compile error:
+    ///
+    /// ```compile_fail
+    /// # use ferry_rpc::{Function, Functions};
+    /// const ADD: Function<(i64, i64), i64> = Function::new("add");
+    /// Functions::new().add(ADD, |(a, b)| format!("{a}{b}")); // not an i64
+    /// ```
+    pub fn add<A, R, F, O, M>(&mut self, function: Function<A, R>, body: F) -> &mut Self
     where
         A: Arg,
         R: Ret,
-        E: Into<BoxError> + Send + 'static,
-        F: Fn(A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        F: Fn(A) -> O + Send + Sync + 'static,
+        O: Reply<R, M>,
     {
-        self.insert_async(function.name, function.signature(), move |a: A| {
-            let fut = f(a);
-            async move { fut.await.map_err(|e| error_text(&*e.into())) }
-        })
+        self.insert_body(function.name, function.signature(), body)
     }
 }

@@ -39,7 +39,7 @@ fn start(rank: u32) -> ferry_rpc::Agent {
         .unwrap()
         .functions(functions())
         .init_timeout(Duration::from_secs(60));
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     ferry_rpc::agent().unwrap()
 }
 
@@ -184,4 +184,12 @@ async fn forge_replies(victim: std::net::SocketAddr, name: &str, rank: u32) {
         .unwrap();
     assert_eq!(answer.header.request_id, 1 << 40);
     assert_eq!(answer.header.kind, MessageKind::ERROR);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

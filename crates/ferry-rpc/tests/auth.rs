@@ -48,7 +48,7 @@ fn member(rank: u32) {
         .init_timeout(T)
         .auth_secret(group_secret());
     options.world_size = 2;
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     let agent = ferry_rpc::agent().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let side = side_store(&rt);
@@ -176,4 +176,12 @@ fn refusals(lines: &[&str]) -> u64 {
             n.parse::<u64>().unwrap()
         })
         .sum()
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -195,7 +195,7 @@ fn assert_same_host_paths_ruled_out(outputs: &[Output], why: [(&str, NotSameHost
 fn cross_host_link(test: &str, path: &Path) {
     let Some(outputs) = world_across_hosts(test, 2, |rank| {
         print_offers();
-        ferry_rpc::init_rpc(options(rank, path.channels)).unwrap();
+        init_rpc(options(rank, path.channels)).unwrap();
         println!(
             "HOSTNAME={}",
             std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -241,7 +241,7 @@ fn across_hosts_a_forced_inline_channel_goes_over_tcp() {
 fn three_hosts_on_a_bridge_all_select_mpt() {
     const TEST: &str = "three_hosts_on_a_bridge_all_select_mpt";
     let Some(outputs) = world_across_hosts(TEST, 3, |rank| {
-        ferry_rpc::init_rpc(options(rank, None)).unwrap();
+        init_rpc(options(rank, None)).unwrap();
         exchange_and_report(rank, 3);
         ferry_rpc::shutdown().unwrap();
     }) else {
@@ -271,7 +271,7 @@ fn same_host_paths_forced_across_hosts_fail_clearly() {
     let Some(outputs) = world_across_hosts(TEST, 2, |rank| {
         let mut o = options(rank, Some("cma,shm"));
         o.transports = channel::parse_transports("shm").unwrap();
-        ferry_rpc::init_rpc(o).unwrap();
+        init_rpc(o).unwrap();
         let peer = 1 - rank;
         let tensor_call = || {
             let err = IDENTITY_MANY
@@ -353,7 +353,7 @@ fn separate_pid_namespaces_on_one_network_select_mpt() {
     };
     let Some(outputs) = world_wrapped(TEST, 2, wrapper, |rank| {
         print_offers();
-        ferry_rpc::init_rpc(options(rank, None)).unwrap();
+        init_rpc(options(rank, None)).unwrap();
         exchange_and_report(rank, 2);
         ferry_rpc::shutdown().unwrap();
     }) else {
@@ -401,7 +401,7 @@ mod ucx {
             let mut o = options(rank, Some("ucx,mpt,inline"));
             o.transports = channel::parse_transports("ucx,tcp").unwrap();
             o.channel_config.ucx_tls = Some(tls.into());
-            ferry_rpc::init_rpc(o).unwrap();
+            init_rpc(o).unwrap();
             exchange_and_report(rank, 2);
             let agent = ferry_rpc::agent().unwrap();
             let peer = 1 - rank;
@@ -488,4 +488,12 @@ mod ucx {
         println!("rank 0: {}", one(&outputs[0], "REASON1"));
         println!("rank 1: {}", one(&outputs[1], "REASON0"));
     }
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -95,7 +95,7 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
             if rank == 1 {
                 options.limits = small_limits();
             }
-            ferry_rpc::init_rpc(options).unwrap();
+            init_rpc(options).unwrap();
             let agent = ferry_rpc::agent().unwrap();
             match rank {
                 0 => {
@@ -148,4 +148,12 @@ fn an_oversized_call_fails_at_the_sender_and_the_connection_lives_on() {
             ferry_rpc::shutdown().unwrap();
         },
     );
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -45,7 +45,7 @@ fn options(rank: u32) -> RpcOptions {
     let mut f = Functions::new();
     f.add(ADD, |(a, b)| a + b);
     // Brings this worker's end of the link down: the partition.
-    f.add_fallible(CUT, |()| -> Result<(), BoxError> {
+    f.add(CUT, |()| -> Result<(), BoxError> {
         Ok(ip(&["link", "set", LINK, "down"])?)
     });
     RpcOptions::from_env(format!("worker{rank}"))
@@ -62,7 +62,7 @@ fn options(rank: u32) -> RpcOptions {
 }
 
 fn body(rank: u32) {
-    ferry_rpc::init_rpc(options(rank)).unwrap();
+    init_rpc(options(rank)).unwrap();
     let agent = ferry_rpc::agent().unwrap();
     let store = agent.store();
     let peer = 1 - rank;
@@ -87,7 +87,7 @@ fn body(rank: u32) {
         // Both calls are done. No call timeout: only the kernel's
         // keepalive and user timeout can end this call once worker1 has
         // cut the link.
-        let err = CUT.rpc_sync_timeout(1, (), Duration::ZERO).unwrap_err();
+        let err = CUT.timeout(Duration::ZERO).rpc_sync(1, ()).unwrap_err();
         assert!(matches!(err, RpcError::PeerUnreachable { .. }), "{err}");
         println!("CALL={err}");
     }
@@ -143,4 +143,12 @@ fn invalid_keepalive_settings_are_refused_before_rendezvous() {
         err.to_string(),
         "invalid RPC options: invalid keepalive setting: interval must be a whole number of seconds from 1 to 32767, not 500ms"
     );
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

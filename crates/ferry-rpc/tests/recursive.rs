@@ -170,7 +170,7 @@ fn recursive_types_cross_rpc() {
             .unwrap()
             .functions(functions())
             .init_timeout(Duration::from_secs(60));
-        ferry_rpc::init_rpc(options).unwrap();
+        init_rpc(options).unwrap();
         let peer = 1 - rank;
 
         // A tree there and back.
@@ -226,4 +226,12 @@ fn recursive_types_cross_rpc() {
     for o in &outputs {
         assert_eq!(o.values("CHECKED"), ["yes"]);
     }
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -101,7 +101,7 @@ fn member(rank: u32, protocol: Protocol) {
             .unwrap()
             .iter()
             .map(|&x| f64::from(x))
-            .sum()
+            .sum::<f64>()
     });
     let planting = store.clone();
     functions.add(PLANT, move |key: String| {
@@ -117,7 +117,7 @@ fn member(rank: u32, protocol: Protocol) {
         .auth_secret(group_secret())
         .store(store.clone());
     options.world_size = 2;
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     if rank == 0 {
         let tensor = RawTensor::from_slice(&vec![1.0f32; 64 << 10], &[64 << 10]).unwrap();
         // 1: the relay speaks for worker0.
@@ -318,4 +318,12 @@ fn under_a_ferry_store_without_a_secret_a_relay_can_neither_speak_nor_alter() {
         "under_a_ferry_store_without_a_secret_a_relay_can_neither_speak_nor_alter",
         Protocol::Ferry,
     );
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -82,6 +82,8 @@ const HOOKED_BLOCKING: Function<(), bool> = Function::new("hooked_blocking");
 const HOOKED_ASYNC: Function<(), bool> = Function::new("hooked_async");
 /// Registered nowhere.
 const NO_SUCH_FN: Function<(), ()> = Function::new("no_such_fn");
+/// Called by name.
+const CONCAT: Function<(String, String), String> = Function::new("concat");
 
 /// The functions every test worker registers.
 fn functions() -> Functions {
@@ -91,7 +93,7 @@ fn functions() -> Functions {
     f.add(ECHO_NESTED, |n| n);
     f.add(IDENTITY_MANY, |v| v);
     f.add(WHOAMI, |()| ferry_rpc::get_worker_info(None).unwrap().name);
-    f.add_fallible(FAIL, |msg| Err::<(), _>(format!("boom: {msg}")));
+    f.add(FAIL, |msg| Err::<(), _>(format!("boom: {msg}")));
     f.add(PANIC, |()| -> u8 { panic!("deliberate panic") });
     f.add(GATED, |(keys, v): (Vec<String>, u64)| {
         let agent = ferry_rpc::Agent::current().unwrap();
@@ -102,7 +104,7 @@ fn functions() -> Functions {
         SLOW_DONE.fetch_add(1, Ordering::SeqCst);
         v
     });
-    f.add_fallible(NESTED, |(path, hops)| {
+    f.add(NESTED, |(path, hops)| {
         let me = ferry_rpc::get_worker_info(None)?;
         let mut path = path;
         path.push(me.name.clone());
@@ -119,29 +121,29 @@ fn functions() -> Functions {
             drop(CHAIN.rpc_async((me.id + 1) % 4, hops - 1));
         }
     });
-    f.add_async(ASYNC_ADD, |(a, b)| async move {
+    f.add(ASYNC_ADD, |(a, b)| async move {
         // An async function that nests an rpc_async with .await.
         let r: i64 = ADD.rpc_async(0, (a, b)).await?;
         Ok::<_, RpcError>(r)
     });
     f.add(LAST_EXTENSION_SEEN, |()| LAST_EXTENSION.lock().clone());
     f.add(SCOPE_TAG_NOW, |()| SCOPE_TAG.with(|t| t.borrow().clone()));
-    f.add_async(SCOPE_TAG_ASYNC, |()| async move {
+    f.add(SCOPE_TAG_ASYNC, |()| async move {
         let before = SCOPE_TAG.with(|t| t.borrow().clone());
         tokio::task::yield_now().await;
         let after = SCOPE_TAG.with(|t| t.borrow().clone());
         Ok::<_, RpcError>((before, after))
     });
     f.add(EXIT_PROCESS, exit_process);
-    // Registered by name only, for the string-named API's tests.
-    f.register("concat", |(a, b): (String, String)| a + &b);
+    // Called by name in the string-named API's tests.
+    f.add(CONCAT, |(a, b)| a + &b);
     // Results that are `Send` but not `Sync`.
     f.add(NOT_SYNC, |n| std::cell::RefCell::new(n + 1));
-    f.add_async(NOT_SYNC_ASYNC, |n| async move {
+    f.add(NOT_SYNC_ASYNC, |n| async move {
         Ok::<_, RpcError>(std::cell::RefCell::new(n + 2))
     });
     f.add(HOOKED_BLOCKING, |()| HOOKED.get());
-    f.add_async(
+    f.add(
         HOOKED_ASYNC,
         |()| async move { Ok::<_, RpcError>(HOOKED.get()) },
     );
@@ -166,7 +168,7 @@ fn options(rank: u32) -> RpcOptions {
 }
 
 fn start(rank: u32) {
-    ferry_rpc::init_rpc(options(rank)).unwrap();
+    init_rpc(options(rank)).unwrap();
 }
 
 fn sample(dtype: DType, shape: &[i64], seed: u8) -> RawTensor {
@@ -442,41 +444,38 @@ fn remote_errors_name_worker_function_and_message() {
     );
 }
 
-// The string-named (dynamic) API: functions registered and called by
-// name, with the types checked only at run time. These tests keep that
-// path covered beside the typed declarations every other test uses.
+// The string-named (dynamic) API: functions called by name, with the
+// types checked only at run time, by their names. These tests keep that
+// path covered beside the typed calls every other test makes.
 
 #[test]
-fn string_named_api_calls_functions_registered_by_name_and_typed() {
+fn string_named_api_calls_typed_functions_by_name() {
     world_ok(
-        "string_named_api_calls_functions_registered_by_name_and_typed",
+        "string_named_api_calls_typed_functions_by_name",
         2,
         |rank| {
             start(rank);
             if rank == 0 {
-                // Registered by name, called by name.
-                let s: String =
-                    ferry_rpc::rpc_sync(1u32, "concat", ("fer".to_string(), "ry".to_string()))
-                        .unwrap();
+                // Called by name, with every option.
+                let s: String = ferry_rpc::by_name("concat")
+                    .rpc_sync(1u32, ("fer".to_string(), "ry".to_string()))
+                    .unwrap();
                 assert_eq!(s, "ferry");
-                let pending = ferry_rpc::rpc_async::<String, _>(
-                    "worker1",
-                    "concat",
-                    ("a".to_string(), "b".to_string()),
-                );
+                let pending = ferry_rpc::by_name("concat")
+                    .rpc_async::<String, _>("worker1", ("a".to_string(), "b".to_string()));
                 assert_eq!(pending.wait().unwrap(), "ab");
-                let s: String = ferry_rpc::rpc_sync_timeout(
-                    1u32,
-                    "concat",
-                    ("x".to_string(), "y".to_string()),
-                    Duration::from_secs(30),
-                )
-                .unwrap();
+                let s: String = ferry_rpc::by_name("concat")
+                    .timeout(Duration::from_secs(30))
+                    .rpc_sync(1u32, ("x".to_string(), "y".to_string()))
+                    .unwrap();
                 assert_eq!(s, "xy");
-                // Registered typed, called by name.
-                let s: i64 = ferry_rpc::rpc_sync(1u32, "add", (1i64, 2i64)).unwrap();
+                let s: i64 = ferry_rpc::by_name("add")
+                    .rpc_sync(1u32, (1i64, 2i64))
+                    .unwrap();
                 assert_eq!(s, 3);
-                let err = ferry_rpc::rpc_sync::<(), _>(1u32, "no_such_fn", ()).unwrap_err();
+                let err = ferry_rpc::by_name("no_such_fn")
+                    .rpc_sync::<(), _>(1u32, ())
+                    .unwrap_err();
                 assert_eq!(
                     err.to_string(),
                     "worker \"worker1\" has no function \"no_such_fn\" registered"
@@ -496,9 +495,9 @@ fn string_named_api_wrong_types_name_both_signatures() {
             start(rank);
             if rank == 0 {
                 // Wrong argument type: strings where integers are registered.
-                let err =
-                    ferry_rpc::rpc_sync::<i64, _>(1u32, "add", ("1".to_string(), "2".to_string()))
-                        .unwrap_err();
+                let err = ferry_rpc::by_name("add")
+                    .rpc_sync::<i64, _>(1u32, ("1".to_string(), "2".to_string()))
+                    .unwrap_err();
                 assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
                 let text = err.to_string();
                 // Both sides as the type names that were compared, without
@@ -510,10 +509,12 @@ fn string_named_api_wrong_types_name_both_signatures() {
                     "{text}"
                 );
                 // Wrong result type.
-                let err = ferry_rpc::rpc_sync::<String, _>(1u32, "add", (1i64, 2i64)).unwrap_err();
+                let err = ferry_rpc::by_name("add")
+                    .rpc_sync::<String, _>(1u32, (1i64, 2i64))
+                    .unwrap_err();
                 assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
-                // A typed caller of a function registered by name with
-                // other types: both signatures in the error.
+                // A typed caller of a function registered with other
+                // types: both signatures in the error.
                 const CONCAT_NUMBERS: Function<(i64, i64), String> = Function::new("concat");
                 let err = CONCAT_NUMBERS.rpc_sync(1, (1, 2)).unwrap_err();
                 assert!(matches!(err, RpcError::WrongType { .. }), "{err}");
@@ -525,9 +526,9 @@ fn string_named_api_wrong_types_name_both_signatures() {
                     "{text}"
                 );
                 // The worker keeps serving after all that.
-                let s: String =
-                    ferry_rpc::rpc_sync(1u32, "concat", ("o".to_string(), "k".to_string()))
-                        .unwrap();
+                let s: String = ferry_rpc::by_name("concat")
+                    .rpc_sync(1u32, ("o".to_string(), "k".to_string()))
+                    .unwrap();
                 assert_eq!(s, "ok");
             }
             ferry_rpc::shutdown().unwrap();
@@ -543,9 +544,12 @@ fn timeouts_fail_and_zero_means_none() {
             let agent = ferry_rpc::agent().unwrap();
             let gate = vec!["gate/open".to_string()];
             // No timeout: still waiting after another call has timed out.
-            let unbounded = GATED.rpc_async_timeout(1, (gate.clone(), 1000u64), Duration::ZERO);
+            let unbounded = GATED
+                .timeout(Duration::ZERO)
+                .rpc_async(1, (gate.clone(), 1000u64));
             let err = GATED
-                .rpc_sync_timeout(1, (gate.clone(), 7u64), Duration::from_millis(100))
+                .timeout(Duration::from_millis(100))
+                .rpc_sync(1, (gate.clone(), 7u64))
                 .unwrap_err();
             assert_eq!(
                 err.to_string(),
@@ -587,7 +591,7 @@ fn duplicate_names_fail_every_worker() {
         let o = RpcOptions::from_env(name)
             .unwrap()
             .init_timeout(Duration::from_secs(60));
-        let err = ferry_rpc::init_rpc(o).unwrap_err();
+        let err = init_rpc(o).unwrap_err();
         assert_eq!(
             err.to_string(),
             "duplicate worker name \"twin\" used by ranks [1, 2]"
@@ -596,14 +600,17 @@ fn duplicate_names_fail_every_worker() {
     });
 }
 
+/// One agent at a time is the process's; after shutdown, calls that name
+/// no agent fail.
 #[test]
-fn second_init_and_calls_after_shutdown_are_errors() {
+fn a_second_process_agent_and_calls_after_shutdown_are_errors() {
     world_ok(
-        "second_init_and_calls_after_shutdown_are_errors",
+        "a_second_process_agent_and_calls_after_shutdown_are_errors",
         2,
         |rank| {
             start(rank);
-            let err = ferry_rpc::init_rpc(options(rank)).unwrap_err();
+            let running = ferry_rpc::agent().unwrap();
+            let err = ferry_rpc::set_process_agent(&running).unwrap_err();
             assert_eq!(
                 err.to_string(),
                 format!("RPC is already initialized in this process as worker \"worker{rank}\"")
@@ -777,7 +784,7 @@ fn services_and_interceptors_plug_in() {
         let o = options(rank)
             .service(kind, Arc::new(SumService))
             .interceptor(Arc::new(Tagger(sent.clone())));
-        ferry_rpc::init_rpc(o).unwrap();
+        init_rpc(o).unwrap();
         if rank == 0 {
             let agent = ferry_rpc::agent().unwrap();
             let reply = agent
@@ -977,7 +984,7 @@ fn a_peer_dying_mid_transfer_fails_the_call_and_others_keep_serving() {
         |rank| {
             let mut o = options(rank);
             o.allocator = Arc::new(DieOnFatal);
-            ferry_rpc::init_rpc(o).unwrap();
+            init_rpc(o).unwrap();
             if rank == 0 {
                 let fatal = sample(DType::U8, &[FATAL_BYTES as i64], 3);
                 let err = IDENTITY.rpc_sync(2, fatal).unwrap_err();
@@ -1031,4 +1038,12 @@ fn cma_across_user_namespaces_falls_back_to_shm() {
             ferry_rpc::shutdown().unwrap();
         },
     );
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

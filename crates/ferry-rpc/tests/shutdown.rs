@@ -34,7 +34,7 @@ fn options(rank: u32) -> RpcOptions {
 #[test]
 fn a_strangers_call_does_not_hold_up_shutdown() {
     let outputs = world_ok("a_strangers_call_does_not_hold_up_shutdown", 3, |rank| {
-        ferry_rpc::init_rpc(options(rank)).unwrap();
+        init_rpc(options(rank)).unwrap();
         let agent = ferry_rpc::agent().unwrap();
         if rank == 0 {
             // A process outside the group (this one's raw connection),
@@ -90,7 +90,7 @@ fn a_call_refused_for_its_size_does_not_hold_up_shutdown() {
             if rank == 1 {
                 options.limits.max_payload_bytes = 4 << 10;
             }
-            ferry_rpc::init_rpc(options).unwrap();
+            init_rpc(options).unwrap();
             if rank == 0 {
                 let err = LEN.rpc_sync(1, vec![7u8; 64 << 10]).unwrap_err();
                 assert!(
@@ -159,7 +159,7 @@ fn a_killed_worker_ends_every_survivors_shutdown_with_its_name() {
         let options = options(rank)
             .init_timeout(Duration::from_secs(60))
             .shutdown_timeout(SHUTDOWN_TIMEOUT);
-        ferry_rpc::init_rpc(options).unwrap();
+        init_rpc(options).unwrap();
         let agent = ferry_rpc::agent().unwrap();
         let dead = "test/worker2_dead".to_string();
         match rank {
@@ -213,7 +213,7 @@ fn a_worker_that_never_calls_shutdown_is_named_after_the_shutdown_timeout() {
         let options = options(rank)
             .init_timeout(Duration::from_secs(60))
             .shutdown_timeout(SHUTDOWN_TIMEOUT);
-        ferry_rpc::init_rpc(options).unwrap();
+        init_rpc(options).unwrap();
         let agent = ferry_rpc::agent().unwrap();
         if rank == 2 {
             // Alive and serving, but it does not call shutdown: it waits
@@ -243,4 +243,12 @@ fn a_worker_that_never_calls_shutdown_is_named_after_the_shutdown_timeout() {
     assert!(found.iter().any(|(_, how)| how == "silent"), "{found:?}");
     assert!(outputs[2].success, "{}", outputs[2].stderr);
     assert_eq!(outputs[2].values("STORE_GONE"), ["yes"]);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

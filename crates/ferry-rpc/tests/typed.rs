@@ -1,11 +1,12 @@
 //! Typed remote functions across worker processes on 127.0.0.1: calls
-//! through `Function` declarations, their type check against typed and
-//! string-named registrations, and errors of function bodies.
+//! through `Function` declarations, with options and through an agent
+//! started alone, their type check against typed and string-named
+//! callers, and errors of function bodies.
 #![allow(clippy::unwrap_used, missing_docs, unreachable_pub)]
 
 use std::time::Duration;
 
-use ferry_rpc::{BoxError, Function, Functions, RpcError, RpcOptions, Schema};
+use ferry_rpc::{Agent, BoxError, Function, Functions, RpcError, RpcOptions, Schema};
 use ferry_testkit::world_ok;
 use serde::{Deserialize, Serialize};
 
@@ -16,8 +17,6 @@ pub const GATED: Function<String, u64> = Function::new("gated");
 pub const LOOKUP: Function<String, u64> = Function::new("lookup");
 pub const CHECKED_DIV: Function<(i64, i64), Result<i64, DivError>> = Function::new("checked_div");
 pub const RELAY: Function<(i64, i64, i64), i64> = Function::new("relay");
-/// Registered through the string-named API.
-const DYN_ADD: &str = "dyn_add";
 
 mod v1 {
     use super::*;
@@ -63,7 +62,7 @@ pub enum DivError {
 fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(ADD, |(a, b)| a + b);
-    f.add_async(ASYNC_ADD, |(a, b)| async move {
+    f.add(ASYNC_ADD, |(a, b)| async move {
         // Nested typed call from an async body, awaited.
         ADD.rpc_async(0, (a, b)).await
     });
@@ -75,7 +74,7 @@ fn functions() -> Functions {
             .unwrap();
         7
     });
-    f.add_fallible(LOOKUP, |key: String| {
+    f.add(LOOKUP, |key: String| {
         if key == "present" {
             Ok(1)
         } else {
@@ -85,7 +84,7 @@ fn functions() -> Functions {
             })
         }
     });
-    f.add_fallible(CHECKED_DIV, |(a, b)| -> Result<_, BoxError> {
+    f.add(CHECKED_DIV, |(a, b)| -> Result<_, BoxError> {
         Ok(if b == 0 {
             Err(DivError::ByZero)
         } else {
@@ -93,12 +92,11 @@ fn functions() -> Functions {
         })
     });
     // `?` on an RPC error (a nested call to rank `to`) and on a parse error.
-    f.add_fallible(RELAY, |(to, a, b)| -> Result<i64, BoxError> {
+    f.add(RELAY, |(to, a, b)| -> Result<i64, BoxError> {
         let sum = ADD.rpc_sync(to, (a, b))?;
         let doubled: i64 = format!("{}", sum * 2).parse()?;
         Ok(doubled)
     });
-    f.register(DYN_ADD, |(a, b): (i64, i64)| a + b);
     f
 }
 
@@ -107,7 +105,39 @@ fn start(rank: u32) {
         .unwrap()
         .functions(functions())
         .init_timeout(Duration::from_secs(60));
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
+}
+
+/// An agent started alone (`Agent::start`, what an embedder does) is not
+/// the process's: calls name it, with any option, typed or by name, and
+/// calls that name no agent find none.
+#[test]
+fn an_agent_started_alone_is_called_through() {
+    let Some(outputs) = world_ok("an_agent_started_alone_is_called_through", 2, |rank| {
+        let options = RpcOptions::from_env(format!("worker{rank}"))
+            .unwrap()
+            .functions(functions())
+            .init_timeout(Duration::from_secs(60));
+        let agent = Agent::start(options).unwrap();
+        if rank == 0 {
+            let e = ADD.rpc_sync(1, (2, 3)).unwrap_err();
+            assert!(matches!(e, RpcError::NotInitialized), "{e}");
+            assert_eq!(ADD.agent(&agent).rpc_sync(1, (2, 3)).unwrap(), 5);
+            let call = ADD.agent(&agent).timeout(Duration::from_secs(30));
+            let pending: Vec<_> = (0..2).map(|r| call.rpc_async(r, (r as i64, 1))).collect();
+            assert_eq!(ferry_rpc::wait_all(pending).unwrap(), [1, 2]);
+            let by_name: i64 = ferry_rpc::by_name("add")
+                .agent(&agent)
+                .rpc_sync("worker1", (4i64, 5i64))
+                .unwrap();
+            assert_eq!(by_name, 9);
+            println!("CHECKED=yes");
+        }
+        agent.shutdown().unwrap();
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
 }
 
 /// Typed calls reach workers by any integer rank and by name, sync, async,
@@ -150,7 +180,8 @@ fn typed_calls_by_rank_and_name() {
             // then the key is set and the same call completes.
             let key = "typed/gate".to_string();
             let e = GATED
-                .rpc_sync_timeout(1, key.clone(), Duration::from_millis(200))
+                .timeout(Duration::from_millis(200))
+                .rpc_sync(1, key.clone())
                 .unwrap_err();
             assert!(
                 matches!(e, RpcError::Timeout { ref function, .. } if function == "gated"),
@@ -160,7 +191,7 @@ fn typed_calls_by_rank_and_name() {
             agent
                 .block_on(agent.store().set(&key, b"go".to_vec()))
                 .unwrap();
-            let late = GATED.rpc_async_timeout(1, key, Duration::ZERO);
+            let late = GATED.timeout(Duration::ZERO).rpc_async(1, key);
             assert_eq!(late.wait().unwrap(), 7);
             println!("CHECKED=yes");
         }
@@ -171,10 +202,10 @@ fn typed_calls_by_rank_and_name() {
     assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
 }
 
-/// Typed and string-named callers meet typed and string-named
-/// registrations: matching types are served; a mismatch in any pairing
-/// is refused with an error naming both signatures, the typed ones as
-/// their declared shapes. Two typed declarations of one shape under other
+/// Typed and string-named callers meet typed registrations: matching
+/// types are served; a mismatch in either pairing is refused with an
+/// error naming both signatures, as their declared shapes between typed
+/// sides and as type names otherwise. Two typed declarations of one shape under other
 /// type names agree (type names play no part between typed sides).
 #[test]
 fn typed_and_dynamic_signatures_are_checked() {
@@ -182,10 +213,8 @@ fn typed_and_dynamic_signatures_are_checked() {
         start(rank);
         if rank == 0 {
             // Matching types, every pairing.
-            let s: i64 = ferry_rpc::rpc_sync(1, "add", (2i64, 3i64)).unwrap();
+            let s: i64 = ferry_rpc::by_name("add").rpc_sync(1, (2i64, 3i64)).unwrap();
             assert_eq!(s, 5);
-            const TYPED_DYN_ADD: Function<(i64, i64), i64> = Function::new(DYN_ADD);
-            assert_eq!(TYPED_DYN_ADD.rpc_sync(1, (2, 3)).unwrap(), 5);
             const MOVED_NORM1: Function<v2::Moved, i64> = Function::new("norm1");
             assert_eq!(
                 MOVED_NORM1.rpc_sync(1, v2::Moved { x: 1, y: 2 }).unwrap(),
@@ -207,13 +236,10 @@ fn typed_and_dynamic_signatures_are_checked() {
             );
 
             // String-named caller, typed registration.
-            let e = ferry_rpc::rpc_sync::<i64, _>(1, "add", (2u8, 3u8)).unwrap_err();
+            let e = ferry_rpc::by_name("add")
+                .rpc_sync::<i64, _>(1, (2u8, 3u8))
+                .unwrap_err();
             assert_wrong_type(&e, "fn((i64, i64)) -> i64", "fn((u8, u8)) -> i64");
-
-            // Typed caller, string-named registration.
-            const DYN_ADD_I32: Function<(i32, i32), i64> = Function::new(DYN_ADD);
-            let e = DYN_ADD_I32.rpc_sync(1, (2, 3)).unwrap_err();
-            assert_wrong_type(&e, "fn((i64, i64)) -> i64", "fn((i32, i32)) -> i64");
 
             // A wrong result type is refused the same way.
             const ADD_TO_STRING: Function<(i64, i64), String> = Function::new("add");
@@ -294,4 +320,12 @@ fn function_errors_pass_through() {
         return;
     };
     assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -138,7 +138,7 @@ pub enum RRefError {
         after: Duration,
     },
     /// The RRef layer is not installed on this worker's agent.
-    #[error("RRefs are not installed on this worker: start it with ferry::init_rpc (which installs every layer), or call ferry_rref::install(&mut options) before ferry_rpc::init_rpc")]
+    #[error("RRefs are not installed on this worker: start it with ferry::init_rpc (which installs every layer), or call ferry_rref::install(&mut options) before starting the agent")]
     NotInstalled,
     /// The call carrying the request failed.
     #[error(transparent)]

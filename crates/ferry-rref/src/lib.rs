@@ -1,10 +1,10 @@
 //! # ferry-rref
 //!
 //! Remote References (RRefs) for Ferry, as in PyTorch's
-//! `torch.distributed.rpc`: [`remote`] runs a function on another worker
-//! and returns at once an [`RRef`] to its result, which stays on that
-//! worker (the owner). Any worker holding the RRef can fetch a copy
-//! ([`RRef::to_here`]), run methods on the value where it lives
+//! `torch.distributed.rpc`: `remote` ([`RemoteExt`]) runs a function on
+//! another worker and returns at once an [`RRef`] to its result, which
+//! stays on that worker (the owner). Any worker holding the RRef can fetch
+//! a copy ([`RRef::to_here`]), run methods on the value where it lives
 //! ([`RRef::rpc_sync`], [`RRef::rpc_async`], [`RRef::remote`]), and pass
 //! the RRef on inside the arguments or results of any call.
 //!
@@ -13,8 +13,12 @@
 //! Protocol](https://pytorch.org/docs/stable/rpc/rref.html) ([`protocol`], a sans-IO state machine proven by a simulator
 //! under reordered, duplicated and dropped messages).
 //!
+//! A program gets this layer from the facade's `ferry::init_rpc`, and its
+//! calls need no `.agent(..)`. Here, with the agent alone ([`install`]
+//! first, on every worker):
+//!
 //! ```no_run
-//! use ferry_rpc::{BoxError, Function, Functions, RpcOptions};
+//! use ferry_rpc::{Agent, BoxError, Function, Functions, RpcOptions};
 //! use ferry_rref::{RRef, RemoteExt};
 //!
 //! const ADD: Function<(i64, i64), i64> = Function::new("add");
@@ -23,24 +27,24 @@
 //! # fn main() -> Result<(), BoxError> {
 //! let mut functions = Functions::new();
 //! functions.add(ADD, |(a, b)| a + b);
-//! functions.add_fallible(GET, |r: RRef<i64>| r.to_here());
+//! functions.add(GET, |r: RRef<i64>| r.to_here());
 //! let rank: u32 = std::env::var("RANK")?.parse()?;
 //! let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
 //! ferry_rref::install(&mut options);
-//! ferry_rpc::init_rpc(options)?;
+//! let agent = Agent::start(options)?;
 //! if rank == 0 {
-//!     let sum: RRef<i64> = ADD.remote(1, (2, 3))?;
+//!     let sum: RRef<i64> = ADD.agent(&agent).remote(1, (2, 3))?;
 //!     assert_eq!(sum.to_here()?, 5);
 //!     // Pass it on: worker2 fetches it from worker1 directly.
-//!     assert_eq!(GET.rpc_sync(2, sum.clone())?, 5);
+//!     assert_eq!(GET.agent(&agent).rpc_sync(2, sum.clone())?, 5);
 //! }
-//! ferry_rpc::shutdown()?;
+//! agent.shutdown()?;
 //! # Ok(()) }
 //! ```
 //!
 //! Methods of the value run where it lives, declared as typed [`Method`]s
-//! (see there); [`remote`] and [`register_method`] are the string-named
-//! forms for dynamic use.
+//! (see there); `ferry_rpc::by_name(..).remote(..)` and the proxies'
+//! `call_by_name` are the string-named forms for dynamic use.
 
 mod context;
 mod error;
@@ -66,7 +70,7 @@ pub use error::RRefError;
 pub use message::RREF_SERVICE;
 pub use method::{Method, MethodsExt};
 pub use protocol::{ForkId, RRefId};
-pub use proxy::{kind, register_method, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
+pub use proxy::{kind, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
 pub use rref::RRef;
 pub use typed::RemoteExt;
 
@@ -80,57 +84,6 @@ pub fn install(options: &mut RpcOptions) -> Arc<RRefContext> {
         .service(RREF_SERVICE, Arc::new(context::RRefService(ctx.clone())))
         .layer(ctx.clone());
     ctx
-}
-
-/// Runs `function(args)` on worker `to` and returns at once an RRef to its
-/// result, which stays on `to`. Uses the process's agent and its default
-/// timeout for the creation.
-pub fn remote<R, A>(to: impl Into<WorkerRef>, function: &str, args: A) -> Result<RRef<R>, RRefError>
-where
-    R: Serialize + DeserializeOwned + Send + 'static,
-    A: Serialize,
-{
-    let agent = ferry_rpc::agent()?;
-    let timeout = agent.rpc_timeout();
-    remote_with(&agent, to, function, args, timeout)
-}
-
-/// [`remote`] with a creation timeout (zero: none): if the owner has not
-/// run the function within it, the RRef's creation counts as failed.
-pub fn remote_timeout<R, A>(
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-    timeout: Duration,
-) -> Result<RRef<R>, RRefError>
-where
-    R: Serialize + DeserializeOwned + Send + 'static,
-    A: Serialize,
-{
-    let agent = ferry_rpc::agent()?;
-    remote_with(&agent, to, function, args, timeout)
-}
-
-/// [`remote`] through a given agent.
-pub fn remote_with<R, A>(
-    agent: &Agent,
-    to: impl Into<WorkerRef>,
-    function: &str,
-    args: A,
-    timeout: Duration,
-) -> Result<RRef<R>, RRefError>
-where
-    R: Serialize + DeserializeOwned + Send + 'static,
-    A: Serialize,
-{
-    remote_signed(
-        agent,
-        to.into(),
-        function,
-        Signature::of::<A, R>(),
-        args,
-        timeout,
-    )
 }
 
 /// Starts a `remote` call whose caller's signature is `signature`.

@@ -6,6 +6,7 @@
 
 use std::marker::PhantomData;
 
+use ferry_rpc::reply::{Blocking, Outcome, Reply};
 use ferry_rpc::{Arg, BoxError, Function, Functions, Ret, Schema};
 
 use crate::RRef;
@@ -22,11 +23,11 @@ use crate::RRef;
 /// by its class's qualified name, so that two types' methods do not
 /// collide. `rref.rpc_sync().call_by_name("Counter.add", args)` calls the
 /// method registered with [`MethodsExt::add_method`] under that name (the
-/// types then checked at run time).
+/// types then checked at run time, by their names).
 ///
 /// ```no_run
 /// use std::sync::atomic::{AtomicI64, Ordering};
-/// use ferry_rpc::{Function, Functions, RpcOptions, Schema};
+/// use ferry_rpc::{Agent, Function, Functions, RpcOptions, Schema};
 /// use ferry_rref::{Method, MethodsExt, RRef, RemoteExt};
 ///
 /// #[derive(Default, serde::Serialize, serde::Deserialize, Schema)]
@@ -44,16 +45,16 @@ use crate::RRef;
 /// let rank: u32 = std::env::var("RANK")?.parse()?;
 /// let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
 /// ferry_rref::install(&mut options);
-/// ferry_rpc::init_rpc(options)?;
+/// let agent = Agent::start(options)?; // with the facade: ferry::init_rpc
 /// if rank == 0 {
-///     let counter: RRef<Counter> = Counter::NEW.remote(1, 10)?;
+///     let counter: RRef<Counter> = Counter::NEW.agent(&agent).remote(1, 10)?;
 ///     assert_eq!(counter.rpc_sync().call(Counter::ADD, 5)?, 15);
 ///     let later = counter.rpc_async().call(Counter::ADD, 1);
 ///     assert_eq!(later.wait()?, 16);
 ///     let total: RRef<i64> = counter.remote().call(Counter::ADD, 0)?;
 ///     assert_eq!(total.to_here()?, 16);
 /// }
-/// ferry_rpc::shutdown()?;
+/// agent.shutdown()?;
 /// # Ok(()) }
 /// ```
 ///
@@ -115,57 +116,58 @@ impl<T, A, R> std::fmt::Debug for Method<T, A, R> {
 /// Registers typed [`Method`]s on a [`Functions`] registry (bring it into
 /// scope: `use ferry_rref::MethodsExt;`).
 pub trait MethodsExt {
-    /// Registers `f` as `method`, under [`Method::name`] (`"Type.method"`):
-    /// it runs on the owner of the RRef the caller holds, against its
-    /// value, on the blocking pool. The typed `method` calls it, and so does
-    /// `call_by_name` with that name. Called on a worker that is not the
-    /// owner, the caller gets
-    /// [`RRefError::NotOwner`](crate::RRefError::NotOwner)'s text.
-    fn add_method<T, A, R, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
-    where
-        T: Schema + Send + Sync + 'static,
-        A: Arg,
-        R: Ret,
-        F: Fn(&T, A) -> R + Send + Sync + 'static;
-
-    /// Registers `f`, which returns `Result<R, E>`, as `method`; an `Err`
+    /// Registers `body` as `method`, under [`Method::name`]
+    /// (`"Type.method"`): it runs on the owner of the RRef the caller
+    /// holds, against its value, on the blocking pool. It returns `R` or
+    /// `Result<R, E>`, as a function's body does ([`Reply`]: an `Err`
     /// reaches the caller as [`RpcError::Remote`](ferry_rpc::RpcError::Remote)
-    /// with its text and its sources'.
-    fn add_method_fallible<T, A, R, E, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
+    /// with its text and its sources'); it cannot be async. The typed
+    /// `method` calls it, and so does `call_by_name` with that name. Called
+    /// on a worker that is not the owner, the caller gets
+    /// [`RRefError::NotOwner`](crate::RRefError::NotOwner)'s text.
+    ///
+    /// ```
+    /// use ferry_rpc::Functions;
+    /// use ferry_rref::{Method, MethodsExt};
+    ///
+    /// const LEN: Method<String, (), usize> = Method::new("String.len");
+    /// const CHAR: Method<String, usize, char> = Method::new("String.char");
+    ///
+    /// let mut functions = Functions::new();
+    /// functions
+    ///     .add_method(LEN, |s: &String, ()| s.len())
+    ///     .add_method(CHAR, |s: &String, i| s.chars().nth(i).ok_or("out of range"));
+    /// assert!(functions.contains("String.char"));
+    /// ```
+    fn add_method<T, A, R, F, O, M>(&mut self, method: Method<T, A, R>, body: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
         A: Arg,
         R: Ret,
-        E: Into<BoxError>,
-        F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static;
+        F: Fn(&T, A) -> O + Send + Sync + 'static,
+        O: Reply<R, M>,
+        M: Blocking;
 }
 
 impl MethodsExt for Functions {
-    fn add_method<T, A, R, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
+    fn add_method<T, A, R, F, O, M>(&mut self, method: Method<T, A, R>, body: F) -> &mut Self
     where
         T: Schema + Send + Sync + 'static,
         A: Arg,
         R: Ret,
-        F: Fn(&T, A) -> R + Send + Sync + 'static,
+        F: Fn(&T, A) -> O + Send + Sync + 'static,
+        O: Reply<R, M>,
+        M: Blocking,
     {
-        self.add_method_fallible(method, move |value: &T, args: A| {
-            Ok::<R, std::convert::Infallible>(f(value, args))
-        })
-    }
-
-    fn add_method_fallible<T, A, R, E, F>(&mut self, method: Method<T, A, R>, f: F) -> &mut Self
-    where
-        T: Schema + Send + Sync + 'static,
-        A: Arg,
-        R: Ret,
-        E: Into<BoxError>,
-        F: Fn(&T, A) -> Result<R, E> + Send + Sync + 'static,
-    {
-        self.add_fallible(
+        self.add(
             method.function(),
             move |(rref, args): (RRef<T>, A)| -> Result<R, BoxError> {
                 let value = rref.local_value()?;
-                f(&value, args).map_err(Into::into)
+                match body(&value, args).into_outcome() {
+                    Outcome::Ready(result) => result.map_err(Into::into),
+                    // Not for a `Blocking` marker's reply.
+                    Outcome::Pending(_) => Err("a method's body cannot be async".into()),
+                }
             },
         )
     }

@@ -2,19 +2,18 @@
 //! `rref.rpc_async()` and `rref.remote()`.
 //!
 //! A method is an ordinary remote function, registered typed with
-//! [`MethodsExt::add_method`](crate::MethodsExt::add_method) or by name
-//! with [`register_method`]: it receives the RRef (forked to the owner like
-//! any argument) and runs against the owner's value, as PyTorch's proxies
-//! do. It has one name, as a function has: the name it is registered
-//! under, which typed calls ([`Method`]) and calls by name
-//! (`rref.rpc_sync().call_by_name(..)`) both use. Write it `"Type.method"`
-//! (`"Counter.add"`), as PyTorch's proxies call a method by its class's
-//! qualified name (`MyClass.get_value`).
+//! [`MethodsExt::add_method`](crate::MethodsExt::add_method): it receives
+//! the RRef (forked to the owner like any argument) and runs against the
+//! owner's value, as PyTorch's proxies do. It has one name, as a function
+//! has: the name it is registered under, which typed calls ([`Method`])
+//! and calls by name (`rref.rpc_sync().call_by_name(..)`) both use. Write
+//! it `"Type.method"` (`"Counter.add"`), as PyTorch's proxies call a
+//! method by its class's qualified name (`MyClass.get_value`).
 
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use ferry_rpc::{Arg, Functions, Ret, RpcFuture, Schema};
+use ferry_rpc::{by_name, Agent, Arg, Ret, RpcFuture, Schema};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -23,51 +22,9 @@ use crate::method::Method;
 use crate::typed::RemoteExt;
 use crate::RRef;
 
-/// Registers `f` as the method `name` of values of type `T`, callable
-/// through an `RRef<T>`'s proxies on the value's owner: by name
-/// (`rref.rpc_sync().call_by_name(name, args)`), or typed through a
-/// [`Method`] declared with the same name. Name it `"Type.method"`
-/// (`"Counter.add"`): one name per method, the one every call uses, so
-/// that two types' methods do not collide. The types are checked at run
-/// time, by their type names; a typed [`Method`] registered with
-/// [`MethodsExt::add_method`](crate::MethodsExt::add_method) has them
-/// checked at compile time.
-///
-/// ```
-/// use ferry_rpc::Functions;
-/// use std::sync::atomic::{AtomicI64, Ordering};
-///
-/// struct Counter(AtomicI64);
-/// # impl serde::Serialize for Counter {
-/// #     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-/// #         self.0.load(Ordering::SeqCst).serialize(s)
-/// #     }
-/// # }
-/// let mut functions = Functions::new();
-/// ferry_rref::register_method(&mut functions, "Counter.add", |c: &Counter, n: i64| {
-///     c.0.fetch_add(n, Ordering::SeqCst) + n
-/// });
-/// // Called as `rref.rpc_sync().call_by_name::<i64, _>("Counter.add", 5)`.
-/// assert!(functions.contains("Counter.add"));
-/// ```
-pub fn register_method<T, A, R, F>(functions: &mut Functions, name: &str, f: F)
-where
-    T: Send + Sync + 'static,
-    A: DeserializeOwned + Send + 'static,
-    R: Serialize + Send + 'static,
-    F: Fn(&T, A) -> R + Send + Sync + 'static,
-{
-    functions.register_fallible(
-        name,
-        move |(rref, args): (RRef<T>, A)| -> Result<R, RRefError> {
-            let value = rref.local_value()?;
-            Ok(f(&value, args))
-        },
-    );
-}
-
-/// How a [`Proxy`] calls: blocking ([`Sync`]), with a future ([`Async`]) or
-/// leaving the result on the owner ([`Remote`]).
+/// How a [`Proxy`] calls: blocking ([`Sync`](kind::Sync)), with a future
+/// ([`Async`](kind::Async)) or leaving the result on the owner
+/// ([`Remote`](kind::Remote)).
 pub mod kind {
     /// `rref.rpc_sync()`: blocks for the result.
     #[derive(Debug)]
@@ -128,7 +85,7 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Sync> {
     }
 
     /// Calls the method registered as `method` (`"Counter.add"`: the name
-    /// given to [`register_method`] or to a typed [`Method`], either) with
+    /// of a typed [`Method`]) with
     /// `args` on the value's owner, and waits for its result (dynamic use;
     /// the types are checked at run time). A name the owner does not
     /// serve fails with an error naming it.
@@ -164,13 +121,11 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
         let function = method.function();
         let args = (self.rref.clone(), args);
         let owner = self.rref.owner();
-        match crate::agent_of(self.rref) {
-            Ok(agent) => {
-                let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
-                function.rpc_async_with(&agent, owner, args, timeout)
-            }
+        match (crate::agent_of(self.rref), self.timeout) {
+            (Ok(agent), Some(t)) => function.agent(&agent).timeout(t).rpc_async(owner, args),
+            (Ok(agent), None) => function.agent(&agent).rpc_async(owner, args),
             // Shut down: the process-level call fails with the right error.
-            Err(_) => function.rpc_async(owner, args),
+            (Err(_), _) => function.rpc_async(owner, args),
         }
     }
 
@@ -184,11 +139,12 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Async> {
     ) -> RpcFuture<R> {
         let owner = self.rref.owner();
         let args = (self.rref.clone(), args);
+        let method = by_name(method);
         match (crate::agent_of(self.rref), self.timeout) {
-            (Ok(agent), Some(t)) => agent.rpc_async_timeout(owner, method, args, t),
-            (Ok(agent), None) => agent.rpc_async(owner, method, args),
+            (Ok(agent), Some(t)) => method.agent(&agent).timeout(t).rpc_async(owner, args),
+            (Ok(agent), None) => method.agent(&agent).rpc_async(owner, args),
             // Shut down: the process-level call fails with the right error.
-            (Err(_), _) => ferry_rpc::rpc_async(owner, method, args),
+            (Err(_), _) => method.rpc_async(owner, args),
         }
     }
 }
@@ -202,14 +158,13 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
         A: Arg,
         R: Ret,
     {
-        let agent = crate::agent_of(self.rref)?;
-        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
-        method.function().remote_with(
-            &agent,
-            self.rref.owner(),
-            (self.rref.clone(), args),
-            timeout,
-        )
+        let (agent, timeout) = self.agent_and_timeout()?;
+        let args = (self.rref.clone(), args);
+        method
+            .function()
+            .agent(&agent)
+            .timeout(timeout)
+            .remote(self.rref.owner(), args)
     }
 
     /// Calls the method registered as `method` (`"Counter.add"`, as for
@@ -220,14 +175,18 @@ impl<T: DeserializeOwned + 'static> Proxy<'_, T, kind::Remote> {
         R: Serialize + DeserializeOwned + Send + 'static,
         A: Serialize,
     {
+        let (agent, timeout) = self.agent_and_timeout()?;
+        let args = (self.rref.clone(), args);
+        by_name(method)
+            .agent(&agent)
+            .timeout(timeout)
+            .remote(self.rref.owner(), args)
+    }
+
+    /// The RRef's agent, and this proxy's timeout or that agent's default.
+    fn agent_and_timeout(&self) -> Result<(Agent, Duration), RRefError> {
         let agent = crate::agent_of(self.rref)?;
         let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
-        crate::remote_with::<R, _>(
-            &agent,
-            self.rref.owner(),
-            method,
-            (self.rref.clone(), args),
-            timeout,
-        )
+        Ok((agent, timeout))
     }
 }

@@ -34,7 +34,7 @@ impl Drop for Handle {
 
 /// A remote reference to a value of type `T` held by its owner worker.
 ///
-/// Made by [`remote`](crate::remote) (the value is the result of a function
+/// Made by [`remote`](crate::RemoteExt::remote) (the value is the result of a function
 /// run on the owner) or by [`RRef::new`] (owned by the caller). Cloning is
 /// cheap and shares the handle. An `RRef` can travel inside the arguments
 /// and results of `rpc_sync`, `rpc_async` and `remote`, also nested in

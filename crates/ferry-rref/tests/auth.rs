@@ -43,7 +43,7 @@ fn options(rank: u32, secret: Option<Secret>) -> RpcOptions {
 fn member(rank: u32) {
     let mut o = options(rank, Some(group_secret())).init_timeout(T);
     let ctx = ferry_rref::install(&mut o);
-    ferry_rpc::init_rpc(o).unwrap();
+    init_rpc(o).unwrap();
     let agent = ferry_rpc::agent().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let side = side_store(&rt);
@@ -78,7 +78,7 @@ fn outsider() {
     for secret in [Some(wrong.clone()), None] {
         let mut o = options(1, secret);
         let _ctx = ferry_rref::install(&mut o);
-        assert!(ferry_rpc::init_rpc(o).is_err());
+        assert!(init_rpc(o).is_err());
     }
     rt.block_on(async {
         side.wait(&["owner".into(), "captured".into()], T)
@@ -123,4 +123,12 @@ fn an_outsider_cannot_create_an_rref_and_a_member_can() {
     };
     assert_eq!(outputs[2].values("OUTSIDER"), ["refused"]);
     assert_eq!(outputs[1].values("OWNED_WHILE_HELD"), ["1"]);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -56,8 +56,8 @@ impl Counter {
     const NEW: Function<i64, Counter> = Function::new("Counter.new");
     const ADD: Method<Counter, i64, i64> = Method::new("Counter.add");
     const GET: Method<Counter, (), i64> = Method::new("Counter.get");
-    /// Registered by name (`register_method`), called both ways too.
-    const SCALED: &'static str = "Counter.scaled";
+    /// Registered with a fallible body, called both ways too.
+    const SCALED: Method<Counter, i64, i64> = Method::new("Counter.scaled");
 }
 
 fn tensor(x: f32) -> RawTensor {
@@ -95,8 +95,8 @@ fn built_sum(depth: u32) -> f32 {
 fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(VALUE, |x| Chain::Value(tensor(x)));
-    f.add_fallible(SUM, |chain| sum(&chain));
-    f.add_fallible(BUILD, build);
+    f.add(SUM, |chain| sum(&chain));
+    f.add(BUILD, build);
     f.add(WAIT_EMPTY, |()| {
         match RRefContext::current()
             .unwrap()
@@ -115,8 +115,11 @@ fn functions() -> Functions {
     f.add_method(Counter::GET, |c: &Counter, ()| {
         c.total.load(Ordering::SeqCst)
     });
-    ferry_rref::register_method(&mut f, Counter::SCALED, |c: &Counter, k: i64| {
-        c.total.load(Ordering::SeqCst) * k
+    f.add_method(Counter::SCALED, |c: &Counter, k: i64| {
+        c.total
+            .load(Ordering::SeqCst)
+            .checked_mul(k)
+            .ok_or("the scaled total overflows")
     });
     f
 }
@@ -127,7 +130,7 @@ fn init(rank: u32) -> Arc<RRefContext> {
         .functions(functions())
         .init_timeout(Duration::from_secs(60));
     let ctx = ferry_rref::install(&mut options);
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     ctx
 }
 
@@ -246,13 +249,17 @@ fn methods_are_called_typed_and_by_name() {
                     kept.to_here().unwrap(),
                     c.rpc_async().call(Counter::GET, ()).wait().unwrap()
                 );
-                // Registered by name, called typed through a declaration
-                // of that name, and by name.
-                const SCALED: Method<Counter, i64, i64> = Method::new(Counter::SCALED);
-                let typed = c.rpc_sync().call(SCALED, 3).unwrap();
-                let by_name: i64 = c.rpc_sync().call_by_name(Counter::SCALED, 3i64).unwrap();
+                // A fallible method, called typed and by name.
+                let typed = c.rpc_sync().call(Counter::SCALED, 3).unwrap();
+                let by_name: i64 = c
+                    .rpc_sync()
+                    .call_by_name(Counter::SCALED.name(), 3i64)
+                    .unwrap();
                 assert_eq!(typed, by_name);
                 assert_eq!(typed, 3 * c.rpc_sync().call(Counter::GET, ()).unwrap());
+                // Its `Err` reaches the caller with its text.
+                let e = c.rpc_sync().call(Counter::SCALED, i64::MAX).unwrap_err();
+                assert!(e.to_string().contains("the scaled total overflows"), "{e}");
             }
             assert_eq!(remote.rpc_sync().call(Counter::GET, ()).unwrap(), 20);
 
@@ -297,4 +304,12 @@ fn methods_are_called_typed_and_by_name() {
         return;
     };
     assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -62,7 +62,7 @@ const DEBUG_INFO: Function<(), (usize, usize, usize)> = Function::new("debug_inf
 fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(ADD, |(a, b)| a + b);
-    f.add(VEC, |n| (0..n).collect());
+    f.add(VEC, |n| (0..n).collect::<Vec<_>>());
     f.add(GATED, |(gate, v)| {
         let agent = Agent::current().unwrap();
         let store = agent.store();
@@ -71,19 +71,19 @@ fn functions() -> Functions {
             .unwrap();
         v
     });
-    f.add_fallible(FAIL, |msg| Err::<i64, _>(format!("boom: {msg}")));
-    f.add_fallible(FETCH, |r| r.to_here());
-    f.add_fallible(FETCH_VEC, |r| r.to_here());
-    f.add_fallible(LOCAL, |r| {
+    f.add(FAIL, |msg| Err::<i64, _>(format!("boom: {msg}")));
+    f.add(FETCH, |r| r.to_here());
+    f.add(FETCH_VEC, |r| r.to_here());
+    f.add(LOCAL, |r| {
         let owner = r.is_owner();
         r.local_value().map(|v| (*v, owner))
     });
     f.add(ECHO, |r| r);
     f.add(CONFIRMED, |r| r.confirmed_by_owner());
-    f.add_async(CONFIRMED_ASYNC, |r| async move {
+    f.add(CONFIRMED_ASYNC, |r| async move {
         Ok::<_, std::convert::Infallible>(r.confirmed_by_owner())
     });
-    f.add_fallible(FORWARD, |(r, hops, path)| -> Result<_, BoxError> {
+    f.add(FORWARD, |(r, hops, path)| -> Result<_, BoxError> {
         let me = ferry_rpc::get_worker_info(None)?;
         let mut path = path;
         path.push(me.name.clone());
@@ -95,7 +95,7 @@ fn functions() -> Functions {
         Ok(FORWARD.rpc_sync(name(next), (r, hops - 1, path))?)
     });
     f.add(WRAP, |rs| rs);
-    f.add_fallible(SUM_NESTED, |r| -> Result<i64, BoxError> {
+    f.add(SUM_NESTED, |r| -> Result<i64, BoxError> {
         let mut sum = 0;
         for x in r.to_here()? {
             sum += x.to_here()?;
@@ -138,7 +138,7 @@ fn init(rank: u32) -> Arc<RRefContext> {
         .unwrap()
         .functions(functions());
     let ctx = ferry_rref::install(&mut options);
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     ctx
 }
 
@@ -385,17 +385,14 @@ fn error_texts() {
                 "{e}"
             );
             // An unknown function.
-            let r: RRef<i64> = ferry_rref::remote("worker2", "nope", ()).unwrap();
+            let r: RRef<i64> = ferry_rpc::by_name("nope").remote("worker2", ()).unwrap();
             let e = r.to_here().unwrap_err().to_string();
             assert!(e.contains("nope"), "{e}");
             // A creation that times out: to_here and forks fail, nothing hangs.
             let agent = ferry_rpc::agent().unwrap();
             let slow: RRef<i64> = GATED
-                .remote_timeout(
-                    "worker3",
-                    ("gate/b".to_string(), 1i64),
-                    Duration::from_millis(200),
-                )
+                .timeout(Duration::from_millis(200))
+                .remote("worker3", ("gate/b".to_string(), 1i64))
                 .unwrap();
             // Asked while the creation runs: fails when the creation times out.
             let e = slow.to_here_timeout(Duration::from_secs(60)).unwrap_err();
@@ -450,14 +447,16 @@ fn a_call_to_a_missing_function_releases_its_rrefs() {
             if rank == 0 {
                 let (owned, user) = owned_and_user();
                 for r in [&owned, &user] {
-                    let e = ferry_rpc::rpc_sync::<i64, _>("worker2", "no_such_function", r.clone())
+                    let e = ferry_rpc::by_name("no_such_function")
+                        .rpc_sync::<i64, _>("worker2", r.clone())
                         .unwrap_err();
                     assert!(
                         matches!(e, ferry_rpc::RpcError::UnknownFunction { .. }),
                         "{e}"
                     );
                     // Also to the owner itself (worker1 owns `user`).
-                    let e = ferry_rpc::rpc_sync::<i64, _>("worker1", "no_such_function", r.clone())
+                    let e = ferry_rpc::by_name("no_such_function")
+                        .rpc_sync::<i64, _>("worker1", r.clone())
                         .unwrap_err();
                     assert!(e.to_string().contains("no_such_function"), "{e}");
                 }
@@ -507,15 +506,15 @@ fn a_call_whose_arguments_fail_to_encode_releases_its_rrefs() {
                 for r in [&owned, &user] {
                     // Through the string-named API: no declaration takes
                     // an argument made only to fail its encoding.
-                    let e =
-                        ferry_rpc::rpc_sync::<i64, _>("worker2", "fetch", (r.clone(), Unencodable))
-                            .unwrap_err();
+                    let e = ferry_rpc::by_name("fetch")
+                        .rpc_sync::<i64, _>("worker2", (r.clone(), Unencodable))
+                        .unwrap_err();
                     assert!(matches!(e, ferry_rpc::RpcError::Codec { .. }), "{e}");
                     // The type's own message, not only postcard's.
                     assert!(e.to_string().contains("refuses to be encoded"), "{e}");
-                    let e =
-                        ferry_rref::remote::<i64, _>("worker3", "fetch", (r.clone(), Unencodable))
-                            .unwrap_err();
+                    let made: Result<RRef<i64>, _> =
+                        ferry_rpc::by_name("fetch").remote("worker3", (r.clone(), Unencodable));
+                    let e = made.unwrap_err();
                     assert!(matches!(e, RRefError::Codec(_)), "{e}");
                     assert!(e.to_string().contains("refuses to be encoded"), "{e}");
                 }
@@ -538,8 +537,9 @@ fn remote_of_a_missing_function_releases_its_rrefs() {
                 let (owned, user) = owned_and_user();
                 for r in [&owned, &user] {
                     for to in ["worker2", "worker1", "worker0"] {
-                        let made: RRef<i64> =
-                            ferry_rref::remote(to, "no_such_function", r.clone()).unwrap();
+                        let made: RRef<i64> = ferry_rpc::by_name("no_such_function")
+                            .remote(to, r.clone())
+                            .unwrap();
                         let e = made.to_here().unwrap_err();
                         assert!(e.to_string().contains("no_such_function"), "{e}");
                     }
@@ -674,4 +674,12 @@ fn an_rref_used_after_shutdown() {
         }
         println!("FINISHED=1");
     });
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

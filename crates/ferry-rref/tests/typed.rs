@@ -46,11 +46,11 @@ fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(ADD, |(a, b)| a + b);
     // `?` on an RRefError, no `.map_err(|e| e.to_string())`.
-    f.add_fallible(FETCH, |r: RRef<i64>| -> Result<i64, BoxError> {
+    f.add(FETCH, |r: RRef<i64>| -> Result<i64, BoxError> {
         Ok(r.to_here()?)
     });
     // `?` on RPC and RRef errors in one body.
-    f.add_fallible(
+    f.add(
         FORWARD,
         |(r, hops): (RRef<i64>, i64)| -> Result<i64, BoxError> {
             if hops == 0 {
@@ -61,7 +61,7 @@ fn functions() -> Functions {
         },
     );
     f.add(CELL, RefCell::new);
-    f.add_fallible(BUMP, |r: RRef<RefCell<i64>>| {
+    f.add(BUMP, |r: RRef<RefCell<i64>>| {
         r.with_local_value(|c| {
             *c.borrow_mut() += 1;
             *c.borrow()
@@ -78,7 +78,7 @@ fn functions() -> Functions {
     f.add_method(Log::LINES, |log: &Log, ()| {
         log.lines.lock().unwrap().clone()
     });
-    f.add_method_fallible(Log::CHECKED_PUSH, |log: &Log, line: String| {
+    f.add_method(Log::CHECKED_PUSH, |log: &Log, line: String| {
         if line.is_empty() {
             return Err(EmptyLine);
         }
@@ -106,12 +106,13 @@ fn typed_remote_and_rref_arguments() {
             .functions(functions())
             .init_timeout(Duration::from_secs(60));
         let ctx = ferry_rref::install(&mut options);
-        ferry_rpc::init_rpc(options).unwrap();
+        init_rpc(options).unwrap();
         if rank == 0 {
             let sum: RRef<i64> = ADD.remote(1, (2, 3)).unwrap();
             assert_eq!(sum.to_here().unwrap(), 5);
             let own = ADD
-                .remote_timeout("worker0", (4, 5), Duration::from_secs(30))
+                .timeout(Duration::from_secs(30))
+                .remote("worker0", (4, 5))
                 .unwrap();
             assert_eq!(own.to_here().unwrap(), 9);
             // Typed calls taking the RRef: fetched on worker2, forwarded
@@ -207,4 +208,12 @@ fn typed_remote_and_rref_arguments() {
         return;
     };
     assert_eq!(outputs[0].values("CHECKED"), ["yes"]);
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -14,20 +14,28 @@
 //! a tensor that requires grad records a send function as it serialises,
 //! and its receiver records the matching recv function.
 //!
+//! A worker started with the facade's `ferry::init_rpc` has this layer;
+//! here with the agent alone ([`install`] first):
+//!
 //! ```no_run
-//! use ferry_rpc::{Functions, RpcOptions};
+//! use ferry_rpc::{Agent, Function, Functions, RpcOptions};
 //! use ferry_tch::Tensor;
 //!
-//! # fn main() -> Result<(), ferry_rpc::RpcError> {
+//! const ADD: Function<(Tensor, Tensor), Tensor> = Function::new("add");
+//!
+//! # fn main() -> Result<(), ferry_rpc::BoxError> {
 //! let mut functions = Functions::new();
-//! functions.register("add", |(a, b): (Tensor, Tensor)| Tensor::from(&*a + &*b));
-//! let mut options = RpcOptions::from_env("worker0")?.functions(functions);
+//! functions.add(ADD, |(a, b)| Tensor::from(&*a + &*b));
+//! let rank: u32 = std::env::var("RANK")?.parse()?;
+//! let mut options = RpcOptions::from_env(format!("worker{rank}"))?.functions(functions);
 //! ferry_tch::install(&mut options);
-//! ferry_rpc::init_rpc(options)?;
-//! let a = Tensor::from(tch::Tensor::ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)));
-//! let sum: Tensor = ferry_rpc::rpc_sync("worker1", "add", (a.clone(), a))?;
-//! assert_eq!(sum.size(), [2, 2]);
-//! ferry_rpc::shutdown()?;
+//! let agent = Agent::start(options)?;
+//! if rank == 0 {
+//!     let a = Tensor::from(tch::Tensor::ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)));
+//!     let sum = ADD.agent(&agent).rpc_sync("worker1", (a.clone(), a))?;
+//!     assert_eq!(sum.size(), [2, 2]);
+//! }
+//! agent.shutdown()?;
 //! # Ok(()) }
 //! ```
 

@@ -113,7 +113,7 @@ fn cuda_tensors_are_echoed_onto_the_mapped_device() {
                 .set_device_map(&peer, &[("cuda:0", "cuda:0")])
                 .unwrap();
             ferry_tch::install(&mut options);
-            ferry_rpc::init_rpc(options).unwrap();
+            init_rpc(options).unwrap();
             if rank == 0 {
                 let t = tch::Tensor::arange(1 << 20, (tch::Kind::Float, tch::Device::Cuda(0)));
                 let back: Tensor = ECHO
@@ -146,4 +146,12 @@ fn cuda_tensors_are_echoed_onto_the_mapped_device() {
             ferry_rpc::shutdown().unwrap();
         },
     );
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -64,7 +64,7 @@ fn init(rank: u32) {
         .unwrap()
         .functions(functions());
     ferry_tch::install(&mut options);
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
 }
 
 fn same(a: &tch::Tensor, b: &tch::Tensor) -> bool {
@@ -281,7 +281,7 @@ fn other_allocators_and_bad_input() {
             let options = RpcOptions::from_env("worker1")
                 .unwrap()
                 .functions(functions());
-            ferry_rpc::init_rpc(options).unwrap();
+            init_rpc(options).unwrap();
         }
         if rank == 0 {
             // Received by another allocator, a Tensor still decodes (one copy).
@@ -313,4 +313,12 @@ fn other_allocators_and_bad_input() {
         }
         ferry_rpc::shutdown().unwrap();
     });
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

@@ -27,11 +27,11 @@ const ECHO: Function<RawTensor, RawTensor> = Function::new("echo");
 
 fn functions() -> Functions {
     let mut f = Functions::new();
-    f.add_async(PING, |()| async {
+    f.add(PING, |()| async {
         SERVED.fetch_add(1, Ordering::Relaxed);
         Ok::<_, std::convert::Infallible>(())
     });
-    f.add_fallible(SCALE, |(t, k): (RawTensor, f32)| {
+    f.add(SCALE, |(t, k): (RawTensor, f32)| {
         SERVED.fetch_add(1, Ordering::Relaxed);
         let v = t
             .as_slice::<f32>()
@@ -39,7 +39,7 @@ fn functions() -> Functions {
         let out: Vec<f32> = v.iter().map(|x| x * k).collect();
         Ok::<_, anyhow::Error>(RawTensor::from_slice(&out, t.shape())?)
     });
-    f.add_async(ECHO, |t: RawTensor| async move {
+    f.add(ECHO, |t: RawTensor| async move {
         SERVED.fetch_add(1, Ordering::Relaxed);
         Ok::<_, std::convert::Infallible>(t)
     });

@@ -29,7 +29,7 @@
 //! fn main() -> Result<(), BoxError> {
 //!     let Role::Worker { rank, .. } = launch::local(2)? else { return Ok(()) };
 //!     let mut functions = Functions::new();
-//!     functions.add_fallible(SUM, |t: RawTensor| {
+//!     functions.add(SUM, |t: RawTensor| {
 //!         t.as_slice::<f32>().map(|v| v.iter().sum()).ok_or("not contiguous f32")
 //!     });
 //!     ferry::init_rpc(RpcOptions::from_env(format!("worker{rank}"))?.functions(functions))?;
@@ -46,8 +46,10 @@
 //! ```
 //!
 //! Everything a user calls is re-exported here: typed declarations
-//! ([`Function`], [`Method`], [`Schema`]), the free functions of [`rpc`]
-//! and [`rref`] (string-named calls for dynamic use), [`launch`], and with
+//! ([`Function`], [`Method`], [`Schema`]) and their calls (`rpc_sync`,
+//! `rpc_async`, `remote`, with options on the call: [`Call`]), functions
+//! named at run time ([`by_name`], for dynamic use), the free functions of
+//! the process's worker ([`shutdown`], ...), [`launch`], and with
 //! `torch` the `tensor`, `autograd` and `pipeline` layers
 //! (`ferry::autograd::context`, `DistributedOptimizer`,
 //! `ferry::pipeline::Pipeline`, ...).
@@ -63,21 +65,21 @@ pub use ferry_schedule as schedule;
 pub use ferry_transport as transport;
 pub use ferry_wire as wire;
 
-// The RPC layer: options, the agent, errors, and the free functions.
+// The RPC layer: options, the agent, errors, and the free functions of
+// the process's worker.
 pub use ferry_rpc::{
-    get_rpc_timeout, get_worker_info, rpc_async, rpc_async_timeout, rpc_sync, rpc_sync_timeout,
-    set_rpc_timeout, shutdown, shutdown_now, wait_all, Agent, Functions, LocalTopology, RpcError,
-    RpcFuture, RpcOptions, TorchElastic, WorkerInfo, WorkerRef,
+    get_rpc_timeout, get_worker_info, set_rpc_timeout, shutdown, shutdown_now, wait_all, Agent,
+    Functions, LocalTopology, RpcError, RpcFuture, RpcOptions, TorchElastic, WorkerInfo, WorkerRef,
 };
-// Typed remote functions: `Function` declarations, the `Schema` of their
-// types (trait and derive), the bounds generic code over them names
-// (`Arg`, `Ret`), any error with `?`.
-pub use ferry_rpc::{Arg, BoxError, Function, Ret, Schema};
-// RRefs: `remote` on a declaration (`RemoteExt`), typed methods, and the
-// string-named free functions.
-pub use ferry_rref::{
-    debug_info, remote, remote_timeout, Method, MethodsExt, RRef, RRefError, RemoteExt,
+// Calls: typed `Function` declarations, the `Schema` of their types (trait
+// and derive), the bounds generic code over them names (`Arg`, `Ret`), a
+// call's options (`Call`, `CallOptions`), functions named at run time
+// (`by_name`), what a registered body returns (`Reply`), any error with `?`.
+pub use ferry_rpc::{
+    by_name, Arg, BoxError, ByName, Call, CallOptions, Function, Reply, Ret, Schema,
 };
+// RRefs: `remote` on a call handle (`RemoteExt`), typed methods.
+pub use ferry_rref::{debug_info, Method, MethodsExt, RRef, RRefError, RemoteExt};
 
 /// libtorch tensors on the wire (`ferry-tch`; feature `torch`).
 #[cfg(feature = "torch")]
@@ -101,11 +103,16 @@ pub use ferry_ft as ft;
 
 /// Starts this process's worker with every layer installed (RRefs, and with
 /// the `torch` feature libtorch tensors, distributed autograd and the
-/// pipeline layer), then makes it the target of the free functions
-/// ([`rpc_sync`], [`remote`], ...). Returns the started [`Worker`], the
-/// way to its agent, RRef context and autograd container.
+/// pipeline layer), then makes it the process's: the one that calls
+/// without `.agent(..)` (`ADD.rpc_sync(..)`, `ADD.remote(..)`) and the
+/// free functions ([`shutdown`], [`get_worker_info`], ...) use. Returns the
+/// started [`Worker`], the way to its agent, RRef context and autograd
+/// container. Fails with [`RpcError::AlreadyInitialized`] while a worker
+/// runs in this process.
 ///
-/// This is the one way to start a worker. A layer already installed on
+/// This is the one way to start a worker. (An embedder that needs the bare
+/// agent, with no layer and not the process's, starts one with
+/// [`Agent::start`].) A layer already installed on
 /// `options` is kept: the pipeline layer installed here can build no
 /// stage, so a worker that owns stages registers their constructors
 /// first, with `ferry::pipeline::install(&mut options, stages)`.
@@ -126,7 +133,19 @@ pub fn init_rpc(mut options: RpcOptions) -> Result<Worker, RpcError> {
         Some(context) => context,
         None => ferry_rref::install(&mut options),
     };
-    let agent = ferry_rpc::init_rpc(options)?;
+    // Refused before the rendezvous where it can be; checked again below.
+    if let Ok(running) = ferry_rpc::agent() {
+        if running.is_running() {
+            return Err(RpcError::AlreadyInitialized {
+                name: running.worker_info().name.clone(),
+            });
+        }
+    }
+    let agent = Agent::start(options)?;
+    if let Err(e) = ferry_rpc::set_process_agent(&agent) {
+        agent.shutdown_now();
+        return Err(e);
+    }
     Ok(Worker::new(
         agent,
         rrefs,

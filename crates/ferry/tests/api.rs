@@ -78,7 +78,7 @@ fn functions() -> Functions {
         agent.block_on(agent.store().set(&key, vec![1])).unwrap();
         key
     });
-    f.add_fallible(RAISE, Err::<String, _>);
+    f.add(RAISE, Err::<String, _>);
     f.add(SQUARE, |n| n * n);
     f.add(NEW_COUNTER, |start| Counter {
         total: AtomicI64::new(start),
@@ -134,6 +134,14 @@ fn init_rpc_returns_the_worker_with_its_agent_and_layers() {
     let outputs = two_workers(
         "init_rpc_returns_the_worker_with_its_agent_and_layers",
         |rank, worker| {
+            // A second worker in this process is refused before it meets
+            // any group.
+            let again = RpcOptions::from_env(format!("worker{rank}")).unwrap();
+            let err = ferry::init_rpc(again).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("RPC is already initialized in this process as worker \"worker{rank}\"")
+            );
             assert_eq!(worker.info().name, format!("worker{rank}"));
             assert_eq!(worker.info().id, rank);
             assert_eq!(*worker.info(), ferry::get_worker_info(None).unwrap());

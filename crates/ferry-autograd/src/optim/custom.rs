@@ -132,9 +132,7 @@ pub trait Optimizer: Send + 'static {
 /// SIGN_SGD.register(&mut functions, |args: SignSgdArgs, _params: &[tch::Tensor]| {
 ///     Ok::<_, BoxError>(SignSgd(args.lr))
 /// });
-/// let mut options = RpcOptions::from_env("worker0")?.functions(functions);
-/// ferry_autograd::install(&mut options);
-/// ferry_rpc::init_rpc(options)?;
+/// ferry::init_rpc(RpcOptions::from_env("worker0")?.functions(functions))?;
 /// // On the driver:
 /// let params: Vec<RRef<ferry_tch::Tensor>> = Vec::new(); // RRefs of parameters
 /// let opt = DistributedOptimizer::new(SIGN_SGD.with(SignSgdArgs { lr: 0.01 }), params)?;
@@ -187,7 +185,7 @@ where
         F: Fn(A, &[tch::Tensor]) -> Result<O, E> + Send + Sync + 'static,
     {
         let class = self.name;
-        functions.add_fallible(
+        functions.add(
             self.function(),
             move |(id, args, params): NewArgs<A>| -> Result<(), BoxError> {
                 let agent = Agent::current().ok_or("no agent runs this call")?;
@@ -218,12 +216,9 @@ where
         OptimizerSpec(Spec::Class {
             name: self.name,
             create: Box::new(move |agent, owner, id, params| {
-                function.rpc_async_with(
-                    agent,
-                    owner,
-                    (id, args.clone(), params),
-                    agent.rpc_timeout(),
-                )
+                function
+                    .agent(agent)
+                    .rpc_async(owner, (id, args.clone(), params))
             }),
         })
     }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferry_rpc::{Agent, Functions};
+use ferry_rpc::{Agent, Function, Functions};
 use ferry_rref::RRef;
 use ferry_tch::Tensor;
 use parking_lot::Mutex;
@@ -15,9 +15,13 @@ use super::{LocalOptimizer, OptimError, OptimizerKind, OptimizerSpec};
 use crate::engine_shim::tensor_id;
 use crate::{container_of, AutogradError};
 
-const NEW: &str = "ferry_autograd::optimizer_new";
-const STEP: &str = "ferry_autograd::optimizer_step";
-const DROP: &str = "ferry_autograd::optimizer_drop";
+/// Builds a built-in optimizer's part on an owner: (id, kind, parameters).
+const NEW: Function<(u64, OptimizerKind, Vec<RRef<Tensor>>), ()> =
+    Function::new("ferry_autograd::optimizer_new");
+/// Steps an owner's part: (id, context id).
+const STEP: Function<(u64, u64), ()> = Function::new("ferry_autograd::optimizer_step");
+/// Drops an owner's part: its id.
+const DROP: Function<u64, ()> = Function::new("ferry_autograd::optimizer_drop");
 
 /// One distributed optimizer's part on an owner: a built-in optimizer or
 /// a user-defined class's.
@@ -71,7 +75,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Registers the remote functions the distributed optimizer calls on owners.
 pub(crate) fn register(functions: &mut Functions) {
-    functions.register_fallible(
+    functions.add(
         NEW,
         |(id, kind, params): (u64, OptimizerKind, Vec<RRef<Tensor>>)| {
             let agent = Agent::current().ok_or("no agent")?;
@@ -86,11 +90,11 @@ pub(crate) fn register(functions: &mut Functions) {
             Ok::<_, String>(())
         },
     );
-    functions.register_fallible(STEP, |(id, context_id): (u64, u64)| {
+    functions.add(STEP, |(id, context_id): (u64, u64)| {
         let agent = Agent::current().ok_or("no agent")?;
         step_local(&agent, id, context_id)
     });
-    functions.register(DROP, |id: u64| {
+    functions.add(DROP, |id: u64| {
         if let Some(container) = Agent::current().and_then(|a| container_of(&a).ok()) {
             container.optimizers.optimizers.lock().remove(&id);
         }
@@ -175,7 +179,7 @@ impl DistributedOptimizer {
             .map(|(owner, ps)| {
                 let call = match &spec.0 {
                     Spec::Builtin(kind) => {
-                        agent.rpc_async::<(), _>(owner, NEW, (id, kind.clone(), ps))
+                        NEW.agent(agent).rpc_async(owner, (id, kind.clone(), ps))
                     }
                     Spec::Class { create, .. } => create(agent, owner, id, ps),
                 };
@@ -222,9 +226,9 @@ impl DistributedOptimizer {
             .iter()
             .filter(|(&owner, _)| owner != me)
             .map(|(&owner, name)| {
-                let call = self
-                    .agent
-                    .rpc_async::<(), _>(owner, STEP, (self.id, context_id));
+                let call = STEP
+                    .agent(&self.agent)
+                    .rpc_async(owner, (self.id, context_id));
                 (name, call)
             })
             .collect();
@@ -258,7 +262,7 @@ impl Drop for DistributedOptimizer {
         let calls: Vec<_> = self
             .owners
             .keys()
-            .map(|&o| self.agent.rpc_async::<(), _>(o, DROP, self.id))
+            .map(|&o| DROP.agent(&self.agent).rpc_async(o, self.id))
             .collect();
         for c in calls {
             let _ = c.wait();

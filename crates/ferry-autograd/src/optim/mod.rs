@@ -28,7 +28,7 @@ use tch::{Device, Kind, TchError, Tensor};
 ///
 /// Defaults (through [`OptimizerKind::sgd`], [`OptimizerKind::adam`] and
 /// [`OptimizerKind::adamw`]) are those of `torch.optim`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ferry_rpc::Schema)]
 pub enum OptimizerKind {
     /// Stochastic gradient descent, optionally with (Nesterov) momentum.
     Sgd {

@@ -101,38 +101,38 @@ pub(crate) fn functions() -> Functions {
         Tensor::from(tch::Tensor::rand([3, 3], F64).set_requires_grad(true))
     });
     f.add(LAYER_NEW, |(i, o, seed)| Layer::new(i, o, seed));
-    f.add_fallible(LAYER_FORWARD, |(layer, x)| -> Result<Tensor, BoxError> {
+    f.add(LAYER_FORWARD, |(layer, x)| -> Result<Tensor, BoxError> {
         let layer = layer.local_value()?;
         let x = x.to_here()?;
         Ok(Tensor::from(layer.forward(&x)))
     });
-    f.add_fallible(LAYER_PARAMS, |layer| -> Result<_, BoxError> {
+    f.add(LAYER_PARAMS, |layer| -> Result<_, BoxError> {
         let layer = layer.local_value()?;
         let w = RRef::new(layer.weight.clone())?;
         let b = RRef::new(layer.bias.clone())?;
         Ok(vec![w, b])
     });
-    f.add_fallible(LAYER_GRADS, |(layer, ctx)| -> Result<_, BoxError> {
+    f.add(LAYER_GRADS, |(layer, ctx)| -> Result<_, BoxError> {
         let layer = layer.local_value()?;
         let g = ferry_autograd::get_gradients(ctx)?;
         let get = |t: &Tensor| g.get(t).map(|g| Tensor::from(g.shallow_clone()));
         Ok((get(&layer.weight), get(&layer.bias)))
     });
-    f.add_fallible(RREF_GRAD, |(r, ctx)| -> Result<_, BoxError> {
+    f.add(RREF_GRAD, |(r, ctx)| -> Result<_, BoxError> {
         let v = r.local_value()?;
         let g = ferry_autograd::get_gradients(ctx)?;
         Ok(g.get(&v).map(|g| Tensor::from(g.shallow_clone())))
     });
-    f.add_fallible(RREF_VALUE, |r| -> Result<_, BoxError> {
+    f.add(RREF_VALUE, |r| -> Result<_, BoxError> {
         let v = r.local_value()?;
         Ok(Tensor::from(v.detach().copy()))
     });
-    f.add_fallible(MUL_BY_RREF, |(r, x)| -> Result<_, BoxError> {
+    f.add(MUL_BY_RREF, |(r, x)| -> Result<_, BoxError> {
         let w = r.to_here()?;
         Ok(Tensor::from(&*w * &*x))
     });
     f.add(PS_FORWARD, |x| Tensor::from(&*x * &ps_weight()));
-    f.add_fallible(PS_GRAD, |ctx| -> Result<_, BoxError> {
+    f.add(PS_GRAD, |ctx| -> Result<_, BoxError> {
         let g = ferry_autograd::get_gradients(ctx)?;
         let w = ps_weight();
         Ok(g.get(&w).map(|g| Tensor::from(g.shallow_clone())))
@@ -142,7 +142,7 @@ pub(crate) fn functions() -> Functions {
         *KEPT.lock().unwrap() = Some(Tensor::from(y.shallow_clone()));
         Tensor::from(y)
     });
-    f.add_fallible(CHAIN, |(x, path)| -> Result<_, BoxError> {
+    f.add(CHAIN, |(x, path)| -> Result<_, BoxError> {
         let y = match path.as_slice() {
             [] => return Err("an empty path".into()),
             [last] => SIGMOID_KEPT.rpc_sync(last.as_str(), x),
@@ -156,10 +156,10 @@ pub(crate) fn functions() -> Functions {
             let _ = tch::no_grad(|| t.f_add_scalar_(1.0));
         }
     });
-    f.add_fallible(NESTED_SCALE, |(x, via, k)| {
+    f.add(NESTED_SCALE, |(x, via, k)| {
         SCALE.rpc_sync(via.as_str(), (x, k))
     });
-    f.add_fallible(CONTEXT_IDS, |()| ferry_autograd::context_ids());
+    f.add(CONTEXT_IDS, |()| ferry_autograd::context_ids());
     f.add(INT_TENSOR, |()| {
         Tensor::from(tch::Tensor::arange(3, (Kind::Int64, Device::Cpu)))
     });
@@ -186,7 +186,7 @@ pub(crate) fn init(rank: u32) -> std::sync::Arc<DistAutogradContainer> {
         .unwrap()
         .functions(functions());
     let container = ferry_autograd::install(&mut options);
-    ferry_rpc::init_rpc(options).unwrap();
+    init_rpc(options).unwrap();
     container
 }
 
@@ -221,4 +221,12 @@ pub(crate) fn leaf(t: &tch::Tensor) -> tch::Tensor {
 /// Local reference gradients of `loss` with respect to `inputs`.
 pub(crate) fn local_grads(loss: &tch::Tensor, inputs: &[&tch::Tensor]) -> Vec<tch::Tensor> {
     tch::Tensor::run_backward(&[loss], inputs, false, false)
+}
+
+/// Starts this process's agent and makes it the process's (what
+/// `ferry::init_rpc` does, with only the layers `options` has).
+fn init_rpc(options: ferry_rpc::RpcOptions) -> Result<ferry_rpc::Agent, ferry_rpc::RpcError> {
+    let agent = ferry_rpc::Agent::start(options)?;
+    ferry_rpc::set_process_agent(&agent)?;
+    Ok(agent)
 }

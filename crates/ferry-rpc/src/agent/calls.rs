@@ -1,4 +1,5 @@
-//! The agent's calls: issuing them (`rpc_*`, service messages), entering
+//! The agent's calls: issuing them (the calls [`Call`](crate::Call)
+//! starts, service messages), entering
 //! them in the pending-call table ([`crate::pending`]) and completing them
 //! with their reply, their timeout or their connection's failure; the
 //! timer task that expires them.
@@ -10,7 +11,6 @@ use std::time::{Duration, Instant};
 use ferry_transport::{IncomingMessage, OutgoingMessage};
 use ferry_wire::payload::{self, Encoded};
 use ferry_wire::{Flags, MessageKind};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, warn};
 
@@ -26,49 +26,6 @@ use crate::{RpcError, WorkerInfo, WorkerRef};
 use super::{Agent, Inner};
 
 impl Agent {
-    /// Calls `function` on `to` with `args` and blocks until its result arrives,
-    /// using the agent's default timeout.
-    pub fn rpc_sync<R: DeserializeOwned, A: Serialize>(
-        &self,
-        to: impl Into<WorkerRef>,
-        function: &str,
-        args: A,
-    ) -> Result<R, RpcError> {
-        self.rpc_async(to, function, args).wait()
-    }
-
-    /// Calls `function` on `to` with `args` and returns at once.
-    pub fn rpc_async<R: DeserializeOwned, A: Serialize>(
-        &self,
-        to: impl Into<WorkerRef>,
-        function: &str,
-        args: A,
-    ) -> RpcFuture<R> {
-        self.rpc_async_timeout(to, function, args, self.inner.rpc_timeout())
-    }
-
-    /// [`rpc_sync`](Self::rpc_sync) with a per-call timeout (zero: none).
-    pub fn rpc_sync_timeout<R: DeserializeOwned, A: Serialize>(
-        &self,
-        to: impl Into<WorkerRef>,
-        function: &str,
-        args: A,
-        timeout: Duration,
-    ) -> Result<R, RpcError> {
-        self.rpc_async_timeout(to, function, args, timeout).wait()
-    }
-
-    /// [`rpc_async`](Self::rpc_async) with a per-call timeout (zero: none).
-    pub fn rpc_async_timeout<R: DeserializeOwned, A: Serialize>(
-        &self,
-        to: impl Into<WorkerRef>,
-        function: &str,
-        args: A,
-        timeout: Duration,
-    ) -> RpcFuture<R> {
-        self.call_signed(to.into(), function, Signature::of::<A, R>(), args, timeout)
-    }
-
     /// Starts a call whose caller's signature is `signature`.
     pub(crate) fn call_signed<R, A: Serialize>(
         &self,

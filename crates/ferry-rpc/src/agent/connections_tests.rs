@@ -64,7 +64,10 @@ fn reconnecting_a_thousand_times_keeps_the_task_count_bounded() {
     let agent = Agent::start(options).unwrap();
     let mut peak = 0;
     for i in 0..RECONNECTS {
-        let r = agent.rpc_sync_timeout::<(), _>(1u32, "f", (), Duration::from_secs(60));
+        let r = crate::by_name("f")
+            .agent(&agent)
+            .timeout(Duration::from_secs(60))
+            .rpc_sync::<(), _>(1u32, ());
         assert!(
             matches!(r, Err(RpcError::PeerUnreachable { .. })),
             "call {i}: {r:?}"

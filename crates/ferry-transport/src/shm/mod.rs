@@ -86,7 +86,6 @@ mod link;
 #[cfg(not(loom))]
 mod wake;
 
-
 #[cfg(not(loom))]
 pub use fdpass::{recv_fds, send_fds, MAX_FDS_PER_MESSAGE};
 #[cfg(not(loom))]
