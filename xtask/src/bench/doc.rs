@@ -34,11 +34,12 @@ pub(crate) enum Part {
     Lighthouse,
     Schedule,
     Pipeline,
+    Collective,
     Ucx,
 }
 
 impl Part {
-    pub(crate) const ALL: [Part; 8] = [
+    pub(crate) const ALL: [Part; 9] = [
         Part::Rpc,
         Part::Authentication,
         Part::Rref,
@@ -46,6 +47,7 @@ impl Part {
         Part::Lighthouse,
         Part::Schedule,
         Part::Pipeline,
+        Part::Collective,
         Part::Ucx,
     ];
 
@@ -59,6 +61,7 @@ impl Part {
             Part::Lighthouse => "Lighthouse",
             Part::Schedule => "Pipeline schedules",
             Part::Pipeline => "Pipeline-parallel training",
+            Part::Collective => "Collectives (allreduce and recovery)",
             Part::Ucx => "UCX",
         }
     }
@@ -73,6 +76,7 @@ impl Part {
             Part::Lighthouse => "lighthouse",
             Part::Schedule => "schedule",
             Part::Pipeline => "pipeline",
+            Part::Collective => "collective",
             Part::Ucx => "ucx",
         }
     }
@@ -108,6 +112,11 @@ impl Part {
             Part::Pipeline => {
                 "`ferry-pipeline`'s `pipeline_bench` against \
                 `torch.distributed.pipelining` with `benches/peers/pt_pipeline.py`."
+            }
+            Part::Collective => {
+                "`ferry-ft`'s `collective_bench` example (`ProcessGroup`, \
+                `BabyProcessGroup`) against torchft's `ProcessGroupGloo` and \
+                `ProcessGroupBabyGloo` with `benches/peers/tf_collective.py`."
             }
             Part::Ucx => {
                 "The `ucx` channel and transport against `ucx_perftest`, see \

@@ -5,7 +5,8 @@
 //! RPC), [`rref`] (the PyTorch RPC paper's Table 1), [`autograd`] (its
 //! Table 2), [`lighthouse`] (against torchft's), [`schedule`] (pipeline
 //! schedules against `torch.distributed.pipelining`), [`pipeline`]
-//! (pipeline-parallel training against it) and [`ucx`] (the `ucx` channel
+//! (pipeline-parallel training against it), [`collective`] (allreduce and
+//! recovery against torchft's process groups) and [`ucx`] (the `ucx` channel
 //! against `ucx_perftest`). The machinery they share: [`options`] (the
 //! command line), [`peers`] (the peer scripts), [`comparison`] (Ferry's
 //! binary and the peer's script run alternately), [`process`] (a bounded
@@ -15,6 +16,7 @@
 //! generated from what the tables printed).
 
 mod autograd;
+mod collective;
 mod comparison;
 mod doc;
 mod lighthouse;
@@ -55,7 +57,8 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     let side_by_side = o.runs(Bench::Rpc)
         || o.runs(Bench::Rref)
         || o.runs(Bench::Autograd)
-        || o.runs(Bench::Lighthouse);
+        || o.runs(Bench::Lighthouse)
+        || o.runs(Bench::Collective);
     // The peer scripts run in the .venv; Ferry's autograd and pipeline
     // benchmarks link its libtorch, peer or not.
     let needs_venv = (!o.no_peer && (side_by_side || o.runs(Bench::Schedule)))
@@ -98,6 +101,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Pipeline) {
         pipeline::main(&mut steps, o)?;
+    }
+    if o.runs(Bench::Collective) {
+        collective::main(&mut steps, o)?;
     }
     // `--table-only` alone also rebuilds the UCX table, from its last run.
     if o.runs(Bench::Ucx) || (o.table_only && o.only.is_none()) {

@@ -23,6 +23,10 @@ pub(crate) enum Bench {
     /// Pipeline-parallel training, `ferry-pipeline` vs
     /// `torch.distributed.pipelining` ([`super::pipeline`]).
     Pipeline,
+    /// Allreduce and recovery, `ferry-ft`'s `ProcessGroup` and
+    /// `BabyProcessGroup` vs torchft 0.2.0's `ProcessGroupGloo` and
+    /// `ProcessGroupBabyGloo` ([`super::collective`]).
+    Collective,
     /// Ferry's `ucx` channel vs `ucx_perftest`, and `rpc_sync` over the
     /// `ucx` transport vs the `shm` transport ([`super::ucx`]); only
     /// with `--only ucx` (it builds the `ucx` feature and installs
@@ -45,6 +49,7 @@ impl Bench {
             "lighthouse" => Some(Bench::Lighthouse),
             "schedule" => Some(Bench::Schedule),
             "pipeline" => Some(Bench::Pipeline),
+            "collective" => Some(Bench::Collective),
             "ucx" => Some(Bench::Ucx),
             "cuda" => Some(Bench::Cuda),
             _ => None,
@@ -54,7 +59,7 @@ impl Bench {
 
 /// What `--only` accepts, for error texts.
 const ONLY_NAMES: &str =
-    "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, ucx, cuda";
+    "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, collective, ucx, cuda";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -131,7 +136,7 @@ mod tests {
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
             format!("{err}").contains(
-                "--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx|cuda}"
+                "--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|collective|ucx|cuda}"
             ),
             "{err}"
         );
@@ -161,6 +166,9 @@ mod tests {
             Options::parse(&["--only".into(), "pipeline".into(), "--quick".into()]).expect("valid");
         assert!(o.quick && o.runs(Bench::Pipeline) && !o.runs(Bench::Schedule));
         assert!(Options::default().runs(Bench::Pipeline));
+        let o = Options::parse(&["--only".into(), "collective".into()]).expect("valid");
+        assert!(o.runs(Bench::Collective) && !o.runs(Bench::Pipeline));
+        assert!(Options::default().runs(Bench::Collective));
         let err = Options::parse(&["--only".into(), "schedules".into()]).expect_err("unknown");
         assert!(
             format!("{err:#}").contains("lighthouse, schedule"),
