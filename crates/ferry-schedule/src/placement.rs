@@ -80,7 +80,9 @@ pub enum PlacementError {
         rank: usize,
     },
     /// Two ranks of a schedule would share one worker.
-    #[error("ranks {first} and {second} are both on worker {worker}: each rank needs its own worker")]
+    #[error(
+        "ranks {first} and {second} are both on worker {worker}: each rank needs its own worker"
+    )]
     SharedWorker {
         /// The worker.
         worker: String,
@@ -139,7 +141,10 @@ pub fn stage_to_rank_of(schedule: &Schedule, stages: usize) -> Result<Vec<usize>
     owner
         .into_iter()
         .enumerate()
-        .map(|(stage, o)| o.map(|(rank, _)| rank).ok_or(PlacementError::Unplaced { stage }))
+        .map(|(stage, o)| {
+            o.map(|(rank, _)| rank)
+                .ok_or(PlacementError::Unplaced { stage })
+        })
         .collect()
 }
 
