@@ -162,6 +162,67 @@ impl Call<ByName<'_>> {
     }
 }
 
+/// The calls of a typed function (declared in `typed.rs`).
+impl<A: Arg, R: Ret> Function<A, R> {
+    /// Calls the function on worker `to` (a rank or a name) with the
+    /// process's agent and its default timeout, and blocks for the result.
+    ///
+    /// ```no_run
+    /// # use ferry_rpc::Function;
+    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
+    /// let sum = ADD.rpc_sync(1, (2, 3))?;
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn rpc_sync(&self, to: impl Into<WorkerRef>, args: A) -> Result<R, RpcError> {
+        Call::new(*self).rpc_sync(to, args)
+    }
+
+    /// Calls the function on worker `to` and returns at once a future of
+    /// its result (`.await` it, or [`wait`](RpcFuture::wait) for it).
+    ///
+    /// ```no_run
+    /// # use ferry_rpc::Function;
+    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
+    /// let pending: Vec<_> = (1..4).map(|rank| ADD.rpc_async(rank, (rank, 1))).collect();
+    /// for p in pending {
+    ///     p.wait()?;
+    /// }
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn rpc_async(&self, to: impl Into<WorkerRef>, args: A) -> RpcFuture<R> {
+        Call::new(*self).rpc_async(to, args)
+    }
+
+    /// A call of this function with a timeout of its own (zero: none)
+    /// instead of the agent's default: `ADD.timeout(d).rpc_sync(to, args)`.
+    ///
+    /// ```no_run
+    /// # use ferry_rpc::Function;
+    /// # use std::time::Duration;
+    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
+    /// let sum = ADD.timeout(Duration::from_secs(5)).rpc_sync("worker1", (2, 3))?;
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn timeout(&self, timeout: Duration) -> Call<Self> {
+        Call::new(*self).timeout(timeout)
+    }
+
+    /// A call of this function through `agent` instead of the process's
+    /// (for layers, tests and embedders that hold one):
+    /// `ADD.agent(&agent).rpc_async(to, args)`.
+    ///
+    /// ```no_run
+    /// # use ferry_rpc::Function;
+    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
+    /// let agent = ferry_rpc::agent()?;
+    /// let sum = ADD.agent(&agent).rpc_async(1, (2, 3)).wait()?;
+    /// # Ok::<(), ferry_rpc::RpcError>(())
+    /// ```
+    pub fn agent(&self, agent: &Agent) -> Call<Self> {
+        Call::new(*self).agent(agent)
+    }
+}
+
 /// A remote function named at run time, for dynamic use (a name read from
 /// a configuration, a tool that calls what it is told): the
 /// [`Function`] handle's calls, with the argument and result types given

@@ -3,30 +3,28 @@
 //! so that a wrong argument or result type does not compile.
 
 use std::marker::PhantomData;
-use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::calling::Call;
 use crate::functions::Signature;
 use crate::reply::Reply;
 use crate::schema::Schema;
-use crate::{Agent, Functions, RpcError, RpcFuture, WorkerRef};
+use crate::Functions;
 
 /// A remote function from `A` to `R`, declared by name: register it with
 /// [`Functions::add`] (its body plain, fallible or async) and call it with
 /// [`rpc_sync`](Self::rpc_sync) and [`rpc_async`](Self::rpc_async) (and,
 /// with the RRef layer, `remote`); a call's options go on the call:
 /// `ADD.timeout(d).rpc_sync(..)`, `ADD.agent(&agent).rpc_async(..)`
-/// ([`Call`]).
+/// ([`Call`](crate::Call)).
 ///
 /// The types are checked twice: by the compiler, at both the registration
 /// and every call; and at run time, by the callee, against the hash of the
 /// types' declared [`Schema`] (their structure, not their
 /// `std::any::type_name`), so that builds made with different compilers
 /// call each other and a caller built from other declarations gets
-/// [`RpcError::WrongType`] showing both signatures.
+/// [`RpcError::WrongType`](crate::RpcError::WrongType) showing both signatures.
 ///
 /// Several arguments travel as a tuple.
 ///
@@ -134,66 +132,6 @@ impl<A: Schema, R: Schema> Function<A, R> {
     }
 }
 
-impl<A: Arg, R: Ret> Function<A, R> {
-    /// Calls the function on worker `to` (a rank or a name) with the
-    /// process's agent and its default timeout, and blocks for the result.
-    ///
-    /// ```no_run
-    /// # use ferry_rpc::Function;
-    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let sum = ADD.rpc_sync(1, (2, 3))?;
-    /// # Ok::<(), ferry_rpc::RpcError>(())
-    /// ```
-    pub fn rpc_sync(&self, to: impl Into<WorkerRef>, args: A) -> Result<R, RpcError> {
-        Call::new(*self).rpc_sync(to, args)
-    }
-
-    /// Calls the function on worker `to` and returns at once a future of
-    /// its result (`.await` it, or [`wait`](RpcFuture::wait) for it).
-    ///
-    /// ```no_run
-    /// # use ferry_rpc::Function;
-    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let pending: Vec<_> = (1..4).map(|rank| ADD.rpc_async(rank, (rank, 1))).collect();
-    /// for p in pending {
-    ///     p.wait()?;
-    /// }
-    /// # Ok::<(), ferry_rpc::RpcError>(())
-    /// ```
-    pub fn rpc_async(&self, to: impl Into<WorkerRef>, args: A) -> RpcFuture<R> {
-        Call::new(*self).rpc_async(to, args)
-    }
-
-    /// A call of this function with a timeout of its own (zero: none)
-    /// instead of the agent's default: `ADD.timeout(d).rpc_sync(to, args)`.
-    ///
-    /// ```no_run
-    /// # use ferry_rpc::Function;
-    /// # use std::time::Duration;
-    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let sum = ADD.timeout(Duration::from_secs(5)).rpc_sync("worker1", (2, 3))?;
-    /// # Ok::<(), ferry_rpc::RpcError>(())
-    /// ```
-    pub fn timeout(&self, timeout: Duration) -> Call<Self> {
-        Call::new(*self).timeout(timeout)
-    }
-
-    /// A call of this function through `agent` instead of the process's
-    /// (for layers, tests and embedders that hold one):
-    /// `ADD.agent(&agent).rpc_async(to, args)`.
-    ///
-    /// ```no_run
-    /// # use ferry_rpc::Function;
-    /// # const ADD: Function<(i64, i64), i64> = Function::new("add");
-    /// let agent = ferry_rpc::agent()?;
-    /// let sum = ADD.agent(&agent).rpc_async(1, (2, 3)).wait()?;
-    /// # Ok::<(), ferry_rpc::RpcError>(())
-    /// ```
-    pub fn agent(&self, agent: &Agent) -> Call<Self> {
-        Call::new(*self).agent(agent)
-    }
-}
-
 impl<A, R> Clone for Function<A, R> {
     fn clone(&self) -> Self {
         *self
@@ -215,7 +153,7 @@ impl<A, R> std::fmt::Debug for Function<A, R> {
 impl Functions {
     /// Registers `body` as the typed function `function`. The body returns
     /// `R` (plain), `Result<R, E>` (fallible: an `Err` reaches the caller
-    /// as [`RpcError::Remote`] with its text and its sources'), or a future
+    /// as [`RpcError::Remote`](crate::RpcError::Remote) with its text and its sources'), or a future
     /// of either (async), as [`Reply`] explains: a plain or fallible body
     /// runs on the blocking pool (a panic becomes an error at the caller),
     /// an async one as a task on the agent's runtime.
