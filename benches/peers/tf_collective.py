@@ -20,7 +20,7 @@ Measured on rank 0, per float32 buffer size (--sizes):
   once for all sizes; stats in ms (median, p10, p90, ...).
 Recovery (--recoveries times, a --recovery-size buffer): both replica
 groups configure a fresh ProcessGroupBabyGloo for quorum Q and run one
-allreduce; then both start an allreduce, rank 0 SIGKILLs its own child
+allreduce; after a 200 ms pause, both start an allreduce, rank 0 SIGKILLs its own child
 right after submitting it, both wait for the failure (torchft's wait
 raises, after the group's --timeout at the latest), configure quorum Q+1
 and allreduce again. recovery.total: from the kill to that allreduce done;
@@ -45,6 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_common import free_port, log, parse_size, size_label, stats_ms, versions, write_result  # noqa: E402
 
 WORLD = 2
+# Pause between a recovery round's first allreduce and the one killed (not timed).
+SETTLE_S = 0.2
 
 
 def addr(port, quorum):
@@ -83,6 +85,7 @@ def recovery_round(args, rank, port, quorum, n):
     try:
         pg.configure(addr(port, quorum), f"replica_{rank}", rank, WORLD)
         pg.allreduce([t], opts).wait()
+        time.sleep(SETTLE_S)  # as Ferry's side: the peer done with this allreduce
         work = pg.allreduce([t], opts)
         start = time.perf_counter()
         if rank == 0:

@@ -15,9 +15,9 @@
 //! `--rounds` timed calls after `--warmup` untimed ones, each group
 //! configured once for all sizes. Recovery (`--recoveries` times, a
 //! `--recovery-size` buffer): both configure a Baby group for quorum Q and
-//! allreduce once; both start an allreduce and rank 0 SIGKILLs its own
-//! child right after submitting it; both wait for the failure, configure
-//! quorum Q+1 (fresh children) and allreduce again. `recovery`: from the
+//! allreduce once; after a 200 ms pause, both start an allreduce and
+//! rank 0 SIGKILLs its own child right after submitting it; both wait for
+//! the failure, configure quorum Q+1 (fresh children) and allreduce again. `recovery`: from the
 //! kill to that allreduce done; `recovery_detect`: to the failure seen.
 //!
 //! `cargo run --release -p ferry-ft --example collective_bench -- [--quick]
@@ -40,6 +40,9 @@ use ferry_store::TcpStoreServer;
 use serde_json::{json, Value};
 
 const WORLD: usize = 2;
+/// Pause between a recovery round's first allreduce and the one killed
+/// (not timed; the peer script pauses the same).
+const SETTLE: Duration = Duration::from_millis(200);
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -149,6 +152,10 @@ async fn recovery_round(
     buf.fill(1.0);
     let buf = pg.allreduce_buffer(buf, ReduceOp::Sum).await?;
     let pid = pg.child_pid().context("no child")?;
+    // The peer may still be reading this child's memory (the `cma`
+    // channel) when this side's allreduce is done: let it finish, so
+    // that only the allreduce below sees the kill.
+    tokio::time::sleep(SETTLE).await;
     let work = pg.allreduce_buffer(buf, ReduceOp::Sum);
     let started = Instant::now();
     if rank == 0 {
