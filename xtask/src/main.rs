@@ -48,11 +48,13 @@ commands:
                     distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
                     (quorum latency, heartbeats/s) against torchft 0.2.0's, installing torchft;
                     pipeline schedules (generate + lower + simulate) and pipeline-parallel
-                    training (ferry-pipeline) against torch.distributed.pipelining; the peer
-                    scripts are in benches/peers/; rewrites the sections of docs/benchmarks.md
+                    training (ferry-pipeline) against torch.distributed.pipelining; allreduce
+                    and recovery of ferry-ft's process groups (in-process and Baby) against
+                    torchft's Gloo and Baby Gloo; the peer scripts are in benches/peers/;
+                    rewrites the sections of docs/benchmarks.md
                     it measured, under the host they ran on
         [--no-criterion] [--no-peer] [--table-only]
-        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|ucx|cuda]
+        [--only criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|collective|ucx|cuda]
                     (--table-only: rebuild the tables and docs/benchmarks.md from the results
                      already in target/ferry-bench;
                      --only: run or tabulate just that benchmark; `--only ucx`, never run by
