@@ -14,7 +14,7 @@ pub enum ManagerError {
         reason: String,
     },
     /// The lighthouse address is not a valid URI, or does not fit
-    /// [`lighthouse_tls`](ManagerOptions::lighthouse_tls).
+    /// [`lighthouse_tls`](super::ManagerOptions::lighthouse_tls).
     #[error("manager {replica_id}: invalid lighthouse address {address:?}: {source}")]
     InvalidLighthouseAddress {
         /// The replica group.
@@ -43,7 +43,7 @@ pub enum ManagerError {
 }
 
 /// What a manager has done so far, for logs and tests
-/// ([`Manager::status`], [`Manager::wait_for_status`]).
+/// ([`Manager::status`](super::Manager::status), [`Manager::wait_for_status`](super::Manager::wait_for_status)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ManagerStatus {
     /// The group ranks that have asked in the open quorum round, ascending.
