@@ -27,7 +27,7 @@ use crate::{Store, StoreError, StoreFuture};
 const CLIENT_GRACE: Duration = Duration::from_secs(5);
 const MIN_GRACE: Duration = Duration::from_millis(100);
 
-/// A client of a [`TcpStoreServer`], like c10d's `TCPStore` on a non-zero
+/// A client of a [`TcpStoreServer`](super::TcpStoreServer), like c10d's `TCPStore` on a non-zero
 /// rank.
 ///
 /// One connection carries every request; concurrent requests do not wait
@@ -128,7 +128,7 @@ impl TcpStore {
     }
 
     /// [`connect`](Self::connect) to a server that authenticates its
-    /// clients ([`TcpStoreServer::bind_authenticated`]) with `secret`:
+    /// clients ([`TcpStoreServer::bind_authenticated`](super::TcpStoreServer::bind_authenticated)) with `secret`:
     /// this client proves it holds the secret, and the server that it
     /// does, before any request is sent.
     pub async fn connect_authenticated(

@@ -75,7 +75,7 @@ impl TcpStoreServer {
     /// secret, none, a replayed handshake) is closed with a warning naming
     /// its address before any request of it is read. torch's c10d
     /// `TCPStore` clients know no secret, so a server with one serves
-    /// only Ferry's clients ([`TcpStore::connect_authenticated`]).
+    /// only Ferry's clients ([`TcpStore::connect_authenticated`](super::TcpStore::connect_authenticated)).
     pub async fn bind_authenticated(
         addr: SocketAddr,
         limits: StoreLimits,
