@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::net::UnixStream;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use super::protocol::{Command, FailureKind, FrameDecoder, Reply};
+#[cfg(feature = "nccl")]
+use super::nccl::{NcclBackend, NcclFailure};
+use super::protocol::{Backend, Command, FailureKind, FrameDecoder, Reply};
 use super::shm::Mapping;
 use super::{CHILD_FD_ENV, PARENT_PID_ENV};
 use crate::collective::{CollectiveError, ProcessGroup, ProcessGroupOptions};
@@ -129,7 +131,11 @@ fn failure_kind(error: &CollectiveError) -> FailureKind {
 
 /// The child's state between commands.
 struct Child {
+    /// The Ferry backend's process group (after an `Init` that chose it).
     pg: Option<ProcessGroup>,
+    /// The NCCL backend (after an `Init` that chose it).
+    #[cfg(feature = "nccl")]
+    nccl: Option<NcclBackend>,
     buffers: HashMap<u64, Mapping>,
     /// Buffers whose mapping failed, and why.
     unmappable: HashMap<u64, String>,
@@ -142,6 +148,8 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
     let mut chunk = vec![0u8; 64 * 1024];
     let mut child = Child {
         pg: None,
+        #[cfg(feature = "nccl")]
+        nccl: None,
         buffers: HashMap::new(),
         unmappable: HashMap::new(),
     };
@@ -168,9 +176,24 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
         let reply = match command {
             Command::Init {
                 replica_id,
+                bind: _,
+                timeout_ms,
+                connect_timeout_ms,
+                backend: Backend::Nccl { device },
+            } => {
+                span = info_span!("baby_child", replica_id = %replica_id, pid = std::process::id());
+                let timeouts = (
+                    Duration::from_millis(timeout_ms),
+                    Duration::from_millis(connect_timeout_ms),
+                );
+                Some(open_nccl(&mut child, device, timeouts, &span))
+            }
+            Command::Init {
+                replica_id,
                 bind,
                 timeout_ms,
                 connect_timeout_ms,
+                backend: Backend::Ferry,
             } => {
                 span = info_span!("baby_child", replica_id = %replica_id, pid = std::process::id());
                 let options = ProcessGroupOptions::new(replica_id)
@@ -195,7 +218,10 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
                 replica_ids,
                 replica_rank,
             } => Some(match child.pg.as_mut() {
-                None => not_initialised(op),
+                None => {
+                    let quorum = (store_address.as_str(), quorum_id, replica_ids.len());
+                    configure_nccl(&mut child, op, quorum, replica_rank, &span).await
+                }
                 Some(pg) => match pg
                     .configure_with(&store_address, quorum_id, &replica_ids, replica_rank)
                     .instrument(span.clone())
@@ -227,9 +253,9 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
                 child.unmappable.remove(&buffer);
                 None
             }
-            Command::Allreduce { op, buffer, reduce } => Some(match child.pg.as_mut() {
-                None => not_initialised(op),
-                Some(pg) => match child.buffers.get(&buffer) {
+            Command::Allreduce { op, buffer, reduce } => Some(match child.has_backend() {
+                false => not_initialised(op),
+                true => match child.buffers.get(&buffer) {
                     None => Reply::Failed {
                         op,
                         kind: FailureKind::Buffer,
@@ -244,9 +270,17 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
                         // buffer by value until our reply), and this loop
                         // runs one command at a time.
                         let data = unsafe { mapping.slice_mut() };
-                        match pg.allreduce(data, reduce).instrument(span.clone()).await {
-                            Ok(()) => Reply::Done { op },
-                            Err(error) => failed(&span, op, &error),
+                        match child.pg.as_mut() {
+                            Some(pg) => {
+                                match pg.allreduce(data, reduce).instrument(span.clone()).await {
+                                    Ok(()) => Reply::Done { op },
+                                    Err(error) => failed(&span, op, &error),
+                                }
+                            }
+                            #[cfg(feature = "nccl")]
+                            None => allreduce_nccl(&mut child.nccl, op, data, reduce, &span),
+                            #[cfg(not(feature = "nccl"))]
+                            None => not_initialised(op),
                         }
                     }
                 },
@@ -261,6 +295,131 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
                 .await
                 .map_err(|error| format!("cannot answer the parent: {error}"))?;
         }
+    }
+}
+
+impl Child {
+    /// Whether an `Init` set up a backend.
+    fn has_backend(&self) -> bool {
+        #[cfg(feature = "nccl")]
+        if self.nccl.is_some() {
+            return true;
+        }
+        self.pg.is_some()
+    }
+}
+
+/// `Init` with the NCCL backend on CUDA device `device`: `Ready`, or why
+/// not (then the parent kills this child).
+#[cfg(feature = "nccl")]
+fn open_nccl(
+    child: &mut Child,
+    device: u32,
+    (timeout, connect_timeout): (Duration, Duration),
+    span: &tracing::Span,
+) -> Reply {
+    match NcclBackend::open(device, timeout, connect_timeout) {
+        Ok(nccl) => {
+            child.nccl = Some(nccl);
+            let listen = format!("nccl:cuda:{device}");
+            info!(parent: span, %listen, "Baby child ready");
+            Reply::Ready {
+                pid: std::process::id(),
+                listen,
+            }
+        }
+        Err(message) => Reply::Failed {
+            op: 0,
+            kind: FailureKind::Other,
+            message: format!("the NCCL backend is unavailable: {message}"),
+        },
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+fn open_nccl(
+    _child: &mut Child,
+    device: u32,
+    _timeouts: (Duration, Duration),
+    _span: &tracing::Span,
+) -> Reply {
+    Reply::Failed {
+        op: 0,
+        kind: FailureKind::Other,
+        message: format!(
+            "the NCCL backend (CUDA device {device}) needs ferry-ft's `nccl` feature, \
+             which this child program was built without"
+        ),
+    }
+}
+
+/// `Configure` on the NCCL backend; `quorum` is the store's address, the
+/// quorum id and the world size.
+#[cfg(feature = "nccl")]
+async fn configure_nccl(
+    child: &mut Child,
+    op: u64,
+    (store_address, quorum_id, world_size): (&str, i64, usize),
+    replica_rank: u64,
+    span: &tracing::Span,
+) -> Reply {
+    let Some(nccl) = child.nccl.as_mut() else {
+        return not_initialised(op);
+    };
+    let Some(rank) = usize::try_from(replica_rank)
+        .ok()
+        .filter(|&rank| rank < world_size)
+    else {
+        return Reply::Failed {
+            op,
+            kind: FailureKind::InvalidQuorum,
+            message: format!("replica rank {replica_rank} outside a quorum of {world_size}"),
+        };
+    };
+    match nccl
+        .configure(store_address, quorum_id, world_size, rank)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(()) => Reply::Done { op },
+        Err(failure) => nccl_failed(span, op, failure),
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+async fn configure_nccl(
+    _child: &mut Child,
+    op: u64,
+    _quorum: (&str, i64, usize),
+    _replica_rank: u64,
+    _span: &tracing::Span,
+) -> Reply {
+    not_initialised(op)
+}
+
+/// `Allreduce` on the NCCL backend.
+#[cfg(feature = "nccl")]
+fn allreduce_nccl(
+    nccl: &mut Option<NcclBackend>,
+    op: u64,
+    data: &mut [f32],
+    reduce: crate::collective::ReduceOp,
+    span: &tracing::Span,
+) -> Reply {
+    match nccl.as_mut().map(|nccl| nccl.allreduce(data, reduce)) {
+        None => not_initialised(op),
+        Some(Ok(())) => Reply::Done { op },
+        Some(Err(failure)) => nccl_failed(span, op, failure),
+    }
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_failed(span: &tracing::Span, op: u64, failure: NcclFailure) -> Reply {
+    warn!(parent: span, op, "NCCL operation failed: {}", failure.message);
+    Reply::Failed {
+        op,
+        kind: failure.kind,
+        message: failure.message,
     }
 }
 

@@ -56,6 +56,7 @@ pub(super) async fn start(
         bind: options.bind.clone(),
         timeout_ms: options.timeout.as_millis() as u64,
         connect_timeout_ms: options.connect_timeout.as_millis() as u64,
+        backend: options.backend,
     };
     let limit = options.connect_timeout + options.watchdog_margin;
     if let Err(error) = driver.hello(init, limit).await {

@@ -7,7 +7,11 @@
 //! NCCL, which can hang on errors and on abort) takes the child down,
 //! never the training process. The child runs Ferry's own CPU allreduce,
 //! the very [`ProcessGroup`](crate::collective::ProcessGroup), so the
-//! results are bit-identical to the in-process group's.
+//! results are bit-identical to the in-process group's; or, chosen with
+//! [`BabyOptions::with_backend`] and carried in the child's `Init`,
+//! NCCL on a CUDA device ([`Backend::Nccl`], feature `nccl`: `cudarc`'s
+//! bindings, the CUDA driver and NCCL loaded at run time, so the default
+//! build needs neither; not yet run on a GPU).
 //!
 //! ## How the pieces talk
 //!
@@ -82,6 +86,8 @@ mod driver;
 mod error;
 mod group;
 mod launch;
+#[cfg(feature = "nccl")]
+mod nccl;
 pub mod protocol;
 mod shared;
 mod shm;
@@ -90,7 +96,9 @@ pub use child::{child_main, run_child_if_requested};
 pub use error::BabyError;
 pub use group::{BabyProcessGroup, BabyWork};
 pub use launch::ChildProgram;
-pub use protocol::FailureKind;
+#[cfg(feature = "nccl")]
+pub use nccl::nccl_availability;
+pub use protocol::{Backend, FailureKind};
 pub use shared::{BabyFailure, BabyOptions};
 pub use shm::{SharedBuffer, ShmError};
 

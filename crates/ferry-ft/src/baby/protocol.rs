@@ -34,6 +34,8 @@ pub enum Command {
         timeout_ms: u64,
         /// The connect timeout (peers, store), ms.
         connect_timeout_ms: u64,
+        /// Which collective backend the child runs.
+        backend: Backend,
     },
     /// Configure the child's process group for a quorum. Answered by
     /// [`Reply::Done`] or [`Reply::Failed`] with `op`.
@@ -74,6 +76,25 @@ pub enum Command {
     },
     /// Exit now. No reply.
     Shutdown,
+}
+
+/// The collective backend a child runs, chosen by the parent in
+/// [`Command::Init`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// Ferry's own CPU allreduce
+    /// ([`ProcessGroup`](crate::collective::ProcessGroup)): bit-identical
+    /// across members.
+    #[default]
+    Ferry,
+    /// NCCL on CUDA device `device` of the child (ferry-ft's `nccl`
+    /// feature; a child built without it, or on a host without CUDA or
+    /// NCCL, fails its `Init`). Shared host buffers are copied to the
+    /// device, reduced there and copied back.
+    Nccl {
+        /// The CUDA device ordinal.
+        device: u32,
+    },
 }
 
 /// Child to parent.
@@ -267,6 +288,29 @@ impl<'a> In<'a> {
     }
 }
 
+fn encode_backend(out: &mut Out, backend: Backend) {
+    match backend {
+        Backend::Ferry => out.u8(0),
+        Backend::Nccl { device } => {
+            out.u8(1);
+            out.u32(device);
+        }
+    }
+}
+
+fn decode_backend(input: &mut In<'_>) -> Result<Backend, DecodeError> {
+    match input.u8("backend")? {
+        0 => Ok(Backend::Ferry),
+        1 => Ok(Backend::Nccl {
+            device: input.u32("device")?,
+        }),
+        code => Err(DecodeError::Unknown {
+            what: "backend",
+            code,
+        }),
+    }
+}
+
 fn reduce_code(op: ReduceOp) -> u8 {
     match op {
         ReduceOp::Sum => 0,
@@ -294,12 +338,14 @@ impl Command {
                 bind,
                 timeout_ms,
                 connect_timeout_ms,
+                backend,
             } => {
                 let mut out = Out::new(CMD_INIT);
                 out.str(replica_id);
                 out.str(bind);
                 out.u64(*timeout_ms);
                 out.u64(*connect_timeout_ms);
+                encode_backend(&mut out, *backend);
                 out.finish()
             }
             Command::Configure {
@@ -351,6 +397,7 @@ impl Command {
                 bind: input.str("bind")?,
                 timeout_ms: input.u64("timeout_ms")?,
                 connect_timeout_ms: input.u64("connect_timeout_ms")?,
+                backend: decode_backend(&mut input)?,
             },
             CMD_CONFIGURE => {
                 let op = input.u64("op")?;
@@ -525,12 +572,15 @@ mod tests {
 
     fn any_command() -> impl Strategy<Value = Command> {
         prop_oneof![
-            (".*", ".*", any::<u64>(), any::<u64>()).prop_map(|(r, b, t, c)| Command::Init {
-                replica_id: r,
-                bind: b,
-                timeout_ms: t,
-                connect_timeout_ms: c,
-            }),
+            (".*", ".*", any::<u64>(), any::<u64>(), any::<Option<u32>>()).prop_map(
+                |(r, b, t, c, device)| Command::Init {
+                    replica_id: r,
+                    bind: b,
+                    timeout_ms: t,
+                    connect_timeout_ms: c,
+                    backend: device.map_or(Backend::Ferry, |device| Backend::Nccl { device }),
+                }
+            ),
             (
                 any::<u64>(),
                 ".*",

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::launch::ChildProgram;
+use super::protocol::Backend;
 use super::shm::SharedBuffer;
 use super::BabyError;
 use crate::collective::ReduceOp;
@@ -47,6 +48,8 @@ pub struct BabyOptions {
     pub exit_grace: Duration,
     /// Which program runs the child.
     pub child: ChildProgram,
+    /// The collective backend the child runs (default Ferry's own).
+    pub backend: Backend,
 }
 
 impl BabyOptions {
@@ -60,6 +63,7 @@ impl BabyOptions {
             watchdog_margin: Duration::from_secs(2),
             exit_grace: Duration::from_secs(1),
             child: ChildProgram::Auto,
+            backend: Backend::Ferry,
         }
     }
 
@@ -96,6 +100,12 @@ impl BabyOptions {
     /// Sets [`child`](Self::child).
     pub fn with_child(mut self, child: ChildProgram) -> Self {
         self.child = child;
+        self
+    }
+
+    /// Sets [`backend`](Self::backend).
+    pub fn with_backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
         self
     }
 }
