@@ -61,8 +61,8 @@ pub enum RetainMemoryError {
 /// Sets this process's malloc to keep freed blocks of up to
 /// [`MMAP_THRESHOLD`] for reuse, instead of returning them to the kernel
 /// and faulting them in again on the next microbatch, on every thread
-/// started afterwards ([`ARENA_MAX`]): see the [module](self) for what
-/// it saves and what it costs.
+/// started afterwards ([`ARENA_MAX`]): the pipeline runtime's reference
+/// page says what it saves and what it costs.
 ///
 /// Nothing calls it for you: a program that runs stages (or a one-process
 /// baseline measured against pipelined runs) calls it once, before it

@@ -102,8 +102,10 @@ pub enum SplitError {
 /// A value cut into microbatches: what a batch (or a field, or an element
 /// of it) does when [`Pipeline::step`](crate::Pipeline::step) splits it.
 /// [`Part`](Self::Part) is what one microbatch holds, the type stage 0
-/// takes. See the [module](self) for the implementations; implement it for
-/// your own struct field by field.
+/// takes. Implemented for [`Tensor`] (along dimension 0, also from a
+/// `tch::Tensor`), [`SplitAlong`], [`Replicate`], plain values (passed
+/// through), `Option`, `Vec` and tuples; derive it (`#[derive(Split)]`)
+/// or implement it for your own struct field by field.
 ///
 /// ```
 /// use ferry_pipeline::{Replicate, Split, SplitError};
