@@ -105,7 +105,7 @@ pub enum TchError {
 /// holding both, whatever the sender sent. (A worker without it receives
 /// into `RawTensor`s, which a [`Tensor`] takes with one copy.) With
 /// feature `cuda` it also loads libtorch's CUDA backend
-/// ([`load_cuda_backend`]; without it, CUDA stays unavailable to libtorch).
+/// (`load_cuda_backend`; without it, CUDA stays unavailable to libtorch).
 ///
 /// It also makes the agent's threads, which run the registered functions,
 /// use the process's libtorch intra-op thread count

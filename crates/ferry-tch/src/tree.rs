@@ -2,7 +2,7 @@
 //! the rest, and back: PyTorch's pytree `tree_flatten` / `tree_unflatten`
 //! for Rust values.
 //!
-//! [`flatten`] serialises a value with every [`Tensor`] inside replaced by
+//! [`flatten`] serialises a value with every [`Tensor`](crate::Tensor) inside replaced by
 //! its index in a list, and returns the list (shallow handles: no tensor
 //! data is copied) and the bytes of the rest. [`unflatten`] rebuilds a value
 //! of the same type from the bytes and a list of tensors, which may be other

@@ -32,7 +32,7 @@ use std::fmt::{self, Write};
 /// How many characters of a peer's text [`PeerText::new`] shows.
 pub const MAX_PEER_TEXT_CHARS: usize = 256;
 
-/// A peer's text, displayed escaped and bounded (see the [module](self)).
+/// A peer's text, displayed escaped and bounded.
 /// `Display` shows the text itself; `Debug` shows it quoted, with `"`
 /// escaped too.
 #[derive(Clone, Copy)]
