@@ -49,6 +49,7 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
         })?;
     }
     let sizes_args = [&["--sizes"][..], COLLECTIVE_SIZES].concat();
+    let [full, quick] = COLLECTIVE_RUNS;
     let heading = format!(
         "Ferry vs torchft {TORCHFT_VERSION}: allreduce (Sum) of float32 buffers, 2 replica \
          groups on one host (one process each), Ferry's ProcessGroup and BabyProcessGroup \
@@ -58,9 +59,10 @@ pub(crate) fn main(steps: &mut Steps, o: &Options) -> Result<()> {
          in-process median (Ferry's target ≤1.1 at 64MB)\nrecovery: rank 0 SIGKILLs its \
          child mid-allreduce (16MB); from the kill until both replica groups have seen the \
          failure, configured the next quorum (fresh children) and allreduced again; \
-         detect: from the kill to the failure seen on rank 0\neach side: median of {runs} \
-         run(s), alternating\nratio > 1: Ferry is better; target ≥1x: Ferry's Baby group at \
-         least as fast as torchft's Baby Gloo"
+         detect: from the kill to the failure seen on rank 0\neach side: median over \
+         {full} runs ({quick} with --quick: see the host line), alternating\nratio > 1: \
+         Ferry is better; target ≥1x: Ferry's Baby group at least as fast as torchft's \
+         Baby Gloo"
     );
     Comparison {
         name: "collective",
