@@ -219,7 +219,7 @@ async fn serve(stream: UnixStream) -> Result<(), String> {
                 replica_rank,
             } => Some(match child.pg.as_mut() {
                 None => {
-                    let quorum = (store_address.as_str(), quorum_id, replica_ids.len());
+                    let quorum = (store_address.as_str(), quorum_id, replica_ids.as_slice());
                     configure_nccl(&mut child, op, quorum, replica_rank, &span).await
                 }
                 Some(pg) => match pg
@@ -359,10 +359,11 @@ fn open_nccl(
 async fn configure_nccl(
     child: &mut Child,
     op: u64,
-    (store_address, quorum_id, world_size): (&str, i64, usize),
+    (store_address, quorum_id, replica_ids): (&str, i64, &[String]),
     replica_rank: u64,
     span: &tracing::Span,
 ) -> Reply {
+    let world_size = replica_ids.len();
     let Some(nccl) = child.nccl.as_mut() else {
         return not_initialised(op);
     };
@@ -377,7 +378,7 @@ async fn configure_nccl(
         };
     };
     match nccl
-        .configure(store_address, quorum_id, world_size, rank)
+        .configure(store_address, quorum_id, replica_ids, rank)
         .instrument(span.clone())
         .await
     {
@@ -390,7 +391,7 @@ async fn configure_nccl(
 async fn configure_nccl(
     _child: &mut Child,
     op: u64,
-    _quorum: (&str, i64, usize),
+    _quorum: (&str, i64, &[String]),
     _replica_rank: u64,
     _span: &tracing::Span,
 ) -> Reply {

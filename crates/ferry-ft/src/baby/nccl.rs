@@ -5,8 +5,9 @@
 //! them fails the child's `Init` with the reason.
 //!
 //! Rendezvous: rank 0 makes the NCCL unique id and publishes it in the
-//! quorum's store under `ferry_ft/nccl/<quorum id>/<world size>/id`; the
-//! others wait for it there. An allreduce copies the shared host buffer to
+//! quorum's store under `ferry_ft/nccl/<quorum id>/<membership>/id` (the
+//! membership hash of the in-process group's keys); the others wait for
+//! it there. An allreduce copies the shared host buffer to
 //! a device buffer kept for its length, reduces it there and copies it
 //! back. Every NCCL call blocks the child's one thread: a hang is the
 //! parent's watchdog's to end, which is why NCCL runs in the child.
@@ -20,7 +21,7 @@ use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 use ferry_store::{Store, TcpStore};
 
 use super::protocol::FailureKind;
-use crate::collective::ReduceOp;
+use crate::collective::{membership, ReduceOp};
 
 /// Why NCCL cannot be used on this host: no driver, no NCCL library, no
 /// device, or the driver failed to start.
@@ -89,15 +90,16 @@ impl NcclBackend {
         })
     }
 
-    /// A communicator for `quorum_id`, rank `rank` of `world_size`, the
+    /// A communicator for `quorum_id`, rank `rank` of `replica_ids`, the
     /// unique id exchanged through the store at `store_address`.
     pub(crate) async fn configure(
         &mut self,
         store_address: &str,
         quorum_id: i64,
-        world_size: usize,
+        replica_ids: &[String],
         rank: usize,
     ) -> Result<(), NcclFailure> {
+        let world_size = replica_ids.len();
         // The old communicator is aborted (cudarc's Drop) first.
         self.comm = None;
         let store_failure = |message: String| NcclFailure {
@@ -112,7 +114,10 @@ impl NcclBackend {
         let store = TcpStore::connect(addr, self.connect_timeout)
             .await
             .map_err(|e| store_failure(format!("store {store_address}: {e}")))?;
-        let key = format!("ferry_ft/nccl/{quorum_id}/{world_size}/id");
+        let key = format!(
+            "ferry_ft/nccl/{quorum_id}/{:016x}/id",
+            membership(replica_ids)
+        );
         let id = if rank == 0 {
             let id = Id::new().map_err(|e| other(format!("ncclGetUniqueId: {e:?}")))?;
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();

@@ -52,5 +52,7 @@ mod process_group;
 mod reduce;
 
 pub use error::CollectiveError;
+#[cfg(feature = "nccl")]
+pub(crate) use process_group::membership;
 pub use process_group::{ProcessGroup, ProcessGroupOptions};
 pub use reduce::{reduce_in_rank_order, segment, ReduceOp};

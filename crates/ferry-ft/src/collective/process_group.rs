@@ -87,8 +87,8 @@ struct GroupKey {
 }
 
 /// FNV-1a over the replica ids (stable across processes, unlike std's
-/// hasher).
-fn membership(replica_ids: &[String]) -> u64 {
+/// hasher); the Baby child's NCCL backend keys its rendezvous with it too.
+pub(crate) fn membership(replica_ids: &[String]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for id in replica_ids {
         for byte in id.bytes().chain(std::iter::once(0)) {
