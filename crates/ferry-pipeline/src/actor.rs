@@ -116,6 +116,10 @@ impl RankActor {
         request: RunStep,
     ) -> Result<StepReply, StepFailure> {
         let step = request.step;
+        // The stages compute between their messages: while the step runs,
+        // this process's ring readers give the cores back after a short
+        // spin (see `compute_bound`).
+        let _compute_bound = ferry_transport::spin::compute_bound();
         let span =
             tracing::debug_span!("pipeline step", worker = %self.worker, rank = self.rank, step);
         let _span = span.enter();

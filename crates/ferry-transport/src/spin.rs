@@ -6,6 +6,7 @@
 //! parks, so an answer that comes soon costs no wake-up on either side.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,52 @@ pub const SPIN_ITERATIONS: u32 = 64;
 /// wake-up costs about as much as the rest of an empty call's round trip),
 /// and a quiet ring costs at most this much CPU before its side sleeps.
 pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
+
+/// The most a shared-memory ring's reader spins while a [`ComputeBound`]
+/// guard lives in its process.
+pub const COMPUTE_BOUND_SPIN: Duration = Duration::from_micros(5);
+
+/// How many [`ComputeBound`] guards are alive in this process.
+static COMPUTE_BOUND: AtomicUsize = AtomicUsize::new(0);
+
+/// Says that this process computes between its messages (a pipeline stage
+/// running a step, say), so that until the guard is dropped the readers of
+/// its shared-memory rings spin at most [`COMPUTE_BOUND_SPIN`] after a
+/// message before they sleep, whatever their own spin.
+///
+/// A reader's spin pays off when the next message follows within it, as
+/// the reply to a call does. Between a pipeline's stages the next message
+/// comes an action later (hundreds of microseconds or more), so the spin
+/// only takes CPU from the stages' compute and from the thread that is to
+/// take the message; on a host with fewer cores than busy threads that
+/// delays hand-offs between stages several-fold.
+pub fn compute_bound() -> ComputeBound {
+    COMPUTE_BOUND.fetch_add(1, Ordering::Relaxed);
+    ComputeBound { _private: () }
+}
+
+/// See [`compute_bound`].
+#[must_use = "the readers spin briefly only while the guard lives"]
+#[derive(Debug)]
+pub struct ComputeBound {
+    _private: (),
+}
+
+impl Drop for ComputeBound {
+    fn drop(&mut self) {
+        COMPUTE_BOUND.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The spin a ring's reader configured with `configured` uses now: at most
+/// [`COMPUTE_BOUND_SPIN`] while a [`ComputeBound`] guard lives.
+pub fn reader_spin(configured: Duration) -> Duration {
+    if COMPUTE_BOUND.load(Ordering::Relaxed) > 0 {
+        configured.min(COMPUTE_BOUND_SPIN)
+    } else {
+        configured
+    }
+}
 
 /// Re-checks `ready()` for up to `budget` in rounds of [`SPIN_ITERATIONS`]
 /// checks ([`std::hint::spin_loop`] in between), yielding the CPU between

@@ -277,7 +277,8 @@ impl AsyncRead for ShmReader {
                     std::task::ready!(yield_once(cx));
                 }
                 let ring = &this.ring;
-                if spin_until(this.spin, || ring.readable() > 0 || ring.is_closed()) {
+                let spin = crate::spin::reader_spin(this.spin);
+                if spin_until(spin, || ring.readable() > 0 || ring.is_closed()) {
                     continue;
                 }
                 if !this.ring.arm_reader_wait() {
