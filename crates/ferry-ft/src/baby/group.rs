@@ -15,7 +15,7 @@ use super::driver::start;
 use super::shared::{BabyFailure, BabyOptions, Incarnation, Outcome, Request};
 use super::shm::{Released, SharedBuffer};
 use super::BabyError;
-use crate::collective::ReduceOp;
+use crate::collective::{quorum_rank, ReduceOp};
 use crate::manager::QuorumResult;
 
 /// The future of one [`allreduce_buffer`](BabyProcessGroup::allreduce_buffer):
@@ -224,21 +224,9 @@ impl BabyProcessGroup {
         replica_rank: u64,
     ) -> Result<(), BabyError> {
         let world_size = replica_ids.len();
-        let rank = usize::try_from(replica_rank)
-            .ok()
-            .filter(|&rank| rank < world_size)
-            .ok_or_else(|| BabyError::InvalidQuorum {
-                reason: format!("replica rank {replica_rank} outside a quorum of {world_size}"),
-            })?;
         let me = &self.options.replica_id;
-        if &replica_ids[rank] != me {
-            return Err(BabyError::InvalidQuorum {
-                reason: format!(
-                    "rank {rank} of quorum {quorum_id} is {:?}, not this replica group ({me:?})",
-                    replica_ids[rank]
-                ),
-            });
-        }
+        let rank = quorum_rank(replica_ids, replica_rank, me, quorum_id)
+            .map_err(|reason| BabyError::InvalidQuorum { reason })?;
         let wanted = Configured {
             quorum_id,
             replica_ids: replica_ids.to_vec(),

@@ -54,5 +54,6 @@ mod reduce;
 pub use error::CollectiveError;
 #[cfg(feature = "nccl")]
 pub(crate) use process_group::membership;
+pub(crate) use process_group::quorum_rank;
 pub use process_group::{ProcessGroup, ProcessGroupOptions};
 pub use reduce::{reduce_in_rank_order, segment, ReduceOp};

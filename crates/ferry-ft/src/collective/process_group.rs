@@ -86,6 +86,29 @@ struct GroupKey {
     membership: u64,
 }
 
+/// This replica group's rank in a quorum: `replica_rank`, checked to lie
+/// inside the quorum and to name `me` (the group's own replica id); the
+/// error says which check failed, for the caller's `InvalidQuorum`.
+pub(crate) fn quorum_rank(
+    replica_ids: &[String],
+    replica_rank: u64,
+    me: &str,
+    quorum_id: i64,
+) -> Result<usize, String> {
+    let world_size = replica_ids.len();
+    let rank = usize::try_from(replica_rank)
+        .ok()
+        .filter(|&rank| rank < world_size)
+        .ok_or_else(|| format!("replica rank {replica_rank} outside a quorum of {world_size}"))?;
+    if replica_ids[rank] != me {
+        return Err(format!(
+            "rank {rank} of quorum {quorum_id} is {:?}, not this replica group ({me:?})",
+            replica_ids[rank]
+        ));
+    }
+    Ok(rank)
+}
+
 /// FNV-1a over the replica ids (stable across processes, unlike std's
 /// hasher); the Baby child's NCCL backend keys its rendezvous with it too.
 pub(crate) fn membership(replica_ids: &[String]) -> u64 {
@@ -292,21 +315,9 @@ impl ProcessGroup {
         replica_rank: u64,
     ) -> Result<(), CollectiveError> {
         let world_size = replica_ids.len();
-        let rank = usize::try_from(replica_rank)
-            .ok()
-            .filter(|&rank| rank < world_size)
-            .ok_or_else(|| CollectiveError::InvalidQuorum {
-                reason: format!("replica rank {replica_rank} outside a quorum of {world_size}"),
-            })?;
         let me = &self.shared.options.replica_id;
-        if &replica_ids[rank] != me {
-            return Err(CollectiveError::InvalidQuorum {
-                reason: format!(
-                    "rank {rank} of quorum {quorum_id} is {:?}, not this replica group ({me:?})",
-                    replica_ids[rank]
-                ),
-            });
-        }
+        let rank = quorum_rank(replica_ids, replica_rank, me, quorum_id)
+            .map_err(|reason| CollectiveError::InvalidQuorum { reason })?;
         let key = GroupKey {
             quorum_id,
             membership: membership(replica_ids),
