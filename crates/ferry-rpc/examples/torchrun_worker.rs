@@ -15,9 +15,14 @@
 //! through the store torchrun's agent hosts.
 //!
 //! For tests: `FERRY_TORCHRUN_OUT=DIR` makes each worker write what it
-//! saw to `DIR/restart{count}_rank{rank}`; `FERRY_TORCHRUN_FAIL=RANK:COUNT`
-//! makes worker `RANK` of restart `COUNT` die (exit code 1) when it is
-//! first called, so that every caller fails and torchrun restarts the group.
+//! saw to `DIR/restart{count}_rank{rank}`; `FERRY_TORCHRUN_FAIL=COUNT`
+//! makes every worker of restart `COUNT` exit with an error (code 1) as
+//! soon as the group has formed, leaving its rendezvous keys in the store,
+//! so that torchrun restarts the group. Every worker fails on its own
+//! rather than through a peer's death: then each node's agent sees its own
+//! workers fail and counts the restart (torchrun does not count one on a
+//! node it restarts only because another node rejoined, and the workers
+//! of the next attempt would disagree on its number).
 
 use std::time::Duration;
 
@@ -39,20 +44,16 @@ fn main() -> anyhow::Result<()> {
         .rpc_timeout(Duration::from_secs(60));
     let restart = options.torchelastic.as_ref().map_or(0, |t| t.restart_count);
     let (node, local) = (options.local.group_rank, options.local.local_rank);
-    let fails =
-        std::env::var("FERRY_TORCHRUN_FAIL").ok().as_deref() == Some(&format!("{rank}:{restart}"));
+    let fails = std::env::var("FERRY_TORCHRUN_FAIL").ok().as_deref() == Some(&restart.to_string());
 
     let mut functions = Functions::new();
     let me = (name.clone(), node, local, restart);
-    functions.add(WHOAMI, move |()| {
-        if fails {
-            eprintln!("{} (restart {restart}) fails on purpose", me.0);
-            std::process::exit(1);
-        }
-        me.clone()
-    });
+    functions.add(WHOAMI, move |()| me.clone());
     let world_size = options.world_size;
     let agent = Agent::start(options.functions(functions))?;
+    if fails {
+        anyhow::bail!("{name} (restart {restart}) fails on purpose");
+    }
 
     let mut seen = Vec::new();
     for peer in 0..world_size {
