@@ -47,6 +47,7 @@
 //! # Ok(()) }
 //! ```
 
+mod allreduce;
 mod error;
 mod process_group;
 mod reduce;
