@@ -16,6 +16,7 @@ pub(crate) const LIBTORCH_CRATES: &[&str] = &[
     "ferry-autograd",
     "ferry-pipeline",
     "ferry-facade-only",
+    "ferry-py",
 ];
 
 /// Target dir of the fuzz harness (its own workspace), kept under `target/`

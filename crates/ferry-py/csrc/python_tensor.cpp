@@ -1,0 +1,61 @@
+// Python tensors <-> libtorch tensors for ferry-py, sharing the tensor
+// itself (its TensorImpl: storage, view and autograd metadata), as
+// PyTorch's own C++ extensions do. Every function is called with the GIL
+// held. A tensor crosses as an owned `at::Tensor*` (tch's C_tensor layout:
+// tch frees it with `delete`). Errors are written into `err` (NUL-ended,
+// at most `err_len` bytes) and signalled by a null result.
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <exception>
+
+namespace {
+void set_error(char* err, size_t err_len, const char* what) {
+  if (err == nullptr || err_len == 0) {
+    return;
+  }
+  std::strncpy(err, what, err_len - 1);
+  err[err_len - 1] = '\0';
+}
+}  // namespace
+
+extern "C" {
+
+// Whether `obj` is a torch.Tensor (or a subclass).
+int ferry_py_is_tensor(PyObject* obj) {
+  return THPVariable_Check(obj) ? 1 : 0;
+}
+
+// A new `at::Tensor*` on the same TensorImpl as the torch.Tensor `obj`.
+void* ferry_py_unpack(PyObject* obj, char* err, size_t err_len) {
+  try {
+    if (!THPVariable_Check(obj)) {
+      set_error(err, err_len, "not a torch.Tensor");
+      return nullptr;
+    }
+    return new at::Tensor(THPVariable_Unpack(obj));
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+  } catch (...) {
+    set_error(err, err_len, "unknown C++ exception");
+  }
+  return nullptr;
+}
+
+// A new reference to the torch.Tensor of `*tensor` (the same TensorImpl).
+PyObject* ferry_py_wrap(const void* tensor, char* err, size_t err_len) {
+  try {
+    const auto* t = static_cast<const at::Tensor*>(tensor);
+    PyObject* obj = THPVariable_Wrap(*t);
+    if (obj == nullptr) {
+      set_error(err, err_len, "THPVariable_Wrap returned null");
+    }
+    return obj;
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+  } catch (...) {
+    set_error(err, err_len, "unknown C++ exception");
+  }
+  return nullptr;
+}
+}

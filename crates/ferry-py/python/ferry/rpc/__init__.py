@@ -1,0 +1,47 @@
+"""``ferry.rpc``: ``torch.distributed.rpc``'s API over Ferry.
+
+``import ferry.rpc as rpc`` in place of ``import torch.distributed.rpc as
+rpc``: ``init_rpc``, ``shutdown``, ``rpc_sync``, ``rpc_async`` (a
+``torch.futures.Future``), ``remote`` and ``RRef``, ``get_worker_info``
+and ``WorkerInfo``, with PyTorch's timeouts and errors. Python functions
+travel by reference and their arguments and results pickled (protocol
+5), every tensor out of band through Ferry's tensor channels.
+"""
+
+from ferry.rpc.api import (
+    _all_worker_infos,
+    _get_rpc_timeout,
+    _set_rpc_timeout,
+    get_worker_info,
+    init_rpc,
+    remote,
+    rpc_async,
+    rpc_sync,
+    shutdown,
+)
+from ferry.rpc.options import (
+    DEFAULT_INIT_METHOD,
+    DEFAULT_RPC_TIMEOUT_SEC,
+    UNSET_RPC_TIMEOUT,
+    TensorPipeRpcBackendOptions,
+    WorkerInfo,
+)
+from ferry.rpc.rref import RRef
+
+__all__ = [
+    "DEFAULT_INIT_METHOD",
+    "DEFAULT_RPC_TIMEOUT_SEC",
+    "UNSET_RPC_TIMEOUT",
+    "RRef",
+    "TensorPipeRpcBackendOptions",
+    "WorkerInfo",
+    "get_worker_info",
+    "init_rpc",
+    "remote",
+    "rpc_async",
+    "rpc_sync",
+    "shutdown",
+    "_all_worker_infos",
+    "_get_rpc_timeout",
+    "_set_rpc_timeout",
+]

@@ -1,0 +1,143 @@
+"""Pickling for ``ferry.rpc``, and running calls on the callee.
+
+Arguments and results are pickled with protocol 5; functions and classes
+travel by reference (module and qualified name), as pickle does. Every
+``torch.Tensor`` and every ``RRef`` inside becomes a persistent id, an
+index into a list of its own, so that the Rust side sends tensors out of
+band through Ferry's tensor channels (received into a fresh tensor's
+storage, never pickled) and RRefs as forks by Ferry's RRef protocol.
+"""
+
+import collections
+import io
+import pickle
+import traceback
+
+import torch
+
+from ferry import _ferry
+from ferry.rpc.rref import RRef as _RRef
+
+_rpc = _ferry.rpc
+
+#: What a function that raised on its callee sends back: the message (the
+#: callee, the exception's ``repr`` and its traceback) and the exception's
+#: type, as PyTorch's ``torch.distributed.rpc.internal.RemoteException``.
+RemoteException = collections.namedtuple("RemoteException", ["msg", "exception_type"])
+
+# Persistent ids are ints: 2*i for tensor i, 2*i+1 for RRef i.
+
+
+class _Pickler(pickle.Pickler):
+    """A protocol-5 pickler that pulls tensors and RRefs out."""
+
+    def __init__(self, file):
+        super().__init__(file, protocol=5)
+        self.tensors = []
+        self.rrefs = []
+
+    def persistent_id(self, obj):
+        # Exactly torch.Tensor: subclasses (nn.Parameter) reduce through
+        # their own __reduce_ex__ to plain tensors, which then land here.
+        if type(obj) is torch.Tensor:
+            self.tensors.append(obj)
+            return 2 * (len(self.tensors) - 1)
+        if type(obj) is _RRef:
+            self.rrefs.append(obj._handle)
+            return 2 * (len(self.rrefs) - 1) + 1
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles what ``_Pickler`` wrote, given its tensors and RRefs."""
+
+    def __init__(self, file, tensors, rrefs):
+        super().__init__(file)
+        self._tensors = tensors
+        self._rrefs = rrefs
+
+    def persistent_load(self, pid):
+        if type(pid) is not int or pid < 0:
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        index, is_rref = divmod(pid, 2)
+        table = self._rrefs if is_rref else self._tensors
+        if index >= len(table):
+            kind = "RRef" if is_rref else "tensor"
+            raise pickle.UnpicklingError(
+                f"{kind} {index} of a message that carries {len(table)}"
+            )
+        if is_rref:
+            return _RRef._from_handle(table[index])
+        return table[index]
+
+
+def dumps(obj):
+    """``obj`` pickled: ``(bytes, tensors, rref handles)``."""
+    buf = io.BytesIO()
+    p = _Pickler(buf)
+    p.dump(obj)
+    return buf.getvalue(), p.tensors, p.rrefs
+
+
+def loads(data, tensors, rrefs):
+    """The object ``dumps`` gave ``(data, tensors, rrefs)`` for."""
+    return _Unpickler(io.BytesIO(data), tensors, rrefs).load()
+
+
+def _current_worker():
+    name, rank = _rpc.get_worker_info()
+    return f"WorkerInfo(id={rank}, name={name})"
+
+
+def _remote_exception(exc):
+    """``exc``, being handled on the callee, as a ``RemoteException``."""
+    msg = f"On {_current_worker()}:\n{exc!r}\n{traceback.format_exc()}"
+    exc_type = type(exc)
+    try:
+        # The caller re-raises this type: it travels by reference.
+        pickle.dumps(exc_type, protocol=5)
+    except Exception:
+        exc_type = RuntimeError
+    return RemoteException(msg, exc_type)
+
+
+def exception_from(remote):
+    """The exception to raise on the caller for a ``RemoteException``:
+    the callee's type with the callee's message, as PyTorch re-raises it."""
+    try:
+        return remote.exception_type(remote.msg)
+    except BaseException as e:
+        return RuntimeError(
+            f"Failed to create original exception type. Error msg was {e}"
+            f" Original exception on remote side was {remote.msg}"
+        )
+
+
+def run(data, tensors, rrefs):
+    """Runs a pickled ``(function, args, kwargs)`` on the callee:
+    ``(raised, (bytes, tensors, rrefs))`` of its result, or of the
+    ``RemoteException`` for what it raised."""
+    raised, obj = run_object(data, tensors, rrefs)
+    try:
+        return raised, dumps(obj)
+    except Exception as e:
+        return True, dumps(_remote_exception(e))
+
+
+def run_object(data, tensors, rrefs):
+    """Runs a pickled ``(function, args, kwargs)``: ``(raised, object)``,
+    the object being the result or the ``RemoteException``."""
+    try:
+        func, args, kwargs = loads(data, tensors, rrefs)
+        return False, func(*args, **kwargs)
+    except Exception as e:
+        return True, _remote_exception(e)
+
+
+def load_reply(raised, data, tensors, rrefs):
+    """The result a reply carries, or raises the callee's exception."""
+    obj = loads(data, tensors, rrefs)
+    if raised:
+        raise exception_from(obj)
+    return obj
+

@@ -1,0 +1,145 @@
+"""The calls of ``ferry.rpc``, with ``torch.distributed.rpc``'s signatures
+and semantics."""
+
+import urllib.parse
+
+import torch
+
+from ferry import _ferry
+from ferry.rpc import _internal
+from ferry.rpc.options import UNSET_RPC_TIMEOUT, WorkerInfo
+from ferry.rpc.rref import RRef
+
+_rpc = _ferry.rpc
+
+
+def _master_of(init_method):
+    """``(addr, port)`` of a ``tcp://host:port`` init method; ``(None,
+    None)`` for ``env://`` (``MASTER_ADDR`` and ``MASTER_PORT``)."""
+    if init_method is None or init_method == "env://":
+        return None, None
+    url = urllib.parse.urlparse(init_method)
+    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+        raise ValueError(
+            f"init_method {init_method!r}: ferry.rpc takes 'env://' or 'tcp://host:port'"
+        )
+    return url.hostname, url.port
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Starts this process's worker ``name`` and waits until the whole
+    group has met.
+
+    ``rank`` and ``world_size`` default to ``RANK`` and ``WORLD_SIZE``;
+    rank 0 hosts the rendezvous at ``MASTER_ADDR:MASTER_PORT`` (or the
+    options' ``init_method``, ``tcp://host:port``). Under torchrun its
+    variables are read as the Rust ``ferry::init_rpc`` reads them.
+    ``rpc_backend_options`` is a ``TensorPipeRpcBackendOptions`` (ferry's
+    or PyTorch's): its ``rpc_timeout`` is the default timeout of calls.
+    ``backend`` is accepted for compatibility; Ferry is the backend.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    rpc_timeout = None
+    addr, port = None, None
+    if rpc_backend_options is not None:
+        rpc_timeout = float(getattr(rpc_backend_options, "rpc_timeout"))
+        addr, port = _master_of(getattr(rpc_backend_options, "init_method", None))
+        maps = getattr(rpc_backend_options, "device_maps", None) or {}
+        if any(maps.values()):
+            raise ValueError("ferry.rpc carries CPU tensors only for now: no device maps")
+    if rank is not None and rank < 0:
+        rank = None
+    _rpc.init(name, rank, world_size, addr, port, rpc_timeout)
+
+
+def shutdown(graceful=True, timeout=0):
+    """Stops this worker. Graceful (the default): every worker must call
+    it; each waits until no worker of the group has calls outstanding,
+    serving meanwhile, then all stop together. Otherwise at once:
+    outstanding calls fail. ``timeout`` is accepted for compatibility
+    (Ferry bounds graceful shutdown by its own ``shutdown_timeout``)."""
+    _rpc.shutdown(graceful)
+
+
+def get_worker_info(worker_name=None):
+    """The ``WorkerInfo`` of worker ``worker_name`` (a name or a rank), or
+    of this worker."""
+    name, rank = _rpc.get_worker_info(worker_name)
+    return WorkerInfo(name, rank)
+
+
+def _all_worker_infos():
+    """Every worker of the group, by rank."""
+    return [WorkerInfo(n, r) for n, r in _rpc.workers()]
+
+
+def _get_rpc_timeout():
+    """The default timeout of calls, in seconds (0: none)."""
+    return _rpc.get_rpc_timeout()
+
+
+def _set_rpc_timeout(rpc_timeout):
+    """Sets the default timeout of calls from now on, in seconds (0: none)."""
+    _rpc.set_rpc_timeout(float(rpc_timeout))
+
+
+def _to(to):
+    """The worker ``to`` names, as the compiled side takes it."""
+    if isinstance(to, WorkerInfo):
+        return to.name
+    if isinstance(to, (str, int)):
+        return to
+    name = getattr(to, "name", None)  # torch's own WorkerInfo
+    if isinstance(name, str):
+        return name
+    raise TypeError(
+        f"a worker is named by a str, an int rank or a WorkerInfo, not {type(to).__name__}"
+    )
+
+
+def _pickled_call(func, args, kwargs):
+    return _internal.dumps(
+        (func, tuple(args) if args is not None else (), dict(kwargs) if kwargs else {})
+    )
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns its
+    result; raises what it raised there (same type, the callee's message
+    and traceback), or ``RuntimeError`` after ``timeout`` seconds (unset:
+    the default timeout; 0: none). Tensors in the arguments and result
+    travel out of band."""
+    data, tensors, rrefs = _pickled_call(func, args, kwargs)
+    reply = _rpc.rpc_sync(_to(to), data, tensors, rrefs, float(timeout))
+    return _internal.load_reply(*reply)
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Starts ``func(*args, **kwargs)`` on worker ``to``; returns a
+    ``torch.futures.Future`` of its result (``wait()``, ``then()``,
+    ``done()``, ``value()``; ``torch.futures.wait_all`` takes it)."""
+    data, tensors, rrefs = _pickled_call(func, args, kwargs)
+    fut = torch.futures.Future()
+
+    def on_done(reply, error):
+        if error is not None:
+            fut.set_exception(error)
+            return
+        try:
+            value = _internal.load_reply(*reply)
+        except BaseException as e:
+            fut.set_exception(e)
+        else:
+            fut.set_result(value)
+
+    _rpc.rpc_async(_to(to), data, tensors, rrefs, float(timeout), on_done)
+    return fut
+
+
+def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns at once
+    an ``RRef`` to its result, which stays there. If the creation does not
+    finish within ``timeout`` seconds, using the RRef raises."""
+    data, tensors, rrefs = _pickled_call(func, args, kwargs)
+    return RRef._from_handle(_rpc.remote(_to(to), data, tensors, rrefs, float(timeout)))

@@ -1,0 +1,76 @@
+"""``WorkerInfo``, the backend options and the constants of ``ferry.rpc``,
+as ``torch.distributed.rpc`` names them."""
+
+#: PyTorch's default timeout of calls, in seconds.
+DEFAULT_RPC_TIMEOUT_SEC = 60.0
+#: A call's ``timeout`` left unset: the agent's default applies.
+UNSET_RPC_TIMEOUT = -1.0
+#: PyTorch's default ``init_method``: ``MASTER_ADDR`` and ``MASTER_PORT``.
+DEFAULT_INIT_METHOD = "env://"
+
+
+class WorkerInfo:
+    """A worker of the group: its unique ``name`` and its rank, ``id``."""
+
+    __slots__ = ("name", "id")
+
+    def __init__(self, name, id):
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, WorkerInfo)
+            and self.name == other.name
+            and self.id == other.id
+        )
+
+    def __hash__(self):
+        return hash((self.name, self.id))
+
+    def __repr__(self):
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+    def __reduce__(self):
+        return (WorkerInfo, (self.name, self.id))
+
+
+class TensorPipeRpcBackendOptions:
+    """The options ``init_rpc`` takes, with PyTorch's names.
+
+    ``rpc_timeout`` (seconds, 0 for none) is the default timeout of calls;
+    ``init_method`` is ``"env://"`` (``MASTER_ADDR``/``MASTER_PORT``) or
+    ``"tcp://host:port"``, where rank 0 hosts the rendezvous. Ferry picks
+    its transports and tensor channels itself (``FERRY_CHANNELS``,
+    ``FERRY_TRANSPORTS``), so ``num_worker_threads``, ``_transports`` and
+    ``_channels`` are accepted and kept but change nothing; CPU tensors
+    only for now, so device maps must be empty.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_worker_threads=16,
+        rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
+        init_method=DEFAULT_INIT_METHOD,
+        device_maps=None,
+        devices=None,
+        _transports=None,
+        _channels=None,
+    ):
+        self.num_worker_threads = num_worker_threads
+        self.rpc_timeout = rpc_timeout
+        self.init_method = init_method
+        self.device_maps = dict(device_maps or {})
+        self.devices = list(devices or [])
+        self._transports = _transports
+        self._channels = _channels
+
+    def set_device_map(self, to, device_map):
+        """Records a device map for calls to ``to`` (PyTorch's); Ferry's
+        Python workers carry CPU tensors only for now."""
+        self.device_maps.setdefault(to, {}).update(device_map)
+
+    def set_devices(self, devices):
+        """Records the devices this worker uses (PyTorch's)."""
+        self.devices = list(devices)

@@ -1,0 +1,124 @@
+"""``RRef``: a reference to a value that lives on one worker, its owner,
+after ``torch.distributed.rpc.RRef``, held by Ferry's RRef protocol."""
+
+import functools
+
+from ferry import _ferry
+from ferry.rpc.options import UNSET_RPC_TIMEOUT, WorkerInfo
+
+_Handle = _ferry.rpc.RRefHandle
+
+
+class RRef:
+    """A remote reference.
+
+    ``RRef(value)`` makes one owned by this worker; ``ferry.rpc.remote``
+    makes one owned by the callee, holding the function's result. An RRef
+    travels inside the arguments and results of ``rpc_sync``,
+    ``rpc_async`` and ``remote``; the owner keeps the value as long as any
+    worker can reach it.
+    """
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, value, type_hint=None):
+        self._handle = _Handle.local(value)
+
+    @classmethod
+    def _from_handle(cls, handle):
+        rref = cls.__new__(cls)
+        rref._handle = handle
+        return rref
+
+    def owner(self):
+        """The owner's ``WorkerInfo``."""
+        return WorkerInfo(self._handle.owner_name(), self._handle.owner_id())
+
+    def owner_name(self):
+        """The owner's name."""
+        return self._handle.owner_name()
+
+    def is_owner(self):
+        """Whether this worker owns the value."""
+        return self._handle.is_owner()
+
+    def confirmed_by_owner(self):
+        """Whether the owner knows of this reference (always ``True`` on
+        the owner)."""
+        return self._handle.confirmed_by_owner()
+
+    def local_value(self):
+        """The value itself, on the owner only (waiting until the function
+        creating it has run); raises what that function raised."""
+        from ferry.rpc import _internal
+
+        raised, value = self._handle.local_value()
+        if raised:
+            raise _internal.exception_from(value)
+        return value
+
+    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+        """A copy of the value, fetched from the owner (the value itself on
+        the owner); raises what the function creating it raised, or
+        ``RuntimeError`` after ``timeout`` seconds (unset: the default
+        timeout; 0: none)."""
+        from ferry.rpc import _internal
+
+        if self.is_owner():
+            return self.local_value()
+        return _internal.load_reply(*self._handle.to_here(float(timeout)))
+
+    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy running the value's methods on the owner with
+        ``rpc_sync``: ``rref.rpc_sync().method(*args)``."""
+        return _Proxy(self, "rpc_sync", timeout)
+
+    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy running the value's methods on the owner with
+        ``rpc_async``, each call returning a future."""
+        return _Proxy(self, "rpc_async", timeout)
+
+    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy running the value's methods on the owner with
+        ``remote``, each call returning an RRef to the result."""
+        return _Proxy(self, "remote", timeout)
+
+    def __repr__(self):
+        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
+        return f"{kind}({self._handle.rref_id()}, owner={self.owner_name()})"
+
+    def __reduce__(self):
+        raise RuntimeError(
+            "an RRef can be pickled only inside the arguments or results of "
+            "rpc_sync, rpc_async or remote"
+        )
+
+
+def _local_invoke(rref, name, args, kwargs):
+    """Runs method ``name`` of the value on its owner (what the proxies
+    call there)."""
+    return getattr(rref.local_value(), name)(*args, **kwargs)
+
+
+def _invoke(rref, api, name, timeout, *args, **kwargs):
+    from ferry.rpc import api as rpc_api
+
+    call = getattr(rpc_api, api)
+    return call(
+        rref.owner(), _local_invoke, args=(rref, name, args, kwargs), timeout=timeout
+    )
+
+
+class _Proxy:
+    """``rref.rpc_sync()``, ``rref.rpc_async()``, ``rref.remote()``:
+    every attribute is a method of the value, run on its owner."""
+
+    __slots__ = ("_rref", "_api", "_timeout")
+
+    def __init__(self, rref, api, timeout):
+        self._rref = rref
+        self._api = api
+        self._timeout = timeout
+
+    def __getattr__(self, name):
+        return functools.partial(_invoke, self._rref, self._api, name, self._timeout)

@@ -1,0 +1,86 @@
+//! [`Pickled`] to and from the three parts Python's side
+//! (`ferry.rpc._internal`) pickles into and out of: the pickle's bytes, the
+//! list of tensors and the list of RRefs it refers to by index.
+
+use ferry::tensor::Tensor;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::error::Error;
+
+use crate::tensor;
+use crate::wire::{PickleBytes, Pickled, PyRRef};
+
+/// The Python module that pickles and runs calls.
+pub const INTERNAL: &str = "ferry.rpc._internal";
+
+/// The three parts of a pickle as Python holds them.
+pub type Parts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyList>, Bound<'py, PyList>);
+
+/// Takes Python's `(bytes, tensors, rrefs)` into a [`Pickled`]: every
+/// tensor as a libtorch alias of it, every RRef as a handle on the same
+/// reference.
+pub fn from_parts(
+    bytes: &Bound<'_, PyBytes>,
+    tensors: &Bound<'_, PyList>,
+    rrefs: &Bound<'_, PyList>,
+) -> Result<Pickled, Error> {
+    let tensors = tensors
+        .iter()
+        .map(|t| tensor::from_python(&t).map(Tensor::from))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rrefs = rrefs
+        .iter()
+        .map(|r| {
+            r.cast::<PyRRef>()
+                .map(|r| r.get().rref.clone())
+                .map_err(|_| Error::Argument("the RRef table holds a non-RRef".into()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Pickled {
+        bytes: PickleBytes(bytes.as_bytes().to_vec()),
+        tensors,
+        rrefs,
+    })
+}
+
+/// Hands a [`Pickled`] to Python as `(bytes, tensors, rrefs)`: each
+/// received tensor becomes a `torch.Tensor` on the same memory.
+pub fn to_parts<'py>(py: Python<'py>, pickled: &Pickled) -> Result<Parts<'py>, Error> {
+    let bytes = PyBytes::new(py, &pickled.bytes.0);
+    let tensors = PyList::empty(py);
+    for t in &pickled.tensors {
+        tensors.append(tensor::to_python(py, t)?)?;
+    }
+    let rrefs = PyList::empty(py);
+    for r in &pickled.rrefs {
+        rrefs.append(Bound::new(py, PyRRef { rref: r.clone() })?)?;
+    }
+    Ok((bytes, tensors, rrefs))
+}
+
+/// Reads the `(bytes, tensors, rrefs)` tuple a Python function returned.
+pub fn from_tuple(parts: &Bound<'_, PyAny>) -> Result<Pickled, Error> {
+    let (bytes, tensors, rrefs): Parts<'_> = parts.extract()?;
+    from_parts(&bytes, &tensors, &rrefs)
+}
+
+/// Pickles `object` with `ferry.rpc._internal.dumps`, taking the GIL.
+pub fn dumps_object(object: &Py<PyAny>) -> Result<Pickled, Error> {
+    Python::attach(|py| {
+        let parts = py
+            .import(INTERNAL)?
+            .call_method1("dumps", (object.bind(py),))?;
+        from_tuple(&parts)
+    })
+}
+
+/// `(raised, bytes, tensors, rrefs)`: what Python's side reads a reply from.
+pub fn reply_tuple<'py>(
+    py: Python<'py>,
+    raised: bool,
+    pickled: &Pickled,
+) -> Result<Bound<'py, PyTuple>, Error> {
+    let (bytes, tensors, rrefs) = to_parts(py, pickled)?;
+    Ok((raised, bytes, tensors, rrefs).into_pyobject(py)?)
+}

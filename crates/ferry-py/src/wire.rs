@@ -1,0 +1,137 @@
+//! What Python values are on Ferry's wire: a pickle (protocol 5) with its
+//! tensors and RRefs pulled out ([`Pickled`]), the two remote functions
+//! every Python worker registers ([`CALL`], [`REMOTE`]) and the value an
+//! RRef created from Python holds ([`PyObj`]).
+//!
+//! The pickle's bytes are a plain byte string in the payload. Every
+//! `torch.Tensor` in the pickled object became a persistent id (its index
+//! in [`Pickled::tensors`]), so its bytes travel out of band through the
+//! tensor channels as a [`Tensor`], received into a fresh tensor's
+//! storage; every RRef became an index into [`Pickled::rrefs`], which
+//! travel as forks by the RRef protocol.
+
+use ferry::rpc::schema::{Schema, Shape};
+use ferry::tensor::Tensor;
+use ferry::{Function, RRef};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A Python call or result: the pickle's bytes and what was pulled out of it.
+#[derive(Default, Serialize, Deserialize, Schema)]
+pub struct Pickled {
+    /// The pickle (protocol 5), tensors and RRefs as persistent ids.
+    pub bytes: PickleBytes,
+    /// The tensors the pickle refers to, by index.
+    pub tensors: Vec<Tensor>,
+    /// The RRefs the pickle refers to, by index.
+    pub rrefs: Vec<RRef<PyObj>>,
+}
+
+/// A pickle's bytes, written as one byte string (not a sequence of `u8`s).
+#[derive(Default, Debug, Clone, PartialEq, Eq)]
+pub struct PickleBytes(pub Vec<u8>);
+
+impl Serialize for PickleBytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for PickleBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = PickleBytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a pickle's bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<PickleBytes, E> {
+                Ok(PickleBytes(v.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<PickleBytes, E> {
+                Ok(PickleBytes(v))
+            }
+        }
+        d.deserialize_byte_buf(Visit)
+    }
+}
+
+impl Schema for PickleBytes {
+    const SHAPE: &'static Shape = &Shape::Bytes;
+}
+
+/// The outcome of a Python call on its callee: its result, or the
+/// exception it raised as PyTorch's `RemoteException` carries it (the
+/// message with the callee's traceback, and the exception's type).
+#[derive(Serialize, Deserialize, Schema)]
+pub enum PyReply {
+    /// The function returned: the pickled result.
+    Value(Pickled),
+    /// The function raised: the pickled `(message, exception type)`.
+    Raised(Pickled),
+}
+
+/// Runs a pickled `(function, args, kwargs)` on the callee and replies
+/// with its outcome (`rpc_sync`, `rpc_async`).
+pub const CALL: Function<Pickled, PyReply> = Function::new("ferry.py.call");
+
+/// Runs a pickled `(function, args, kwargs)` on the callee and keeps its
+/// outcome there as an RRef's value (`remote`).
+pub const REMOTE: Function<Pickled, PyObj> = Function::new("ferry.py.remote");
+
+/// The value of an RRef created from Python.
+///
+/// On its owner it is the Python object itself ([`PyObj::Live`]), so
+/// `local_value()` and methods run through the proxies see one object and
+/// its changes. Where it arrives by `to_here` it is still pickled
+/// ([`PyObj::Wire`]): it is unpickled once the caller holds the GIL.
+pub enum PyObj {
+    /// The object, on its owner.
+    Live {
+        /// The object (the function's result, or the exception it raised
+        /// as `(message, exception type)`).
+        object: pyo3::Py<pyo3::PyAny>,
+        /// Whether the function raised.
+        raised: bool,
+    },
+    /// The object as it arrived, not yet unpickled.
+    Wire {
+        /// The pickled object.
+        pickled: Pickled,
+        /// Whether the function raised.
+        raised: bool,
+    },
+}
+
+/// How a [`PyObj`] travels: whether its function raised, and the pickle.
+#[derive(Serialize, Deserialize)]
+pub struct PyObjWire<P> {
+    /// Whether the function raised.
+    pub raised: bool,
+    /// The pickled object.
+    pub pickled: P,
+}
+
+impl<'de> Deserialize<'de> for PyObj {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let wire = PyObjWire::<Pickled>::deserialize(d)?;
+        Ok(PyObj::Wire {
+            pickled: wire.pickled,
+            raised: wire.raised,
+        })
+    }
+}
+
+impl Schema for PyObj {
+    const SHAPE: &'static Shape = &Shape::Opaque {
+        name: "PyObj",
+        params: &[],
+    };
+}
+
+/// The Python handle of an RRef created from Python (`ferry.rpc.RRef`
+/// wraps it); its methods are in `rpc::rref`.
+#[pyo3::pyclass(name = "RRefHandle", module = "ferry._ferry.rpc", frozen)]
+pub struct PyRRef {
+    /// The reference, held by the RRef protocol.
+    pub rref: RRef<PyObj>,
+}
