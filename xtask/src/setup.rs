@@ -163,3 +163,78 @@ pub(crate) fn ensure_torchft() -> Result<&'static str> {
     })?;
     Ok("installed")
 }
+
+/// The maturin that builds ferry-py's extension module into `.venv`.
+pub(crate) const MATURIN_VERSION: &str = "1.16.0";
+/// The pytest that runs ferry-py's Python tests.
+pub(crate) const PYTEST_VERSION: &str = "9.2.0";
+
+/// Ensures `.venv` has `maturin==MATURIN_VERSION` and
+/// `pytest==PYTEST_VERSION` (ferry-py's build and tests); run
+/// [`ensure_venv`] first. Both are pure-Python or prebuilt wheels from
+/// PyPI and leave torch alone.
+pub(crate) fn ensure_python_test_tools() -> Result<&'static str> {
+    let py_path = venv_python();
+    let py = py_path.to_string_lossy().into_owned();
+    let check = format!(
+        "import importlib.metadata as m\n\
+         assert m.version('maturin') == '{MATURIN_VERSION}', m.version('maturin')\n\
+         assert m.version('pytest') == '{PYTEST_VERSION}', m.version('pytest')"
+    );
+    if succeeds(&mut cmd(&py, &["-c", &check])) {
+        eprintln!("    .venv has maturin {MATURIN_VERSION} and pytest {PYTEST_VERSION}");
+        return Ok("present");
+    }
+    let maturin = format!("maturin=={MATURIN_VERSION}");
+    let pytest = format!("pytest=={PYTEST_VERSION}");
+    pip_install(&py, &[&maturin, &pytest])
+        .context("could not install maturin and pytest into .venv")?;
+    run(&mut cmd(&py, &["-c", &check]))
+        .context(".venv still lacks maturin or pytest after pip install")?;
+    Ok("installed")
+}
+
+/// ferry-py's crate directory, where its `pyproject.toml` is.
+pub(crate) fn ferry_py_dir() -> PathBuf {
+    root().join("crates").join("ferry-py")
+}
+
+/// Builds ferry-py's extension module and makes `.venv`'s `ferry` this
+/// checkout's: `maturin develop` (an editable install of
+/// `crates/ferry-py/python`) the first time, then `maturin develop
+/// --skip-install`, which rebuilds the module in place only where cargo
+/// finds it out of date. The dev profile, with the environment of
+/// [`cargo`] (under CI its settings), so the build shares its dependencies
+/// with the libtorch crates' tests.
+pub(crate) fn install_ferry_py() -> Result<&'static str> {
+    let py_path = venv_python();
+    let py = py_path.to_string_lossy().into_owned();
+    let here = ferry_py_dir().join("python").join("ferry");
+    // Where `import ferry` finds the package, without importing it (and torch).
+    let installed = format!(
+        "import importlib.util, os, sys\n\
+         spec = importlib.util.find_spec('ferry')\n\
+         loc = spec and spec.submodule_search_locations\n\
+         sys.exit(0 if loc and os.path.realpath(loc[0]) == os.path.realpath({:?}) else 1)",
+        here.to_string_lossy()
+    );
+    let editable = succeeds(&mut cmd(&py, &["-c", &installed]));
+    let maturin = root().join(".venv").join("bin").join("maturin");
+    let mut c = std::process::Command::new(maturin);
+    c.arg("develop").current_dir(ferry_py_dir());
+    if editable {
+        c.arg("--skip-install");
+    }
+    for (key, value) in cargo(&[]).get_envs() {
+        match value {
+            Some(v) => c.env(key, v),
+            None => c.env_remove(key),
+        };
+    }
+    run(with_libtorch(&mut c)).context("maturin could not build ferry-py")?;
+    Ok(if editable {
+        "rebuilt in place"
+    } else {
+        "installed"
+    })
+}

@@ -3,10 +3,10 @@
 use anyhow::{Context, Result};
 
 use crate::setup::{
-    ensure_cargo_tool, ensure_debian_package, ensure_torchft, ensure_venv, has_cargo_tool,
-    with_libtorch,
+    ensure_cargo_tool, ensure_debian_package, ensure_python_test_tools, ensure_torchft,
+    ensure_venv, ferry_py_dir, has_cargo_tool, install_ferry_py, venv_python, with_libtorch,
 };
-use crate::steps::{cargo, is_ci, root, run, Steps};
+use crate::steps::{cargo, cmd, is_ci, root, run, Steps};
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -420,6 +420,22 @@ pub(crate) fn main() -> Result<()> {
             run(with_libtorch(&mut cargo(&libtorch_args(&["test"], &[]))))
         })?;
     }
+    // ferry-py: the Python package `ferry` built into .venv, then its
+    // multi-process Python tests (ferry.rpc against worker processes).
+    steps.step_with(
+        "setup: maturin and pytest (.venv)",
+        ensure_python_test_tools,
+    )?;
+    steps.step_with(
+        "ferry-py: build the ferry package into .venv",
+        install_ferry_py,
+    )?;
+    steps.step("ferry-py: Python tests (pytest)", || {
+        let py = venv_python();
+        let mut c = cmd(&py.to_string_lossy(), &["-m", "pytest", "-q"]);
+        c.current_dir(ferry_py_dir());
+        run(with_libtorch(&mut c))
+    })?;
     // ferry-tch with `cuda`: libtorch's CUDA backend loader, CUDA tensors
     // refused without a GPU; the GPU case skips here (it runs where CUDA is).
     steps.step("cuda: ferry-tch with feature cuda", || {
