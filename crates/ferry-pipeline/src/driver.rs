@@ -18,8 +18,8 @@ use crate::error::{Awaited, PipelineError};
 use crate::microbatch::{split_tensor, Split};
 use crate::plan::{plan, Plan, ScheduleSpec};
 use crate::protocol::{
-    Abort, Control, CreateRank, Packet, RunStep, StageInit, StepFailure, StepReply, ABORT, CONTROL,
-    CREATE, RUN_STEP, TENSORS,
+    Abort, Control, CreateRank, HostFailure, Packet, RunStep, StageInit, StepFailure, StepReply,
+    ABORT, CONTROL, CREATE, RUN_STEP, TENSORS,
 };
 use crate::stage::{LossFn, Stage, StageFn};
 use crate::timeline::Timeline;
@@ -236,10 +236,7 @@ impl<O, I> PipelineBuilder<O, I> {
         for (rank, create) in creates.into_iter().enumerate() {
             let result = match create.wait() {
                 Ok(Ok(())) => continue,
-                Ok(Err(message)) => PipelineError::Config(format!(
-                    "worker {}: {message}",
-                    pipeline.plan.ranks[rank]
-                )),
+                Ok(Err(failure)) => pipeline.host_error(rank, failure),
                 Err(source) => pipeline.worker_error(rank, source),
             };
             first_error.get_or_insert(result);
@@ -357,6 +354,55 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
     /// Records the timeline of every step from now on (`true`) or not.
     pub fn set_trace(&mut self, trace: bool) {
         self.trace = trace;
+    }
+
+    /// The error for what `rank`'s worker refused.
+    fn host_error(&self, rank: usize, failure: HostFailure) -> PipelineError {
+        let worker = self.plan.ranks[rank].clone();
+        match failure {
+            HostFailure::NotRegistered { loss, name } => PipelineError::NotRegistered {
+                worker,
+                what: if loss {
+                    "loss function"
+                } else {
+                    "stage constructor"
+                },
+                name,
+            },
+            HostFailure::Construct {
+                stage,
+                constructor,
+                message,
+            } => PipelineError::Construct {
+                stage: stage as usize,
+                worker,
+                constructor,
+                message,
+            },
+            HostFailure::Optimizer { stage, message } => PipelineError::Optimizer {
+                stage: stage as usize,
+                worker,
+                message,
+            },
+            HostFailure::NoOptimizer => PipelineError::Config(
+                "an optimizer step on a pipeline built without an optimizer \
+                 (PipelineBuilder::optimizer)"
+                    .into(),
+            ),
+            HostFailure::Gradients { stage, message } => PipelineError::Config(format!(
+                "worker {worker}: stage {stage}: cannot scale the accumulated gradients: {message}"
+            )),
+            HostFailure::Malformed(message) => {
+                PipelineError::Config(format!("worker {worker} refused the request: {message}"))
+            }
+            HostFailure::UnknownPipeline => PipelineError::UnknownPipeline {
+                worker,
+                pipeline: self.id,
+            },
+            HostFailure::NoAgent(message) => {
+                PipelineError::Config(format!("worker {worker} has no running agent: {message}"))
+            }
+        }
     }
 
     fn worker_error(&self, rank: usize, source: RpcError) -> PipelineError {
@@ -484,7 +530,7 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                         replies[rank] = Some(reply);
                         continue;
                     }
-                    Ok(Err(failure)) => failure_error(failure, step),
+                    Ok(Err(failure)) => failure_error(failure, self.id, step),
                     Err(source) => self.worker_error(rank, source),
                 };
                 if !aborted {
@@ -559,12 +605,7 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         for (rank, call) in calls.into_iter().enumerate() {
             match call.wait() {
                 Ok(Ok(())) => {}
-                Ok(Err(message)) => {
-                    return Err(PipelineError::Config(format!(
-                        "worker {}: {message}",
-                        self.plan.ranks[rank]
-                    )))
-                }
+                Ok(Err(failure)) => return Err(self.host_error(rank, failure)),
                 Err(source) => return Err(self.worker_error(rank, source)),
             }
         }
@@ -600,12 +641,7 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         for (rank, call) in calls.into_iter().enumerate() {
             let list = match call.wait() {
                 Ok(Ok(list)) => list,
-                Ok(Err(message)) => {
-                    return Err(PipelineError::Config(format!(
-                        "worker {}: {message}",
-                        self.plan.ranks[rank]
-                    )))
-                }
+                Ok(Err(failure)) => return Err(self.host_error(rank, failure)),
                 Err(source) => return Err(self.worker_error(rank, source)),
             };
             for (stage, tensors) in list {
@@ -648,7 +684,7 @@ fn blame(error: &PipelineError) -> u8 {
 }
 
 /// The driver's error for a rank's failure.
-fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
+fn failure_error(failure: StepFailure, pipeline: u64, step: u64) -> PipelineError {
     match failure {
         StepFailure::Stage {
             stage,
@@ -689,10 +725,9 @@ fn failure_error(failure: StepFailure, step: u64) -> PipelineError {
             step,
             reason,
         },
-        StepFailure::UnknownPipeline { worker } => PipelineError::UnknownPipeline {
-            worker,
-            pipeline: 0,
-        },
+        StepFailure::UnknownPipeline { worker } => {
+            PipelineError::UnknownPipeline { worker, pipeline }
+        }
     }
 }
 

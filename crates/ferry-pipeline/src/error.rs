@@ -6,9 +6,9 @@ use ferry_schedule::{DeadlockError, GenerateError, LowerError, PlacementError, V
 /// the stage, the worker, the action and the microbatch.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    /// The pipeline was declared wrongly (no stage, no microbatch, no loss,
-    /// an action naming a stage the pipeline lacks, a constructor failing
-    /// on its worker).
+    /// The pipeline was declared or used wrongly (no stage, no microbatch,
+    /// no loss, an action naming a stage the pipeline lacks, an optimizer
+    /// step without an optimizer).
     #[error("invalid pipeline: {0}")]
     Config(String),
     /// The schedule could not be generated for this shape.
@@ -123,14 +123,27 @@ pub enum PipelineError {
     /// A value could not be flattened into tensors or rebuilt.
     #[error("{0}")]
     Tree(#[from] ferry_tch::tree::TreeError),
-    /// The optimizer could not be built or stepped.
-    #[error("optimizer on stage {stage}: {source}")]
+    /// A stage's constructor failed on its worker.
+    #[error("stage {stage} ({constructor}) could not be built on worker {worker}: {message}")]
+    Construct {
+        /// The stage.
+        stage: usize,
+        /// Its worker.
+        worker: String,
+        /// The constructor's registered name.
+        constructor: String,
+        /// The constructor's error, as it was raised.
+        message: String,
+    },
+    /// A stage's optimizer could not be built or stepped.
+    #[error("optimizer of stage {stage} on worker {worker}: {message}")]
     Optimizer {
         /// The stage.
         stage: usize,
-        /// The optimizer's error.
-        #[source]
-        source: ferry_autograd::optim::OptimError,
+        /// Its worker.
+        worker: String,
+        /// The optimizer's error ([`OptimError`](ferry_autograd::optim::OptimError)'s text).
+        message: String,
     },
 }
 

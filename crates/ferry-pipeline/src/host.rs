@@ -14,8 +14,8 @@ use parking_lot::Mutex;
 
 use crate::actor::RankActor;
 use crate::protocol::{
-    Abort, Control, CreateRank, RunStep, StageTensors, StepFailure, StepReply, ABORT, CONTROL,
-    CREATE, DELIVER, RUN_STEP, TENSORS,
+    Abort, Control, CreateRank, HostFailure, RunStep, StageTensors, StepFailure, StepReply, ABORT,
+    CONTROL, CREATE, DELIVER, RUN_STEP, TENSORS,
 };
 use crate::slot::StageSlot;
 use crate::stage::Stages;
@@ -37,53 +37,56 @@ impl PipelineHost {
         self.ranks.lock().len()
     }
 
-    fn create(&self, agent: &Agent, request: CreateRank) -> Result<(), String> {
+    fn create(&self, agent: &Agent, request: CreateRank) -> Result<(), HostFailure> {
         let worker = agent.worker_info().name.clone();
         let program = request
             .program
             .iter()
-            .map(|text| text.parse::<Action>().map_err(|e| e.to_string()))
+            .map(|text| {
+                text.parse::<Action>()
+                    .map_err(|e| HostFailure::Malformed(format!("action {text:?}: {e}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let optimizer: Option<OptimizerKind> = match &request.optimizer {
-            Some(bytes) => {
-                Some(postcard::from_bytes(bytes).map_err(|e| format!("bad optimizer: {e}"))?)
-            }
+            Some(bytes) => Some(
+                postcard::from_bytes(bytes)
+                    .map_err(|e| HostFailure::Malformed(format!("optimizer: {e}")))?,
+            ),
             None => None,
         };
         let mut slots = BTreeMap::new();
         for init in request.stages {
             let stage = init.stage as usize;
             let builder = self.stages.builders.get(&init.constructor).ok_or_else(|| {
-                format!(
-                    "worker {worker} has no stage constructor registered as {:?} (register it with \
-                     ferry_pipeline::Stages::add and ferry_pipeline::install before init_rpc)",
-                    init.constructor
-                )
+                HostFailure::NotRegistered {
+                    loss: false,
+                    name: init.constructor.clone(),
+                }
             })?;
             let (bytes, tensors) = init.args.into_parts();
-            let built = builder(&bytes, tensors).map_err(|e| {
-                format!(
-                    "stage {stage} ({}): {}",
-                    init.constructor,
-                    ferry_rpc::error_text(&*e)
-                )
+            let built = builder(&bytes, tensors).map_err(|e| HostFailure::Construct {
+                stage: init.stage,
+                constructor: init.constructor.clone(),
+                message: ferry_rpc::error_text(&*e),
             })?;
             let mut slot = StageSlot::new(built);
             if let Some(kind) = &optimizer {
                 let params = slot.params.iter().map(|p| p.shallow_clone()).collect();
-                slot.optimizer = Some(
-                    LocalOptimizer::new(kind.clone(), params)
-                        .map_err(|e| format!("stage {stage}: optimizer: {e}"))?,
-                );
+                slot.optimizer = Some(LocalOptimizer::new(kind.clone(), params).map_err(|e| {
+                    HostFailure::Optimizer {
+                        stage: init.stage,
+                        message: e.to_string(),
+                    }
+                })?);
             }
             slots.insert(stage, slot);
         }
         let loss = match &request.loss {
             Some(name) => Some(self.stages.losses.get(name).cloned().ok_or_else(|| {
-                format!(
-                    "worker {worker} has no loss function registered as {name:?} (register it with \
-                     ferry_pipeline::Stages::add_loss)"
-                )
+                HostFailure::NotRegistered {
+                    loss: true,
+                    name: name.clone(),
+                }
             })?),
             None => None,
         };
@@ -116,23 +119,23 @@ impl PipelineHost {
         actor.run_step(agent, request)
     }
 
-    fn control(&self, pipeline: u64, control: Control) -> Result<(), String> {
+    fn control(&self, pipeline: u64, control: Control) -> Result<(), HostFailure> {
         if let Control::Destroy = control {
             self.ranks.lock().remove(&pipeline);
             return Ok(());
         }
-        let actor = self
-            .rank(pipeline)
-            .ok_or_else(|| format!("no pipeline {pipeline:#x} here"))?;
+        let actor = self.rank(pipeline).ok_or(HostFailure::UnknownPipeline)?;
         let mut slots = actor.slots.lock();
-        for (stage, slot) in slots.iter_mut() {
+        for (&stage, slot) in slots.iter_mut() {
             match control {
                 Control::OptimizerStep => {
                     if slot.optimizer.is_none() {
-                        return Err("the pipeline was built without an optimizer (PipelineBuilder::optimizer)".into());
+                        return Err(HostFailure::NoOptimizer);
                     }
-                    slot.optimizer_step()
-                        .map_err(|e| format!("stage {stage}: {e}"))?;
+                    slot.optimizer_step().map_err(|e| HostFailure::Optimizer {
+                        stage: stage as u32,
+                        message: e.to_string(),
+                    })?;
                 }
                 Control::ZeroGrad => slot.zero_grad(),
                 Control::Destroy => {}
@@ -141,15 +144,15 @@ impl PipelineHost {
         Ok(())
     }
 
-    fn tensors(&self, pipeline: u64, grads: bool) -> Result<StageTensors, String> {
-        let actor = self
-            .rank(pipeline)
-            .ok_or_else(|| format!("no pipeline {pipeline:#x} here"))?;
+    fn tensors(&self, pipeline: u64, grads: bool) -> Result<StageTensors, HostFailure> {
+        let actor = self.rank(pipeline).ok_or(HostFailure::UnknownPipeline)?;
         let mut slots = actor.slots.lock();
         if grads {
-            for (stage, slot) in slots.iter_mut() {
-                slot.settle()
-                    .map_err(|e| format!("stage {stage}: cannot scale gradients: {e}"))?;
+            for (&stage, slot) in slots.iter_mut() {
+                slot.settle().map_err(|e| HostFailure::Gradients {
+                    stage: stage as u32,
+                    message: e.to_string(),
+                })?;
             }
         }
         Ok(slots
@@ -202,7 +205,7 @@ pub fn install(options: &mut RpcOptions, stages: Stages) -> Arc<PipelineHost> {
 fn register(functions: &mut Functions, host: Arc<PipelineHost>) {
     let h = host.clone();
     functions.add(CREATE, move |request: CreateRank| {
-        h.create(&agent()?, request)
+        h.create(&agent().map_err(HostFailure::NoAgent)?, request)
     });
     let h = host.clone();
     functions.add(RUN_STEP, move |request: RunStep| match agent() {

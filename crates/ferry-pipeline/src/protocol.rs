@@ -145,6 +145,34 @@ pub(crate) enum StepFailure {
     UnknownPipeline { worker: String },
 }
 
+/// What a rank's worker refused in a create, control or tensors call;
+/// the driver turns it into the [`PipelineError`](crate::PipelineError)
+/// that names it, with the worker.
+#[derive(Debug, Serialize, Deserialize, Schema)]
+pub(crate) enum HostFailure {
+    /// Nothing registered under `name`: a loss function (`loss`) or a
+    /// stage constructor.
+    NotRegistered { loss: bool, name: String },
+    /// A stage's constructor failed.
+    Construct {
+        stage: u32,
+        constructor: String,
+        message: String,
+    },
+    /// A stage's optimizer could not be built or stepped.
+    Optimizer { stage: u32, message: String },
+    /// An optimizer step on a pipeline built without an optimizer.
+    NoOptimizer,
+    /// A stage's accumulated gradients could not be scaled.
+    Gradients { stage: u32, message: String },
+    /// The request does not decode (an action's text, the optimizer).
+    Malformed(String),
+    /// No such pipeline on the worker.
+    UnknownPipeline,
+    /// The worker's agent is gone (it is shutting down).
+    NoAgent(String),
+}
+
 /// A value for a stage on another worker.
 #[derive(Debug, Serialize, Deserialize, Schema)]
 pub(crate) struct Deliver {
@@ -207,8 +235,8 @@ pub(crate) enum Control {
 /// Tensors per stage: (stage, one per parameter; `None`: no gradient).
 pub(crate) type StageTensors = Vec<(u32, Vec<Option<Tensor>>)>;
 
-/// Builds a rank; errors come back as text with the stage named.
-pub(crate) const CREATE: Function<CreateRank, Result<(), String>> =
+/// Builds a rank.
+pub(crate) const CREATE: Function<CreateRank, Result<(), HostFailure>> =
     Function::new("ferry_pipeline::create");
 /// Runs a step on a rank.
 pub(crate) const RUN_STEP: Function<RunStep, Result<StepReply, StepFailure>> =
@@ -219,9 +247,9 @@ pub(crate) const DELIVER: Function<Deliver, Result<(), String>> =
 /// Aborts a step.
 pub(crate) const ABORT: Function<Abort, ()> = Function::new("ferry_pipeline::abort");
 /// Optimizer step, zero grad, destroy.
-pub(crate) const CONTROL: Function<(u64, Control), Result<(), String>> =
+pub(crate) const CONTROL: Function<(u64, Control), Result<(), HostFailure>> =
     Function::new("ferry_pipeline::control");
 /// The parameters (or, with `true`, the accumulated gradients) of a rank's
 /// stages: (stage, tensors), undefined tensors standing for "no gradient".
-pub(crate) const TENSORS: Function<(u64, bool), Result<StageTensors, String>> =
+pub(crate) const TENSORS: Function<(u64, bool), Result<StageTensors, HostFailure>> =
     Function::new("ferry_pipeline::tensors");

@@ -167,10 +167,72 @@ fn bad_declarations_and_batches_are_refused_before_anything_runs() {
                 .build()
                 .err()
                 .unwrap();
+            match &err {
+                PipelineError::NotRegistered { worker, what, name } => assert_eq!(
+                    (worker.as_str(), *what, name.as_str()),
+                    ("worker1", "stage constructor", "no_such_stage")
+                ),
+                other => panic!("{other}"),
+            }
+            // A loss function nobody registered.
+            let err = Pipeline::builder()
+                .stage(0, BLOCK, args[0])
+                .stage(1, BLOCK, args[1])
+                .microbatches(2)
+                .loss(ferry_pipeline::LossFn::<ferry_tch::Tensor>::new(
+                    "no_such_loss",
+                ))
+                .build()
+                .err()
+                .unwrap();
+            match &err {
+                PipelineError::NotRegistered { worker, what, name } => assert_eq!(
+                    (worker.as_str(), *what, name.as_str()),
+                    ("worker1", "loss function", "no_such_loss")
+                ),
+                other => panic!("{other}"),
+            }
+            // A constructor that fails: its error, as raised, with the stage.
+            let err = Pipeline::builder()
+                .stage(0, BLOCK, args[0])
+                .stage(1, REFUSING, args[1])
+                .microbatches(2)
+                .loss(MSE_MEAN)
+                .build()
+                .err()
+                .unwrap();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "stage 1 (refusing_block) could not be built on worker worker1: refused seed {}",
+                    args[1].seed
+                )
+            );
             assert!(
-                err.to_string().contains("worker1") && err.to_string().contains("no_such_stage"),
+                matches!(err, PipelineError::Construct { stage: 1, .. }),
                 "{err}"
             );
+            // An optimizer its workers refuse (a negative learning rate).
+            let err = Pipeline::builder()
+                .stage(0, BLOCK, args[0])
+                .stage(1, BLOCK, args[1])
+                .microbatches(2)
+                .loss(MSE_MEAN)
+                .optimizer(ferry_autograd::optim::OptimizerKind::sgd(-1.0))
+                .build()
+                .err()
+                .unwrap();
+            match &err {
+                PipelineError::Optimizer {
+                    stage,
+                    worker,
+                    message,
+                } => {
+                    assert_eq!((*stage, worker.as_str()), (0, "worker0"), "{err}");
+                    assert!(message.contains("lr"), "{err}");
+                }
+                other => panic!("{other}"),
+            }
             // An unknown worker.
             let err = Pipeline::builder()
                 .stage(0, BLOCK, args[0])
@@ -205,6 +267,17 @@ fn bad_declarations_and_batches_are_refused_before_anything_runs() {
                 "{err}"
             );
             p.step(&x6, &y6).unwrap();
+            // An optimizer step on a pipeline built without one.
+            let plain = Pipeline::builder()
+                .stage(0, BLOCK, args[0])
+                .stage(1, BLOCK, args[1])
+                .microbatches(2)
+                .loss(MSE_MEAN)
+                .build()
+                .unwrap();
+            let err = plain.optimizer_step().unwrap_err();
+            assert!(matches!(err, PipelineError::Config(_)), "{err}");
+            assert!(err.to_string().contains("without an optimizer"), "{err}");
             println!("REFUSED=ok");
         }
         // Every rank of every pipeline this worker held is gone.

@@ -107,6 +107,8 @@ impl Stage for Block {
 }
 
 pub(crate) const BLOCK: StageFn<BlockArgs, Block> = StageFn::new("block");
+/// A constructor that always fails, naming the seed it refused.
+pub(crate) const REFUSING: StageFn<BlockArgs, Block> = StageFn::new("refusing_block");
 pub(crate) const MSE_MEAN: LossFn<Tensor> = LossFn::new("mse_mean");
 pub(crate) const MSE_SUM: LossFn<Tensor> = LossFn::new("mse_sum");
 
@@ -114,6 +116,9 @@ pub(crate) const MSE_SUM: LossFn<Tensor> = LossFn::new("mse_sum");
 pub(crate) fn stages() -> Stages {
     let mut stages = Stages::new();
     stages.add(BLOCK, |args: BlockArgs| Ok::<_, BoxError>(Block::new(args)));
+    stages.add(REFUSING, |args: BlockArgs| -> Result<Block, BoxError> {
+        Err(format!("refused seed {}", args.seed).into())
+    });
     stages.add_loss(MSE_MEAN, |out: Tensor, target: Tensor| {
         Ok::<_, BoxError>(out.mse_loss(&target, Reduction::Mean))
     });
