@@ -189,7 +189,7 @@ fn main() -> Result<()> {
     // awaits the fetch from the owner instead of blocking a thread on it.
     let register = |functions: &mut Functions| {
         functions.add(IDENTITY_RREF, |rref: RRef<RawTensor>| async move {
-            rref.to_here_async(TIMEOUT).await
+            rref.timeout(TIMEOUT).to_here_async().await
         });
     };
     let result = two_workers(TIMEOUT, register, || caller(&c))?;

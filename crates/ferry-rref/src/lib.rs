@@ -71,7 +71,7 @@ pub use message::RREF_SERVICE;
 pub use method::{Method, MethodsExt};
 pub use protocol::{ForkId, RRefId};
 pub use proxy::{kind, Proxy, RemoteProxy, RpcAsyncProxy, RpcSyncProxy};
-pub use rref::RRef;
+pub use rref::{RRef, ToHere};
 pub use typed::RemoteExt;
 
 /// Installs the RRef layer into `options` (its service and its context);

@@ -222,23 +222,31 @@ impl<T: Serialize + Send + 'static> RRef<T> {
 
 impl<T: DeserializeOwned + 'static> RRef<T> {
     /// Fetches a copy of the value from the owner, waiting until it exists,
-    /// with the agent's default timeout.
+    /// with the agent's default timeout (PyTorch's `to_here()`); another
+    /// limit: `rref.timeout(limit).to_here()` ([`timeout`](Self::timeout)).
     pub fn to_here(&self) -> Result<T, RRefError> {
-        let timeout = self.agent()?.rpc_timeout();
-        self.to_here_timeout(timeout)
+        self.timeout_or_default(None).to_here()
     }
 
-    /// [`to_here`](Self::to_here) with a timeout (zero: none).
-    pub fn to_here_timeout(&self, timeout: Duration) -> Result<T, RRefError> {
-        let agent = self.agent()?;
-        let future = self.fetch(&agent, timeout)?;
-        agent.block_on(future)
+    /// [`to_here`](Self::to_here) for async code: awaits the reply instead
+    /// of blocking the thread.
+    pub async fn to_here_async(&self) -> Result<T, RRefError> {
+        self.timeout_or_default(None).to_here_async().await
     }
 
-    /// [`to_here`](Self::to_here) for async code.
-    pub async fn to_here_async(&self, timeout: Duration) -> Result<T, RRefError> {
-        let agent = self.agent()?;
-        self.fetch(&agent, timeout)?.await
+    /// The fetch of the value with a time limit of its own (zero: none),
+    /// as `timeout` in PyTorch's `to_here(timeout)`:
+    /// `rref.timeout(limit).to_here()`. (The proxies take theirs the same
+    /// way: `rref.rpc_sync().timeout(limit)`.)
+    pub fn timeout(&self, timeout: Duration) -> ToHere<'_, T> {
+        self.timeout_or_default(Some(timeout))
+    }
+
+    fn timeout_or_default(&self, timeout: Option<Duration>) -> ToHere<'_, T> {
+        ToHere {
+            rref: self,
+            timeout,
+        }
     }
 
     fn fetch(
@@ -398,5 +406,41 @@ impl<'de, T> Deserialize<'de> for RRef<T> {
             }));
         }
         Ok(rref)
+    }
+}
+
+/// A fetch of an RRef's value with its options:
+/// [`RRef::timeout`]`(limit)` then [`to_here`](Self::to_here) or
+/// [`to_here_async`](Self::to_here_async).
+#[must_use = "a ToHere does nothing until to_here or to_here_async"]
+pub struct ToHere<'a, T> {
+    rref: &'a RRef<T>,
+    /// `None`: the agent's default.
+    timeout: Option<Duration>,
+}
+
+impl<T: DeserializeOwned + 'static> ToHere<'_, T> {
+    /// Fetches a copy of the value, blocking the thread.
+    pub fn to_here(self) -> Result<T, RRefError> {
+        let agent = self.rref.agent()?;
+        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+        let future = self.rref.fetch(&agent, timeout)?;
+        agent.block_on(future)
+    }
+
+    /// Fetches a copy of the value, awaiting the reply.
+    pub async fn to_here_async(self) -> Result<T, RRefError> {
+        let agent = self.rref.agent()?;
+        let timeout = self.timeout.unwrap_or_else(|| agent.rpc_timeout());
+        self.rref.fetch(&agent, timeout)?.await
+    }
+}
+
+impl<T> std::fmt::Debug for ToHere<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToHere")
+            .field("rref", &self.rref.id())
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }

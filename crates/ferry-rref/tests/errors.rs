@@ -88,7 +88,8 @@ fn a_proxy_remote_that_times_out_names_the_method_and_the_owner() {
                     .call(Gate::WAIT, "gate/a".to_string())
                     .unwrap();
                 let e = waiting
-                    .to_here_timeout(Duration::from_secs(60))
+                    .timeout(Duration::from_secs(60))
+                    .to_here()
                     .unwrap_err();
                 assert!(matches!(e, RRefError::CreationFailed { .. }), "{e}");
                 let text = e.to_string();

@@ -354,7 +354,7 @@ fn to_here_times_out_while_creation_runs_then_succeeds() {
                     .unwrap();
                 // remote returned before the owner ran anything.
                 assert!(!r.confirmed_by_owner());
-                let err = r.to_here_timeout(Duration::from_millis(200)).unwrap_err();
+                let err = r.timeout(Duration::from_millis(200)).to_here().unwrap_err();
                 assert!(matches!(err, RRefError::Timeout { .. }), "{err}");
                 assert!(err.to_string().contains("no value after"), "{err}");
                 agent
@@ -395,7 +395,7 @@ fn error_texts() {
                 .remote("worker3", ("gate/b".to_string(), 1i64))
                 .unwrap();
             // Asked while the creation runs: fails when the creation times out.
-            let e = slow.to_here_timeout(Duration::from_secs(60)).unwrap_err();
+            let e = slow.timeout(Duration::from_secs(60)).to_here().unwrap_err();
             assert!(matches!(e, RRefError::CreationFailed { .. }), "{e}");
             assert!(
                 e.to_string().contains("RRef creation failed/timed out"),

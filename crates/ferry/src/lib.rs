@@ -79,7 +79,7 @@ pub use ferry_rpc::{
     by_name, Arg, BoxError, ByName, Call, CallOptions, Function, Reply, Ret, Schema,
 };
 // RRefs: `remote` on a call handle (`RemoteExt`), typed methods.
-pub use ferry_rref::{debug_info, Method, MethodsExt, RRef, RRefError, RemoteExt};
+pub use ferry_rref::{debug_info, Method, MethodsExt, RRef, RRefError, RemoteExt, ToHere};
 
 /// libtorch tensors on the wire (`ferry-tch`; feature `torch`).
 #[cfg(feature = "torch")]
