@@ -45,16 +45,19 @@ pub fn from_parts(
 }
 
 /// Hands a [`Pickled`] to Python as `(bytes, tensors, rrefs)`: each
-/// received tensor becomes a `torch.Tensor` on the same memory.
-pub fn to_parts<'py>(py: Python<'py>, pickled: &Pickled) -> Result<Parts<'py>, Error> {
+/// received tensor becomes a `torch.Tensor` on the same memory. It takes
+/// the tensors by value and drops each libtorch handle as soon as Python
+/// holds the tensor, with the GIL held: Python's object then owns it
+/// alone, and nothing later needs the GIL to free it.
+pub fn to_parts(py: Python<'_>, pickled: Pickled) -> Result<Parts<'_>, Error> {
     let bytes = PyBytes::new(py, &pickled.bytes.0);
     let tensors = PyList::empty(py);
-    for t in &pickled.tensors {
-        tensors.append(tensor::to_python(py, t)?)?;
+    for t in pickled.tensors {
+        tensors.append(tensor::to_python(py, &t)?)?;
     }
     let rrefs = PyList::empty(py);
-    for r in &pickled.rrefs {
-        rrefs.append(Bound::new(py, PyRRef { rref: r.clone() })?)?;
+    for rref in pickled.rrefs {
+        rrefs.append(Bound::new(py, PyRRef { rref })?)?;
     }
     Ok((bytes, tensors, rrefs))
 }
@@ -79,7 +82,7 @@ pub fn dumps_object(object: &Py<PyAny>) -> Result<Pickled, Error> {
 pub fn reply_tuple<'py>(
     py: Python<'py>,
     raised: bool,
-    pickled: &Pickled,
+    pickled: Pickled,
 ) -> Result<Bound<'py, PyTuple>, Error> {
     let (bytes, tensors, rrefs) = to_parts(py, pickled)?;
     Ok((raised, bytes, tensors, rrefs).into_pyobject(py)?)

@@ -81,7 +81,7 @@ fn call_remote(
 }
 
 /// The reply as `(raised, bytes, tensors, rrefs)`.
-fn reply_tuple<'py>(py: Python<'py>, reply: &PyReply) -> Result<Bound<'py, PyTuple>, Error> {
+fn reply_tuple(py: Python<'_>, reply: PyReply) -> Result<Bound<'_, PyTuple>, Error> {
     match reply {
         PyReply::Value(p) => pickle::reply_tuple(py, false, p),
         PyReply::Raised(p) => pickle::reply_tuple(py, true, p),
@@ -104,7 +104,7 @@ pub fn rpc_sync<'py>(
     let args = pickle::from_parts(data, tensors, rrefs)?;
     let timeout = timeout_of(timeout)?;
     let reply = py.detach(|| call_sync(to, args, timeout))?;
-    reply_tuple(py, &reply)
+    reply_tuple(py, reply)
 }
 
 /// Starts the pickled call on worker `to`; `on_done(reply, error)` gets
@@ -130,7 +130,7 @@ pub fn rpc_async<'py>(
     complete::spawn(future, move |py, outcome| {
         let on_done = on_done.bind(py);
         let delivered = match outcome.map_err(Error::from) {
-            Ok(reply) => match reply_tuple(py, &reply) {
+            Ok(reply) => match reply_tuple(py, reply) {
                 Ok(t) => on_done.call1((t, py.None())),
                 Err(e) => on_done.call1((py.None(), PyErr::from(e).value(py))),
             },

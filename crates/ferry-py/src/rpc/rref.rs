@@ -10,6 +10,8 @@ use crate::pickle;
 use crate::rpc::call::{local_value, timeout_of};
 use crate::wire::{PyObj, PyRRef};
 
+/// Methods that lock the RRef layer's tables release the GIL first: no
+/// thread ever waits for one while holding the other.
 #[pymethods]
 impl PyRRef {
     /// A new RRef owned by this worker, holding `object` (PyTorch's
@@ -22,8 +24,8 @@ impl PyRRef {
     }
 
     /// The owner's name.
-    fn owner_name(&self) -> String {
-        self.rref.owner_name()
+    fn owner_name(&self, py: Python<'_>) -> String {
+        py.detach(|| self.rref.owner_name())
     }
 
     /// The owner's rank.
@@ -37,8 +39,8 @@ impl PyRRef {
     }
 
     /// Whether the owner has confirmed this user (always true on the owner).
-    fn confirmed_by_owner(&self) -> bool {
-        self.rref.confirmed_by_owner()
+    fn confirmed_by_owner(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.rref.confirmed_by_owner())
     }
 
     /// The RRef's id, as text (`RRef(owner:n)`).
@@ -66,22 +68,19 @@ impl PyRRef {
         let timeout = timeout_of(timeout)?;
         let rref = &self.rref;
         let value = py.detach(|| match timeout {
-            Some(t) => rref.to_here_timeout(t),
+            Some(t) => rref.timeout(t).to_here(),
             None => rref.to_here(),
         })?;
         match value {
-            PyObj::Wire { pickled, raised } => pickle::reply_tuple(py, raised, &pickled),
+            PyObj::Wire { pickled, raised } => pickle::reply_tuple(py, raised, pickled),
             PyObj::Live { .. } => Err(Error::Argument(
                 "to_here() of an RRef's live value: call local_value() on its owner".into(),
             )),
         }
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "RRefHandle({}, owner={})",
-            self.rref.id(),
-            self.rref.owner_name()
-        )
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let owner = self.owner_name(py);
+        format!("RRefHandle({}, owner={owner})", self.rref.id())
     }
 }

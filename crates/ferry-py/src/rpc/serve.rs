@@ -14,10 +14,10 @@ use crate::wire::{Pickled, PyObj, PyReply, CALL, REMOTE};
 pub fn functions() -> Functions {
     let mut f = Functions::new();
     f.add(CALL, |args: Pickled| -> Result<PyReply, Error> {
-        call(&args)
+        call(args)
     });
     f.add(REMOTE, |args: Pickled| -> Result<PyObj, Error> {
-        remote(&args)
+        remote(args)
     });
     f
 }
@@ -25,7 +25,7 @@ pub fn functions() -> Functions {
 /// Runs `(function, args, kwargs)` and pickles its outcome
 /// (`ferry.rpc._internal.run`: an exception is caught there and comes
 /// back as PyTorch's `RemoteException` would).
-fn call(args: &Pickled) -> Result<PyReply, Error> {
+fn call(args: Pickled) -> Result<PyReply, Error> {
     Python::attach(|py| {
         let (bytes, tensors, rrefs) = pickle::to_parts(py, args)?;
         let out = py
@@ -44,7 +44,7 @@ fn call(args: &Pickled) -> Result<PyReply, Error> {
 /// Runs `(function, args, kwargs)` and keeps its outcome as the object
 /// itself (`ferry.rpc._internal.run_object`), the value of the RRef that
 /// `remote` made.
-fn remote(args: &Pickled) -> Result<PyObj, Error> {
+fn remote(args: Pickled) -> Result<PyObj, Error> {
     Python::attach(|py| {
         let (bytes, tensors, rrefs) = pickle::to_parts(py, args)?;
         let out = py
