@@ -122,8 +122,9 @@ async fn three_members_end_with_bit_identical_means_in_rank_order() {
         assert_eq!(pg.world_size(), Some(3));
     }
     // Several rounds, lengths that do not divide by 3 (and one shorter
-    // than the group), both ops.
-    for (round, len) in [1001usize, 2, 0, 65_537].into_iter().enumerate() {
+    // than the group; the last one streams each segment in several
+    // chunks, more than a sender may run ahead), both ops.
+    for (round, len) in [1001usize, 2, 0, 65_537, 2_500_001].into_iter().enumerate() {
         for op in [ReduceOp::Mean, ReduceOp::Sum] {
             let inputs: Vec<Vec<f32>> =
                 (0..3).map(|r| values(round as u64 * 10 + r, len)).collect();

@@ -10,8 +10,8 @@
 //!   ([`TcpStoreServer`](ferry_store::TcpStoreServer), like c10d's
 //!   `TCPStore`): every replica group runs one and gives its address
 //!   (`host:port`) to its manager as the group's `store_address`.
-//! - [`segment`] and [`reduce_in_rank_order`]: the allreduce's arithmetic,
-//!   sans-IO.
+//! - [`segment`], [`reduce_in_rank_order`] and [`reduce_in_place`]: the
+//!   allreduce's arithmetic, sans-IO.
 //!
 //! ## Finding the peers: the store address
 //!
@@ -57,4 +57,4 @@ pub use error::CollectiveError;
 pub(crate) use process_group::membership;
 pub(crate) use process_group::quorum_rank;
 pub use process_group::{ProcessGroup, ProcessGroupOptions};
-pub use reduce::{reduce_in_rank_order, segment, ReduceOp};
+pub use reduce::{reduce_in_place, reduce_in_rank_order, segment, ReduceOp};

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::allreduce::run_allreduce;
-use super::reduce::{reduce_in_rank_order, ReduceOp};
+use super::reduce::{reduce_in_place, ReduceOp};
 use super::CollectiveError;
 use crate::manager::QuorumResult;
 use crate::net::accept_loop;
@@ -381,8 +381,10 @@ impl ProcessGroup {
     /// ([`segment`](super::segment)); each member sends every other member
     /// its segment of the input, reduces the segment it owns from all
     /// contributions in replica-rank order
-    /// ([`reduce_in_rank_order`]), and sends the result to everyone: each
-    /// element is computed once, by one member, in a fixed order.
+    /// ([`reduce_in_rank_order`](super::reduce_in_rank_order)), and sends
+    /// the result to everyone: each element is computed once, by one
+    /// member, in a fixed order. Segments travel in chunks, each reduced
+    /// as it arrives, so no copy of the buffer is made.
     pub async fn allreduce(
         &mut self,
         data: &mut [f32],
@@ -397,9 +399,7 @@ impl ProcessGroup {
             });
         }
         if group.peers.is_empty() {
-            let mut out = vec![0.0; data.len()];
-            reduce_in_rank_order(&[data], op, &mut out);
-            data.copy_from_slice(&out);
+            reduce_in_place(data, 0, &[], op);
             return Ok(());
         }
         group.seq += 1;

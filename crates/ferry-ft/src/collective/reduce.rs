@@ -76,6 +76,73 @@ pub fn reduce_in_rank_order(contributions: &[&[f32]], op: ReduceOp, out: &mut [f
     }
 }
 
+/// Values reduced per pass of [`reduce_in_place`]: a block of every
+/// contribution stays in the L1 cache while it is summed.
+const BLOCK: usize = 1024;
+
+/// Reduces in place: `own` holds this member's contribution, the one of
+/// replica rank `me`, and `others` the other ranks' (in rank order, all
+/// of `own`'s length); afterwards `own` holds exactly the bits
+/// [`reduce_in_rank_order`] gives for all of them, the sum accumulated in
+/// rank order with `own` at its place (then divided by the count for
+/// [`ReduceOp::Mean`]). No copy of `own` is made: the buffer is reduced
+/// block by block through a small accumulator.
+///
+/// ```
+/// use ferry_ft::collective::{reduce_in_place, ReduceOp};
+///
+/// let mut own = [3.0f32, 4.0];
+/// reduce_in_place(&mut own, 1, &[&[1.0, 2.0]], ReduceOp::Mean);
+/// assert_eq!(own, [2.0, 3.0]);
+/// ```
+///
+/// # Panics
+///
+/// If a contribution's length differs from `own`'s, or `me` is past the
+/// last rank (`others.len()`).
+pub fn reduce_in_place(own: &mut [f32], me: usize, others: &[&[f32]], op: ReduceOp) {
+    assert!(
+        others.iter().all(|c| c.len() == own.len()),
+        "every contribution must have the output's length"
+    );
+    assert!(me <= others.len(), "rank {me} of {}", others.len() + 1);
+    let count = (others.len() + 1) as f32;
+    let (before, after) = others.split_at(me);
+    let mut acc = [0.0f32; BLOCK];
+    for start in (0..own.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(own.len());
+        let acc = &mut acc[..end - start];
+        let out = &mut own[start..end];
+        match before.split_first() {
+            None => acc.copy_from_slice(out),
+            Some((first, rest)) => {
+                acc.copy_from_slice(&first[start..end]);
+                for contribution in rest {
+                    add(acc, &contribution[start..end]);
+                }
+                add(acc, out);
+            }
+        }
+        for contribution in after {
+            add(acc, &contribution[start..end]);
+        }
+        if op == ReduceOp::Mean {
+            for value in acc.iter_mut() {
+                *value /= count;
+            }
+        }
+        out.copy_from_slice(acc);
+    }
+}
+
+/// `acc[i] += x[i]`, the accumulator on the left (the order
+/// [`reduce_in_rank_order`] adds in).
+fn add(acc: &mut [f32], x: &[f32]) {
+    for (acc, &x) in acc.iter_mut().zip(x) {
+        *acc += x;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +177,38 @@ mod tests {
         assert_ne!((1.0e8f32 + 1.0) - 1.0e8, (1.0e8f32 - 1.0e8) + 1.0);
         reduce_in_rank_order(&[&[3.0], &[6.0]], ReduceOp::Mean, &mut out);
         assert_eq!(out[0], 4.5);
+    }
+
+    #[test]
+    fn in_place_matches_rank_order_at_every_rank() {
+        // Values of very different magnitudes, so that the order shows.
+        let len = 2 * BLOCK + 37;
+        let inputs: Vec<Vec<f32>> = (0..4u32)
+            .map(|r| {
+                (0..len as u32)
+                    .map(|i| {
+                        let x = (i.wrapping_mul(2_654_435_761) ^ r.wrapping_mul(40_503)) % 1000;
+                        (x as f32 - 500.0) * 10f32.powi((r as i32 * 3 + i as i32) % 9 - 4)
+                    })
+                    .collect()
+            })
+            .collect();
+        for n in 1..=4 {
+            for op in [ReduceOp::Sum, ReduceOp::Mean] {
+                let all: Vec<&[f32]> = inputs[..n].iter().map(Vec::as_slice).collect();
+                let mut want = vec![0.0f32; len];
+                reduce_in_rank_order(&all, op, &mut want);
+                for me in 0..n {
+                    let others: Vec<&[f32]> = (0..n)
+                        .filter(|&k| k != me)
+                        .map(|k| inputs[k].as_slice())
+                        .collect();
+                    let mut own = inputs[me].clone();
+                    reduce_in_place(&mut own, me, &others, op);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&own), bits(&want), "n {n} me {me} {op:?}");
+                }
+            }
+        }
     }
 }
