@@ -152,8 +152,8 @@ async fn recovery_round(
     buf.fill(1.0);
     let buf = pg.allreduce_buffer(buf, ReduceOp::Sum).await?;
     let pid = pg.child_pid().context("no child")?;
-    // The peer may still be reading this child's memory (the `cma`
-    // channel) when this side's allreduce is done: let it finish, so
+    // The peer's allreduce may not be done when this side's is (it may
+    // still have this side's last message to read): let it finish, so
     // that only the allreduce below sees the kill.
     tokio::time::sleep(SETTLE).await;
     let work = pg.allreduce_buffer(buf, ReduceOp::Sum);
