@@ -3,7 +3,8 @@
 //! `crates/ferry-store/tests/store.rs`), bit-identical allreduce results
 //! computed in replica-rank order, a group rebuilt for a new quorum, and
 //! failures (a peer dropped mid-allreduce, a stalled peer, a member that
-//! never comes, a store nobody listens at) reported as errors, never hangs.
+//! never comes, a store nobody listens at) reported as errors, never hangs;
+//! a member gone right after its allreduce fails none of its peers.
 //!
 //! Nothing sleeps to wait for state; every wait is bounded.
 
@@ -229,6 +230,42 @@ async fn a_peer_dying_mid_allreduce_is_an_error_not_a_hang() {
     let want = bits(&expected(&inputs, ReduceOp::Mean));
     for result in allreduce_all(&mut [&mut a, &mut b], &inputs, ReduceOp::Mean).await {
         assert_eq!(bits(&result.expect("allreduce")), want);
+    }
+}
+
+/// A member that goes away as soon as its allreduce returns (a process
+/// exiting after its last step) leaves its peers nothing more to copy from
+/// it: their allreduce succeeds too. Segments of several chunks, the
+/// members on two threads; a few rounds, each with fresh groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_gone_right_after_its_allreduce_fails_no_one() {
+    let (_store, address) = start_store().await;
+    let members = ids(&["replica_a", "replica_b"]);
+    let len = 1_000_003;
+    for quorum in 1..=5i64 {
+        let (mut a, mut b) = (
+            group("replica_a", BOUND).await,
+            group("replica_b", BOUND).await,
+        );
+        configure_all(&mut [&mut a, &mut b], &address, quorum, &members).await;
+        let inputs = [values(quorum as u64, len), values(100 + quorum as u64, len)];
+        let want = bits(&expected(&inputs, ReduceOp::Sum));
+        let run = |mut pg: ProcessGroup, mut data: Vec<f32>| {
+            tokio::spawn(async move {
+                let result = pg.allreduce(&mut data, ReduceOp::Sum).await;
+                // Its connections close at once, as an exiting process's do.
+                drop(pg);
+                result.map(|()| data)
+            })
+        };
+        let (ra, rb) = (run(a, inputs[0].clone()), run(b, inputs[1].clone()));
+        let results = [bounded("a", ra).await, bounded("b", rb).await];
+        for (rank, result) in results.into_iter().enumerate() {
+            let got = result
+                .expect("the task")
+                .unwrap_or_else(|e| panic!("quorum {quorum}, rank {rank}: {e}"));
+            assert_eq!(bits(&got), want, "quorum {quorum}, rank {rank}");
+        }
     }
 }
 
