@@ -1,7 +1,10 @@
-// Python tensors <-> libtorch tensors for ferry-py, sharing the tensor
-// itself (its TensorImpl: storage, view and autograd metadata), as
-// PyTorch's own C++ extensions do. Every function is called with the GIL
-// held. A tensor crosses as an owned `at::Tensor*` (tch's C_tensor layout:
+// Python tensors <-> libtorch tensors for ferry-py, with no copy of their
+// bytes. A tensor going out is a detached alias of the Python tensor (its
+// storage and view, a TensorImpl of its own) unless its autograd identity
+// must be kept (a distributed autograd context records it): then it is the
+// tensor itself (the same TensorImpl: storage, view and autograd history).
+// A tensor coming in is handed to Python as it is. Every function is called
+// with the GIL held. A tensor crosses as an owned `at::Tensor*` (tch's C_tensor layout:
 // tch frees it with `delete`). Errors are written into `err` (NUL-ended,
 // at most `err_len` bytes) and signalled by a null result.
 #include <torch/csrc/autograd/python_variable.h>
@@ -26,14 +29,20 @@ int ferry_py_is_tensor(PyObject* obj) {
   return THPVariable_Check(obj) ? 1 : 0;
 }
 
-// A new `at::Tensor*` on the same TensorImpl as the torch.Tensor `obj`.
-void* ferry_py_unpack(PyObject* obj, char* err, size_t err_len) {
+// A new `at::Tensor*` for the torch.Tensor `obj`: its own TensorImpl when
+// `keep_identity` is set and it requires grad (or `keep_identity` is 2:
+// always), a detached alias of it otherwise.
+void* ferry_py_unpack(PyObject* obj, int keep_identity, char* err, size_t err_len) {
   try {
     if (!THPVariable_Check(obj)) {
       set_error(err, err_len, "not a torch.Tensor");
       return nullptr;
     }
-    return new at::Tensor(THPVariable_Unpack(obj));
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (keep_identity == 2 || (keep_identity == 1 && t.requires_grad())) {
+      return new at::Tensor(t);
+    }
+    return new at::Tensor(t.detach());
   } catch (const std::exception& e) {
     set_error(err, err_len, e.what());
   } catch (...) {

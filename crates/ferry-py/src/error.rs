@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use ferry::autograd::AutogradError;
 use ferry::rpc::RpcError;
 use ferry::RRefError;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -36,6 +37,9 @@ pub enum Error {
     /// Python code (pickling, the function, a callback) raised.
     #[error(transparent)]
     Python(#[from] PyErr),
+    /// Distributed autograd (a context, `backward`, gradients) failed.
+    #[error(transparent)]
+    Autograd(#[from] AutogradError),
 }
 
 /// PyTorch's text for a call that ran past its timeout.
@@ -74,8 +78,51 @@ impl From<Error> for PyErr {
             Error::Tensor(_) => PyRuntimeError::new_err(e.to_string()),
             Error::Argument(m) => PyTypeError::new_err(m),
             Error::Python(e) => e,
+            Error::Autograd(e) => autograd_to_py(e),
         }
     }
+}
+
+/// A distributed autograd error as PyTorch's `torch.distributed.autograd`
+/// raises it for the same cause: a `RuntimeError` whose text starts with
+/// PyTorch's (its tests match them), Ferry's details after it.
+fn autograd_to_py(e: AutogradError) -> PyErr {
+    let text = match e {
+        AutogradError::Rpc(e) => return rpc_to_py(*e),
+        AutogradError::RRef(e) => return Error::RRef(*e).into(),
+        AutogradError::UnknownContext { context_id, worker } => format!(
+            "Could not find autograd context with id: {context_id} (on worker {worker}: never \
+             created, or already released)"
+        ),
+        AutogradError::NestedContext { existing } => format!(
+            "Already have an autograd context id for this thread: {existing} (distributed \
+             autograd contexts do not nest)"
+        ),
+        AutogradError::NoCurrentContext => "Current thread doesn't have a valid autograd \
+                                            context. Please wrap your code using: `with \
+                                            ferry.autograd.context() as context_id` to \
+                                            generate a valid context"
+            .to_string(),
+        AutogradError::NoRoots => "No tensors provided for gradient computation".to_string(),
+        e @ AutogradError::GraphReleased(_) => {
+            format!("Trying to backward through the graph a second time: {e}")
+        }
+        AutogradError::Remote(r) => {
+            let node =
+                ferry::get_worker_info(Some(ferry::rpc::WorkerRef::Name(r.origin().to_string())))
+                    .map(|w| w.id.to_string())
+                    .unwrap_or_else(|_| r.origin().to_string());
+            let relayed = match r.hops() {
+                [_, rest @ ..] if !rest.is_empty() => {
+                    format!(" (relayed by {})", rest.join(" -> "))
+                }
+                _ => String::new(),
+            };
+            format!("Error on Node {node}: {}{relayed}", r.message())
+        }
+        other => other.to_string(),
+    };
+    PyRuntimeError::new_err(text)
 }
 
 #[cfg(test)]

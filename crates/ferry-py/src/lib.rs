@@ -28,9 +28,13 @@
 //!   a Python RRef's value answering `to_here`, which pickles inside
 //!   `block_in_place` ([`gil`]).
 //!
-//! One Rust module per Python submodule: [`rpc`] is `ferry._ferry.rpc`
-//! (`ferry.autograd` and `ferry.optim` are to come beside it).
+//! One Rust module per Python submodule: [`rpc`] is `ferry._ferry.rpc`,
+//! [`autograd`] is `ferry._ferry.autograd` (`ferry.autograd`: contexts,
+//! `backward` and `get_gradients` on ferry-autograd's engine).
+//! `ferry.optim` (the `DistributedOptimizer`) is Python alone, over
+//! `ferry.rpc` and `ferry.autograd`, as PyTorch's is.
 
+pub mod autograd;
 pub mod error;
 pub mod gil;
 pub mod pickle;
@@ -45,5 +49,6 @@ use pyo3::prelude::*;
 #[pymodule]
 #[pyo3(name = "_ferry")]
 fn ferry_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    rpc::register(m)
+    rpc::register(m)?;
+    autograd::register(m)
 }

@@ -5,8 +5,15 @@
 //! A tensor going out is taken as a detached alias of the Python tensor
 //! (same storage and view, a `TensorImpl` of its own): the channel may
 //! hold it until the receiver has read it, and dropping it then, on any
-//! thread, needs no GIL. A tensor coming in is the fresh libtorch tensor
-//! the receiver allocated, handed to Python as it is.
+//! thread, needs no GIL. Inside a distributed autograd context (one is
+//! current on the thread: `ferry.autograd.context()`, or a call that
+//! brought one) a tensor that requires grad goes out as itself instead,
+//! the same `TensorImpl` Python holds, so that the send function
+//! ferry-autograd records for it is part of the graph Python's `torch`
+//! built, and gradients flow back into that graph. A tensor coming in is
+//! the fresh libtorch tensor the receiver allocated (a leaf that requires
+//! grad, with its recv function recorded, when it travelled in a
+//! context), handed to Python as it is.
 
 use std::ffi::{c_char, c_void, CStr};
 
@@ -17,7 +24,12 @@ use crate::error::Error;
 
 extern "C" {
     fn ferry_py_is_tensor(obj: *mut pyo3::ffi::PyObject) -> i32;
-    fn ferry_py_unpack(obj: *mut pyo3::ffi::PyObject, err: *mut c_char, len: usize) -> *mut c_void;
+    fn ferry_py_unpack(
+        obj: *mut pyo3::ffi::PyObject,
+        keep_identity: i32,
+        err: *mut c_char,
+        len: usize,
+    ) -> *mut c_void;
     fn ferry_py_wrap(
         tensor: *const c_void,
         err: *mut c_char,
@@ -40,13 +52,47 @@ pub fn is_tensor(obj: &Bound<'_, PyAny>) -> bool {
     unsafe { ferry_py_is_tensor(obj.as_ptr()) != 0 }
 }
 
-/// The libtorch tensor of the `torch.Tensor` `obj`: a detached alias
-/// sharing its storage and view (see the module's doc).
+/// Which libtorch tensor [`unpack`] makes of a Python tensor (the shim's
+/// `keep_identity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Identity {
+    /// A detached alias: the same storage and view, a `TensorImpl` of its
+    /// own with no autograd history.
+    Detached = 0,
+    /// The tensor itself if it requires grad, a detached alias otherwise.
+    IfRequiresGrad = 1,
+    /// The tensor itself (the same `TensorImpl`), always.
+    Kept = 2,
+}
+
+/// The libtorch tensor of the `torch.Tensor` `obj` as it goes out in a
+/// message: a detached alias sharing its storage and view, or, inside a
+/// distributed autograd context, the tensor itself when it requires grad
+/// (see the module's doc).
 pub fn from_python(obj: &Bound<'_, PyAny>) -> Result<tch::Tensor, Error> {
+    let identity = if ferry::tensor::grad::current().is_some() {
+        Identity::IfRequiresGrad
+    } else {
+        Identity::Detached
+    };
+    unpack(obj, identity)
+}
+
+/// The libtorch tensor of the `torch.Tensor` `obj`, as `identity` asks; no
+/// byte is copied.
+pub fn unpack(obj: &Bound<'_, PyAny>, identity: Identity) -> Result<tch::Tensor, Error> {
     let mut err = [0u8; ERR_LEN];
     // SAFETY: `obj` is a live Python object and the GIL is held; the shim
     // writes at most ERR_LEN bytes, NUL-ended, into `err`.
-    let ptr = unsafe { ferry_py_unpack(obj.as_ptr(), err.as_mut_ptr().cast(), ERR_LEN) };
+    let ptr = unsafe {
+        ferry_py_unpack(
+            obj.as_ptr(),
+            identity as i32,
+            err.as_mut_ptr().cast(),
+            ERR_LEN,
+        )
+    };
     if ptr.is_null() {
         return Err(Error::Tensor(shim_error(&err)));
     }

@@ -1,0 +1,186 @@
+//! `ferry._ferry.autograd`, the compiled half of `ferry.autograd`:
+//! `torch.distributed.autograd` over ferry-autograd's contexts, send and
+//! recv functions and FAST-mode engine, on the same libtorch graph that
+//! Python's `torch` builds.
+//!
+//! - A context ([`ContextHandle`]) is a ferry-autograd [`ContextGuard`]
+//!   held by the Python thread that opened it: while it lives, the thread
+//!   is inside the context, so every call it makes carries the context's
+//!   id, and every tensor that requires grad goes out as the very tensor
+//!   Python holds ([`crate::tensor::from_python`]), recorded as a send
+//!   function. A callee runs the Python function inside the caller's
+//!   context (ferry-autograd's interceptor enters it around the function
+//!   body), so nested calls and returned tensors are recorded too.
+//! - A tensor received in a context is the recv function's leaf that
+//!   ferry-autograd made of it (it requires grad), handed to Python as it
+//!   is: what Python computes from it is in its graph.
+//! - [`backward`] hands Python's roots (the same tensors) to
+//!   ferry-autograd's engine with the GIL released: libtorch's engine runs
+//!   the local graph (Python nodes take the GIL themselves), and gradients
+//!   of recv leaves go back to their senders' send functions.
+//! - [`get_gradients`] wraps each leaf back into its Python object: the
+//!   one Python holds, as `THPVariable_Wrap` finds it from the tensor.
+
+use ferry::autograd::ContextGuard;
+use ferry::tensor::tch;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::error::Error;
+use crate::tensor::{self, Identity};
+
+/// A distributed autograd context opened by this thread (PyTorch's
+/// `dist_autograd.context()`, whose `__enter__` it backs): the thread is
+/// inside it until [`release`](Self::release), which releases it on every
+/// worker that took part.
+///
+/// It belongs to the thread that opened it (the context is that thread's
+/// current one), hence `unsendable`: PyO3 refuses its use on another
+/// thread.
+#[pyclass(name = "ContextHandle", module = "ferry._ferry.autograd", unsendable)]
+pub struct ContextHandle {
+    id: u64,
+    guard: Option<ContextGuard>,
+}
+
+#[pymethods]
+impl ContextHandle {
+    /// Opens a new context on this thread. Raises `RuntimeError` when the
+    /// thread is inside one already (contexts do not nest) or no RPC agent
+    /// runs.
+    #[new]
+    fn new() -> Result<Self, Error> {
+        let guard = ferry::autograd::context()?;
+        Ok(ContextHandle {
+            id: guard.id(),
+            guard: Some(guard),
+        })
+    }
+
+    /// The context id, unique across the group.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the context is still open here.
+    #[getter]
+    fn open(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Leaves and releases the context (here and, by messages, on every
+    /// worker it reached). A second call does nothing.
+    fn release(&mut self) {
+        self.guard.take();
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.guard.is_some() {
+            "open"
+        } else {
+            "released"
+        };
+        format!("ContextHandle(id={}, {state})", self.id)
+    }
+}
+
+/// The roots as libtorch tensors: the very tensors Python holds.
+fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
+    let bad = || {
+        Error::Argument(format!(
+            "backward(): incompatible function arguments: roots must be a list of tensors, \
+             not {}",
+            roots
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = roots.cast::<PyList>() {
+        list.iter().collect()
+    } else if let Ok(tuple) = roots.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else {
+        return Err(bad());
+    };
+    items
+        .iter()
+        .map(|t| {
+            if tensor::is_tensor(t) {
+                tensor::unpack(t, Identity::Kept)
+            } else {
+                Err(bad())
+            }
+        })
+        .collect()
+}
+
+/// Runs the distributed backward pass of context `context_id` from
+/// `roots` (scalars that require grad, computed on this worker) and
+/// returns once every worker that took part has finished; gradients
+/// accumulate in the context (`get_gradients`), never in `.grad`. Without
+/// `retain_graph`, the graph is freed and a second backward in the
+/// context fails. The GIL is released while it runs.
+#[pyfunction]
+#[pyo3(signature = (context_id, roots, retain_graph=false))]
+fn backward(
+    py: Python<'_>,
+    context_id: u64,
+    roots: &Bound<'_, PyAny>,
+    retain_graph: bool,
+) -> Result<(), Error> {
+    let roots = roots_of(roots)?;
+    // Moved in (tensors are `Send`, not `Sync`), and dropped there too.
+    py.detach(move || ferry::autograd::backward(context_id, &roots, retain_graph))?;
+    Ok(())
+}
+
+/// The gradients context `context_id` accumulated on this worker: a dict
+/// from each leaf tensor (the very object Python holds, where it still
+/// exists) to its gradient.
+#[pyfunction]
+fn get_gradients(py: Python<'_>, context_id: u64) -> Result<Bound<'_, PyDict>, Error> {
+    let grads = py.detach(|| ferry::autograd::get_gradients(context_id))?;
+    let out = PyDict::new(py);
+    for (leaf, grad) in grads.iter() {
+        out.set_item(tensor::to_python(py, leaf)?, tensor::to_python(py, grad)?)?;
+    }
+    // The libtorch handles go here, with the GIL held: Python's objects
+    // (and the context) hold the tensors from now on.
+    drop(grads);
+    Ok(out)
+}
+
+/// The id of the context this thread is inside: one it opened, or, in a
+/// function that an RPC made inside a context runs, the caller's. Raises
+/// `RuntimeError` outside any context.
+#[pyfunction]
+fn current_context_id() -> Result<u64, Error> {
+    Ok(ferry::autograd::current_context()?.id())
+}
+
+/// Whether context `context_id` lives on this worker.
+#[pyfunction]
+fn is_valid_context(context_id: u64) -> Result<bool, Error> {
+    Ok(ferry::autograd::context_ids()?.contains(&context_id))
+}
+
+/// Ids of the contexts alive on this worker, in increasing order.
+#[pyfunction]
+fn context_ids() -> Result<Vec<u64>, Error> {
+    Ok(ferry::autograd::context_ids()?)
+}
+
+/// Adds the submodule `autograd` to `parent`.
+pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
+    let m = PyModule::new(parent.py(), "autograd")?;
+    m.add_class::<ContextHandle>()?;
+    m.add_function(wrap_pyfunction!(backward, &m)?)?;
+    m.add_function(wrap_pyfunction!(get_gradients, &m)?)?;
+    m.add_function(wrap_pyfunction!(current_context_id, &m)?)?;
+    m.add_function(wrap_pyfunction!(is_valid_context, &m)?)?;
+    m.add_function(wrap_pyfunction!(context_ids, &m)?)?;
+    parent.add_submodule(&m)
+}

@@ -1,0 +1,254 @@
+"""ferry.autograd across processes: contexts, backward across two and
+three workers (rpc_sync, rpc_async, remote and to_here, nested calls)
+compared with local torch autograd on the same inputs, get_gradients,
+retain_graph, and PyTorch's errors. worker0 is this process."""
+
+import pytest
+import torch
+
+import autograd_fns as fns
+import ferry.autograd as dist_autograd
+import ferry.rpc as rpc
+
+
+def leaves(*shapes, seed=0):
+    """Leaf tensors that require grad, from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+
+
+def local_grads(fn, *inputs):
+    """Gradients of ``fn(*copies).sum()`` with respect to copies of
+    ``inputs``, by local torch autograd."""
+    copies = [t.detach().clone().requires_grad_() for t in inputs]
+    fn(*copies).sum().backward()
+    return [c.grad for c in copies]
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# --- contexts ------------------------------------------------------------------
+
+
+def test_a_context_yields_an_id_and_the_callee_runs_inside_it(workers):
+    with dist_autograd.context() as context_id:
+        assert isinstance(context_id, int)
+        assert dist_autograd._current_context()._context_id() == context_id
+        assert rpc.rpc_sync("worker1", fns.current_context_id) == context_id
+        # A nested call, from worker1 to worker2, still runs inside it.
+        assert (
+            rpc.rpc_sync("worker1", fns.call_current_context_id_on, args=("worker2",))
+            == context_id
+        )
+    assert rpc.rpc_sync("worker1", fns.current_context_id) is None
+    with dist_autograd.context() as other:
+        assert other != context_id
+
+
+def test_contexts_do_not_nest(workers):
+    with dist_autograd.context():
+        with pytest.raises(RuntimeError, match="Already have an autograd context id for this thread"):
+            with dist_autograd.context():
+                pass
+
+
+# --- backward across workers ------------------------------------------------------
+
+
+def test_backward_across_two_workers_matches_local_autograd(workers):
+    a, b = leaves((3, 3), (3, 3))
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, b))
+        assert out.requires_grad and out.is_leaf  # the recv function's leaf
+        loss = (out * out).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)
+    expected = local_grads(lambda x, y: fns.mul_add(x, y) ** 2, a, b)
+    close(grads[a], expected[0])
+    close(grads[b], expected[1])
+    # Accumulated in the context, never in `.grad`.
+    assert a.grad is None and b.grad is None
+
+
+def test_backward_across_three_workers_with_a_nested_call(workers):
+    a, b = leaves((4, 4), (4, 4), seed=1)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.chain, args=("worker2", a, b))
+        loss = (out * 3).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)
+    expected = local_grads(lambda x, y: fns.chain_local(x, y) * 3, a, b)
+    close(grads[a], expected[0])
+    close(grads[b], expected[1])
+
+
+def test_backward_through_remote_and_to_here_across_three_workers(workers):
+    # worker1 computes and keeps the value; worker2 fetches it from
+    # worker1 (to_here) and squares it; worker0 gets the square back.
+    a, b = leaves((2, 5), (2, 5), seed=2)
+    with dist_autograd.context() as context_id:
+        rref = rpc.remote("worker1", fns.mul_add, args=(a, b))
+        out = rpc.rpc_sync("worker2", fns.fetch_and_square, args=(rref,))
+        mine = rref.to_here()  # fetched here too: a second path
+        loss = out.sum() + (mine * b).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)
+    expected = local_grads(
+        lambda x, y: (fns.mul_add(x, y) ** 2).sum() + (fns.mul_add(x, y) * y).sum(), a, b
+    )
+    close(grads[a], expected[0])
+    close(grads[b], expected[1])
+
+
+def test_backward_through_rpc_async_and_its_nested_async_call(workers):
+    a, b = leaves((3,), (3,), seed=3)
+    with dist_autograd.context() as context_id:
+        fut = rpc.rpc_async("worker2", fns.async_then_add, args=("worker1", a, b))
+        loss = (fut.wait() * a).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)
+    expected = local_grads(lambda x, y: (fns.mul_add(x, y) + y) * x, a, b)
+    close(grads[a], expected[0])
+    close(grads[b], expected[1])
+
+
+def test_several_roots_and_tensors_that_do_not_require_grad(workers):
+    a, b = leaves((3,), (3,), seed=4)
+    c = torch.ones(3)  # no grad: travels as plain data
+    with dist_autograd.context() as context_id:
+        x = rpc.rpc_sync("worker1", fns.mul_add, args=(a, c))
+        y = rpc.rpc_sync("worker2", fns.mul_add, args=(b, b))
+        dist_autograd.backward(context_id, [x.sum(), (y * 2).sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    assert len(grads) == 2
+    close(grads[a], local_grads(lambda x: fns.mul_add(x, c), a)[0])
+    close(grads[b], local_grads(lambda x: fns.mul_add(x, x) * 2, b)[0])
+
+
+# --- get_gradients ---------------------------------------------------------------
+
+
+def test_get_gradients_is_keyed_by_the_tensors_python_holds(workers):
+    a, b = leaves((2, 2), (2, 2), seed=5)
+    unused = torch.zeros(2, requires_grad=True)
+    with dist_autograd.context() as context_id:
+        assert dist_autograd.get_gradients(context_id) == {}
+        out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, b))
+        dist_autograd.backward(context_id, [out.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    assert {id(k) for k in grads} == {id(a), id(b)}
+    assert unused not in grads
+    for k in grads:
+        assert k is a or k is b
+
+
+def test_get_gradients_on_the_owner_of_remote_parameters(workers):
+    # The module lives on worker1; its parameters' gradients are read
+    # there, by the parameter objects themselves.
+    module = rpc.remote("worker1", fns.make_linear, args=(4, 3, 7))
+    local = fns.make_linear(4, 3, 7)
+    (x,) = leaves((5, 4), seed=6)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.module_forward, args=(module, x))
+        dist_autograd.backward(context_id, [torch.tanh(out).sum()])
+        remote_grads, dot_grads = rpc.rpc_sync(
+            "worker1", fns.module_grads, args=(module, context_id)
+        )
+        here = dist_autograd.get_gradients(context_id)
+    xl = x.detach().clone().requires_grad_()
+    torch.tanh(local(xl)).sum().backward()
+    close(remote_grads[0], local.weight.grad)
+    close(remote_grads[1], local.bias.grad)
+    assert dot_grads == [None, None]
+    close(here[x], xl.grad)
+
+
+def test_gradients_stay_on_each_worker_that_holds_the_leaf(workers):
+    # A leaf made on worker1 gets its gradient there, not here.
+    a, b = leaves((3,), (3,), seed=8)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, b))
+        dist_autograd.backward(context_id, [out.sum()])
+        there = rpc.rpc_sync("worker1", fns.gradients_here, args=(context_id,))
+    # worker1 received a and b: their gradients went back to worker0.
+    assert there == []
+
+
+# --- retain_graph --------------------------------------------------------------------
+
+
+def test_retain_graph_keeps_the_graph_and_gradients_accumulate(workers):
+    a, b = leaves((3,), (3,), seed=9)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.tanh_mm, args=(a.unsqueeze(0), b.unsqueeze(1)))
+        loss = out.sum()
+        dist_autograd.backward(context_id, [loss], retain_graph=True)
+        once = {k: v.clone() for k, v in dist_autograd.get_gradients(context_id).items()}
+        dist_autograd.backward(context_id, [loss], retain_graph=True)
+        dist_autograd.backward(context_id, [loss])
+        thrice = dist_autograd.get_gradients(context_id)
+        with pytest.raises(RuntimeError, match="second time"):
+            dist_autograd.backward(context_id, [loss])
+    expected = local_grads(lambda x, y: fns.tanh_mm(x.unsqueeze(0), y.unsqueeze(1)), a, b)
+    close(once[a], expected[0])
+    close(once[b], expected[1])
+    close(thrice[a], 3 * expected[0])
+    close(thrice[b], 3 * expected[1])
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+def test_an_unknown_context_is_pytorchs_error(workers):
+    with dist_autograd.context() as context_id:
+        pass
+    # Released on leaving the block.
+    for call in (
+        lambda: dist_autograd.get_gradients(context_id),
+        lambda: dist_autograd.backward(context_id, [torch.ones(1, requires_grad=True).sum()]),
+        lambda: dist_autograd._retrieve_context(context_id),
+    ):
+        with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {context_id}"):
+            call()
+    never = 123456789
+    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {never}"):
+        dist_autograd.get_gradients(never)
+
+
+def test_bad_roots_are_pytorchs_errors(workers):
+    (a,) = leaves((3,), seed=10)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, a))
+        with pytest.raises(RuntimeError, match="is not a scalar, all roots need to be scalar"):
+            dist_autograd.backward(context_id, [out])
+        with pytest.raises(RuntimeError, match="requires_grad not set on"):
+            dist_autograd.backward(context_id, [torch.ones(())])
+        with pytest.raises(RuntimeError, match="does not have a valid gradient function"):
+            dist_autograd.backward(context_id, [torch.ones((), requires_grad=True)])
+        with pytest.raises(RuntimeError, match="No tensors provided for gradient computation"):
+            dist_autograd.backward(context_id, [])
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            dist_autograd.backward(context_id, None)
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            dist_autograd.backward(context_id, [out.sum(), "loss"])
+        # Nothing was spent: a good backward still runs.
+        dist_autograd.backward(context_id, [out.sum()])
+        close(dist_autograd.get_gradients(context_id)[a], local_grads(lambda x: fns.mul_add(x, x), a)[0])
+
+
+def test_an_error_in_a_remote_backward_names_its_node(workers):
+    (a,) = leaves((3,), seed=11)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker2", fns.fail_in_backward, args=(a,))
+        with pytest.raises(RuntimeError, match="Error on Node 2: .*Simulate error on backward pass"):
+            dist_autograd.backward(context_id, [out.sum()])
+
+
+def test_outside_a_context_tensors_travel_as_plain_data(workers):
+    (a,) = leaves((3,), seed=12)
+    out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, a))
+    assert not out.requires_grad
+    with pytest.raises(RuntimeError, match="doesn't have a valid autograd context"):
+        dist_autograd._current_context()
