@@ -2,7 +2,9 @@
 
 ``ferry.rpc`` is a drop-in for ``torch.distributed.rpc``
 (``import ferry.rpc as rpc``): the same functions and semantics, over
-Ferry's agent, RRef protocol and tensor channels. The compiled half is
+Ferry's agent, RRef protocol and tensor channels. ``ferry.autograd`` is
+``torch.distributed.autograd`` over Ferry's distributed autograd, and
+``ferry.optim`` holds the ``DistributedOptimizer``. The compiled half is
 the private module ``ferry._ferry`` (the Rust crate ``ferry-py``).
 """
 
@@ -12,13 +14,13 @@ import torch  # noqa: F401
 
 from . import _ferry  # noqa: F401
 
-__all__ = ["rpc"]
+__all__ = ["rpc", "autograd", "optim"]
 
 
 def __getattr__(name):
-    # `ferry.rpc` on first use, as `torch.distributed.rpc` is a submodule.
-    if name == "rpc":
+    # Submodules on first use, as `torch.distributed.rpc` is a submodule.
+    if name in __all__:
         import importlib
 
-        return importlib.import_module("ferry.rpc")
+        return importlib.import_module(f"ferry.{name}")
     raise AttributeError(f"module 'ferry' has no attribute {name!r}")
