@@ -1,5 +1,7 @@
 """The PyTorch RPC paper's Listing 1 ("A Simple Model Parallel Example")
-with ``ferry.rpc`` in place of ``torch.distributed.rpc``.
+with ``ferry.rpc``, ``ferry.autograd`` and ``ferry.optim`` in place of
+``torch.distributed.rpc``, ``torch.distributed.autograd`` and
+``torch.distributed.optim``.
 
 Three local processes: ``p0`` holds the ``Model`` and drives; ``p1`` and
 ``p2`` each own one ``Layer`` (``Linear(20, 20)`` + ``ReLU``), made there
@@ -12,16 +14,20 @@ The listing's line 23 passes ``ri`` to ``Layer.forward`` as if it were
 the layer; here a small function runs the layer that the RRef refers to
 on its owner, as the paper's text describes.
 
-The listing trains with distributed autograd and a
-``DistributedOptimizer`` (its lines 31-41); those come with
-``ferry.autograd`` and ``ferry.optim``. This script runs the forward
-passes and checks each output against the same two layers applied
-locally on ``p0``.
+First the forward passes alone, each output checked against the same two
+layers applied locally on ``p0``; then the listing's training loop: a
+``DistributedOptimizer`` (SGD) over the layers' parameter RRefs, and for
+each batch a distributed autograd context in which the forward pass runs,
+``backward`` goes from ``p0`` through ``p2`` to ``p1`` (the send and recv
+functions that the two ``to_here`` calls recorded), and the optimizer
+steps both layers on their owners. ``--save PATH`` writes the layers'
+parameters before and after training (``torch.save``), which the test
+compares with the same model trained locally.
 
 Run it from an environment where the ``ferry`` package is installed
 (``cargo xtask test`` installs it into the project's ``.venv``)::
 
-    .venv/bin/python examples/python/listing1.py [--batches N]
+    .venv/bin/python examples/python/listing1.py [--batches N] [--save PATH]
 """
 
 import argparse
@@ -30,12 +36,16 @@ import socket
 
 import torch
 import torch.multiprocessing as mp
-from torch import nn
+from torch import nn, optim
 
+import ferry.autograd as dist_autograd
 import ferry.rpc as rpc
+from ferry.optim import DistributedOptimizer
 
 FEATURES = 20
 BATCH = 16
+#: SGD's learning rate.
+LR = 0.01
 
 
 # Prepare model sub-layer
@@ -51,13 +61,17 @@ class Layer(nn.Module):
 def layer_forward(layer_rref, x_rref):
     """Runs the layer ``layer_rref`` refers to, on its owner, on the input
     ``x_rref`` refers to (fetched from wherever it lives)."""
-    with torch.no_grad():
-        return layer_rref.local_value()(x_rref)
+    return layer_rref.local_value()(x_rref)
 
 
 def layer_state(layer_rref):
     """The layer's parameters, read on its owner."""
-    return layer_rref.local_value().state_dict()
+    return {k: v.clone() for k, v in layer_rref.local_value().state_dict().items()}
+
+
+def layer_param_rrefs(layer_rref):
+    """RRefs to the layer's parameters, owned by the layer's owner."""
+    return [rpc.RRef(p) for p in layer_rref.local_value().parameters()]
 
 
 # Assemble model
@@ -72,35 +86,60 @@ class Model(nn.Module):
         ry = rpc.remote(self.r12.owner(), layer_forward, args=(self.r12, rx))
         return ry
 
+    def parameter_rrefs(self):
+        rrefs = []
+        for r in (self.r11, self.r12):
+            rrefs += rpc.rpc_sync(r.owner(), layer_param_rrefs, args=(r,))
+        return rrefs
 
-def local_copy(rref):
-    """The remote layer's twin on this worker, from its parameters."""
+    def layer_states(self):
+        return [rpc.rpc_sync(r.owner(), layer_state, args=(r,)) for r in (self.r11, self.r12)]
+
+
+def batches(n):
+    """The ``n`` input batches, the same on every run."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(BATCH, FEATURES, generator=g) for _ in range(n)]
+
+
+def local_copy(state):
+    """A layer on this worker with the parameters ``state``."""
     layer = Layer()
-    layer.load_state_dict(rpc.rpc_sync(rref.owner(), layer_state, args=(rref,)))
+    layer.load_state_dict(state)
     return layer
 
 
-def drive(batches):
-    """p0's part: the forward passes of Listing 1, checked locally."""
+def drive(n, save):
+    """p0's part: the forward passes of Listing 1, checked locally, then
+    its training loop."""
     m = Model()
-    l1, l2 = local_copy(m.r11), local_copy(m.r12)
-    g = torch.Generator().manual_seed(0)
-    for step in range(batches):
-        batch = torch.randn(BATCH, FEATURES, generator=g)
-        ri = rpc.RRef(batch)
-        out = m(ri).to_here()
-        loss = out.sum()
+    initial = m.layer_states()
+    l1, l2 = (local_copy(s) for s in initial)
+    for step, batch in enumerate(batches(n)):
+        out = m(rpc.RRef(batch)).to_here()
         with torch.no_grad():
             expected = l2.net(l1.net(batch))
-        torch.testing.assert_close(out, expected)
-        print(f"step {step}: loss {loss.item():.4f} (equal to the local layers')")
+        torch.testing.assert_close(out.detach(), expected)
+        print(f"step {step}: loss {out.sum().item():.4f} (equal to the local layers')")
+
+    # Setup distributed optimizer
+    opt = DistributedOptimizer(optim.SGD, m.parameter_rrefs(), lr=LR)
+    for step, batch in enumerate(batches(n)):
+        with dist_autograd.context() as ctx_id:
+            ri = rpc.RRef(batch)
+            loss = m(ri).to_here().sum()
+            dist_autograd.backward(ctx_id, [loss])
+            opt.step(ctx_id)
+        print(f"training step {step}: loss {loss.item():.4f}")
+    if save:
+        torch.save({"initial": initial, "trained": m.layer_states(), "lr": LR}, save)
 
 
-def run(rank, world_size, port, batches):
+def run(rank, world_size, port, n, save):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     rpc.init_rpc(f"p{rank}", rank=rank, world_size=world_size)
     if rank == 0:
-        drive(batches)
+        drive(n, save)
     # Every worker waits here until no worker has calls outstanding.
     rpc.shutdown()
 
@@ -108,11 +147,12 @@ def run(rank, world_size, port, batches):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--save", help="write the parameters before and after training here")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(3, port, args.batches), nprocs=3, join=True)
+    mp.spawn(run, args=(3, port, args.batches, args.save), nprocs=3, join=True)
 
 
 if __name__ == "__main__":
