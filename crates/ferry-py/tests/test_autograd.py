@@ -3,6 +3,8 @@ three workers (rpc_sync, rpc_async, remote and to_here, nested calls)
 compared with local torch autograd on the same inputs, get_gradients,
 retain_graph, and PyTorch's errors. worker0 is this process."""
 
+import threading
+
 import pytest
 import torch
 
@@ -125,6 +127,51 @@ def test_several_roots_and_tensors_that_do_not_require_grad(workers):
     assert len(grads) == 2
     close(grads[a], local_grads(lambda x: fns.mul_add(x, c), a)[0])
     close(grads[b], local_grads(lambda x: fns.mul_add(x, x) * 2, b)[0])
+
+
+def test_a_tensor_sent_back_as_it_came_is_still_in_the_graph(workers):
+    # worker1 returns the recv leaf itself: its send function's tensor is
+    # that leaf, whose gradient goes on back here.
+    (a,) = leaves((4,), seed=13)
+    with dist_autograd.context() as context_id:
+        back = rpc.rpc_sync("worker1", fns.identity, args=(a,))
+        dist_autograd.backward(context_id, [(back * back).sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    close(grads[a], 2 * a.detach())
+
+
+def test_contexts_of_several_threads_stay_apart(workers):
+    # Each thread is inside its own context; their forward and backward
+    # passes overlap (a barrier holds both between the two).
+    inputs = [leaves((3, 3), (3, 3), seed=20 + i) for i in range(2)]
+    barrier = threading.Barrier(2, timeout=30)
+    results, errors = [None, None], []
+
+    def train(i):
+        try:
+            a, b = inputs[i]
+            with dist_autograd.context() as context_id:
+                out = rpc.rpc_sync(f"worker{i + 1}", fns.chain, args=(f"worker{2 - i}", a, b))
+                barrier.wait()
+                dist_autograd.backward(context_id, [out.sum()])
+                results[i] = (context_id, dist_autograd.get_gradients(context_id))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    assert not errors, errors
+    assert results[0][0] != results[1][0]
+    for (a, b), (_, grads) in zip(inputs, results):
+        assert set(map(id, grads)) == {id(a), id(b)}
+        expected = local_grads(fns.chain_local, a, b)
+        close(grads[a], expected[0])
+        close(grads[b], expected[1])
 
 
 # --- get_gradients ---------------------------------------------------------------
