@@ -84,12 +84,22 @@ impl From<Error> for PyErr {
 }
 
 /// A distributed autograd error as PyTorch's `torch.distributed.autograd`
-/// raises it for the same cause: a `RuntimeError` whose text starts with
-/// PyTorch's (its tests match them), Ferry's details after it.
+/// raises it for the same cause: RPC and RRef errors as those layers'
+/// are raised, the rest as a `RuntimeError` of [`autograd_message`].
 fn autograd_to_py(e: AutogradError) -> PyErr {
-    let text = match e {
-        AutogradError::Rpc(e) => return rpc_to_py(*e),
-        AutogradError::RRef(e) => return Error::RRef(*e).into(),
+    match e {
+        AutogradError::Rpc(e) => rpc_to_py(*e),
+        AutogradError::RRef(e) => Error::RRef(*e).into(),
+        other => PyRuntimeError::new_err(autograd_message(&other)),
+    }
+}
+
+/// The text of a distributed autograd error raised in Python: PyTorch's
+/// text for the same cause first (its tests match it), Ferry's details
+/// after it. An error on another worker reads `Error on Node <rank>: ...`,
+/// the rank of the worker where it started (its name when no agent runs).
+pub fn autograd_message(e: &AutogradError) -> String {
+    match e {
         AutogradError::UnknownContext { context_id, worker } => format!(
             "Could not find autograd context with id: {context_id} (on worker {worker}: never \
              created, or already released)"
@@ -121,8 +131,7 @@ fn autograd_to_py(e: AutogradError) -> PyErr {
             format!("Error on Node {node}: {}{relayed}", r.message())
         }
         other => other.to_string(),
-    };
-    PyRuntimeError::new_err(text)
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +150,56 @@ mod tests {
         assert_eq!(
             timeout_message(Duration::from_millis(1500)),
             "RPC ran for more than set timeout (1500 ms) and will now be marked with an error"
+        );
+    }
+
+    #[test]
+    fn autograd_errors_start_with_pytorchs_text() {
+        let cases = [
+            (
+                AutogradError::UnknownContext {
+                    context_id: 42,
+                    worker: "worker1".into(),
+                },
+                "Could not find autograd context with id: 42 ",
+            ),
+            (
+                AutogradError::NestedContext { existing: 7 },
+                "Already have an autograd context id for this thread",
+            ),
+            (
+                AutogradError::NoCurrentContext,
+                "Current thread doesn't have a valid autograd context",
+            ),
+            (
+                AutogradError::NoRoots,
+                "No tensors provided for gradient computation",
+            ),
+            (
+                AutogradError::GraphReleased(3),
+                "Trying to backward through the graph a second time",
+            ),
+            (
+                AutogradError::RootNotScalar {
+                    index: 0,
+                    shape: vec![2],
+                },
+                "backward root 0 of shape [2] is not a scalar, all roots need to be scalar",
+            ),
+        ];
+        for (e, start) in cases {
+            let text = autograd_message(&e);
+            assert!(
+                text.starts_with(start),
+                "{text:?} does not start with {start:?}"
+            );
+        }
+        // No agent here: the node is named by the worker's name.
+        let remote =
+            ferry::rpc::RemoteError::new("worker2", "Simulate error").relayed_by("worker1");
+        assert_eq!(
+            autograd_message(&AutogradError::Remote(remote)),
+            "Error on Node worker2: Simulate error (relayed by worker1)"
         );
     }
 }
