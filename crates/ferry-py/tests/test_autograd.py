@@ -3,6 +3,8 @@ three workers (rpc_sync, rpc_async, remote and to_here, nested calls)
 compared with local torch autograd on the same inputs, get_gradients,
 retain_graph, and PyTorch's errors. worker0 is this process."""
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 import autograd_fns as fns
 import ferry.autograd as dist_autograd
 import ferry.rpc as rpc
+import group
 
 
 def leaves(*shapes, seed=0):
@@ -259,9 +262,32 @@ def test_an_unknown_context_is_pytorchs_error(workers):
     ):
         with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {context_id}"):
             call()
-    never = 123456789
-    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {never}"):
-        dist_autograd.get_gradients(never)
+    for never in (123456789, -1, 1 << 70):
+        with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {never}"):
+            dist_autograd.get_gradients(never)
+        with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {never}"):
+            dist_autograd._is_valid_context(never)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        dist_autograd.get_gradients("1")
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        dist_autograd.backward(1.5, [])
+
+
+def test_autograd_before_init_rpc_raises_pytorchs_error():
+    code = (
+        "import ferry.autograd as a\n"
+        "for f in (lambda: a.context().__enter__(), lambda: a.get_gradients(1)):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except RuntimeError as e:\n"
+        "        assert 'Current RPC agent is not set' in str(e), str(e)\n"
+        "    else:\n"
+        "        raise AssertionError('no error')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=group.EXIT_BOUND_S
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_bad_roots_are_pytorchs_errors(workers):

@@ -23,6 +23,7 @@
 
 use ferry::autograd::ContextGuard;
 use ferry::tensor::tch;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -85,6 +86,24 @@ impl ContextHandle {
     }
 }
 
+/// A context id from Python: an int (anything with `__index__`); one that
+/// no context can have (negative, or past 64 bits) is PyTorch's unknown
+/// context error, as for any id that names no context.
+fn context_id_of(id: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let id: i128 = id.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "incompatible function arguments: a context id is an int, not {}",
+            id.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    u64::try_from(id).map_err(|_| {
+        PyRuntimeError::new_err(format!("Could not find autograd context with id: {id}"))
+    })
+}
+
 /// The roots as libtorch tensors: the very tensors Python holds.
 fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
     let bad = || {
@@ -127,13 +146,15 @@ fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
 #[pyo3(signature = (context_id, roots, retain_graph=false))]
 fn backward(
     py: Python<'_>,
-    context_id: u64,
+    context_id: &Bound<'_, PyAny>,
     roots: &Bound<'_, PyAny>,
     retain_graph: bool,
-) -> Result<(), Error> {
+) -> PyResult<()> {
+    let context_id = context_id_of(context_id)?;
     let roots = roots_of(roots)?;
     // Moved in (tensors are `Send`, not `Sync`), and dropped there too.
-    py.detach(move || ferry::autograd::backward(context_id, &roots, retain_graph))?;
+    py.detach(move || ferry::autograd::backward(context_id, &roots, retain_graph))
+        .map_err(Error::from)?;
     Ok(())
 }
 
@@ -141,11 +162,20 @@ fn backward(
 /// from each leaf tensor (the very object Python holds, where it still
 /// exists) to its gradient.
 #[pyfunction]
-fn get_gradients(py: Python<'_>, context_id: u64) -> Result<Bound<'_, PyDict>, Error> {
-    let grads = py.detach(|| ferry::autograd::get_gradients(context_id))?;
+fn get_gradients<'py>(
+    py: Python<'py>,
+    context_id: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let context_id = context_id_of(context_id)?;
+    let grads = py
+        .detach(|| ferry::autograd::get_gradients(context_id))
+        .map_err(Error::from)?;
     let out = PyDict::new(py);
     for (leaf, grad) in grads.iter() {
-        out.set_item(tensor::to_python(py, leaf)?, tensor::to_python(py, grad)?)?;
+        out.set_item(
+            tensor::to_python(py, leaf).map_err(PyErr::from)?,
+            tensor::to_python(py, grad).map_err(PyErr::from)?,
+        )?;
     }
     // The libtorch handles go here, with the GIL held: Python's objects
     // (and the context) hold the tensors from now on.
@@ -163,8 +193,12 @@ fn current_context_id() -> Result<u64, Error> {
 
 /// Whether context `context_id` lives on this worker.
 #[pyfunction]
-fn is_valid_context(context_id: u64) -> Result<bool, Error> {
-    Ok(ferry::autograd::context_ids()?.contains(&context_id))
+fn is_valid_context(context_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Ok(context_id) = context_id_of(context_id) else {
+        return Ok(false);
+    };
+    let ids = ferry::autograd::context_ids().map_err(Error::from)?;
+    Ok(ids.contains(&context_id))
 }
 
 /// Ids of the contexts alive on this worker, in increasing order.

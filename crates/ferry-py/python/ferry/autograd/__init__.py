@@ -57,14 +57,14 @@ def backward(context_id, roots, retain_graph=False):
     accumulate in the context on the worker that holds them
     (``get_gradients``). ``retain_graph=True`` keeps the graph for another
     backward in the same context; otherwise a second one raises."""
-    _autograd.backward(int(context_id), roots, bool(retain_graph))
+    _autograd.backward(context_id, roots, bool(retain_graph))
 
 
 def get_gradients(context_id):
     """The gradients that context ``context_id`` accumulated on this
     worker: a dict from each leaf tensor (the very tensor objects this
     worker holds, e.g. a module's parameters) to its gradient."""
-    return _autograd.get_gradients(int(context_id))
+    return _autograd.get_gradients(context_id)
 
 
 class DistAutogradContext:
@@ -94,7 +94,7 @@ def _current_context():
 def _is_valid_context(context_id):
     """Raises ``RuntimeError`` (PyTorch's "Could not find autograd
     context") unless context ``context_id`` lives on this worker."""
-    if not _autograd.is_valid_context(int(context_id)):
+    if not _autograd.is_valid_context(context_id):
         raise RuntimeError(f"Could not find autograd context with id: {context_id}")
 
 
@@ -103,4 +103,4 @@ def _retrieve_context(context_id):
     ``DistAutogradContext``; raises ``RuntimeError`` if it does not live
     here."""
     _is_valid_context(context_id)
-    return DistAutogradContext(int(context_id))
+    return DistAutogradContext(context_id)
