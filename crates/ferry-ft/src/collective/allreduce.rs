@@ -6,14 +6,17 @@
 //! staged for sending in (and received into) buffers of the transport's
 //! [`BufferPool`], which are resident after the first round, so a large
 //! allreduce takes no page faults; it is reduced, or copied into place,
-//! while it is still in cache; and nothing of the caller's buffer is
-//! copied whole. A sender runs at most [`WINDOW`] chunks ahead of its own
+//! while it is still in cache; and no buffer the size of the caller's is
+//! made. A sender runs at most [`WINDOW`] chunks ahead of its own
 //! receiving, so the two directions of every connection advance together
-//! and the staging buffers stay few (and warm).
+//! and the staging buffers stay few (and warm). The allreduce ends with a
+//! `Done` from every member ([`finish`]): a member returns only once no
+//! peer needs anything more from its memory.
 //!
 //! The arithmetic is [`reduce_in_place`]'s: each chunk of this member's
 //! segment is reduced from every member's contribution in replica-rank
-//! order, the same bits as [`reduce_in_rank_order`](super::reduce_in_rank_order).
+//! order, the same bits as
+//! [`reduce_in_rank_order`](super::reduce_in_rank_order).
 
 use std::sync::Arc;
 
@@ -35,7 +38,7 @@ const KIND_DATA: MessageKind = ferry_wire::kinds::FT_COLLECTIVE_DATA;
 /// cache, the staging buffers come from the pool (at least
 /// [`POOL_MIN`](ferry_transport::POOL_MIN)), and a `cma` copy this small
 /// runs on the task's own thread.
-pub(super) const CHUNK: usize = 128 << 10;
+const CHUNK: usize = 128 << 10;
 
 /// Chunks a sender may send beyond those its own side has received.
 const WINDOW: usize = 4;
