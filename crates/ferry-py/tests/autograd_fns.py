@@ -71,6 +71,12 @@ def gradients_here(context_id):
     return [(tuple(t.shape), g) for t, g in dist_autograd.get_gradients(context_id).items()]
 
 
+def no_contexts_left(timeout):
+    """Whether every context this worker took part in was released here
+    (waiting at most ``timeout`` seconds)."""
+    return dist_autograd._wait_until_no_contexts(timeout)
+
+
 class FailingBackward(torch.autograd.Function):
     """Passes its input through; raises in backward."""
 

@@ -248,6 +248,21 @@ def test_retain_graph_keeps_the_graph_and_gradients_accumulate(workers):
     close(thrice[b], 3 * expected[1])
 
 
+# --- clean-up ---------------------------------------------------------------------
+
+
+def test_leaving_a_context_releases_it_on_every_worker(workers):
+    a, b = leaves((3,), (3,), seed=14)
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.chain, args=("worker2", a, b))
+        dist_autograd.backward(context_id, [out.sum()])
+        assert dist_autograd._get_debug_info()["num_autograd_contexts"] == "1"
+    assert dist_autograd._wait_until_no_contexts(0)
+    # worker1 learns of the release on this call, worker2 from worker1.
+    for worker in ("worker1", "worker2"):
+        assert rpc.rpc_sync(worker, fns.no_contexts_left, args=(30.0,)), worker
+
+
 # --- errors ----------------------------------------------------------------------------
 
 

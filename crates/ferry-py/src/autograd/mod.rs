@@ -23,7 +23,7 @@
 
 use ferry::autograd::ContextGuard;
 use ferry::tensor::tch;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -207,6 +207,18 @@ fn context_ids() -> Result<Vec<u64>, Error> {
     Ok(ferry::autograd::context_ids()?)
 }
 
+/// Waits, with the GIL released, until no distributed autograd context
+/// lives on this worker (every one it took part in was released here),
+/// at most `timeout` seconds; whether none is left.
+#[pyfunction]
+fn wait_until_no_contexts(py: Python<'_>, timeout: f64) -> PyResult<bool> {
+    let timeout = std::time::Duration::try_from_secs_f64(timeout)
+        .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))?;
+    let agent = ferry::rpc::agent().map_err(Error::from)?;
+    let container = ferry::autograd::container_of(&agent).map_err(Error::from)?;
+    Ok(py.detach(move || container.wait_until_empty(timeout)))
+}
+
 /// Adds the submodule `autograd` to `parent`.
 pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let m = PyModule::new(parent.py(), "autograd")?;
@@ -216,5 +228,6 @@ pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current_context_id, &m)?)?;
     m.add_function(wrap_pyfunction!(is_valid_context, &m)?)?;
     m.add_function(wrap_pyfunction!(context_ids, &m)?)?;
+    m.add_function(wrap_pyfunction!(wait_until_no_contexts, &m)?)?;
     parent.add_submodule(&m)
 }

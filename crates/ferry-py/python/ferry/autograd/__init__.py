@@ -104,3 +104,17 @@ def _retrieve_context(context_id):
     here."""
     _is_valid_context(context_id)
     return DistAutogradContext(context_id)
+
+
+def _get_debug_info():
+    """This worker's distributed autograd state, as PyTorch's
+    ``_get_debug_info()`` names it (values are strings, as there):
+    ``num_autograd_contexts``."""
+    return {"num_autograd_contexts": str(len(_autograd.context_ids()))}
+
+
+def _wait_until_no_contexts(timeout):
+    """Waits until no distributed autograd context lives on this worker
+    (each released here, by the worker that created it or by messages),
+    at most ``timeout`` seconds; whether none is left."""
+    return _autograd.wait_until_no_contexts(float(timeout))
