@@ -26,7 +26,8 @@ use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::process_group::{peer_error, protocol, Group, Peer, Reader, Writer};
+use super::peer::{peer_error, protocol, Peer, Reader, Writer};
+use super::process_group::Group;
 use super::reduce::{reduce_in_place, segment, ReduceOp};
 use super::CollectiveError;
 use crate::recovery::link;

@@ -49,6 +49,7 @@
 
 mod allreduce;
 mod error;
+mod peer;
 mod process_group;
 mod reduce;
 

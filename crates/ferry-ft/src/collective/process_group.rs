@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ferry_store::{Store, StoreError, TcpStore};
-use ferry_transport::{Endpoint, FrameReader, FrameWriter, PeerConnection, TransportError};
+use ferry_transport::{Endpoint, PeerConnection};
 use ferry_wire::MessageKind;
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -19,11 +19,12 @@ use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::allreduce::run_allreduce;
+use super::peer::{peer_error, protocol, read_error, Peer};
 use super::reduce::{reduce_in_place, ReduceOp};
 use super::CollectiveError;
 use crate::manager::QuorumResult;
 use crate::net::accept_loop;
-use crate::recovery::link::{self, ReadError};
+use crate::recovery::link;
 
 /// First message on a peer connection, connecting side to accepting side.
 const KIND_HELLO: MessageKind = ferry_wire::kinds::FT_COLLECTIVE_HELLO;
@@ -130,17 +131,6 @@ struct Hello {
 enum HelloReply {
     Ready,
     Rejected(String),
-}
-
-pub(super) type Reader = FrameReader<ferry_transport::PeerReader>;
-pub(super) type Writer = FrameWriter<ferry_transport::PeerWriter>;
-
-/// A connection to one peer of the group.
-pub(super) struct Peer {
-    pub(super) rank: usize,
-    pub(super) replica_id: String,
-    pub(super) reader: Reader,
-    pub(super) writer: Writer,
 }
 
 /// A connection accepted and introduced, waiting for its group to be
@@ -711,40 +701,4 @@ async fn accept_peers(
         });
     }
     Ok(peers)
-}
-
-pub(super) fn peer_error(rank: usize, replica_id: &str, error: TransportError) -> CollectiveError {
-    if link::is_connection_loss(&error) {
-        CollectiveError::PeerLost {
-            rank: rank as u64,
-            replica_id: replica_id.to_owned(),
-            reason: error.to_string(),
-        }
-    } else {
-        protocol(rank, replica_id, error.to_string())
-    }
-}
-
-fn read_error(rank: usize, replica_id: &str, error: ReadError, what: &str) -> CollectiveError {
-    match error {
-        ReadError::Timeout => CollectiveError::PeerLost {
-            rank: rank as u64,
-            replica_id: replica_id.to_owned(),
-            reason: format!("no {what} in time"),
-        },
-        ReadError::Closed => CollectiveError::PeerLost {
-            rank: rank as u64,
-            replica_id: replica_id.to_owned(),
-            reason: format!("connection closed before {what}"),
-        },
-        ReadError::Transport(error) => peer_error(rank, replica_id, error),
-    }
-}
-
-pub(super) fn protocol(rank: usize, replica_id: &str, reason: String) -> CollectiveError {
-    CollectiveError::Protocol {
-        rank: rank as u64,
-        replica_id: replica_id.to_owned(),
-        reason,
-    }
 }
