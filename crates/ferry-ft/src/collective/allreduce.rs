@@ -27,7 +27,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::peer::{peer_error, protocol, Peer, Reader, Writer};
-use super::process_group::Group;
 use super::reduce::{reduce_in_place, segment, ReduceOp};
 use super::CollectiveError;
 use crate::recovery::link;
@@ -84,26 +83,25 @@ struct Incoming<'a> {
     reader: &'a mut Reader,
 }
 
-/// Both phases of the allreduce over the group's peers.
+/// Allreduce number `seq` of the group: both phases over `peers` (every
+/// member but this one, rank `me` of `world_size`, by ascending rank).
 pub(super) async fn run_allreduce(
-    group: &mut Group,
+    peers: &mut [Peer],
+    (seq, me, world_size): (u64, usize, usize),
     data: &mut [f32],
     op: ReduceOp,
 ) -> Result<(), CollectiveError> {
-    let me = group.rank;
-    let world_size = group.replica_ids.len();
-    let seq = group.seq;
     let mut segments = split_segments(data, world_size);
     let mine = std::mem::take(&mut segments[me]);
-    // `group.peers` is by ascending rank, without this member: so is this.
+    // Like `peers`: by ascending rank, without this member.
     let mut theirs: Vec<&mut [f32]> = segments
         .into_iter()
         .enumerate()
         .filter_map(|(rank, values)| (rank != me).then_some(values))
         .collect();
-    let mut outgoing = Vec::with_capacity(group.peers.len());
-    let mut incoming = Vec::with_capacity(group.peers.len());
-    for peer in &mut group.peers {
+    let mut outgoing = Vec::with_capacity(peers.len());
+    let mut incoming = Vec::with_capacity(peers.len());
+    for peer in peers {
         let Peer {
             rank,
             replica_id,

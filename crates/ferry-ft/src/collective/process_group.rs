@@ -154,13 +154,13 @@ impl Shared {
 }
 
 /// The configured group of one quorum.
-pub(super) struct Group {
+struct Group {
     key: GroupKey,
-    pub(super) rank: usize,
-    pub(super) replica_ids: Vec<String>,
+    rank: usize,
+    replica_ids: Vec<String>,
     /// Every other member, by ascending rank.
-    pub(super) peers: Vec<Peer>,
-    pub(super) seq: u64,
+    peers: Vec<Peer>,
+    seq: u64,
     failure: Option<String>,
 }
 
@@ -401,9 +401,17 @@ impl ProcessGroup {
             seq = group.seq,
             len = data.len()
         );
-        let result = match tokio::time::timeout(timeout, run_allreduce(group, data, op))
-            .instrument(span.clone())
-            .await
+        let result = match tokio::time::timeout(
+            timeout,
+            run_allreduce(
+                &mut group.peers,
+                (group.seq, group.rank, group.replica_ids.len()),
+                data,
+                op,
+            ),
+        )
+        .instrument(span.clone())
+        .await
         {
             Ok(result) => result,
             Err(_) => Err(CollectiveError::Timeout {
