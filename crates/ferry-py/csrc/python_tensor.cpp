@@ -7,6 +7,7 @@
 // with the GIL held. A tensor crosses as an owned `at::Tensor*` (tch's C_tensor layout:
 // tch frees it with `delete`). Errors are written into `err` (NUL-ended,
 // at most `err_len` bytes) and signalled by a null result.
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -30,8 +31,9 @@ int ferry_py_is_tensor(PyObject* obj) {
 }
 
 // A new `at::Tensor*` for the torch.Tensor `obj`: its own TensorImpl when
-// `keep_identity` is set and it requires grad (or `keep_identity` is 2:
-// always), a detached alias of it otherwise.
+// `keep_identity` is 1, it requires grad and grad mode is on (as PyTorch
+// records a send function only then), or when `keep_identity` is 2; a
+// detached alias of it otherwise.
 void* ferry_py_unpack(PyObject* obj, int keep_identity, char* err, size_t err_len) {
   try {
     if (!THPVariable_Check(obj)) {
@@ -39,7 +41,8 @@ void* ferry_py_unpack(PyObject* obj, int keep_identity, char* err, size_t err_le
       return nullptr;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (keep_identity == 2 || (keep_identity == 1 && t.requires_grad())) {
+    if (keep_identity == 2 ||
+        (keep_identity == 1 && t.requires_grad() && c10::GradMode::is_enabled())) {
       return new at::Tensor(t);
     }
     return new at::Tensor(t.detach());

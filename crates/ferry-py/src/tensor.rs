@@ -7,7 +7,8 @@
 //! hold it until the receiver has read it, and dropping it then, on any
 //! thread, needs no GIL. Inside a distributed autograd context (one is
 //! current on the thread: `ferry.autograd.context()`, or a call that
-//! brought one) a tensor that requires grad goes out as itself instead,
+//! brought one) a tensor that requires grad goes out as itself instead
+//! (unless grad mode is off, under `torch.no_grad()`),
 //! the same `TensorImpl` Python holds, so that the send function
 //! ferry-autograd records for it is part of the graph Python's `torch`
 //! built, and gradients flow back into that graph. A tensor coming in is
@@ -60,7 +61,8 @@ pub enum Identity {
     /// A detached alias: the same storage and view, a `TensorImpl` of its
     /// own with no autograd history.
     Detached = 0,
-    /// The tensor itself if it requires grad, a detached alias otherwise.
+    /// The tensor itself if it requires grad and grad mode is on (on this
+    /// thread: not under `torch.no_grad()`), a detached alias otherwise.
     IfRequiresGrad = 1,
     /// The tensor itself (the same `TensorImpl`), always.
     Kept = 2,
@@ -69,7 +71,8 @@ pub enum Identity {
 /// The libtorch tensor of the `torch.Tensor` `obj` as it goes out in a
 /// message: a detached alias sharing its storage and view, or, inside a
 /// distributed autograd context, the tensor itself when it requires grad
-/// (see the module's doc).
+/// and grad mode is on, as PyTorch records a send function only then (see
+/// the module's doc).
 pub fn from_python(obj: &Bound<'_, PyAny>) -> Result<tch::Tensor, Error> {
     let identity = if ferry::tensor::grad::current().is_some() {
         Identity::IfRequiresGrad

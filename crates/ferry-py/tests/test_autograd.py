@@ -334,6 +334,16 @@ def test_an_error_in_a_remote_backward_names_its_node(workers):
             dist_autograd.backward(context_id, [out.sum()])
 
 
+def test_under_no_grad_a_context_records_nothing(workers):
+    (a,) = leaves((3,), seed=15)
+    with dist_autograd.context():
+        with torch.no_grad():
+            out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, a))
+        assert not out.requires_grad
+        # Grad mode back on: recorded again.
+        assert rpc.rpc_sync("worker1", fns.mul_add, args=(a, a)).requires_grad
+
+
 def test_outside_a_context_tensors_travel_as_plain_data(workers):
     (a,) = leaves((3,), seed=12)
     out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, a))
