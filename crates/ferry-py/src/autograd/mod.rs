@@ -106,12 +106,10 @@ fn context_id_of(id: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 /// The roots as libtorch tensors: the very tensors Python holds.
 fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
-    let bad = || {
+    let bad = |what: &str, obj: &Bound<'_, PyAny>| {
         Error::Argument(format!(
-            "backward(): incompatible function arguments: roots must be a list of tensors, \
-             not {}",
-            roots
-                .get_type()
+            "backward(): incompatible function arguments: {what}, not {}",
+            obj.get_type()
                 .name()
                 .map(|n| n.to_string())
                 .unwrap_or_default()
@@ -122,7 +120,7 @@ fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
     } else if let Ok(tuple) = roots.cast::<PyTuple>() {
         tuple.iter().collect()
     } else {
-        return Err(bad());
+        return Err(bad("roots must be a list of tensors", roots));
     };
     items
         .iter()
@@ -130,7 +128,7 @@ fn roots_of(roots: &Bound<'_, PyAny>) -> Result<Vec<tch::Tensor>, Error> {
             if tensor::is_tensor(t) {
                 tensor::unpack(t, Identity::Kept)
             } else {
-                Err(bad())
+                Err(bad("every root must be a tensor", t))
             }
         })
         .collect()
