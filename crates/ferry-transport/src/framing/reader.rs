@@ -271,11 +271,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 } else {
                     cma::read_parallel(pid, addr, bytes, threads)
                 };
-                result.map_err(|e| TransportError::Channel {
-                    channel: channel::CMA,
-                    peer: self.peer.clone(),
-                    reason: format!("reading {len} bytes at {addr:#x} failed: {e}"),
-                })?;
+                result.map_err(|e| cma::read_error(&self.peer, len, addr, e))?;
                 self.shared.lock_releases().push(token);
                 self.shared.release_ready.notify_one();
                 Ok(dest)
