@@ -8,10 +8,12 @@ travel by reference and their arguments and results pickled (protocol
 5), every tensor out of band through Ferry's tensor channels.
 """
 
+from ferry.rpc import backend_registry, constants, functions
 from ferry.rpc.api import (
     _all_worker_infos,
     _get_rpc_timeout,
     _set_rpc_timeout,
+    get_rpc_timeout,
     get_worker_info,
     init_rpc,
     remote,
@@ -19,16 +21,31 @@ from ferry.rpc.api import (
     rpc_sync,
     shutdown,
 )
+from ferry.rpc.backend_registry import BackendType
 from ferry.rpc.options import (
     DEFAULT_INIT_METHOD,
     DEFAULT_RPC_TIMEOUT_SEC,
     UNSET_RPC_TIMEOUT,
+    RpcBackendOptions,
     TensorPipeRpcBackendOptions,
     WorkerInfo,
 )
 from ferry.rpc.rref import RRef
 
+
+def is_available():
+    """Whether RPC is available (``torch.distributed.rpc.is_available``):
+    always, where ``ferry.rpc`` imports."""
+    return True
+
+
 __all__ = [
+    "BackendType",
+    "RpcBackendOptions",
+    "backend_registry",
+    "constants",
+    "functions",
+    "get_rpc_timeout",
     "DEFAULT_INIT_METHOD",
     "DEFAULT_RPC_TIMEOUT_SEC",
     "UNSET_RPC_TIMEOUT",
@@ -37,6 +54,7 @@ __all__ = [
     "WorkerInfo",
     "get_worker_info",
     "init_rpc",
+    "is_available",
     "remote",
     "rpc_async",
     "rpc_sync",

@@ -6,8 +6,8 @@ import urllib.parse
 import torch
 
 from ferry import _ferry
-from ferry.rpc import _internal
-from ferry.rpc.options import UNSET_RPC_TIMEOUT, WorkerInfo
+from ferry.rpc import _internal, backend_registry
+from ferry.rpc.options import UNSET_RPC_TIMEOUT, RpcBackendOptions, WorkerInfo
 from ferry.rpc.rref import RRef
 
 _rpc = _ferry.rpc
@@ -26,6 +26,18 @@ def _master_of(init_method):
     return url.hostname, url.port
 
 
+def _is_backend_options(options):
+    """Whether ``options`` are backend options: Ferry's, or PyTorch's
+    (``torch.distributed.rpc.RpcBackendOptions``, whose ``rpc_timeout`` and
+    ``init_method`` Ferry reads)."""
+    if isinstance(options, RpcBackendOptions):
+        return True
+    return any(
+        c.__name__ == "RpcBackendOptions" and c.__module__.startswith("torch")
+        for c in type(options).__mro__
+    )
+
+
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Starts this process's worker ``name`` and waits until the whole
     group has met.
@@ -38,6 +50,10 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     or PyTorch's): its ``rpc_timeout`` is the default timeout of calls.
     ``backend`` is accepted for compatibility; Ferry is the backend.
     """
+    if backend is not None and not backend_registry.is_backend(backend):
+        raise TypeError("Argument backend must be a member of BackendType")
+    if rpc_backend_options is not None and not _is_backend_options(rpc_backend_options):
+        raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     rpc_timeout = None
@@ -74,9 +90,13 @@ def _all_worker_infos():
     return [WorkerInfo(n, r) for n, r in _rpc.workers()]
 
 
-def _get_rpc_timeout():
+def get_rpc_timeout():
     """The default timeout of calls, in seconds (0: none)."""
     return _rpc.get_rpc_timeout()
+
+
+#: ``get_rpc_timeout`` under the name ``ferry.rpc`` first offered.
+_get_rpc_timeout = get_rpc_timeout
 
 
 def _set_rpc_timeout(rpc_timeout):

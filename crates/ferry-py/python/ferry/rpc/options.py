@@ -1,12 +1,12 @@
 """``WorkerInfo``, the backend options and the constants of ``ferry.rpc``,
 as ``torch.distributed.rpc`` names them."""
 
-#: PyTorch's default timeout of calls, in seconds.
-DEFAULT_RPC_TIMEOUT_SEC = 60.0
-#: A call's ``timeout`` left unset: the agent's default applies.
-UNSET_RPC_TIMEOUT = -1.0
-#: PyTorch's default ``init_method``: ``MASTER_ADDR`` and ``MASTER_PORT``.
-DEFAULT_INIT_METHOD = "env://"
+from ferry.rpc.constants import (
+    DEFAULT_INIT_METHOD,
+    DEFAULT_NUM_WORKER_THREADS,
+    DEFAULT_RPC_TIMEOUT_SEC,
+    UNSET_RPC_TIMEOUT,  # noqa: F401  (re-exported)
+)
 
 
 class WorkerInfo:
@@ -35,7 +35,18 @@ class WorkerInfo:
         return (WorkerInfo, (self.name, self.id))
 
 
-class TensorPipeRpcBackendOptions:
+class RpcBackendOptions:
+    """The options every backend takes (PyTorch's base class of backend
+    options): ``rpc_timeout``, the default timeout of calls in seconds (0:
+    none), and ``init_method``, where the group meets (``"env://"`` or
+    ``"tcp://host:port"``)."""
+
+    def __init__(self, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC, init_method=DEFAULT_INIT_METHOD):
+        self.rpc_timeout = rpc_timeout
+        self.init_method = init_method
+
+
+class TensorPipeRpcBackendOptions(RpcBackendOptions):
     """The options ``init_rpc`` takes, with PyTorch's names.
 
     ``rpc_timeout`` (seconds, 0 for none) is the default timeout of calls;
@@ -50,7 +61,7 @@ class TensorPipeRpcBackendOptions:
     def __init__(
         self,
         *,
-        num_worker_threads=16,
+        num_worker_threads=DEFAULT_NUM_WORKER_THREADS,
         rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
         init_method=DEFAULT_INIT_METHOD,
         device_maps=None,
@@ -58,9 +69,8 @@ class TensorPipeRpcBackendOptions:
         _transports=None,
         _channels=None,
     ):
+        super().__init__(rpc_timeout=rpc_timeout, init_method=init_method)
         self.num_worker_threads = num_worker_threads
-        self.rpc_timeout = rpc_timeout
-        self.init_method = init_method
         self.device_maps = dict(device_maps or {})
         self.devices = list(devices or [])
         self._transports = _transports
