@@ -16,6 +16,7 @@ import traceback
 import torch
 
 from ferry import _ferry
+from ferry.rpc.functions import is_async_execution
 from ferry.rpc.rref import RRef as _RRef
 
 _rpc = _ferry.rpc
@@ -39,7 +40,9 @@ class _Pickler(pickle.Pickler):
     def persistent_id(self, obj):
         # Exactly torch.Tensor: subclasses (nn.Parameter) reduce through
         # their own __reduce_ex__ to plain tensors, which then land here.
-        if type(obj) is torch.Tensor:
+        # Strided only: a sparse tensor has no storage of its own and
+        # reduces to its dense parts (indices, values), which land here.
+        if type(obj) is torch.Tensor and obj.layout == torch.strided:
             self.tensors.append(obj)
             return 2 * (len(self.tensors) - 1)
         if type(obj) is _RRef:
@@ -124,12 +127,34 @@ def run(data, tensors, rrefs):
         return True, dumps(_remote_exception(e))
 
 
+def call_function(func, args, kwargs):
+    """``func(*args, **kwargs)``; for a function marked with
+    ``functions.async_execution``, the value of the future it returned,
+    once that completes."""
+    result = func(*args, **kwargs)
+    if is_async_execution(func):
+        result = wait_async_result(result)
+    return result
+
+
+def wait_async_result(result):
+    """The value of the future an ``async_execution`` function returned,
+    waited for (the GIL released meanwhile, as ``Future.wait`` does)."""
+    # torch._C.Future: `then()` returns the C++ type, not torch.futures.Future.
+    if not isinstance(result, torch._C.Future):
+        raise RuntimeError(
+            "Functions decorated with @rpc.async_function must return a "
+            f"torch.futures.Future object, but got {type(result)}"
+        )
+    return result.wait()
+
+
 def run_object(data, tensors, rrefs):
     """Runs a pickled ``(function, args, kwargs)``: ``(raised, object)``,
     the object being the result or the ``RemoteException``."""
     try:
         func, args, kwargs = loads(data, tensors, rrefs)
-        return False, func(*args, **kwargs)
+        return False, call_function(func, args, kwargs)
     except Exception as e:
         return True, _remote_exception(e)
 

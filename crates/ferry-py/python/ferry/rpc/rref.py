@@ -2,6 +2,7 @@
 after ``torch.distributed.rpc.RRef``, held by Ferry's RRef protocol."""
 
 import functools
+import types
 
 from ferry import _ferry
 from ferry.rpc.options import UNSET_RPC_TIMEOUT, WorkerInfo
@@ -23,6 +24,10 @@ class RRef:
 
     def __init__(self, value, type_hint=None):
         self._handle = _Handle.local(value)
+
+    def __class_getitem__(cls, item):
+        """``RRef[T]``: an annotation, as PyTorch's ``RRef`` is generic."""
+        return types.GenericAlias(cls, item)
 
     @classmethod
     def _from_handle(cls, handle):
@@ -96,8 +101,11 @@ class RRef:
 
 def _local_invoke(rref, name, args, kwargs):
     """Runs method ``name`` of the value on its owner (what the proxies
-    call there)."""
-    return getattr(rref.local_value(), name)(*args, **kwargs)
+    call there); for a method marked with ``functions.async_execution``,
+    the value of the future it returned."""
+    from ferry.rpc import _internal
+
+    return _internal.call_function(getattr(rref.local_value(), name), args, kwargs)
 
 
 def _invoke(rref, api, name, timeout, *args, **kwargs):
