@@ -11,9 +11,10 @@ use ferry::RRefError;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::PyErr;
 
-/// What PyTorch raises when no agent runs (`_get_current_rpc_agent`).
-pub const NOT_INITIALIZED: &str = "Current RPC agent is not set! Did you initialize the RPC \
-                                   framework (e.g. by calling `rpc.init_rpc`)?";
+/// What PyTorch's API functions (`rpc_sync`, `remote`, `shutdown`, ...)
+/// raise when no agent runs (its `_require_initialized`), naming Ferry's
+/// `init_rpc`.
+pub const NOT_INITIALIZED: &str = "RPC has not been initialized. Call ferry.rpc.init_rpc first.";
 
 /// What PyTorch raises when a `remote` call's creation timed out.
 pub const CREATION_TIMED_OUT: &str = "RRef creation via rpc.remote() timed out, and it is \
@@ -55,6 +56,17 @@ fn rpc_to_py(e: RpcError) -> PyErr {
         RpcError::Timeout { after, .. } => PyRuntimeError::new_err(timeout_message(after)),
         RpcError::NotInitialized => PyRuntimeError::new_err(NOT_INITIALIZED),
         RpcError::Config(_) | RpcError::InvalidName { .. } => PyValueError::new_err(e.to_string()),
+        // PyTorch's agent: "name:{},rank:{} could not find destination name {}".
+        RpcError::UnknownWorker(ref name) => {
+            PyRuntimeError::new_err(format!("could not find destination name {name}: {e}"))
+        }
+        // PyTorch's rendezvous: "Worker name {} is not unique. Workers ...".
+        RpcError::DuplicateName {
+            ref name,
+            ref ranks,
+        } => PyRuntimeError::new_err(format!(
+            "Worker name {name} is not unique: ranks {ranks:?} use it"
+        )),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }

@@ -35,7 +35,7 @@ def main(mode):
         try:
             rpc.rpc_sync("worker1", fns.add, args=(1, 2))
         except RuntimeError as e:
-            assert "Current RPC agent is not set" in str(e), str(e)
+            assert "RPC has not been initialized" in str(e), str(e)
         else:
             raise AssertionError("rpc_sync before init_rpc did not raise")
         return

@@ -153,7 +153,14 @@ def run_object(data, tensors, rrefs):
     """Runs a pickled ``(function, args, kwargs)``: ``(raised, object)``,
     the object being the result or the ``RemoteException``."""
     try:
-        func, args, kwargs = loads(data, tensors, rrefs)
+        try:
+            func, args, kwargs = loads(data, tensors, rrefs)
+        except AttributeError as e:
+            # A function or class the caller has and this worker lacks.
+            raise RuntimeError(
+                f"{e}. The RPC pickler does not serialize function code: define the "
+                "functions and classes a call names on both the caller and the callee."
+            ) from e
         return False, call_function(func, args, kwargs)
     except Exception as e:
         return True, _remote_exception(e)

@@ -1,13 +1,20 @@
 """The calls of ``ferry.rpc``, with ``torch.distributed.rpc``'s signatures
 and semantics."""
 
+import contextlib
+import threading
 import urllib.parse
 
 import torch
 
 from ferry import _ferry
 from ferry.rpc import _internal, backend_registry
-from ferry.rpc.options import UNSET_RPC_TIMEOUT, RpcBackendOptions, WorkerInfo
+from ferry.rpc.options import (
+    UNSET_RPC_TIMEOUT,
+    RpcBackendOptions,
+    TensorPipeRpcBackendOptions,
+    WorkerInfo,
+)
 from ferry.rpc.rref import RRef
 
 _rpc = _ferry.rpc
@@ -38,6 +45,16 @@ def _is_backend_options(options):
     )
 
 
+def _is_tensorpipe_options(options):
+    """Whether ``options`` are TensorPipe's options, Ferry's or PyTorch's."""
+    if isinstance(options, TensorPipeRpcBackendOptions):
+        return True
+    return any(
+        c.__name__ == "TensorPipeRpcBackendOptions" and c.__module__.startswith("torch")
+        for c in type(options).__mro__
+    )
+
+
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Starts this process's worker ``name`` and waits until the whole
     group has met.
@@ -52,8 +69,19 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     """
     if backend is not None and not backend_registry.is_backend(backend):
         raise TypeError("Argument backend must be a member of BackendType")
-    if rpc_backend_options is not None and not _is_backend_options(rpc_backend_options):
-        raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
+    if rpc_backend_options is not None:
+        if not _is_backend_options(rpc_backend_options):
+            raise TypeError(
+                "Argument rpc_backend_options must be an instance of RpcBackendOptions"
+            )
+        # Ferry's agent takes TensorPipe's options (its only backend's).
+        if not _is_tensorpipe_options(rpc_backend_options):
+            if backend is None:
+                raise TypeError(f"Could not infer backend for options {rpc_backend_options}")
+            raise TypeError(
+                "`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. "
+                f"Got {type(rpc_backend_options)}."
+            )
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     rpc_timeout = None
@@ -113,8 +141,10 @@ def _to(to):
     name = getattr(to, "name", None)  # torch's own WorkerInfo
     if isinstance(name, str):
         return name
-    raise TypeError(
-        f"a worker is named by a str, an int rank or a WorkerInfo, not {type(to).__name__}"
+    # PyTorch's `_to_worker_info` raises ValueError here too.
+    raise ValueError(
+        f"Cannot get WorkerInfo from name {to!r}: a worker is named by a str, "
+        f"an int rank or a WorkerInfo, not {type(to).__name__}"
     )
 
 
@@ -133,6 +163,26 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     data, tensors, rrefs = _pickled_call(func, args, kwargs)
     reply = _rpc.rpc_sync(_to(to), data, tensors, rrefs, float(timeout))
     return _internal.load_reply(*reply)
+
+
+#: Per thread: the futures of ``rpc_async`` calls made inside ``_wait_all``.
+_thread_local_var = threading.local()
+
+
+@contextlib.contextmanager
+def _wait_all():
+    """Collects the futures of the ``rpc_async`` calls this thread makes in
+    the block and waits for all of them when it exits
+    (``torch.futures.wait_all``: the first error raised), as PyTorch's
+    ``rpc.api._wait_all`` does."""
+    _thread_local_var.future_list = []
+    try:
+        yield
+    finally:
+        try:
+            torch.futures.wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
 
 
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
@@ -154,6 +204,9 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
             fut.set_result(value)
 
     _rpc.rpc_async(_to(to), data, tensors, rrefs, float(timeout), on_done)
+    pending = getattr(_thread_local_var, "future_list", None)
+    if pending is not None:
+        pending.append(fut)
     return fut
 
 

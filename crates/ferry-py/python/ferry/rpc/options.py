@@ -1,6 +1,8 @@
 """``WorkerInfo``, the backend options and the constants of ``ferry.rpc``,
 as ``torch.distributed.rpc`` names them."""
 
+import re
+
 from ferry.rpc.constants import (
     DEFAULT_INIT_METHOD,
     DEFAULT_NUM_WORKER_THREADS,
@@ -9,12 +11,27 @@ from ferry.rpc.constants import (
 )
 
 
+#: What a worker's name may hold (PyTorch's rule, and Ferry's).
+NAME_PATTERN = "^[A-Za-z0-9-_:]*$"
+#: A worker's name is shorter than this.
+MAX_NAME_LEN = 128
+
+
+def _valid_name(name):
+    return 0 < len(name) < MAX_NAME_LEN and re.fullmatch(r"[A-Za-z0-9\-_:]*", name) is not None
+
+
 class WorkerInfo:
     """A worker of the group: its unique ``name`` and its rank, ``id``."""
 
     __slots__ = ("name", "id")
 
     def __init__(self, name, id):
+        if not isinstance(name, str) or not _valid_name(name):
+            raise RuntimeError(
+                f"Worker name must match {NAME_PATTERN}, and must be non-empty and "
+                f"shorter than {MAX_NAME_LEN} chars (got {name!r})"
+            )
         self.name = name
         self.id = id
 
@@ -69,6 +86,13 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         _transports=None,
         _channels=None,
     ):
+        # PyTorch's options are a pybind class: a timeout that is not a
+        # number of seconds (a timedelta) does not match its constructor.
+        if isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float)):
+            raise TypeError(
+                "TensorPipeRpcBackendOptions(): incompatible constructor arguments: "
+                f"rpc_timeout is a number of seconds, not {type(rpc_timeout).__name__}"
+            )
         super().__init__(rpc_timeout=rpc_timeout, init_method=init_method)
         self.num_worker_threads = num_worker_threads
         self.device_maps = dict(device_maps or {})

@@ -20,10 +20,11 @@ class RRef:
     worker can reach it.
     """
 
-    __slots__ = ("_handle",)
+    __slots__ = ("_handle", "_type")
 
     def __init__(self, value, type_hint=None):
         self._handle = _Handle.local(value)
+        self._type = None
 
     def __class_getitem__(cls, item):
         """``RRef[T]``: an annotation, as PyTorch's ``RRef`` is generic."""
@@ -33,6 +34,7 @@ class RRef:
     def _from_handle(cls, handle):
         rref = cls.__new__(cls)
         rref._handle = handle
+        rref._type = None
         return rref
 
     def owner(self):
@@ -73,6 +75,39 @@ class RRef:
             return self.local_value()
         return _internal.load_reply(*self._handle.to_here(float(timeout)))
 
+    def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+        """The type of the value (PyTorch's ``RRef._get_type``): asked of
+        the owner once, then remembered. Blocking, the type (raising what
+        the function creating the value raised); otherwise a
+        ``torch.futures.Future`` of it."""
+        import torch
+
+        if self._type is not None:
+            if blocking:
+                return self._type
+            done = torch.futures.Future()
+            done.set_result(self._type)
+            return done
+        if self.is_owner():
+            fut = torch.futures.Future()
+            try:
+                fut.set_result(type(self.local_value()))
+            except Exception as e:
+                fut.set_exception(e)
+        else:
+            from ferry.rpc import api as rpc_api
+
+            fut = rpc_api.rpc_async(self.owner(), _type_on_owner, args=(self,), timeout=timeout)
+
+        def remember(f):
+            try:
+                self._type = f.value()
+            except Exception:
+                pass  # not remembered: it reaches whoever waits on `fut`
+
+        fut.add_done_callback(remember)
+        return fut.wait() if blocking else fut
+
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         """A proxy running the value's methods on the owner with
         ``rpc_sync``: ``rref.rpc_sync().method(*args)``."""
@@ -93,10 +128,17 @@ class RRef:
         return f"{kind}({self._handle.rref_id()}, owner={self.owner_name()})"
 
     def __reduce__(self):
+        # PyTorch's message, then where an RRef may travel.
         raise RuntimeError(
-            "an RRef can be pickled only inside the arguments or results of "
-            "rpc_sync, rpc_async or remote"
+            "Can not pickle rref in python pickler, rref can only be pickled when "
+            "using RPC (only inside the arguments or results of rpc_sync, rpc_async "
+            "or remote)"
         )
+
+
+def _type_on_owner(rref):
+    """The type of the value, on its owner (``RRef._get_type``)."""
+    return type(rref.local_value())
 
 
 def _local_invoke(rref, name, args, kwargs):
