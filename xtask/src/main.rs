@@ -6,6 +6,8 @@
 //!   then in one process; a measured step beside its simulation);
 //! - `cargo xtask test`: everything CI runs (fmt, clippy, tests, doctests,
 //!   fuzz harness check, cargo-deny), installing the tools it needs;
+//! - `cargo xtask torch-suites [--all [--update]]`: PyTorch's RPC test
+//!   suites against `ferry.rpc` ([`torch_suites`]);
 //! - `cargo xtask gpu-bundle`: the GPU check as prebuilt binaries and a
 //!   script, for a machine with a GPU and no Rust toolchain;
 //! - `cargo xtask bench [--quick]`: criterion benches and the side-by-side
@@ -27,6 +29,7 @@ mod steps;
 mod test;
 #[cfg(test)]
 mod tidy;
+mod torch_suites;
 mod ucx_bindings;
 
 use anyhow::{bail, Result};
@@ -43,6 +46,12 @@ commands:
                     step time and speedup, a measured step beside the simulator's prediction in
                     the terminal and in target/demo/pipeline-step.svg, its Chrome trace beside it)
   test              everything CI runs: fmt, clippy, tests, doctests, fuzz check, cargo-deny
+  torch-suites [--all [--update]]
+                    PyTorch's RPC test suites (rpc_test.py, dist_autograd_test.py,
+                    dist_optimizer_test.py) against ferry.rpc: the expected passes
+                    (crates/ferry-py/tests/torch_suites/expected.txt), or with --all every test
+                    not skipped (skips.txt), counts per suite and new passes, each test's outcome
+                    in target/torch-suites.tsv; --update rewrites expected.txt
   bench [--quick]   criterion benches + Ferry vs peer tables (target/ferry-bench/):
                     RPC latency, tensor vs RRef argument overhead (the paper's Table 1) and
                     distributed autograd overhead (Table 2) against PyTorch RPC; the lighthouse
@@ -86,6 +95,7 @@ fn run() -> Result<()> {
             no_args("test", &rest)?;
             test::main()
         }
+        "torch-suites" => torch_suites::main(&rest),
         "bench" => bench::main(&bench::Options::parse(&rest)?),
         "gpu-bundle" => {
             no_args("gpu-bundle", &rest)?;

@@ -168,10 +168,14 @@ pub(crate) fn ensure_torchft() -> Result<&'static str> {
 pub(crate) const MATURIN_VERSION: &str = "1.16.0";
 /// The pytest that runs ferry-py's Python tests.
 pub(crate) const PYTEST_VERSION: &str = "9.2.0";
+/// The expecttest that `torch.testing._internal` imports (PyTorch's RPC
+/// suites, `torch_suites`); torch's wheel does not require it.
+pub(crate) const EXPECTTEST_VERSION: &str = "0.3.0";
 
-/// Ensures `.venv` has `maturin==MATURIN_VERSION` and
-/// `pytest==PYTEST_VERSION` (ferry-py's build and tests); run
-/// [`ensure_venv`] first. Both are pure-Python or prebuilt wheels from
+/// Ensures `.venv` has `maturin==MATURIN_VERSION`,
+/// `pytest==PYTEST_VERSION` and `expecttest==EXPECTTEST_VERSION`
+/// (ferry-py's build and tests, PyTorch's RPC suites); run
+/// [`ensure_venv`] first. All are pure-Python or prebuilt wheels from
 /// PyPI and leave torch alone.
 pub(crate) fn ensure_python_test_tools() -> Result<&'static str> {
     let py_path = venv_python();
@@ -179,18 +183,23 @@ pub(crate) fn ensure_python_test_tools() -> Result<&'static str> {
     let check = format!(
         "import importlib.metadata as m\n\
          assert m.version('maturin') == '{MATURIN_VERSION}', m.version('maturin')\n\
-         assert m.version('pytest') == '{PYTEST_VERSION}', m.version('pytest')"
+         assert m.version('pytest') == '{PYTEST_VERSION}', m.version('pytest')\n\
+         assert m.version('expecttest') == '{EXPECTTEST_VERSION}', m.version('expecttest')"
     );
     if succeeds(&mut cmd(&py, &["-c", &check])) {
-        eprintln!("    .venv has maturin {MATURIN_VERSION} and pytest {PYTEST_VERSION}");
+        eprintln!(
+            "    .venv has maturin {MATURIN_VERSION}, pytest {PYTEST_VERSION} and \
+             expecttest {EXPECTTEST_VERSION}"
+        );
         return Ok("present");
     }
     let maturin = format!("maturin=={MATURIN_VERSION}");
     let pytest = format!("pytest=={PYTEST_VERSION}");
-    pip_install(&py, &[&maturin, &pytest])
-        .context("could not install maturin and pytest into .venv")?;
+    let expecttest = format!("expecttest=={EXPECTTEST_VERSION}");
+    pip_install(&py, &[&maturin, &pytest, &expecttest])
+        .context("could not install maturin, pytest and expecttest into .venv")?;
     run(&mut cmd(&py, &["-c", &check]))
-        .context(".venv still lacks maturin or pytest after pip install")?;
+        .context(".venv still lacks maturin, pytest or expecttest after pip install")?;
     Ok("installed")
 }
 

@@ -7,6 +7,7 @@ use crate::setup::{
     ensure_venv, ferry_py_dir, has_cargo_tool, install_ferry_py, venv_python, with_libtorch,
 };
 use crate::steps::{cargo, cmd, is_ci, root, run, Steps};
+use crate::torch_suites;
 
 /// Workspace crates that link libtorch. They are excluded from the plain
 /// clippy/test runs (which must work without libtorch); adding a crate here is
@@ -435,6 +436,9 @@ pub(crate) fn main() -> Result<()> {
         let mut c = cmd(&py.to_string_lossy(), &["-m", "pytest", "-q"]);
         c.current_dir(ferry_py_dir());
         run(with_libtorch(&mut c))
+    })?;
+    steps.step("ferry-py: PyTorch's RPC suites (expected passes)", || {
+        torch_suites::run_suites(torch_suites::Select::Expected)
     })?;
     // ferry-tch with `cuda`: libtorch's CUDA backend loader, CUDA tensors
     // refused without a GPU; the GPU case skips here (it runs where CUDA is).
