@@ -44,8 +44,6 @@
 
 use std::io;
 
-use crate::TransportError;
-
 /// Why `cma` cannot be used in this process, or its domain descriptor.
 pub(crate) fn descriptor() -> Result<String, String> {
     probe_syscall()?;
@@ -149,31 +147,11 @@ pub(crate) fn read(pid: i32, remote_addr: u64, dest: &mut [u8]) -> io::Result<()
     Ok(())
 }
 
-/// The error for a failed read of `len` bytes at `remote_addr` from
-/// `peer`: the peer's process gone (`ESRCH`: it died after sending the
-/// record) is the connection lost, an [`Io`](TransportError::Io) error,
-/// as a closed socket would be; anything else (an address the peer does
-/// not map) is the channel failing.
-pub(crate) fn read_error(
-    peer: &str,
-    len: usize,
-    remote_addr: u64,
-    error: io::Error,
-) -> TransportError {
-    if error.raw_os_error() == Some(libc::ESRCH) {
-        return TransportError::Io {
-            peer: peer.to_owned(),
-            source: io::Error::new(
-                error.kind(),
-                format!("its process is gone (reading {len} bytes by cma: {error})"),
-            ),
-        };
-    }
-    TransportError::Channel {
-        channel: crate::channel::CMA,
-        peer: peer.to_owned(),
-        reason: format!("reading {len} bytes at {remote_addr:#x} failed: {error}"),
-    }
+/// Whether a failed [`read`] failed because the peer's process is gone
+/// (`ESRCH`: it died after sending the record): the connection lost,
+/// as a closed socket would be, rather than the channel failing.
+pub(crate) fn peer_gone(error: &io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// Copies a large tensor with `threads` threads in parallel, each pulling one
@@ -217,33 +195,17 @@ pub(crate) const PARALLEL_MIN: usize = 8 << 20;
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
-    fn a_peer_process_that_is_gone_is_a_lost_connection() {
+    fn a_peer_process_that_is_gone_is_told_apart() {
         // No process has pid i32::MAX (above pid_max): ESRCH, as for a
         // peer that died after sending its record.
         let mut dest = [0u8; 8];
         let error = read(i32::MAX, 0x1000, &mut dest).unwrap_err();
-        assert_eq!(error.raw_os_error(), Some(libc::ESRCH), "{error}");
-        let e = read_error("worker1", 8, 0x1000, error);
-        assert!(matches!(e, TransportError::Io { .. }), "{e}");
-        assert!(
-            e.to_string().contains("worker1: its process is gone"),
-            "{e}"
-        );
-        // Another failure is the channel's.
-        let e = read_error(
-            "worker1",
-            8,
-            0x1000,
-            io::Error::from_raw_os_error(libc::EFAULT),
-        );
-        assert!(
-            matches!(e, TransportError::Channel { channel: "cma", .. }),
-            "{e}"
-        );
+        assert!(peer_gone(&error), "{error}");
+        assert!(!peer_gone(&io::Error::from_raw_os_error(libc::EFAULT)));
     }
-
-    use super::*;
 
     #[test]
     fn this_process_reads_itself_and_names_its_domain() {

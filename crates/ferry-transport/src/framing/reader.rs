@@ -271,7 +271,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 } else {
                     cma::read_parallel(pid, addr, bytes, threads)
                 };
-                result.map_err(|e| cma::read_error(&self.peer, len, addr, e))?;
+                result.map_err(|e| {
+                    if cma::peer_gone(&e) {
+                        TransportError::Io {
+                            peer: self.peer.clone(),
+                            source: std::io::Error::new(
+                                e.kind(),
+                                format!("its process is gone (reading {len} bytes by cma: {e})"),
+                            ),
+                        }
+                    } else {
+                        TransportError::Channel {
+                            channel: channel::CMA,
+                            peer: self.peer.clone(),
+                            reason: format!("reading {len} bytes at {addr:#x} failed: {e}"),
+                        }
+                    }
+                })?;
                 self.shared.lock_releases().push(token);
                 self.shared.release_ready.notify_one();
                 Ok(dest)
