@@ -62,7 +62,7 @@ pub(crate) fn sides_in_order(run: usize) -> [bool; 2] {
 }
 
 impl Comparison<'_> {
-    /// The steps `ferry: <name>`, `peer: <script> (PyTorch RPC)` (where the
+    /// The steps `ferry: <name>`, `peer: <script>` (where the
     /// script is there) and `table: <name>`; under `--table-only`, only
     /// the table.
     pub(crate) fn run(&self, steps: &mut Steps, o: &Options) -> Result<()> {
@@ -97,7 +97,7 @@ impl Comparison<'_> {
                         })?;
                         ferry_runs.extend(read(&ferry_out)?);
                     } else if let Some(script) = &script {
-                        let name = format!("peer: {} (PyTorch RPC){of}", self.peer_script);
+                        let name = format!("peer: {}{of}", self.peer_script);
                         steps.step(&name, || self.run_peer(o, script, &peer_out))?;
                         peer_runs.extend(read(&peer_out)?);
                     }
