@@ -195,6 +195,35 @@ pub fn decode<T: DeserializeOwned>(
     Ok(value)
 }
 
+/// [`decode`] with a [`DeserializeSeed`](serde::de::DeserializeSeed)
+/// driving it: for a value whose type is known at run time only (a
+/// binding to another language decoding by a described shape). The same
+/// rules: trailing bytes, indices out of range and tensors taken twice are
+/// errors.
+pub fn decode_seed<'de, S: serde::de::DeserializeSeed<'de>>(
+    seed: S,
+    payload: &'de [u8],
+    tensors: Vec<IncomingTensor>,
+) -> Result<S::Value, WireError> {
+    DECODING.with(|s| s.borrow_mut().push(tensors.into_iter().map(Some).collect()));
+    let _scope = Scope(|| {
+        DECODING.with(|s| {
+            s.borrow_mut().pop();
+        })
+    });
+    LAST_CUSTOM.with(|c| c.borrow_mut().take());
+    let mut de = postcard::Deserializer::from_bytes(payload);
+    let value = seed.deserialize(&mut de).map_err(payload_error)?;
+    let rest = de.finalize().map_err(payload_error)?;
+    if !rest.is_empty() {
+        return Err(WireError::Trailing {
+            what: "payload",
+            count: rest.len() as u64,
+        });
+    }
+    Ok(value)
+}
+
 /// Called by a tensor type's `Serialize` impl: appends the tensor to the
 /// active table and writes its index.
 ///
