@@ -341,7 +341,7 @@ impl Functions {
         self.map.get(name)
     }
 
-    fn insert(&mut self, name: &str, f: Function) -> &mut Self {
+    pub(crate) fn insert(&mut self, name: &str, f: Function) -> &mut Self {
         self.map.insert(name.to_string(), f);
         self
     }

@@ -67,6 +67,8 @@ mod boxed;
 mod call;
 mod calling;
 mod current;
+pub mod describe;
+mod dynamic;
 mod error;
 mod fallible;
 mod functions;
@@ -105,6 +107,7 @@ pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
 pub use boxed::BoxFuture;
 pub use call::{wait_all, RpcFuture};
 pub use calling::{by_name, ByName, Call, CallOptions};
+pub use dynamic::RawFuture;
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{

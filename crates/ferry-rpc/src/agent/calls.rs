@@ -37,7 +37,7 @@ impl Agent {
     ) -> RpcFuture<R> {
         match self
             .inner
-            .start_call(to, function, signature, &args, timeout)
+            .start_call(to, function, signature.id(), &args, timeout)
         {
             Ok((slot, worker)) => RpcFuture::new(slot, worker, function.to_string(), signature)
                 .with_agent(self.downgrade()),
@@ -112,11 +112,11 @@ impl std::future::Future for ServiceFuture {
 impl Inner {
     /// Encodes a call of `function` with `args` (its watches attached to
     /// the call, or settled at once if it never leaves) and sends it to `to`.
-    pub(super) fn start_call<A: Serialize>(
+    pub(crate) fn start_call<A: Serialize + ?Sized>(
         self: &Arc<Self>,
         to: WorkerRef,
         function: &str,
-        signature: Signature,
+        signature: crate::SignatureId,
         args: &A,
         timeout: Duration,
     ) -> Result<(Arc<CallSlot>, String), RpcError> {
@@ -124,7 +124,7 @@ impl Inner {
         let rank = self.resolve(&to)?;
         let mut header = CallHeader {
             function: function.to_string(),
-            signature: signature.id(),
+            signature,
             extensions: Vec::new(),
         };
         let codec = |e: ferry_wire::WireError| RpcError::Codec {
