@@ -391,7 +391,7 @@ impl RRefContext {
         agent: &Agent,
         owner: WorkerId,
         function: &str,
-        signature: &ferry_rpc::Signature,
+        caller: &crate::Caller,
         (args, watches): (Encoded, Watches),
         timeout: Duration,
     ) -> (RRefId, Holder) {
@@ -412,9 +412,9 @@ impl RRefContext {
             rref_id,
             fork_id,
             function: function.to_string(),
-            signature: signature.id(),
-            caller: signature.shown(true),
-            caller_names: signature.shown(false),
+            signature: caller.signature,
+            caller: caller.shown.clone(),
+            caller_names: caller.names.clone(),
         };
         let message = match payload::encode(&header) {
             Ok(mut m) => {

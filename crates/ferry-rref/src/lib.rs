@@ -47,6 +47,7 @@
 //! `call_by_name` are the string-named forms for dynamic use.
 
 mod context;
+mod dynamic;
 mod error;
 mod message;
 mod method;
@@ -66,6 +67,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use context::{DebugInfo, RRefContext};
+pub use dynamic::DynRRef;
 pub use error::RRefError;
 pub use message::RREF_SERVICE;
 pub use method::{Method, MethodsExt};
@@ -99,12 +101,39 @@ where
     R: Serialize + DeserializeOwned + Send + 'static,
     A: Serialize,
 {
+    let caller = Caller {
+        signature: signature.id(),
+        shown: signature.shown(true),
+        names: signature.shown(false),
+    };
+    let (ctx, rref_id, holder, owner) = remote_with(agent, to, function, &caller, &args, timeout)?;
+    Ok(RRef::from_parts(ctx, rref_id, holder, owner))
+}
+
+/// Starts a `remote` call of `function` on `to` with `args`, as `caller`:
+/// the new RRef's parts.
+pub(crate) fn remote_with<A: Serialize + ?Sized>(
+    agent: &Agent,
+    to: WorkerRef,
+    function: &str,
+    caller: &Caller,
+    args: &A,
+    timeout: Duration,
+) -> Result<
+    (
+        Arc<RRefContext>,
+        RRefId,
+        protocol::Holder,
+        protocol::WorkerId,
+    ),
+    RRefError,
+> {
     let ctx = RRefContext::of(agent)?;
     let owner = agent.get_worker_info(to)?.id;
 
     // RRefs in the arguments are forked into this message: undone if the
     // owner never decodes it.
-    let (args, watches) = ferry_rpc::watch::encoding_message(|| payload::encode(&args));
+    let (args, watches) = ferry_rpc::watch::encoding_message(|| payload::encode(args));
     let args = match args {
         Ok(args) => args,
         Err(e) => {
@@ -114,9 +143,19 @@ where
             )));
         }
     };
-    let (rref_id, holder) =
-        ctx.remote(agent, owner, function, &signature, (args, watches), timeout);
-    Ok(RRef::from_parts(ctx, rref_id, holder, owner))
+    let (rref_id, holder) = ctx.remote(agent, owner, function, caller, (args, watches), timeout);
+    Ok((ctx, rref_id, holder, owner))
+}
+
+/// What a `remote` call tells its owner of its caller's signature: what
+/// the type check compares, and how a refusal writes it.
+pub(crate) struct Caller {
+    /// The signature's hashes.
+    pub(crate) signature: ferry_rpc::SignatureId,
+    /// As declared shapes if typed, else type names (`shown(true)`).
+    pub(crate) shown: String,
+    /// As type names (`shown(false)`).
+    pub(crate) names: String,
 }
 
 /// Counts of this process's RRef tables.

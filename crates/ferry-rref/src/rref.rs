@@ -119,6 +119,112 @@ impl<T> RRef<T> {
         })
     }
 
+    /// Fetches the value from its owner as the type called `type_name`
+    /// there, decoded by `decode` from the value's payload and tensors
+    /// (with the agent current): `to_here` for a type named at compile time
+    /// or, for [`DynRRef`](crate::DynRRef), at run time.
+    pub(crate) fn fetch_as<V, F>(
+        &self,
+        agent: &ferry_rpc::Agent,
+        timeout: Duration,
+        type_name: String,
+        decode: F,
+    ) -> Result<impl std::future::Future<Output = Result<V, RRefError>> + Send + 'static, RRefError>
+    where
+        V: 'static,
+        F: FnOnce(
+                &[u8],
+                Vec<ferry_wire::payload::IncomingTensor>,
+            ) -> Result<V, ferry_wire::WireError>
+            + Send
+            + 'static,
+    {
+        self.check_created()?;
+        let h = &self.handle;
+        let request = RRefMessage::ToHere {
+            rref_id: h.rref_id,
+            type_name: type_name.clone(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        let message = payload::encode(&request).map_err(|e| RRefError::Codec(e.to_string()))?;
+        let reply = agent.call_service(h.owner, RREF_SERVICE, message, timeout);
+        let (rref_id, owner) = (h.rref_id, self.owner_name());
+        let handle = self.handle.clone();
+        let agent = agent.clone();
+        let holder = h.holder;
+        Ok(async move {
+            let ctx = handle.ctx.clone();
+            let outcome = tokio::select! {
+                r = reply => r,
+                () = ctx.creation_failure(holder) => {
+                    return Err(ctx.creation_failed(holder, rref_id, handle.owner));
+                }
+            };
+            let result = match outcome {
+                Ok(msg) => to_here_reply(&agent, msg, rref_id, owner, timeout, &type_name, decode),
+                Err(RpcError::Timeout { after, .. }) => Err(RRefError::Timeout {
+                    rref_id,
+                    owner,
+                    after,
+                }),
+                Err(e) => Err(e.into()),
+            };
+            // The handle lives until the reply has arrived.
+            drop(handle);
+            result
+        })
+    }
+
+    /// Forks the RRef into the message being encoded, as an RRef to the
+    /// type called `type_name` (see `Serialize`).
+    pub(crate) fn serialize_as<S: Serializer>(
+        &self,
+        type_name: &str,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let h = &self.handle;
+        if !ferry_rpc::watch::is_encoding_message() {
+            let e = RRefError::OutsideMessage { rref_id: h.rref_id };
+            return Err(payload::custom_ser_error::<S::Error>(e.to_string()));
+        }
+        let fork = h
+            .ctx
+            .fork(h.holder, h.rref_id, h.owner)
+            .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
+        h.ctx.watch_fork(fork);
+        RRefWire {
+            fork,
+            type_name: type_name.to_string(),
+        }
+        .serialize(serializer)
+    }
+
+    /// Receives an RRef from a message being decoded, whatever its value's
+    /// type: the handle and the name of the type it was sent as. In a
+    /// function's arguments, the function runs once the owner has
+    /// confirmed this user (as PyTorch's callee waits for its pending users
+    /// before running the function).
+    pub(crate) fn deserialize_any<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<(Self, String), D::Error> {
+        let wire = RRefWire::deserialize(deserializer)?;
+        let ctx =
+            RRefContext::current().map_err(|e| payload::custom_error::<D::Error>(e.to_string()))?;
+        let holder = ctx.receive(wire.fork);
+        let rref = RRef::from_parts(ctx, wire.fork.rref_id, holder, wire.fork.owner);
+        if !rref.confirmed_by_owner() {
+            let handle = rref.handle.clone();
+            ferry_rpc::watch::before_run(Box::pin(async move {
+                let h = &handle;
+                h.ctx
+                    .confirmed(h.holder, h.rref_id, h.owner)
+                    .await
+                    .map_err(|e| e.to_string())
+            }));
+        }
+        Ok((rref, wire.type_name))
+    }
+
     fn check_created(&self) -> Result<(), RRefError> {
         if self.handle.ctx.has_failed(self.handle.holder) {
             return Err(self.handle.ctx.creation_failed(
@@ -255,40 +361,12 @@ impl<T: DeserializeOwned + 'static> RRef<T> {
         timeout: Duration,
     ) -> Result<impl std::future::Future<Output = Result<T, RRefError>> + Send + 'static, RRefError>
     {
-        self.check_created()?;
-        let h = &self.handle;
-        let request = RRefMessage::ToHere {
-            rref_id: h.rref_id,
-            type_name: type_name::<T>().to_string(),
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        };
-        let message = payload::encode(&request).map_err(|e| RRefError::Codec(e.to_string()))?;
-        let reply = agent.call_service(h.owner, RREF_SERVICE, message, timeout);
-        let (rref_id, owner) = (h.rref_id, self.owner_name());
-        let me = self.clone();
-        let agent = agent.clone();
-        let holder = h.holder;
-        Ok(async move {
-            let ctx = me.handle.ctx.clone();
-            let outcome = tokio::select! {
-                r = reply => r,
-                () = ctx.creation_failure(holder) => {
-                    return Err(ctx.creation_failed(holder, rref_id, me.handle.owner));
-                }
-            };
-            let result = match outcome {
-                Ok(msg) => to_here_reply::<T>(&agent, msg, rref_id, owner, timeout),
-                Err(RpcError::Timeout { after, .. }) => Err(RRefError::Timeout {
-                    rref_id,
-                    owner,
-                    after,
-                }),
-                Err(e) => Err(e.into()),
-            };
-            // The handle lives until the reply has arrived.
-            drop(me);
-            result
-        })
+        self.fetch_as(
+            agent,
+            timeout,
+            type_name::<T>().to_string(),
+            |bytes, tensors| payload::decode::<T>(bytes, tensors),
+        )
     }
 
     /// A proxy that runs methods of the value on its owner with `rpc_sync`.
@@ -308,14 +386,20 @@ impl<T: DeserializeOwned + 'static> RRef<T> {
     }
 }
 
-/// Reads the owner's [`ToHereReply`] and, with a value, the value.
-fn to_here_reply<T: DeserializeOwned>(
+/// Reads the owner's [`ToHereReply`] and, with a value, the value,
+/// decoded by `decode`; `type_name` is the type asked for.
+fn to_here_reply<V>(
     agent: &ferry_rpc::Agent,
     msg: ferry_transport::IncomingMessage,
     rref_id: RRefId,
     owner: String,
     timeout: Duration,
-) -> Result<T, RRefError> {
+    type_name: &str,
+    decode: impl FnOnce(
+        &[u8],
+        Vec<ferry_wire::payload::IncomingTensor>,
+    ) -> Result<V, ferry_wire::WireError>,
+) -> Result<V, RRefError> {
     let codec = |e: &dyn std::fmt::Display| {
         RRefError::Codec(format!("cannot decode the value of {rref_id}: {e}"))
     };
@@ -325,7 +409,7 @@ fn to_here_reply<T: DeserializeOwned>(
         ToHereReply::Value => {
             let offset = msg.payload.len() - rest.len();
             agent
-                .enter(|| payload::decode::<T>(&msg.payload[offset..], msg.tensors))
+                .enter(|| decode(&msg.payload[offset..], msg.tensors))
                 .map_err(|e| codec(&e))
         }
         ToHereReply::Unknown => Err(RRefError::Unknown { rref_id, owner }),
@@ -347,7 +431,7 @@ fn to_here_reply<T: DeserializeOwned>(
         ToHereReply::WrongType(actual) => Err(RRefError::WrongType {
             rref_id,
             owner,
-            expected: type_name::<T>().to_string(),
+            expected: type_name.to_string(),
             actual,
         }),
     }
@@ -358,52 +442,21 @@ impl<T> Serialize for RRef<T> {
     /// with [`RRefError::OutsideMessage`]'s text); the fork is undone if the
     /// message never reaches its receiver's code.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let h = &self.handle;
-        if !ferry_rpc::watch::is_encoding_message() {
-            let e = RRefError::OutsideMessage { rref_id: h.rref_id };
-            return Err(payload::custom_ser_error::<S::Error>(e.to_string()));
-        }
-        let fork = h
-            .ctx
-            .fork(h.holder, h.rref_id, h.owner)
-            .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
-        h.ctx.watch_fork(fork);
-        RRefWire {
-            fork,
-            type_name: type_name::<T>().to_string(),
-        }
-        .serialize(serializer)
+        self.serialize_as(type_name::<T>(), serializer)
     }
 }
 
 impl<'de, T> Deserialize<'de> for RRef<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let wire = RRefWire::deserialize(deserializer)?;
-        let ctx =
-            RRefContext::current().map_err(|e| payload::custom_error::<D::Error>(e.to_string()))?;
-        let holder = ctx.receive(wire.fork);
-        let rref = RRef::from_parts(ctx, wire.fork.rref_id, holder, wire.fork.owner);
-        if wire.type_name != type_name::<T>() {
+        let (rref, sent_as) = RRef::<T>::deserialize_any(deserializer)?;
+        if sent_as != type_name::<T>() {
             // Dropping the handle completes its bookkeeping.
             return Err(payload::custom_error::<D::Error>(format!(
                 "expected an RRef<{}>, got an RRef<{}> ({})",
                 type_name::<T>(),
-                wire.type_name,
-                wire.fork.rref_id
+                sent_as,
+                rref.id()
             )));
-        }
-        // In a function's arguments: the function runs once the owner has
-        // confirmed this user (as PyTorch's callee waits for its pending
-        // users before running the function).
-        if !rref.confirmed_by_owner() {
-            let handle = rref.handle.clone();
-            ferry_rpc::watch::before_run(Box::pin(async move {
-                let h = &handle;
-                h.ctx
-                    .confirmed(h.holder, h.rref_id, h.owner)
-                    .await
-                    .map_err(|e| e.to_string())
-            }));
         }
         Ok(rref)
     }
