@@ -431,6 +431,19 @@ pub(crate) fn main() -> Result<()> {
         "ferry-py: build the ferry package into .venv",
         install_ferry_py,
     )?;
+    // The Rust workers of the mixed-group tests and example (Python and
+    // Rust workers in one group), which the Python tests start.
+    steps.step("ferry-py: the Rust workers its tests run", || {
+        run(with_libtorch(&mut cargo(&[
+            "build",
+            "-p",
+            "ferry",
+            "--features",
+            "torch",
+            "--example",
+            "mixed_worker",
+        ])))
+    })?;
     steps.step("ferry-py: Python tests (pytest)", || {
         let py = venv_python();
         let mut c = cmd(&py.to_string_lossy(), &["-m", "pytest", "-q"]);

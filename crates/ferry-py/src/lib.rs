@@ -28,6 +28,12 @@
 //!   a Python RRef's value answering `to_here`, which pickles inside
 //!   `block_in_place` ([`gil`]).
 //!
+//! - **Mixed groups** ([`interop`], `ferry._ferry.interop`): a function
+//!   named by a `str` is one a worker registered by name, a Rust
+//!   function's or one `ferry.rpc.register`ed in Python; values are
+//!   converted by the types' shapes its worker describes, into the Rust
+//!   types' own serde layout and back.
+//!
 //! One Rust module per Python submodule: [`rpc`] is `ferry._ferry.rpc`,
 //! [`autograd`] is `ferry._ferry.autograd` (`ferry.autograd`: contexts,
 //! `backward` and `get_gradients` on ferry-autograd's engine).
@@ -37,6 +43,7 @@
 pub mod autograd;
 pub mod error;
 pub mod gil;
+pub mod interop;
 pub mod pickle;
 pub mod pyobj;
 pub mod rpc;
@@ -50,5 +57,6 @@ use pyo3::prelude::*;
 #[pyo3(name = "_ferry")]
 fn ferry_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rpc::register(m)?;
+    interop::register_module(m)?;
     autograd::register(m)
 }

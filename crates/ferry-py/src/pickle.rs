@@ -34,7 +34,14 @@ pub fn from_parts(
         .map(|r| {
             r.cast::<PyRRef>()
                 .map(|r| r.get().rref.clone())
-                .map_err(|_| Error::Argument("the RRef table holds a non-RRef".into()))
+                .map_err(|_| {
+                    Error::Argument(
+                        "an RRef to a value of a Rust function travels only in calls of \
+                         functions named by a str (registered functions), not in pickled \
+                         Python calls"
+                            .into(),
+                    )
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Pickled {

@@ -53,7 +53,10 @@ fn init(
         given.insert("MASTER_PORT", p.to_string());
     }
     let lookup = |k: &str| given.get(k).cloned().or_else(|| std::env::var(k).ok());
-    let mut options = RpcOptions::from_vars(name, lookup)?.functions(serve::functions());
+    let mut functions = serve::functions();
+    crate::interop::add_registered(&mut functions);
+    crate::interop::forget_descriptions();
+    let mut options = RpcOptions::from_vars(name, lookup)?.functions(functions);
     if let Some(seconds) = rpc_timeout {
         let timeout = call::timeout_of(seconds)?.unwrap_or(ferry::rpc::DEFAULT_RPC_TIMEOUT);
         options = options.rpc_timeout(timeout);

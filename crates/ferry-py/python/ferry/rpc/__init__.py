@@ -5,7 +5,11 @@ rpc``: ``init_rpc``, ``shutdown``, ``rpc_sync``, ``rpc_async`` (a
 ``torch.futures.Future``), ``remote`` and ``RRef``, ``get_worker_info``
 and ``WorkerInfo``, with PyTorch's timeouts and errors. Python functions
 travel by reference and their arguments and results pickled (protocol
-5), every tensor out of band through Ferry's tensor channels.
+5), every tensor out of band through Ferry's tensor channels. A function
+named by a ``str`` is one a worker registered by name (a Rust worker's,
+or one registered in Python with ``register``), called with its
+arguments converted by its declared types: Python and Rust workers share
+one group.
 """
 
 from ferry.rpc import backend_registry, constants, functions
@@ -13,9 +17,11 @@ from ferry.rpc.api import (
     _all_worker_infos,
     _get_rpc_timeout,
     _set_rpc_timeout,
+    describe,
     get_rpc_timeout,
     get_worker_info,
     init_rpc,
+    register,
     remote,
     rpc_async,
     rpc_sync,
@@ -30,6 +36,7 @@ from ferry.rpc.options import (
     TensorPipeRpcBackendOptions,
     WorkerInfo,
 )
+from ferry.rpc._interop import _rref_debug_info, _rref_wait_until_empty
 from ferry.rpc.rref import RRef
 
 
@@ -52,9 +59,11 @@ __all__ = [
     "RRef",
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
+    "describe",
     "get_worker_info",
     "init_rpc",
     "is_available",
+    "register",
     "remote",
     "rpc_async",
     "rpc_sync",
@@ -62,4 +71,6 @@ __all__ = [
     "_all_worker_infos",
     "_get_rpc_timeout",
     "_set_rpc_timeout",
+    "_rref_debug_info",
+    "_rref_wait_until_empty",
 ]

@@ -8,7 +8,7 @@ import urllib.parse
 import torch
 
 from ferry import _ferry
-from ferry.rpc import _internal, backend_registry
+from ferry.rpc import _interop, _internal, backend_registry
 from ferry.rpc.options import (
     UNSET_RPC_TIMEOUT,
     RpcBackendOptions,
@@ -159,7 +159,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     result; raises what it raised there (same type, the callee's message
     and traceback), or ``RuntimeError`` after ``timeout`` seconds (unset:
     the default timeout; 0: none). Tensors in the arguments and result
-    travel out of band."""
+    travel out of band. A ``str`` names a function registered by name
+    (a Rust function's, or one registered with ``register``), its
+    arguments and result converted by its declared types."""
+    if isinstance(func, str):
+        return _interop.rpc_sync(_to(to), func, args, kwargs, timeout)
     data, tensors, rrefs = _pickled_call(func, args, kwargs)
     reply = _rpc.rpc_sync(_to(to), data, tensors, rrefs, float(timeout))
     return _internal.load_reply(*reply)
@@ -188,22 +192,26 @@ def _wait_all():
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Starts ``func(*args, **kwargs)`` on worker ``to``; returns a
     ``torch.futures.Future`` of its result (``wait()``, ``then()``,
-    ``done()``, ``value()``; ``torch.futures.wait_all`` takes it)."""
-    data, tensors, rrefs = _pickled_call(func, args, kwargs)
-    fut = torch.futures.Future()
+    ``done()``, ``value()``; ``torch.futures.wait_all`` takes it). A
+    ``str`` names a function registered by name, as for ``rpc_sync``."""
+    if isinstance(func, str):
+        fut = _interop.rpc_async(_to(to), func, args, kwargs, timeout)
+    else:
+        data, tensors, rrefs = _pickled_call(func, args, kwargs)
+        fut = torch.futures.Future()
 
-    def on_done(reply, error):
-        if error is not None:
-            fut.set_exception(error)
-            return
-        try:
-            value = _internal.load_reply(*reply)
-        except BaseException as e:
-            fut.set_exception(e)
-        else:
-            fut.set_result(value)
+        def on_done(reply, error):
+            if error is not None:
+                fut.set_exception(error)
+                return
+            try:
+                value = _internal.load_reply(*reply)
+            except BaseException as e:
+                fut.set_exception(e)
+            else:
+                fut.set_result(value)
 
-    _rpc.rpc_async(_to(to), data, tensors, rrefs, float(timeout), on_done)
+        _rpc.rpc_async(_to(to), data, tensors, rrefs, float(timeout), on_done)
     pending = getattr(_thread_local_var, "future_list", None)
     if pending is not None:
         pending.append(fut)
@@ -213,6 +221,29 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns at once
     an ``RRef`` to its result, which stays there. If the creation does not
-    finish within ``timeout`` seconds, using the RRef raises."""
+    finish within ``timeout`` seconds, using the RRef raises. A ``str``
+    names a function registered by name, as for ``rpc_sync``."""
+    if isinstance(func, str):
+        return _interop.remote(_to(to), func, args, kwargs, timeout)
     data, tensors, rrefs = _pickled_call(func, args, kwargs)
     return RRef._from_handle(_rpc.remote(_to(to), data, tensors, rrefs, float(timeout)))
+
+
+def register(name, func, *, args, returns):
+    """Registers the Python function ``func`` under ``name`` for callers
+    that name it (a Rust worker's ``Function<A, R>`` of that name, or
+    ``rpc_sync(to, name, ...)``), with its argument and result types
+    declared as the shapes of Rust types, in the text Ferry writes them:
+    ``args="(Tensor, f32)"``, ``returns="Tensor"``; structs as
+    ``"Point { x: i64, y: i64 }"``, enums as ``"enum Op { Add(i64), Stop }"``.
+    A tuple shape's items are ``func``'s positional arguments, ``"()"`` none,
+    any other shape its one argument. Call it before ``init_rpc`` (a
+    worker's functions are fixed when it starts); ``ValueError`` for a shape
+    that does not parse."""
+    _ferry.interop.register(name, func, args, returns)
+
+
+def describe(to, name, timeout=UNSET_RPC_TIMEOUT):
+    """The signature of the function registered as ``name`` on worker
+    ``to``, as text: ``"fn((i64, i64)) -> i64"``."""
+    return _ferry.interop.describe(_to(to), name, float(timeout))

@@ -8,6 +8,7 @@ from ferry import _ferry
 from ferry.rpc.options import UNSET_RPC_TIMEOUT, WorkerInfo
 
 _Handle = _ferry.rpc.RRefHandle
+_RustHandle = _ferry.interop.RustRRefHandle
 
 
 class RRef:
@@ -59,6 +60,10 @@ class RRef:
         creating it has run); raises what that function raised."""
         from ferry.rpc import _internal
 
+        if type(self._handle) is _RustHandle:
+            raise RuntimeError(
+                "local_value() of an RRef to a value of a Rust function: use to_here()"
+            )
         raised, value = self._handle.local_value()
         if raised:
             raise _internal.exception_from(value)
@@ -71,6 +76,10 @@ class RRef:
         timeout; 0: none)."""
         from ferry.rpc import _internal
 
+        if type(self._handle) is _RustHandle:
+            # A Rust value: fetched by the RRef protocol and converted by
+            # its type's shape, wherever it is.
+            return self._handle.to_here(float(timeout))
         if self.is_owner():
             return self.local_value()
         return _internal.load_reply(*self._handle.to_here(float(timeout)))

@@ -1,0 +1,64 @@
+"""Calls between Python and Rust workers in one group.
+
+A function named by a ``str`` in ``rpc_sync``, ``rpc_async`` or
+``remote`` is a function a worker registered by name: a Rust function
+(``Function<A, R>`` registered with ``Functions::add``) or a Python one
+registered with ``register``. Its worker describes its argument and
+result types (their shapes in serde's data model); the arguments are
+converted to the argument type by that shape and the result back from
+the result type (``ferry._ferry.interop``'s docs give the mapping:
+``int`` for integers, ``dict`` for structs, ``torch.Tensor`` for tensors,
+out of band). Arguments that do not fit raise ``TypeError`` naming the
+function, its signature and the value.
+"""
+
+import torch
+
+from ferry import _ferry
+from ferry.rpc.rref import RRef
+
+_interop = _ferry.interop
+
+
+def _args(args):
+    return tuple(args) if args is not None else ()
+
+
+def rpc_sync(to, name, args, kwargs, timeout):
+    """``rpc_sync`` of the function registered as ``name`` on ``to``."""
+    return _interop.rpc_sync(to, name, _args(args), kwargs, float(timeout))
+
+
+def rpc_async(to, name, args, kwargs, timeout):
+    """``rpc_async`` of the function registered as ``name`` on ``to``: a
+    ``torch.futures.Future`` of its result."""
+    fut = torch.futures.Future()
+
+    def on_done(value, error):
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+    _interop.rpc_async(to, name, _args(args), kwargs, float(timeout), on_done)
+    return fut
+
+
+def remote(to, name, args, kwargs, timeout):
+    """``remote`` of the function registered as ``name`` on ``to``: an
+    ``RRef`` to its result, which stays there."""
+    return RRef._from_handle(_interop.remote(to, name, _args(args), kwargs, float(timeout)))
+
+
+def _rref_debug_info():
+    """Counts of this worker's RRef tables, a ``dict``: ``num_owner_rrefs``,
+    ``num_confirmed_users``, ``num_pending_users``, ``num_pending_children``,
+    ``num_pending_control``, ``num_pending_remotes``."""
+    return _interop.rref_debug_info()
+
+
+def _rref_wait_until_empty(timeout):
+    """Waits until this worker's RRef tables are empty (no value owned, no
+    user, nothing pending), at most ``timeout`` seconds: ``None``, or what
+    was left as text."""
+    return _interop.rref_wait_until_empty(float(timeout))
