@@ -442,6 +442,8 @@ pub(crate) fn main() -> Result<()> {
             "torch",
             "--example",
             "mixed_worker",
+            "--example",
+            "param_server",
         ])))
     })?;
     steps.step("ferry-py: Python tests (pytest)", || {

@@ -1,5 +1,5 @@
 """Finding and starting the Rust worker binaries of the mixed-group tests
-(``crates/ferry/examples/mixed_worker.rs``), which
+(``crates/ferry/examples/mixed_worker.rs``, ``param_server.rs``), which
 ``cargo xtask test`` builds before the Python tests."""
 
 import os
@@ -10,7 +10,7 @@ import group
 ROOT = os.path.normpath(os.path.join(group.HERE, "..", "..", ".."))
 
 #: The examples these tests run, and the command that builds them.
-BUILD = "cargo build -p ferry --features torch --example mixed_worker"
+BUILD = "cargo build -p ferry --features torch --example mixed_worker --example param_server"
 
 
 def binary(name):

@@ -61,3 +61,37 @@ def test_listing1_forward_matches_and_training_matches_local_torch(tmp_path):
         for name, value in layer.state_dict().items():
             assert not torch.equal(trained[name], initial[name]), f"{name} did not train"
             torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=4e-5)
+
+
+def test_param_server_in_rust_trains_python_trainers_to_the_true_model():
+    """examples/python/param_server_trainer.py: two Python trainers and the
+    Rust parameter server (crates/ferry/examples/param_server.rs) in one
+    group; the server checks the trained model and exits with 0."""
+    import rust_worker
+
+    port = group.free_port()
+    world = 3
+    server = subprocess.Popen(
+        [rust_worker.binary("param_server")],
+        env=group.worker_env(0, world, port),
+        cwd=group.HERE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    trainers = group.start(
+        [os.path.join(EXAMPLES, "param_server_trainer.py"), "--steps", "60"],
+        ranks=[1, 2],
+        world_size=world,
+        port=port,
+    )
+    try:
+        out, _ = server.communicate(timeout=group.EXIT_BOUND_S * 2)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        out, _ = server.communicate()
+    codes = group.join(trainers)
+    assert server.returncode == 0, out
+    assert codes == [0, 0], f"trainers exited with {codes}\n{out}"
+    assert "parameter server: trained" in out, out
+    assert out.count("loss under the trained model") == 2, out
