@@ -14,11 +14,11 @@
 //! - A tensor received in a context is the recv function's leaf that
 //!   ferry-autograd made of it (it requires grad), handed to Python as it
 //!   is: what Python computes from it is in its graph.
-//! - [`backward`] hands Python's roots (the same tensors) to
+//! - `backward` hands Python's roots (the same tensors) to
 //!   ferry-autograd's engine with the GIL released: libtorch's engine runs
 //!   the local graph (Python nodes take the GIL themselves), and gradients
 //!   of recv leaves go back to their senders' send functions.
-//! - [`get_gradients`] wraps each leaf back into its Python object: the
+//! - `get_gradients` wraps each leaf back into its Python object: the
 //!   one Python holds, as `THPVariable_Wrap` finds it from the tensor.
 
 use ferry::autograd::ContextGuard;
@@ -32,7 +32,7 @@ use crate::tensor::{self, Identity};
 
 /// A distributed autograd context opened by this thread (PyTorch's
 /// `dist_autograd.context()`, whose `__enter__` it backs): the thread is
-/// inside it until [`release`](Self::release), which releases it on every
+/// inside it until its `release`, which releases it on every
 /// worker that took part.
 ///
 /// It belongs to the thread that opened it (the context is that thread's
