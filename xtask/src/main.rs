@@ -17,8 +17,9 @@
 //!   `torch.distributed.pipelining`.
 //!
 //! Each module has one job: [`steps`] runs commands and times them,
-//! [`setup`] installs tools, [`test`], [`demo`] and [`bench`] are the
-//! commands (`bench` has a module per benchmark family). Repository
+//! [`setup`] installs tools, [`test`](mod@test), [`demo`] and
+//! [`bench`](mod@bench) are the commands (`bench` has a module per
+//! benchmark family). Repository
 //! checks ("tidy") are unit tests in `tidy.rs`: `cargo test -p xtask`.
 
 mod bench;

@@ -469,6 +469,13 @@ pub(crate) fn main() -> Result<()> {
             "cuda",
         ])))
     })?;
+    // Every crate's docs, the libtorch ones included: no broken or
+    // private intra-doc link, nothing rustdoc warns about.
+    steps.step("docs (rustdoc, warnings denied)", || {
+        run(with_libtorch(
+            cargo(&["doc", "--no-deps", "--workspace"]).env("RUSTDOCFLAGS", "-D warnings"),
+        ))
+    })?;
     steps.step("fuzz harness compiles", || {
         run(&mut cargo(&[
             "check",

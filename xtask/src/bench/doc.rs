@@ -4,7 +4,7 @@
 //!
 //! A benchmark that runs records the host in
 //! `target/ferry-bench/<name>.host.json` ([`record_host`]); its table step
-//! records what it prints ([`record`]); at the end [`write`] replaces that
+//! records what it prints ([`record`]); at the end [`write`](fn@write) replaces that
 //! benchmark's section of the document and keeps the others as they were,
 //! so `--only NAME` updates one section and `--table-only` rebuilds every
 //! section whose results are in `target/ferry-bench/`.
