@@ -3,7 +3,8 @@
 Not a benchmark itself: statistics in milliseconds, size labels in binary
 units (1KB = 1024 B, 1MB = 2**20 B, as Ferry's side labels them), a free
 local port, the result file every script writes, and a pair of PyTorch RPC
-processes (TensorPipe over 127.0.0.1) whose rank 0 runs a measurement.
+processes (TensorPipe over 127.0.0.1, or `ferry.rpc` where the arguments
+name it) whose rank 0 runs a measurement.
 """
 import json
 import os
@@ -87,8 +88,11 @@ def write_result(out, result):
 
 
 def _rpc_worker(rank, port, measure, args, result_path):
+    import importlib
+
     import torch
-    import torch.distributed.rpc as rpc
+
+    rpc = importlib.import_module(getattr(args, "module", "torch.distributed.rpc"))
 
     torch.set_num_threads(args.threads)
     options = rpc.TensorPipeRpcBackendOptions(
@@ -108,7 +112,9 @@ def run_rpc_pair(measure, args):
     """Runs `measure(args)` on rank 0 ("worker0") of a 2-process PyTorch RPC
     group (TensorPipe, 127.0.0.1; "worker1" only serves) and returns what it
     returned. `measure` must be a module-level function (it is pickled into
-    the spawned processes); `args` needs `threads` and `rpc_timeout`."""
+    the spawned processes); `args` needs `threads` and `rpc_timeout`, and
+    may name in `module` the RPC module to use in place of
+    `torch.distributed.rpc` (`ferry.rpc`, which takes the same calls)."""
     import tempfile
 
     import torch.multiprocessing as mp

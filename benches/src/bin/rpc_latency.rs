@@ -9,7 +9,9 @@
 //! secret costs (`auth`: connection set-up and a round trip on an
 //! established connection, with and without it).
 //!
-//! Usage: `rpc_latency [--quick] [--sizes 0 1KB 1MB 4MB] [--out PATH]`
+//! Usage: `rpc_latency [--quick] [--sizes 0 1KB 1MB 4MB] [--out PATH]`;
+//! `--latency-only` (with `--cell-seconds`) measures the cells alone, the
+//! Rust figure `cargo xtask bench --only python` sets Python's against.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -40,6 +42,13 @@ struct Args {
     /// process: `{"auth": ...}`.
     #[arg(long)]
     auth_only: bool,
+    /// Only the cells (`rpc_sync` and async10 per size): no throughput,
+    /// authentication or peak-RSS measurement.
+    #[arg(long)]
+    latency_only: bool,
+    /// Seconds of `rpc_sync` calls per cell (after `--quick`'s).
+    #[arg(long, value_name = "SECONDS")]
+    cell_seconds: Option<f64>,
 }
 
 struct Config {
@@ -53,6 +62,7 @@ struct Config {
     inflight: usize,
     tput_seconds: f64,
     tput_runs: usize,
+    latency_only: bool,
     out: Option<String>,
 }
 
@@ -69,6 +79,7 @@ fn config() -> Config {
         inflight: 64,
         tput_seconds: 5.0,
         tput_runs: 3,
+        latency_only: args.latency_only,
         out: args.out,
     };
     if args.quick {
@@ -77,6 +88,9 @@ fn config() -> Config {
         c.warmup = 5;
         c.tput_seconds = 1.0;
         c.tput_runs = 1;
+    }
+    if let Some(seconds) = args.cell_seconds {
+        c.cell_seconds = seconds;
     }
     c
 }
@@ -206,6 +220,14 @@ fn caller(c: &Config) -> Result<Value> {
         })
     });
     eprintln!("[ferry] link: {}", link.clone().unwrap_or(Value::Null));
+    if c.latency_only {
+        return Ok(json!({
+            "bench": "ferry_rpc_latency",
+            "config": {"quick": c.quick, "sizes": c.sizes, "cell_seconds": c.cell_seconds},
+            "cells": cells,
+            "link": link,
+        }));
+    }
     eprintln!("[ferry] throughput ...");
     let tput = measure_tput(c)?;
     eprintln!("[ferry] authentication cost ...");

@@ -30,6 +30,8 @@ pub(crate) enum Part {
     /// The `auth:` rows of the RPC table.
     Authentication,
     Rref,
+    /// `ferry.rpc` against `torch.distributed.rpc`, both from Python.
+    Python,
     Autograd,
     Lighthouse,
     Schedule,
@@ -39,10 +41,11 @@ pub(crate) enum Part {
 }
 
 impl Part {
-    pub(crate) const ALL: [Part; 9] = [
+    pub(crate) const ALL: [Part; 10] = [
         Part::Rpc,
         Part::Authentication,
         Part::Rref,
+        Part::Python,
         Part::Autograd,
         Part::Lighthouse,
         Part::Schedule,
@@ -57,6 +60,7 @@ impl Part {
             Part::Rpc => "RPC latency and throughput",
             Part::Authentication => "Authentication",
             Part::Rref => "Tensor or RRef argument (the PyTorch RPC paper's Table 1)",
+            Part::Python => "Ferry from Python",
             Part::Autograd => "Distributed autograd overhead (the paper's Table 2)",
             Part::Lighthouse => "Lighthouse",
             Part::Schedule => "Pipeline schedules",
@@ -72,6 +76,7 @@ impl Part {
         match self {
             Part::Rpc | Part::Authentication => "rpc",
             Part::Rref => "rref",
+            Part::Python => "python",
             Part::Autograd => "autograd",
             Part::Lighthouse => "lighthouse",
             Part::Schedule => "schedule",
@@ -96,6 +101,11 @@ impl Part {
             Part::Rref => {
                 "Ferry's `rref_overhead` against PyTorch RPC with \
                 `benches/peers/pt_rref_overhead.py`."
+            }
+            Part::Python => {
+                "`ferry.rpc` (a release build of ferry-py) against \
+                `torch.distributed.rpc`, both with `benches/peers/py_rpc.py`, \
+                and the Rust `rpc_sync` of `rpc_latency` on the same link."
             }
             Part::Autograd => {
                 "`ferry-autograd`'s `autograd_overhead` against PyTorch with \

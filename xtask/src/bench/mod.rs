@@ -2,7 +2,8 @@
 //! Ferry's benchmarks side by side with its peer (`target/ferry-bench/`).
 //!
 //! One module per benchmark family: [`rpc`] (RPC latency against PyTorch
-//! RPC), [`rref`] (the PyTorch RPC paper's Table 1), [`autograd`] (its
+//! RPC), [`rref`] (the PyTorch RPC paper's Table 1), [`python`] (both from
+//! Python: `ferry.rpc` against `torch.distributed.rpc`), [`autograd`] (its
 //! Table 2), [`lighthouse`] (against torchft's), [`schedule`] (pipeline
 //! schedules against `torch.distributed.pipelining`), [`pipeline`]
 //! (pipeline-parallel training against it), [`collective`] (allreduce and
@@ -25,6 +26,7 @@ mod peers;
 mod pipeline;
 mod pipeline_small;
 mod process;
+mod python;
 mod report;
 mod results;
 mod rpc;
@@ -61,7 +63,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
         || o.runs(Bench::Collective);
     // The peer scripts run in the .venv; Ferry's autograd and pipeline
     // benchmarks link its libtorch, peer or not.
+    // Both sides of the Python benchmark are Python.
     let needs_venv = (!o.no_peer && (side_by_side || o.runs(Bench::Schedule)))
+        || o.runs(Bench::Python)
         || o.runs(Bench::Autograd)
         || o.runs(Bench::Pipeline);
     if needs_venv && !o.table_only {
@@ -89,6 +93,9 @@ pub(crate) fn main(o: &Options) -> Result<()> {
     }
     if o.runs(Bench::Rref) {
         rref::main(&mut steps, o)?;
+    }
+    if o.runs(Bench::Python) {
+        python::main(&mut steps, o)?;
     }
     if o.runs(Bench::Autograd) {
         autograd::main(&mut steps, o)?;

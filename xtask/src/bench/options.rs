@@ -11,6 +11,10 @@ pub(crate) enum Bench {
     Rpc,
     /// Tensor vs RRef argument overhead (Table 1), Ferry vs PyTorch.
     Rref,
+    /// Ferry from Python: `ferry.rpc` vs `torch.distributed.rpc`, both
+    /// from the same script, RPC latency and Table 1, with the Rust
+    /// `rpc_sync` for Python's overhead ([`super::python`]).
+    Python,
     /// Distributed autograd overhead (Table 2), Ferry vs PyTorch.
     Autograd,
     /// Lighthouse quorum latency and heartbeat rate, `ferry-lighthouse` vs
@@ -45,6 +49,7 @@ impl Bench {
             "criterion" => Some(Bench::Criterion),
             "rpc" => Some(Bench::Rpc),
             "rref" => Some(Bench::Rref),
+            "python" => Some(Bench::Python),
             "autograd" => Some(Bench::Autograd),
             "lighthouse" => Some(Bench::Lighthouse),
             "schedule" => Some(Bench::Schedule),
@@ -59,7 +64,7 @@ impl Bench {
 
 /// What `--only` accepts, for error texts.
 const ONLY_NAMES: &str =
-    "criterion, rpc, rref, autograd, lighthouse, schedule, pipeline, collective, ucx, cuda";
+    "criterion, rpc, rref, python, autograd, lighthouse, schedule, pipeline, collective, ucx, cuda";
 
 /// Command-line options of `cargo xtask bench`.
 #[derive(Debug, Default)]
@@ -136,10 +141,13 @@ mod tests {
         let err = Options::parse(&["--slow".into()]).expect_err("unknown option");
         assert!(
             format!("{err}").contains(
-                "--only {criterion|rpc|rref|autograd|lighthouse|schedule|pipeline|collective|ucx|cuda}"
+                "--only {criterion|rpc|rref|python|autograd|lighthouse|schedule|pipeline|collective|ucx|cuda}"
             ),
             "{err}"
         );
+        let o = Options::parse(&["--only".into(), "python".into()]).expect("valid");
+        assert!(o.runs(Bench::Python) && !o.runs(Bench::Rpc) && !o.runs(Bench::Rref));
+        assert!(Options::default().runs(Bench::Python));
         let o = Options::parse(&["--only".into(), "autograd".into()]).expect("valid");
         assert!(o.runs(Bench::Autograd) && !o.runs(Bench::Rref) && !o.runs(Bench::Criterion));
         assert!(Options::default().runs(Bench::Autograd));
