@@ -1,13 +1,16 @@
-//! Compiles the tensor shim (`csrc/python_tensor.cpp`: `torch.Tensor` to
-//! and from a libtorch tensor) against the libtorch that torch-sys found
-//! and the headers of the Python that runs torch, links `torch_python`,
-//! and gives this crate's test binaries rpaths to libtorch and (without
-//! `extension-module`) libpython so nothing needs `LD_LIBRARY_PATH`.
+//! Compiles the C++ shims (`csrc/python_tensor.cpp`: `torch.Tensor` to
+//! and from a libtorch tensor; `csrc/python_future.cpp`: completing a
+//! `torch.futures.Future` with an error) against the libtorch that
+//! torch-sys found and the headers of the Python that runs torch, links
+//! `torch_python`, and gives this crate's test binaries rpaths to
+//! libtorch and (without `extension-module`) libpython so nothing needs
+//! `LD_LIBRARY_PATH`.
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/python_tensor.cpp");
+    println!("cargo:rerun-if-changed=csrc/python_future.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
@@ -34,6 +37,7 @@ fn main() {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/python_tensor.cpp")
+        .file("csrc/python_future.cpp")
         .compile("ferry_py_tensor");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_python");

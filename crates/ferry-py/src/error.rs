@@ -32,6 +32,10 @@ pub enum Error {
     /// A tensor could not be converted between Python and libtorch.
     #[error("tensor conversion failed: {0}")]
     Tensor(String),
+    /// A `torch.futures.Future` could not be completed with an error (not
+    /// a torch future, or done already).
+    #[error("{0}")]
+    Future(String),
     /// An argument from Python is not one this call takes.
     #[error("{0}")]
     Argument(String),
@@ -89,6 +93,7 @@ impl From<Error> for PyErr {
             Error::RRef(e) => PyRuntimeError::new_err(e.to_string()),
             Error::Tensor(_) => PyRuntimeError::new_err(e.to_string()),
             Error::Argument(m) => PyTypeError::new_err(m),
+            Error::Future(m) => PyRuntimeError::new_err(m),
             Error::Python(e) => e,
             Error::Autograd(e) => autograd_to_py(e),
         }

@@ -42,6 +42,7 @@
 
 pub mod autograd;
 pub mod error;
+pub mod future;
 pub mod gil;
 pub mod interop;
 pub mod pickle;

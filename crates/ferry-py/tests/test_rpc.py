@@ -105,6 +105,25 @@ def test_a_remote_exception_reaches_to_here(workers):
         counter.rpc_sync().fail()
 
 
+def test_wait_all_stops_at_the_first_remote_exception(workers):
+    # The future fails as PyTorch's RPC futures do (its C++ future holds
+    # the error), so wait_all raises while another call is still held.
+    rpc.rpc_sync("worker1", fns.close_gate)
+    try:
+        held = rpc.rpc_async("worker1", fns.wait_at_gate, args=(30.0,))
+        failing = rpc.rpc_async("worker2", fns.raise_custom, args=("first error",))
+        with pytest.raises(fns.CustomError, match="first error"):
+            torch.futures.wait_all([held, failing])
+        assert not held.done()
+        # Read again, the same exception of the same type.
+        for _ in range(2):
+            with pytest.raises(fns.CustomError, match="first error"):
+                failing.value()
+    finally:
+        rpc.rpc_sync("worker1", fns.open_gate)
+    assert held.wait() is True
+
+
 # --- timeouts -----------------------------------------------------------------
 
 

@@ -129,6 +129,7 @@ pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call::rpc_sync, &m)?)?;
     m.add_function(wrap_pyfunction!(call::rpc_async, &m)?)?;
     m.add_function(wrap_pyfunction!(call::remote, &m)?)?;
+    m.add_function(wrap_pyfunction!(crate::future::set_future_error, &m)?)?;
     m.add_class::<PyRRef>()?;
     parent.add_submodule(&m)
 }

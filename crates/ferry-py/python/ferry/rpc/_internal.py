@@ -166,6 +166,16 @@ def run_object(data, tensors, rrefs):
         return True, _remote_exception(e)
 
 
+def set_future_error(fut, exc):
+    """Completes the ``torch.futures.Future`` ``fut`` with the exception
+    ``exc`` as PyTorch's RPC futures hold an error: the C++ future fails,
+    so ``torch.futures.wait_all`` stops at it, and ``wait()`` / ``value()``
+    raise ``exc`` itself (its type kept). ``Future.set_exception`` would
+    store it as the future's value instead, which ``wait_all`` takes for a
+    result."""
+    _rpc.set_future_error(fut, exc)
+
+
 def load_reply(raised, data, tensors, rrefs):
     """The result a reply carries, or raises the callee's exception."""
     obj = loads(data, tensors, rrefs)

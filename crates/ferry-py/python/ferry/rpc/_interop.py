@@ -15,6 +15,7 @@ function, its signature and the value.
 import torch
 
 from ferry import _ferry
+from ferry.rpc import _internal
 from ferry.rpc.rref import RRef
 
 _interop = _ferry.interop
@@ -36,7 +37,7 @@ def rpc_async(to, name, args, kwargs, timeout):
 
     def on_done(value, error):
         if error is not None:
-            fut.set_exception(error)
+            _internal.set_future_error(fut, error)
         else:
             fut.set_result(value)
 

@@ -202,12 +202,12 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
 
         def on_done(reply, error):
             if error is not None:
-                fut.set_exception(error)
+                _internal.set_future_error(fut, error)
                 return
             try:
                 value = _internal.load_reply(*reply)
             except BaseException as e:
-                fut.set_exception(e)
+                _internal.set_future_error(fut, e)
             else:
                 fut.set_result(value)
 

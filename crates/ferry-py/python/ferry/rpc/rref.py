@@ -98,11 +98,13 @@ class RRef:
             done.set_result(self._type)
             return done
         if self.is_owner():
+            from ferry.rpc import _internal
+
             fut = torch.futures.Future()
             try:
                 fut.set_result(type(self.local_value()))
             except Exception as e:
-                fut.set_exception(e)
+                _internal.set_future_error(fut, e)
         else:
             from ferry.rpc import api as rpc_api
 
