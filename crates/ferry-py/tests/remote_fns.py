@@ -46,6 +46,10 @@ def make_tensors(seed):
     }
 
 
+def sum_of(t):
+    return t.sum()
+
+
 def describe(t):
     """What a tensor looked like on arrival: its dtype, shape, strides, and
     its values as a list (to compare on the caller)."""

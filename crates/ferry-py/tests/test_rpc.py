@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 
+import ferry.autograd as dist_autograd
 import ferry.rpc as rpc
 import remote_fns as fns
 
@@ -123,7 +124,6 @@ def test_wait_all_stops_at_the_first_remote_exception(workers):
         rpc.rpc_sync("worker1", fns.open_gate)
     assert held.wait() is True
 
-
 # --- timeouts -----------------------------------------------------------------
 
 
@@ -210,6 +210,36 @@ def test_rref_proxies_run_methods_on_the_owner(workers):
     assert total.to_here() == 16
     # The object stays where it lives: its state changed there.
     assert counter.to_here().value == 16
+
+
+def test_an_rref_proxy_of_a_missing_method_is_an_attribute_error(workers):
+    # Raised on the caller, as PyTorch's proxies look the value's type up.
+    counter = rpc.remote("worker2", fns.Counter, args=(0,))
+    with pytest.raises(AttributeError, match="has no attribute 'no_such'"):
+        counter.rpc_sync().no_such()
+    with pytest.raises(AttributeError, match="has no attribute 'no_such'"):
+        counter.remote().no_such()
+    fut = counter.rpc_async().no_such()
+    with pytest.raises(AttributeError, match="has no attribute 'no_such'"):
+        fut.wait()
+    assert counter.rpc_sync().add(1) == 1
+
+
+def test_rref_backward_runs_on_the_owner(workers):
+    t = torch.ones(3, requires_grad=True)
+    # An owner RRef without a context: local autograd, into .grad.
+    rpc.RRef((t * 2).sum()).backward()
+    assert torch.equal(t.grad, torch.full((3,), 2.0))
+    with dist_autograd.context() as context_id:
+        rref = rpc.remote("worker1", fns.sum_of, args=(t,))
+        with pytest.raises(RuntimeError, match="require 'dist_autograd_ctx_id'"):
+            rref.backward()
+        rref.backward(context_id, retain_graph=True)
+        rref.backward(context_id)
+        grads = dist_autograd.get_gradients(context_id)
+        assert torch.equal(grads[t], torch.full((3,), 2.0))
+        with pytest.raises(RuntimeError, match="RRef should contain a tensor"):
+            rpc.remote("worker1", fns.identity, args=("text",)).backward(context_id)
 
 
 def test_an_rref_cannot_be_pickled_outside_a_call(workers):

@@ -119,6 +119,24 @@ class RRef:
         fut.add_done_callback(remember)
         return fut.wait() if blocking else fut
 
+    def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
+        """Runs the backward pass from the value (a scalar tensor) on its
+        owner, as PyTorch's ``RRef.backward``: with
+        ``dist_autograd_ctx_id`` -1 (on the owner only), local autograd
+        (gradients in ``.grad``); otherwise distributed autograd in that
+        context (``ferry.autograd.backward``). A user RRef asks its owner
+        and waits until the pass is done."""
+        if self.is_owner():
+            _backward_value(self.local_value(), dist_autograd_ctx_id, retain_graph)
+            return
+        if dist_autograd_ctx_id == -1:
+            raise RuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified")
+        from ferry.rpc import api as rpc_api
+
+        rpc_api.rpc_sync(
+            self.owner(), _backward_on_owner, args=(self, dist_autograd_ctx_id, retain_graph)
+        )
+
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         """A proxy running the value's methods on the owner with
         ``rpc_sync``: ``rref.rpc_sync().method(*args)``."""
@@ -162,12 +180,65 @@ def _local_invoke(rref, name, args, kwargs):
 
 
 def _invoke(rref, api, name, timeout, *args, **kwargs):
+    """Runs method ``name`` of the value on its owner with ``api``
+    (``rpc_sync``, ``rpc_async`` or ``remote``). As PyTorch's proxies do,
+    the value's type is looked up first (asked of the owner once per RRef,
+    ``RRef._get_type``), and a method it lacks is an ``AttributeError`` on
+    the caller: raised at once for ``rpc_sync`` and ``remote``, the
+    future's error for ``rpc_async``."""
+    from ferry.rpc import _internal
     from ferry.rpc import api as rpc_api
 
     call = getattr(rpc_api, api)
-    return call(
-        rref.owner(), _local_invoke, args=(rref, name, args, kwargs), timeout=timeout
-    )
+
+    def start(rref_type):
+        getattr(rref_type, name)  # AttributeError: no such method
+        return call(
+            rref.owner(), _local_invoke, args=(rref, name, args, kwargs), timeout=timeout
+        )
+
+    if api != "rpc_async":
+        return start(rref._get_type(timeout=timeout))
+
+    import torch
+
+    result = torch.futures.Future()
+
+    def complete(fut):
+        try:
+            result.set_result(fut.value())
+        except BaseException as e:
+            _internal.set_future_error(result, e)
+
+    def on_type(type_fut):
+        try:
+            start(type_fut.value()).add_done_callback(complete)
+        except BaseException as e:
+            _internal.set_future_error(result, e)
+
+    rref._get_type(timeout=timeout, blocking=False).add_done_callback(on_type)
+    return result
+
+
+def _backward_on_owner(rref, context_id, retain_graph):
+    """``RRef.backward`` on the owner of ``rref`` (a user RRef's call)."""
+    _backward_value(rref.local_value(), context_id, retain_graph)
+
+
+def _backward_value(value, context_id, retain_graph):
+    """The backward pass from ``value`` (an RRef's value, a tensor): local
+    autograd for context id -1, else distributed autograd in that context,
+    as PyTorch's ``RRef.backward`` runs it on the owner."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise RuntimeError("RRef should contain a tensor for .backward()")
+    if context_id == -1:
+        torch.autograd.backward(value, retain_graph=retain_graph)
+    else:
+        from ferry import autograd
+
+        autograd.backward(context_id, [value], retain_graph=retain_graph)
 
 
 class _Proxy:
