@@ -135,3 +135,12 @@ def test_tensors_go_the_other_way_in_a_nested_call(workers, dtype):
     assert got == (str(dtype), tuple(t.shape), t.stride(), t.tolist())
     total = rpc.rpc_sync("worker2", fns.sum_on, args=("worker0", torch.ones(5)))
     assert total.item() == 5.0
+
+
+def test_a_tensor_without_strides_is_a_clean_error(workers):
+    # A nested tensor has no strides of its own: refused with a typed
+    # error (ferry-tch's NotStrided), never a panic, and the worker goes on.
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(RuntimeError, match="sends strided tensors with storage"):
+        rpc.rpc_sync("worker1", fns.identity, args=(nested,))
+    assert torch.equal(rpc.rpc_sync("worker1", fns.identity, args=(torch.ones(2),)), torch.ones(2))

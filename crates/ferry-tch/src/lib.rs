@@ -89,6 +89,18 @@ pub enum TchError {
     /// A tensor on a device this version does not send.
     #[error("a tensor on {0} cannot be sent: ferry-tch sends cpu and cuda tensors")]
     Device(String),
+    /// A tensor without strides or storage of its own (sparse, nested,
+    /// mkldnn, or with no storage at all): the wire carries a strided view
+    /// of a storage's bytes. The text is libtorch's reason.
+    #[error(
+        "a {layout}tensor cannot be sent: ferry-tch sends strided tensors with storage ({reason})"
+    )]
+    NotStrided {
+        /// `"sparse "` for a sparse tensor, empty otherwise.
+        layout: &'static str,
+        /// What libtorch said when asked for the tensor's view.
+        reason: String,
+    },
     /// A kind the wire has no type for.
     #[error("a {0:?} tensor cannot be sent: quantized tensors are not supported")]
     Kind(tch::Kind),
