@@ -140,10 +140,9 @@ impl AutogradError {
     pub(crate) fn into_remote(self, me: &str) -> RemoteError {
         match self {
             AutogradError::Remote(r) => r.relayed_by(me),
-            AutogradError::Engine { worker, message } => RemoteError::new(
-                worker,
-                format!("the local autograd engine failed: {message}"),
-            ),
+            AutogradError::Engine { worker, message } => {
+                RemoteError::new(worker, format!("{message} (in the local autograd engine)"))
+            }
             other => RemoteError::new(me, other.to_string()),
         }
     }
@@ -195,7 +194,7 @@ mod tests {
         assert_eq!(r.hops(), ["worker2", "worker0", "worker3"]);
         assert_eq!(
             at_root.to_string(),
-            "error on worker worker2: the local autograd engine failed: inplace (relayed by worker0 -> worker3)"
+            "error on worker worker2: inplace (in the local autograd engine) (relayed by worker0 -> worker3)"
         );
     }
 }
