@@ -16,6 +16,11 @@ use pyo3::PyErr;
 /// `init_rpc`.
 pub const NOT_INITIALIZED: &str = "RPC has not been initialized. Call ferry.rpc.init_rpc first.";
 
+/// What PyTorch's `torch.distributed.autograd` raises when no agent runs,
+/// naming Ferry's `init_rpc`.
+pub const AGENT_NOT_SET: &str = "Current RPC agent is not set! Did you initialize the RPC \
+                                 framework (ferry.rpc.init_rpc)?";
+
 /// What PyTorch raises when a `remote` call's creation timed out.
 pub const CREATION_TIMED_OUT: &str = "RRef creation via rpc.remote() timed out, and it is \
                                       possible that the RRef on the owner node does not exist.";
@@ -105,6 +110,9 @@ impl From<Error> for PyErr {
 /// are raised, the rest as a `RuntimeError` of [`autograd_message`].
 fn autograd_to_py(e: AutogradError) -> PyErr {
     match e {
+        AutogradError::Rpc(e) if matches!(*e, RpcError::NotInitialized) => {
+            PyRuntimeError::new_err(AGENT_NOT_SET)
+        }
         AutogradError::Rpc(e) => rpc_to_py(*e),
         AutogradError::RRef(e) => Error::RRef(*e).into(),
         other => PyRuntimeError::new_err(autograd_message(&other)),
