@@ -131,6 +131,11 @@ impl DistAutogradContainer {
             | (counter.fetch_add(1, Ordering::Relaxed) & ((1 << COUNTER_BITS) - 1))
     }
 
+    /// The largest id [`next_id`](Self::next_id) can give on this worker.
+    pub(crate) fn max_id(&self) -> u64 {
+        (u64::from(self.worker_id()) << COUNTER_BITS) | ((1 << COUNTER_BITS) - 1)
+    }
+
     /// Creates a new context on this worker (the user's entry point).
     pub(crate) fn new_context(&self) -> Arc<Context> {
         let id = self.next_id(&self.next_context);

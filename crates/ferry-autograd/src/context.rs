@@ -19,7 +19,7 @@ pub(crate) struct RecvFunction {
     /// The sender's rank.
     pub(crate) sender: u32,
     /// The received tensor (keeps the leaf alive while recorded).
-    pub(crate) _tensor: Tensor,
+    pub(crate) tensor: Tensor,
 }
 
 #[derive(Default)]
@@ -68,7 +68,7 @@ impl Context {
             RecvFunction {
                 message_id,
                 sender,
-                _tensor: leaf.shallow_clone(),
+                tensor: leaf.shallow_clone(),
             },
         );
     }
@@ -88,6 +88,71 @@ impl Context {
                 e.insert((leaf.shallow_clone(), grad));
             }
         }
+    }
+}
+
+/// What a distributed autograd context recorded on one worker
+/// ([`context_info`](crate::context_info)), as PyTorch's
+/// `DistAutogradContext` exposes it: its send functions, recv functions
+/// and the workers it exchanged messages with.
+///
+/// Ferry records a send function per tensor that left requiring grad (the
+/// tensor itself: its gradient seeds the sender's graph there) and a recv
+/// function per tensor that arrived in the context (the received tensor, a
+/// leaf whose gradient goes back to the sender); PyTorch records one
+/// `SendRpcBackward` / `RecvRpcBackward` node per message instead.
+pub struct ContextInfo {
+    /// The send functions, by increasing message id: (message id, the
+    /// tensor that left).
+    pub sends: Vec<(u64, Tensor)>,
+    /// The recv functions, by increasing message id: (message id, the
+    /// sender's rank, the received leaf).
+    pub recvs: Vec<(u64, u32, Tensor)>,
+    /// The ranks of the workers this context exchanged messages with.
+    pub known_workers: BTreeSet<u32>,
+}
+
+impl Context {
+    /// A snapshot of what this context recorded here.
+    pub(crate) fn info(&self) -> ContextInfo {
+        let s = self.state.lock();
+        let mut sends: Vec<(u64, Tensor)> = s
+            .sends
+            .iter()
+            .map(|(id, t)| (*id, t.shallow_clone()))
+            .collect();
+        sends.sort_by_key(|(id, _)| *id);
+        let mut recvs: Vec<(u64, u32, Tensor)> = s
+            .recvs
+            .values()
+            .map(|r| (r.message_id, r.sender, r.tensor.shallow_clone()))
+            .collect();
+        recvs.sort_by_key(|(id, _, _)| *id);
+        ContextInfo {
+            sends,
+            recvs,
+            known_workers: s.known_workers.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ContextInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextInfo")
+            .field(
+                "sends",
+                &self.sends.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            )
+            .field(
+                "recvs",
+                &self
+                    .recvs
+                    .iter()
+                    .map(|(id, w, _)| (id, w))
+                    .collect::<Vec<_>>(),
+            )
+            .field("known_workers", &self.known_workers)
+            .finish()
     }
 }
 
@@ -129,5 +194,39 @@ impl std::fmt::Debug for Gradients {
         f.debug_list()
             .entries(self.entries.iter().map(|(t, _)| t.size()))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_lists_sends_recvs_and_workers_by_message_id() {
+        let ctx = Context::new(7);
+        let t = |v: f32| Tensor::from_slice(&[v]).set_requires_grad(true);
+        ctx.record_send(5, &t(1.0));
+        ctx.record_send(2, &t(2.0));
+        ctx.record_recv(9, 3, &t(3.0));
+        ctx.record_recv(4, 1, &t(4.0));
+        ctx.know(6);
+        let info = ctx.info();
+        let sends: Vec<(u64, f64)> = info
+            .sends
+            .iter()
+            .map(|(id, t)| (*id, t.double_value(&[0])))
+            .collect();
+        assert_eq!(sends, [(2, 2.0), (5, 1.0)]);
+        let recvs: Vec<(u64, u32, f64)> = info
+            .recvs
+            .iter()
+            .map(|(id, w, t)| (*id, *w, t.double_value(&[0])))
+            .collect();
+        assert_eq!(recvs, [(4, 1, 4.0), (9, 3, 3.0)]);
+        // Senders of recvs are known, and so is a worker called.
+        assert_eq!(
+            info.known_workers.into_iter().collect::<Vec<_>>(),
+            [1, 3, 6]
+        );
     }
 }

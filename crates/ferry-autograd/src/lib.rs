@@ -81,7 +81,7 @@ use std::sync::Arc;
 use ferry_rpc::{Agent, RpcOptions};
 
 pub use container::DistAutogradContainer;
-pub use context::Gradients;
+pub use context::{ContextInfo, Gradients};
 pub use error::AutogradError;
 pub use guard::{ContextGuard, CurrentContext};
 pub use message::AUTOGRAD_SERVICE;
@@ -364,6 +364,22 @@ pub(crate) fn gradients_of(ctx: &Context) -> Gradients {
             .map(|(t, g)| (t.shallow_clone(), g.shallow_clone()))
             .collect(),
     }
+}
+
+/// What context `context_id` recorded on this worker: its send and recv
+/// functions and the workers it exchanged messages with (PyTorch's
+/// `DistAutogradContext._send_functions()`, `_recv_functions()` and
+/// `_known_worker_ids()`); [`AutogradError::UnknownContext`] if it does
+/// not live here.
+pub fn context_info(context_id: u64) -> Result<ContextInfo, AutogradError> {
+    Ok(container()?.get(context_id)?.info())
+}
+
+/// The largest context id this worker can hand out (PyTorch's
+/// `dist_autograd._get_max_id()`): ids are the worker's rank in the top 16
+/// bits and a counter in the low 48.
+pub fn max_context_id() -> Result<u64, AutogradError> {
+    Ok(container()?.max_id())
 }
 
 /// Ids of the distributed autograd contexts alive on this process's worker.

@@ -65,6 +65,13 @@ def call_current_context_id_on(to):
     return rpc.rpc_sync(to, current_context_id)
 
 
+def recorded_here(context_id):
+    """``(number of send functions, number of recv functions, known
+    worker ids)`` that ``context_id`` recorded on this worker."""
+    ctx = dist_autograd._retrieve_context(context_id)
+    return len(ctx._send_functions()), len(ctx._recv_functions()), ctx._known_worker_ids()
+
+
 def gradients_here(context_id):
     """The gradients of ``context_id`` on this worker, as a list of
     ``(shape, gradient)`` (tensors are not hashable across processes)."""

@@ -52,6 +52,30 @@ def test_a_context_yields_an_id_and_the_callee_runs_inside_it(workers):
         assert other != context_id
 
 
+def test_a_context_lists_its_send_and_recv_functions_and_workers(workers):
+    a, b = leaves((2,), (2,))
+    c = torch.ones(2)  # does not require grad: no send function
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.mul_add, args=(a, b))
+        rpc.rpc_sync("worker2", fns.identity, args=(c,))
+        ctx = dist_autograd._current_context()
+        sends = ctx._send_functions()
+        # One per tensor that left requiring grad, by message id.
+        assert len(sends) == 2 and list(sends) == sorted(sends)
+        for send, leaf in zip(sends.values(), (a, b)):
+            ((node, nr),) = send.next_functions
+            assert node.name() == "torch::autograd::AccumulateGrad"
+            assert node.variable is leaf and nr == 0
+        (recv,) = ctx._recv_functions().values()
+        assert recv is torch.autograd.graph.get_gradient_edge(out).node
+        assert ctx._known_worker_ids() == {1, 2}
+        # The callee recorded the receives and the send of the result.
+        assert rpc.rpc_sync("worker1", fns.recorded_here, args=(context_id,)) == (1, 2, {0})
+        assert dist_autograd._get_max_id() == (1 << 48) - 1  # rank 0
+    with pytest.raises(RuntimeError, match="Could not find autograd context"):
+        dist_autograd._retrieve_context(context_id)._send_functions()
+
+
 def test_contexts_do_not_nest(workers):
     with dist_autograd.context():
         with pytest.raises(RuntimeError, match="Already have an autograd context id for this thread"):

@@ -217,6 +217,47 @@ fn wait_until_no_contexts(py: Python<'_>, timeout: f64) -> PyResult<bool> {
     Ok(py.detach(move || container.wait_until_empty(timeout)))
 }
 
+/// What context `context_id` recorded on this worker, as
+/// `(sends, recvs, known_workers)`: `sends` a list of `(message id,
+/// tensor)` by message id (each tensor that left requiring grad, the very
+/// object Python holds where it still exists), `recvs` a list of `(message
+/// id, sender rank, leaf)` (each tensor that arrived in the context), and
+/// the ranks of the workers it exchanged messages with.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn context_info<'py>(
+    py: Python<'py>,
+    context_id: &Bound<'py, PyAny>,
+) -> PyResult<(
+    Vec<(u64, Bound<'py, PyAny>)>,
+    Vec<(u64, u32, Bound<'py, PyAny>)>,
+    Vec<u32>,
+)> {
+    let context_id = context_id_of(context_id)?;
+    let info = py
+        .detach(|| ferry::autograd::context_info(context_id))
+        .map_err(Error::from)?;
+    let mut sends = Vec::with_capacity(info.sends.len());
+    for (id, t) in &info.sends {
+        sends.push((*id, tensor::to_python(py, t).map_err(PyErr::from)?));
+    }
+    let mut recvs = Vec::with_capacity(info.recvs.len());
+    for (id, sender, t) in &info.recvs {
+        recvs.push((*id, *sender, tensor::to_python(py, t).map_err(PyErr::from)?));
+    }
+    let known = info.known_workers.iter().copied().collect();
+    // The libtorch handles go here, with the GIL held (as in get_gradients).
+    drop(info);
+    Ok((sends, recvs, known))
+}
+
+/// The largest context id this worker can hand out (PyTorch's
+/// `_get_max_id()`).
+#[pyfunction]
+fn max_context_id() -> Result<u64, Error> {
+    Ok(ferry::autograd::max_context_id()?)
+}
+
 /// Adds the submodule `autograd` to `parent`.
 pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let m = PyModule::new(parent.py(), "autograd")?;
@@ -227,5 +268,7 @@ pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_valid_context, &m)?)?;
     m.add_function(wrap_pyfunction!(context_ids, &m)?)?;
     m.add_function(wrap_pyfunction!(wait_until_no_contexts, &m)?)?;
+    m.add_function(wrap_pyfunction!(context_info, &m)?)?;
+    m.add_function(wrap_pyfunction!(max_context_id, &m)?)?;
     parent.add_submodule(&m)
 }

@@ -80,8 +80,73 @@ class DistAutogradContext:
         """The context's id."""
         return self._id
 
+    def _send_functions(self):
+        """The send functions this context recorded on this worker, by
+        message id (increasing), as PyTorch's accessor returns them.
+
+        Ferry records one per tensor that left requiring grad (PyTorch one
+        ``SendRpcBackward`` per message): each is a :class:`SendFunction`
+        whose ``next_functions`` is that tensor's gradient edge, where the
+        gradient coming back from the receiver enters this worker's
+        graph."""
+        sends, _, _ = _autograd.context_info(self._id)
+        return {message_id: SendFunction(t) for message_id, t in sends}
+
+    def _recv_functions(self):
+        """The recv functions this context recorded on this worker, by
+        message id (increasing): for each tensor that arrived in the
+        context, the autograd node its gradient reaches (Ferry's received
+        tensor is a leaf: its ``AccumulateGrad``, from which the gradient
+        goes back to the sender; PyTorch has a ``RecvRpcBackward`` node)."""
+        import torch
+
+        _, recvs, _ = _autograd.context_info(self._id)
+        return {
+            message_id: torch.autograd.graph.get_gradient_edge(leaf).node
+            for message_id, _sender, leaf in recvs
+        }
+
+    def _known_worker_ids(self):
+        """The ranks of the workers this context exchanged messages with
+        (where its release goes)."""
+        _, _, known = _autograd.context_info(self._id)
+        return set(known)
+
     def __repr__(self):
         return f"DistAutogradContext(id={self._id})"
+
+
+class SendFunction:
+    """A send function of a context (``DistAutogradContext._send_functions``):
+    a tensor that left this worker requiring grad. ``next_functions`` is
+    ``((node, output_nr),)``, the tensor's gradient edge (its ``grad_fn``,
+    or a leaf's ``AccumulateGrad``), as an autograd node lists the nodes
+    its gradient flows to."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    @property
+    def next_functions(self):
+        import torch
+
+        edge = torch.autograd.graph.get_gradient_edge(self.tensor)
+        return ((edge.node, edge.output_nr),)
+
+    def name(self):
+        """The kind of node, as autograd nodes name themselves."""
+        return "ferry::autograd::SendFunction"
+
+    def __repr__(self):
+        return f"SendFunction(shape={tuple(self.tensor.shape)})"
+
+
+def _get_max_id():
+    """The largest context id this worker can hand out: its rank in the top
+    16 bits, a counter in the low 48 (PyTorch's ``_get_max_id``)."""
+    return _autograd.max_context_id()
 
 
 def _current_context():
