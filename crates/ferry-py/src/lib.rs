@@ -45,6 +45,7 @@ pub mod error;
 pub mod future;
 pub mod gil;
 pub mod interop;
+pub mod malloc;
 pub mod pickle;
 pub mod pyobj;
 pub mod rpc;

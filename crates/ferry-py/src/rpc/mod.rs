@@ -61,6 +61,8 @@ fn init(
         let timeout = call::timeout_of(seconds)?.unwrap_or(ferry::rpc::DEFAULT_RPC_TIMEOUT);
         options = options.rpc_timeout(timeout);
     }
+    // Large received tensors reuse freed memory instead of fresh pages.
+    crate::malloc::keep_freed_blocks();
     py.detach(|| ferry::init_rpc(options))?;
     Ok(())
 }

@@ -1,0 +1,59 @@
+//! Keeping freed tensor memory for the next message: glibc hands blocks
+//! of 32 MiB and more straight back to the kernel when they are freed
+//! (`mmap`/`munmap`), so every large tensor a worker receives lands in
+//! fresh pages and pays a page fault per 4 KiB on both sides of a call
+//! (about 15 ms of a 40 MB round trip on a 2-vCPU host, more than the
+//! transfer itself). Ferry's Rust workers pool their receive buffers; a
+//! Python worker receives into fresh libtorch tensors, so [`keep_freed_blocks`]
+//! asks glibc to keep blocks of up to [`KEEP_UP_TO`] in its heap for reuse
+//! instead. The cost is memory: freed blocks stay in the process (up to the
+//! largest tensors it has held at once) rather than going back to the
+//! kernel. `FERRY_PY_KEEP_FREED=0` leaves glibc's defaults.
+
+/// The largest block kept for reuse (and the heap's free top kept before
+/// it is trimmed).
+pub const KEEP_UP_TO: i32 = 1 << 30;
+
+/// The environment variable that turns it off (`0`).
+pub const ENV: &str = "FERRY_PY_KEEP_FREED";
+
+/// Raises glibc's mmap and trim thresholds to [`KEEP_UP_TO`] unless
+/// [`ENV`] is `0`; returns whether it did. A no-op off glibc.
+pub fn keep_freed_blocks() -> bool {
+    if std::env::var(ENV).is_ok_and(|v| v.trim() == "0") {
+        return false;
+    }
+    set_thresholds()
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_thresholds() -> bool {
+    use std::ffi::c_int;
+    // glibc's <malloc.h>.
+    const M_TRIM_THRESHOLD: c_int = -1;
+    const M_MMAP_THRESHOLD: c_int = -3;
+    extern "C" {
+        fn mallopt(param: c_int, value: c_int) -> c_int;
+    }
+    // SAFETY: mallopt only sets allocator parameters; any thread may call
+    // it at any time (glibc takes its own locks).
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, KEEP_UP_TO) == 1 && mallopt(M_TRIM_THRESHOLD, KEEP_UP_TO) == 1
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn set_thresholds() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn glibc_takes_the_thresholds() {
+        assert!(set_thresholds());
+    }
+}
