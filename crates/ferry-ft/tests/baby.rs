@@ -27,7 +27,7 @@ use ferry_ft::baby::{BabyError, BabyOptions, BabyProcessGroup, ChildProgram, Fai
 use ferry_ft::collective::{
     reduce_in_rank_order, segment, ProcessGroup, ProcessGroupOptions, ReduceOp,
 };
-use ferry_store::{Store, TcpStore, TcpStoreServer};
+use ferry_store::{Store, StoreError, TcpStore, TcpStoreServer};
 use ferry_testkit::{world, world_ok};
 use rustix::process::{Pid, Signal};
 
@@ -106,11 +106,24 @@ impl Meeting {
         self.store.get(key).await.unwrap()
     }
 
-    /// Every rank of `world` reaches `name`.
+    /// Every rank of `world` reaches `name`. Rank 0 hosts the store: it
+    /// returns only once every rank is past its wait (a wait still in
+    /// flight when the store closes would fail with `Closed`); the others'
+    /// last word may find the store closed, which is then no failure.
     async fn barrier(&self, name: &str, rank: u32, world: u32) {
         self.signal(&format!("barrier/{name}/{rank}"), "1").await;
         let keys: Vec<String> = (0..world).map(|r| format!("barrier/{name}/{r}")).collect();
         self.store.wait(&keys, T).await.unwrap();
+        let past = |r: u32| format!("barrier/{name}/past/{r}");
+        if rank == 0 {
+            let keys: Vec<String> = (1..world).map(past).collect();
+            self.store.wait(&keys, T).await.unwrap();
+        } else {
+            match self.store.set(&past(rank), b"1".to_vec()).await {
+                Ok(()) | Err(StoreError::Closed) => {}
+                Err(e) => panic!("barrier {name}: {e}"),
+            }
+        }
     }
 }
 

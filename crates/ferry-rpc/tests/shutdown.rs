@@ -162,11 +162,15 @@ fn a_killed_worker_ends_every_survivors_shutdown_with_its_name() {
         init_rpc(options).unwrap();
         let agent = ferry_rpc::agent().unwrap();
         let dead = "test/worker2_dead".to_string();
+        let talked = "test/worker1_talked_to_worker2".to_string();
         match rank {
             0 => {
-                // Both survivors talked to worker 2.
+                // Both survivors talked to worker 2 before it dies.
                 let n: u64 = LEN.rpc_sync(2, vec![0u8; 3]).unwrap();
                 assert_eq!(n, 3);
+                agent
+                    .block_on(agent.store().wait(&[talked], Duration::from_secs(60)))
+                    .unwrap();
                 let err = DIE.rpc_sync(2, ()).unwrap_err();
                 assert!(
                     matches!(&err, RpcError::PeerUnreachable { worker, .. } if worker == "worker2"),
@@ -180,6 +184,9 @@ fn a_killed_worker_ends_every_survivors_shutdown_with_its_name() {
             1 => {
                 let n: u64 = LEN.rpc_sync(2, vec![0u8; 5]).unwrap();
                 assert_eq!(n, 5);
+                agent
+                    .block_on(agent.store().set(&talked, Vec::new()))
+                    .unwrap();
                 // Shutdown once worker 2 is dead.
                 agent
                     .block_on(agent.store().wait(&[dead], Duration::from_secs(60)))
