@@ -95,6 +95,10 @@ def _rpc_worker(rank, port, measure, args, result_path):
     rpc = importlib.import_module(getattr(args, "module", "torch.distributed.rpc"))
 
     torch.set_num_threads(args.threads)
+    # ferry.rpc's opt-in for large tensors (PyTorch has no such setting):
+    # the table's header says it is on.
+    if hasattr(rpc, "retain_freed_memory"):
+        rpc.retain_freed_memory()
     options = rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=16,
         rpc_timeout=args.rpc_timeout,

@@ -1,29 +1,32 @@
-//! Keeping freed tensor memory for the next message: glibc hands blocks
-//! of 32 MiB and more straight back to the kernel when they are freed
-//! (`mmap`/`munmap`), so every large tensor a worker receives lands in
-//! fresh pages and pays a page fault per 4 KiB on both sides of a call
-//! (about 15 ms of a 40 MB round trip on a 2-vCPU host, more than the
-//! transfer itself). Ferry's Rust workers pool their receive buffers; a
-//! Python worker receives into fresh libtorch tensors, so [`keep_freed_blocks`]
-//! asks glibc to keep blocks of up to [`KEEP_UP_TO`] in its heap for reuse
-//! instead. The cost is memory: freed blocks stay in the process (up to the
-//! largest tensors it has held at once) rather than going back to the
-//! kernel. `FERRY_PY_KEEP_FREED=0` leaves glibc's defaults.
+//! Keeping freed tensor memory for the next message, an opt-in
+//! ([`retain_freed_memory`], Python's `ferry.rpc.retain_freed_memory()`):
+//! glibc hands blocks of 32 MiB and more straight back to the kernel when
+//! they are freed (`mmap`/`munmap`), so every large tensor a worker
+//! receives lands in fresh pages and pays a page fault per 4 KiB on both
+//! sides of a call (about 15 ms of a 40 MB round trip on a 2-vCPU host,
+//! more than the transfer itself). Ferry's Rust workers pool their receive
+//! buffers; a Python worker receives into fresh libtorch tensors. Keeping
+//! blocks of up to [`KEEP_UP_TO`] in glibc's heap for reuse changes the
+//! whole process's allocator and keeps freed memory in the process (up to
+//! the largest tensors it has held at once), so it is the program's
+//! choice, never a default, as `ferry::pipeline::retain_freed_memory` is.
 
 /// The largest block kept for reuse (and the heap's free top kept before
 /// it is trimmed).
 pub const KEEP_UP_TO: i32 = 1 << 30;
 
-/// The environment variable that turns it off (`0`).
-pub const ENV: &str = "FERRY_PY_KEEP_FREED";
-
-/// Raises glibc's mmap and trim thresholds to [`KEEP_UP_TO`] unless
-/// [`ENV`] is `0`; returns whether it did. A no-op off glibc.
-pub fn keep_freed_blocks() -> bool {
-    if std::env::var(ENV).is_ok_and(|v| v.trim() == "0") {
-        return false;
+/// Raises glibc's mmap and trim thresholds to [`KEEP_UP_TO`] for the
+/// whole process, logging it; returns whether it did (off glibc it does
+/// nothing).
+pub fn retain_freed_memory() -> bool {
+    let applied = set_thresholds();
+    if applied {
+        tracing::info!(
+            keep_up_to = KEEP_UP_TO,
+            "glibc keeps freed blocks for reuse (mmap and trim thresholds raised)"
+        );
     }
-    set_thresholds()
+    applied
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -398,7 +398,7 @@ fn heading(o: &Options) -> String {
     format!(
         "Ferry from Python: ferry.rpc vs torch.distributed.rpc (TensorPipe), the same script \
          (benches/peers/{SCRIPT} --module ...), same host, CPU float32 tensors, ferry-py built \
-         in release\n\
+         in release, its workers after ferry.rpc.retain_freed_memory() (opt-in)\n\
          each side {runs} runs, alternating which goes first; a cell: the median over the runs \
          of each run's median [min–max over the runs]; load average (1 min) after the runs: \
          ferry {}, peer {}\n\

@@ -28,6 +28,13 @@ use crate::wire::PyRRef;
 /// environment as `RpcOptions::from_env` reads it. `rpc_timeout` is the
 /// default timeout of calls in seconds (0: none). Blocks, with the GIL
 /// released, until the whole group has met.
+/// Keeps freed large blocks in the process for the next received tensor
+/// ([`crate::malloc::retain_freed_memory`]); whether it was applied.
+#[pyfunction]
+fn retain_freed_memory() -> bool {
+    crate::malloc::retain_freed_memory()
+}
+
 #[pyfunction]
 #[pyo3(signature = (name, rank=None, world_size=None, master_addr=None, master_port=None, rpc_timeout=None))]
 fn init(
@@ -61,8 +68,6 @@ fn init(
         let timeout = call::timeout_of(seconds)?.unwrap_or(ferry::rpc::DEFAULT_RPC_TIMEOUT);
         options = options.rpc_timeout(timeout);
     }
-    // Large received tensors reuse freed memory instead of fresh pages.
-    crate::malloc::keep_freed_blocks();
     py.detach(|| ferry::init_rpc(options))?;
     Ok(())
 }
@@ -123,6 +128,7 @@ fn set_rpc_timeout(seconds: f64) -> Result<(), Error> {
 pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     let m = PyModule::new(parent.py(), "rpc")?;
     m.add_function(wrap_pyfunction!(init, &m)?)?;
+    m.add_function(wrap_pyfunction!(retain_freed_memory, &m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, &m)?)?;
     m.add_function(wrap_pyfunction!(get_worker_info, &m)?)?;
     m.add_function(wrap_pyfunction!(workers, &m)?)?;

@@ -40,6 +40,18 @@ from ferry.rpc._interop import _rref_debug_info, _rref_wait_until_empty
 from ferry.rpc.rref import RRef
 
 
+def retain_freed_memory():
+    """Keeps freed large blocks (up to 1 GiB) in this process for the next
+    received tensor, by raising glibc's mmap and trim thresholds: a 40 MB
+    tensor then lands in memory already mapped instead of fresh pages (a
+    page fault per 4 KiB). It changes the allocator of the whole process
+    and keeps freed memory in it, so it is opt-in; call it before
+    ``init_rpc``. Returns whether it was applied (not off glibc)."""
+    from ferry import _ferry
+
+    return _ferry.rpc.retain_freed_memory()
+
+
 def is_available():
     """Whether RPC is available (``torch.distributed.rpc.is_available``):
     always, where ``ferry.rpc`` imports."""
@@ -47,6 +59,7 @@ def is_available():
 
 
 __all__ = [
+    "retain_freed_memory",
     "BackendType",
     "RpcBackendOptions",
     "backend_registry",
