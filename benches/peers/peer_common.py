@@ -12,6 +12,7 @@ import platform
 import socket
 import statistics
 import sys
+import time
 
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 
@@ -60,6 +61,29 @@ def stats_ms(seconds):
         "min_ms": min(ms),
         "max_ms": max(ms),
     }
+
+
+def sync_latencies(rpc, fn, t, a):
+    """`rpc.rpc_sync("worker1", fn, args=(t,))` round trips, in seconds,
+    after a warm-up (at least --warmup calls and 0.3 s, cut short for a
+    call slower than 0.5 s): as many as fit in --cell-seconds, between
+    --min-reps and --max-reps. `rpc` is the module measured
+    (torch.distributed.rpc or ferry.rpc)."""
+    start, n = time.perf_counter(), 0
+    while n < a.warmup or time.perf_counter() - start < 0.3:
+        t0 = time.perf_counter()
+        rpc.rpc_sync("worker1", fn, args=(t,))
+        n += 1
+        if time.perf_counter() - t0 > 0.5 and n >= 2:
+            break
+    latencies, start = [], time.perf_counter()
+    while len(latencies) < a.max_reps and (
+        len(latencies) < a.min_reps or time.perf_counter() - start < a.cell_seconds
+    ):
+        t0 = time.perf_counter()
+        rpc.rpc_sync("worker1", fn, args=(t,))
+        latencies.append(time.perf_counter() - t0)
+    return latencies
 
 
 def free_port():

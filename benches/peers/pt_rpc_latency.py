@@ -25,31 +25,11 @@ from collections import deque
 import torch
 import torch.distributed.rpc as rpc
 
-from peer_common import log, parse_size, percentile, run_rpc_pair, size_label, stats_ms, versions, write_result
+from peer_common import log, parse_size, percentile, run_rpc_pair, size_label, stats_ms, sync_latencies, versions, write_result
 
 
 def identity(t):
     return t
-
-
-def sync_latencies(t, a):
-    """rpc_sync round trips after a warm-up (at least --warmup calls and
-    0.3 s, cut short for a call slower than 0.5 s)."""
-    start, n = time.perf_counter(), 0
-    while n < a.warmup or time.perf_counter() - start < 0.3:
-        t0 = time.perf_counter()
-        rpc.rpc_sync("worker1", identity, args=(t,))
-        n += 1
-        if time.perf_counter() - t0 > 0.5 and n >= 2:
-            break
-    latencies, start = [], time.perf_counter()
-    while len(latencies) < a.max_reps and (
-        len(latencies) < a.min_reps or time.perf_counter() - start < a.cell_seconds
-    ):
-        t0 = time.perf_counter()
-        rpc.rpc_sync("worker1", identity, args=(t,))
-        latencies.append(time.perf_counter() - t0)
-    return latencies
 
 
 def async10_totals(t, a, one_call_s):
@@ -100,7 +80,7 @@ def measure(a):
         t = torch.rand(nbytes // 4, dtype=torch.float32)
         label = size_label(nbytes)
         log(f"[pt_rpc_latency] identity {label}")
-        lat = sync_latencies(t, a)
+        lat = sync_latencies(rpc, identity, t, a)
         cell = {"func": "identity", "size": label, "bytes": nbytes, "numel": t.numel(), "rpc_sync": stats_ms(lat)}
         totals = async10_totals(t, a, cell["rpc_sync"]["median_ms"] / 1e3)
         if totals:

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from peer_common import log, parse_size, run_rpc_pair, size_label, stats_ms, versions, write_result
+from peer_common import log, parse_size, run_rpc_pair, size_label, stats_ms, sync_latencies, versions, write_result
 
 MODULES = ("ferry.rpc", "torch.distributed.rpc")
 
@@ -42,26 +42,6 @@ def identity(t):
 
 def identity_rref(rref):
     return rref.to_here()
-
-
-def sync_latencies(rpc, t, a):
-    """rpc_sync round trips after a warm-up (at least --warmup calls and
-    0.3 s, cut short for a call slower than 0.5 s)."""
-    start, n = time.perf_counter(), 0
-    while n < a.warmup or time.perf_counter() - start < 0.3:
-        t0 = time.perf_counter()
-        rpc.rpc_sync("worker1", identity, args=(t,))
-        n += 1
-        if time.perf_counter() - t0 > 0.5 and n >= 2:
-            break
-    latencies, start = [], time.perf_counter()
-    while len(latencies) < a.max_reps and (
-        len(latencies) < a.min_reps or time.perf_counter() - start < a.cell_seconds
-    ):
-        t0 = time.perf_counter()
-        rpc.rpc_sync("worker1", identity, args=(t,))
-        latencies.append(time.perf_counter() - t0)
-    return latencies
 
 
 def async10_totals(rpc, t, a, one_call_s):
@@ -128,7 +108,7 @@ def measure(a):
     for nbytes in a.sizes_bytes:
         t = torch.rand(nbytes // 4, dtype=torch.float32)
         label = size_label(nbytes)
-        lat = sync_latencies(rpc, t, a)
+        lat = sync_latencies(rpc, identity, t, a)
         cell = {"func": "identity", "size": label, "bytes": nbytes, "rpc_sync": stats_ms(lat)}
         totals = async10_totals(rpc, t, a, cell["rpc_sync"]["median_ms"] / 1e3)
         cell["async10_per_call_ms_median"] = stats_ms(totals)["median_ms"] / 10
