@@ -8,7 +8,12 @@
 //! receiver allocated from the descriptor ([`TchAllocator`]). That
 //! receiver's `RawTensor`s take the same memory, also without a copy, so
 //! one worker serves both kinds. Every element
-//! type libtorch has travels, except the quantized ones.
+//! type libtorch has travels, except the quantized ones. A sparse COO
+//! tensor travels as PyTorch's RPC sends one: its indices and values
+//! tensors through the table, its size, `sparse_dim`, `dense_dim` and
+//! whether it is coalesced in the payload (`ferry_wire::sparse`); the
+//! receiver checks them and rebuilds it with libtorch's
+//! `sparse_coo_tensor`.
 //!
 //! Distributed autograd ([`grad`]) hooks in here: inside an autograd context
 //! a tensor that requires grad records a send function as it serialises,
@@ -49,6 +54,7 @@ mod cuda;
 mod dtype;
 pub mod grad;
 mod outgoing;
+mod sparse;
 mod tensor;
 pub mod tree;
 
@@ -89,9 +95,10 @@ pub enum TchError {
     /// A tensor on a device this version does not send.
     #[error("a tensor on {0} cannot be sent: ferry-tch sends cpu and cuda tensors")]
     Device(String),
-    /// A tensor without strides or storage of its own (sparse, nested,
-    /// mkldnn, or with no storage at all): the wire carries a strided view
-    /// of a storage's bytes. The text is libtorch's reason.
+    /// A tensor without strides or storage of its own (sparse CSR/CSC/BSR,
+    /// nested, mkldnn, or with no storage at all): the wire carries
+    /// strided views of a storage's bytes (a sparse COO tensor travels as
+    /// two of them, its indices and values). The text is libtorch's reason.
     #[error(
         "a {layout}tensor cannot be sent: ferry-tch sends strided tensors with storage ({reason})"
     )]
@@ -101,6 +108,12 @@ pub enum TchError {
         /// What libtorch said when asked for the tensor's view.
         reason: String,
     },
+    /// A sparse COO tensor whose parts do not fit its layout: indices or
+    /// values of the wrong shape, type or device for its size, an index
+    /// out of bounds, or indices not sorted and unique where it claims to
+    /// be coalesced.
+    #[error("invalid sparse COO tensor: {0}")]
+    Sparse(String),
     /// A kind the wire has no type for.
     #[error("a {0:?} tensor cannot be sent: quantized tensors are not supported")]
     Kind(tch::Kind),

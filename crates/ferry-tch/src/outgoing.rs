@@ -160,6 +160,24 @@ fn strided_view(tensor: &tch::Tensor) -> Result<(Vec<i64>, Vec<i64>), TchError> 
     Ok((shape, strides))
 }
 
+/// `tensor`'s sizes, asked of libtorch fallibly (a sparse tensor has
+/// them, though no strides).
+pub(crate) fn sizes(tensor: &tch::Tensor) -> Result<Vec<i64>, TchError> {
+    let c = tensor.as_ptr() as *mut torch_sys::C_tensor;
+    // SAFETY: as in `strided_view`.
+    let dim = unsafe { torch_sys::at_dim(c) };
+    if let Some(e) = last_torch_error() {
+        return Err(not_strided(tensor, e));
+    }
+    let mut shape = vec![0i64; dim];
+    // SAFETY: as in `strided_view`; the buffer holds `dim` values.
+    unsafe { torch_sys::at_shape(c, shape.as_mut_ptr()) };
+    if let Some(e) = last_torch_error() {
+        return Err(not_strided(tensor, e));
+    }
+    Ok(shape)
+}
+
 /// The address of `tensor`'s first element, asked of libtorch fallibly: a
 /// tensor without storage is [`TchError::NotStrided`], where tch's
 /// `data_ptr()` would panic.

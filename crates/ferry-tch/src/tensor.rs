@@ -5,13 +5,15 @@ use std::sync::Arc;
 
 use ferry_transport::RawTensor;
 use ferry_wire::payload;
+use ferry_wire::sparse::SparseCoo;
+use ferry_wire::TensorDescriptor;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::alloc::{take_landed, Received};
 use crate::dtype::kind_of;
 use crate::grad::{self, GradMeta};
 use crate::outgoing::Outgoing;
-use crate::tree;
+use crate::{sparse, tree};
 
 /// A libtorch tensor that can sit anywhere in an RPC argument or result
 /// (a field, a `Vec`, a map value, a tuple, nested). It derefs to
@@ -83,38 +85,79 @@ impl Serialize for Tensor {
         if let Some(index) = tree::push_flattened(&self.0) {
             return s.serialize_u32(index);
         }
-        let outgoing = Outgoing::new(&self.0)
-            .map_err(|e| payload::custom_ser_error::<S::Error>(e.to_string()))?;
+        let ser_error = |e: crate::TchError| payload::custom_ser_error::<S::Error>(e.to_string());
+        let body = if self.0.defined() && self.0.is_sparse() {
+            let (indices, values, layout) = sparse::parts(&self.0).map_err(ser_error)?;
+            Body::SparseCoo {
+                indices: Arc::new(Outgoing::new(&indices).map_err(ser_error)?),
+                values: Arc::new(Outgoing::new(&values).map_err(ser_error)?),
+                layout,
+            }
+        } else {
+            Body::Strided(Arc::new(Outgoing::new(&self.0).map_err(ser_error)?))
+        };
         let meta = if self.0.requires_grad() {
             grad::current().and_then(|r| r.record_send(&self.0))
         } else {
             None
         };
-        Wire {
-            tensor: Arc::new(outgoing),
-            meta,
-        }
-        .serialize(s)
+        Wire { body, meta }.serialize(s)
     }
 }
 
-/// The serialised form: the table entry, then the autograd metadata.
+/// What stands for a tensor's data in the payload: one entry of the
+/// message's tensor table for a strided tensor; for a sparse COO tensor,
+/// the entries of its indices and values and its layout. (The variants'
+/// order is the wire's: [`BodyIn`] reads them in the same order.)
+enum Body {
+    Strided(Arc<Outgoing>),
+    SparseCoo {
+        indices: Arc<Outgoing>,
+        values: Arc<Outgoing>,
+        layout: SparseCoo,
+    },
+}
+
+/// The serialised form: the body, then the autograd metadata.
 struct Wire {
-    tensor: Arc<Outgoing>,
+    body: Body,
     meta: Option<GradMeta>,
+}
+
+/// A table entry.
+struct Entry<'a>(&'a Arc<Outgoing>);
+
+impl Serialize for Entry<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        payload::serialize_tensor(self.0.clone(), s)
+    }
+}
+
+impl Serialize for Body {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTupleVariant;
+        match self {
+            Body::Strided(t) => s.serialize_newtype_variant("Body", 0, "Strided", &Entry(t)),
+            Body::SparseCoo {
+                indices,
+                values,
+                layout,
+            } => {
+                let mut v = s.serialize_tuple_variant("Body", 1, "SparseCoo", 3)?;
+                v.serialize_field(&Entry(indices))?;
+                v.serialize_field(&Entry(values))?;
+                v.serialize_field(layout)?;
+                v.end()
+            }
+        }
+    }
 }
 
 impl Serialize for Wire {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
-        struct Entry(Arc<Outgoing>);
-        impl Serialize for Entry {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                payload::serialize_tensor(self.0.clone(), s)
-            }
-        }
         let mut t = s.serialize_tuple(2)?;
-        t.serialize_element(&Entry(self.tensor.clone()))?;
+        t.serialize_element(&self.body)?;
         t.serialize_element(&self.meta)?;
         t.end()
     }
@@ -129,35 +172,14 @@ impl<'de> Deserialize<'de> for Tensor {
                 .map(Tensor)
                 .map_err(serde::de::Error::custom);
         }
-        struct Entry(tch::Tensor);
-        impl<'de> Deserialize<'de> for Entry {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let incoming = payload::deserialize_tensor(d)?;
-                let desc = incoming.descriptor;
-                let storage = match incoming.storage.downcast::<RawTensor>() {
-                    Ok(raw) => {
-                        return match take_landed(*raw) {
-                            // `TchAllocator` received it: the libtorch tensor
-                            // the bytes landed in.
-                            Ok(t) => Ok(Entry(t)),
-                            // Another allocator received it: one copy into
-                            // libtorch.
-                            Err(raw) => from_raw(&raw).map(Entry).map_err(payload::custom_error),
-                        };
-                    }
-                    Err(other) => other,
-                };
-                match storage.downcast::<Received>() {
-                    Ok(t) => Ok(Entry(t.0)),
-                    Err(_) => Err(payload::custom_error(format!(
-                        "received a {} tensor of shape {:?} into storage that is neither \
-                         a libtorch tensor nor a RawTensor",
-                        desc.dtype, desc.shape
-                    ))),
-                }
+        let (body, meta): (BodyIn, Option<GradMeta>) = Deserialize::deserialize(d)?;
+        let tensor = match body {
+            BodyIn::Strided(EntryIn(tensor, _)) => tensor,
+            BodyIn::SparseCoo(EntryIn(indices, i), EntryIn(values, v), layout) => {
+                sparse::rebuild(&layout, (indices, &i), (values, &v))
+                    .map_err(|e| payload::custom_error(e.to_string()))?
             }
-        }
-        let (Entry(tensor), meta): (Entry, Option<GradMeta>) = Deserialize::deserialize(d)?;
+        };
         let tensor = match (meta, grad::for_receive()) {
             (Some(meta), Some(recorder)) => recorder
                 .record_recv(tensor, meta)
@@ -165,6 +187,46 @@ impl<'de> Deserialize<'de> for Tensor {
             _ => tensor,
         };
         Ok(Tensor(tensor))
+    }
+}
+
+/// [`Body`] as it arrives.
+#[derive(Deserialize)]
+enum BodyIn {
+    Strided(EntryIn),
+    SparseCoo(EntryIn, EntryIn, SparseCoo),
+}
+
+/// A received table entry: the libtorch tensor and the descriptor it
+/// arrived with.
+struct EntryIn(tch::Tensor, TensorDescriptor);
+
+impl<'de> Deserialize<'de> for EntryIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let incoming = payload::deserialize_tensor(d)?;
+        let desc = incoming.descriptor;
+        let storage = match incoming.storage.downcast::<RawTensor>() {
+            Ok(raw) => {
+                return match take_landed(*raw) {
+                    // `TchAllocator` received it: the libtorch tensor the
+                    // bytes landed in.
+                    Ok(t) => Ok(EntryIn(t, desc)),
+                    // Another allocator received it: one copy into libtorch.
+                    Err(raw) => from_raw(&raw)
+                        .map(|t| EntryIn(t, desc.clone()))
+                        .map_err(payload::custom_error),
+                };
+            }
+            Err(other) => other,
+        };
+        match storage.downcast::<Received>() {
+            Ok(t) => Ok(EntryIn(t.0, desc)),
+            Err(_) => Err(payload::custom_error(format!(
+                "received a {} tensor of shape {:?} into storage that is neither \
+                 a libtorch tensor nor a RawTensor",
+                desc.dtype, desc.shape
+            ))),
+        }
     }
 }
 

@@ -10,6 +10,9 @@
 //!   any allocation;
 //! - [`payload`]: serde values whose tensors are pulled out into an
 //!   out-of-band tensor table, wherever they sit in the value;
+//! - [`sparse`]: the layout of a sparse COO tensor, which travels as its
+//!   indices and values tensors plus a [`SparseCoo`](sparse::SparseCoo)
+//!   checked against their descriptors;
 //! - [`channel_record`]: what stands in a frame for a tensor's bytes when a
 //!   channel other than `inline` carries it (mode byte, `cma` and `mpt`
 //!   records), and `cma` release lists; [`mpt_lane`]: the lane hello and
@@ -46,6 +49,7 @@ mod handshake;
 pub mod kinds;
 pub mod mpt_lane;
 pub mod payload;
+pub mod sparse;
 mod text;
 
 pub use descriptor::{contiguous_strides, Dims, TensorDescriptor};
