@@ -77,17 +77,30 @@ impl Context {
         self.state.lock().known_workers.insert(worker);
     }
 
-    /// Adds `grad` to the gradient kept for `leaf`.
-    pub(crate) fn accumulate(state: &mut ContextState, leaf: &Tensor, grad: Tensor) {
+    /// Adds `grad` to the gradient kept for `leaf`. Either may be sparse:
+    /// a sparse sum stays sparse, a dense and a sparse one sum to a dense
+    /// one (libtorch adds a sparse tensor to a dense one, not the other
+    /// way round).
+    pub(crate) fn accumulate(
+        state: &mut ContextState,
+        leaf: &Tensor,
+        grad: Tensor,
+    ) -> Result<(), String> {
         match state.grads.entry(tensor_id(leaf)) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
-                let sum = &e.get().1 + &grad;
-                e.get_mut().1 = sum;
+                let old = &e.get().1;
+                let sum = if old.is_sparse() && !grad.is_sparse() {
+                    grad.f_add(old)
+                } else {
+                    old.f_add(&grad)
+                };
+                e.get_mut().1 = sum.map_err(|e| format!("cannot accumulate a gradient: {e}"))?;
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert((leaf.shallow_clone(), grad));
             }
         }
+        Ok(())
     }
 }
 
@@ -200,6 +213,46 @@ impl std::fmt::Debug for Gradients {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sparse and dense gradients of one leaf sum in any order: sparse
+    /// ones to a sparse one, a mix to a dense one.
+    #[test]
+    fn sparse_and_dense_gradients_accumulate_in_any_order() {
+        let leaf = Tensor::zeros([3, 2], (tch::Kind::Double, tch::Device::Cpu));
+        let dense = Tensor::ones([3, 2], (tch::Kind::Double, tch::Device::Cpu));
+        let sparse = || {
+            let i = Tensor::from_slice(&[2i64, 0, 2]).reshape([1, 3]);
+            let v = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([3, 2]);
+            Tensor::sparse_coo_tensor_indices_size(
+                &i,
+                &v,
+                [3, 2],
+                (tch::Kind::Double, tch::Device::Cpu),
+                false,
+            )
+        };
+        let want = |k: f64, d: f64| &sparse().to_dense(None, false) * k + &dense * d;
+        for (grads, k, d, stays_sparse) in [
+            (vec![sparse(), sparse()], 2.0, 0.0, true),
+            (vec![sparse(), dense.copy()], 1.0, 1.0, false),
+            (vec![dense.copy(), sparse(), sparse()], 2.0, 1.0, false),
+        ] {
+            let mut state = ContextState::default();
+            for g in grads {
+                Context::accumulate(&mut state, &leaf, g).unwrap();
+            }
+            let got = &state.grads[&tensor_id(&leaf)].1;
+            assert_eq!(got.is_sparse(), stays_sparse);
+            assert!(got
+                .to_dense(None, false)
+                .allclose(&want(k, d), 1e-12, 1e-12, false));
+        }
+        // A gradient of another shape is an error, not a panic.
+        let mut state = ContextState::default();
+        Context::accumulate(&mut state, &leaf, dense.copy()).unwrap();
+        let wrong = Tensor::ones([4], (tch::Kind::Double, tch::Device::Cpu));
+        assert!(Context::accumulate(&mut state, &leaf, wrong).is_err());
+    }
 
     #[test]
     fn info_lists_sends_recvs_and_workers_by_message_id() {

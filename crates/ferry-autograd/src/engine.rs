@@ -43,7 +43,7 @@ fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Out
         let Some(g) = g else { continue };
         match state.recvs.get(&tensor_id(leaf)) {
             Some(recv) => out.push((recv.sender, recv.message_id, g)),
-            None => Context::accumulate(&mut state, leaf, g),
+            None => Context::accumulate(&mut state, leaf, g)?,
         }
     }
     Ok(out)

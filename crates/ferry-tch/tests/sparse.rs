@@ -16,7 +16,10 @@ use serde::Serialize;
 use tch::{Device, Kind};
 
 const ECHO: Function<Tensor, Tensor> = Function::new("echo");
-const ECHO_ALL: Function<Vec<(String, Tensor)>, Vec<(String, Tensor)>> = Function::new("echo_all");
+/// Named tensors.
+type Named = Vec<(String, Tensor)>;
+
+const ECHO_ALL: Function<Named, Named> = Function::new("echo_all");
 const ADD: Function<(Tensor, Tensor), Tensor> = Function::new("add");
 /// The dense form of the tensor received, and whether it arrived sparse.
 const TO_DENSE: Function<Tensor, (Tensor, bool)> = Function::new("to_dense");
