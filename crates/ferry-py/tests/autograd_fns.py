@@ -41,6 +41,12 @@ def chain_local(a, b):
     return tanh_mm(h, b) * a + h.sum()
 
 
+def nested_add(to, a, b):
+    """Runs on the middle worker: ``torch.add`` on ``to``, scaled here
+    (sparse tensors too: both steps keep them sparse)."""
+    return rpc.rpc_sync(to, torch.add, args=(a, b)) * 2
+
+
 def fetch_and_square(rref):
     """Fetches an RRef's value from its owner and squares it."""
     return rref.to_here() ** 2

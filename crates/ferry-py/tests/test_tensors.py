@@ -144,3 +144,61 @@ def test_a_tensor_without_strides_is_a_clean_error(workers):
     with pytest.raises(RuntimeError, match="sends strided tensors with storage"):
         rpc.rpc_sync("worker1", fns.identity, args=(nested,))
     assert torch.equal(rpc.rpc_sync("worker1", fns.identity, args=(torch.ones(2),)), torch.ones(2))
+
+
+def sparse_sample(dtype, size, sparse_dim, nnz, coalesced):
+    """A sparse COO tensor of ``size`` with ``sparse_dim`` sparse
+    dimensions and ``nnz`` specified elements (one index twice, and out of
+    order, unless ``coalesced``)."""
+    g = torch.Generator().manual_seed(11)
+    indices = torch.zeros(sparse_dim, nnz, dtype=torch.int64)
+    for d in range(sparse_dim):
+        indices[d] = torch.randint(0, size[d], (nnz,), generator=g)
+    if nnz > 1:
+        indices[:, -1] = indices[:, 0]
+    values = sample(dtype, (nnz, *size[sparse_dim:]))
+    t = torch.sparse_coo_tensor(indices, values, size, check_invariants=True)
+    return t.coalesce() if coalesced else t
+
+
+def assert_same_sparse(a, b):
+    assert a.layout == b.layout == torch.sparse_coo
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.sparse_dim() == b.sparse_dim() and a.dense_dim() == b.dense_dim()
+    assert a.is_coalesced() == b.is_coalesced()
+    # The same specified elements, in the same order: nothing was coalesced.
+    assert torch.equal(a._indices(), b._indices())
+    assert torch.equal(a._values(), b._values())
+
+
+SPARSE_CASES = [
+    (dtype, (6, 4), 2, 5, coalesced)
+    for dtype in [torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64]
+    for coalesced in [False, True]
+] + [
+    (torch.float32, (6, 4, 3), 1, 3, False),  # hybrid: one dense dimension
+    (torch.float32, (6, 4, 3), 3, 4, True),
+    (torch.float16, (5, 5), 2, 0, False),  # no specified element
+    (torch.float32, (5, 2), 0, 1, True),  # no sparse dimension
+]
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=str)
+def test_sparse_tensors_go_and_come_back(workers, case):
+    t = sparse_sample(*case)
+    back = rpc.rpc_sync("worker1", fns.identity, args=(t,))
+    assert_same_sparse(back, t)
+    # Beside dense ones, nested, and through a nested call back here.
+    got = rpc.rpc_sync("worker1", fns.identity, args=({"s": [t], "d": torch.ones(2)},))
+    assert_same_sparse(got["s"][0], t)
+    assert torch.equal(got["d"], torch.ones(2))
+
+
+def test_sparse_tensors_compute_on_the_callee(workers):
+    a = sparse_sample(torch.float64, (6, 4), 2, 5, False)
+    b = sparse_sample(torch.float64, (6, 4), 2, 3, True)
+    total = rpc.rpc_sync("worker1", torch.add, args=(a, b))
+    assert total.layout == torch.sparse_coo
+    assert torch.equal(total.to_dense(), (a + b).to_dense())
+    made = rpc.rpc_sync("worker2", torch.Tensor.to_sparse, args=(torch.eye(3),))
+    assert torch.equal(made.to_dense(), torch.eye(3))

@@ -98,12 +98,9 @@ class DistAutogradContext:
         context, the autograd node its gradient reaches (Ferry's received
         tensor is a leaf: its ``AccumulateGrad``, from which the gradient
         goes back to the sender; PyTorch has a ``RecvRpcBackward`` node)."""
-        import torch
-
         _, recvs, _ = _autograd.context_info(self._id)
         return {
-            message_id: torch.autograd.graph.get_gradient_edge(leaf).node
-            for message_id, _sender, leaf in recvs
+            message_id: _gradient_edge(leaf)[0] for message_id, _sender, leaf in recvs
         }
 
     def _known_worker_ids(self):
@@ -130,10 +127,7 @@ class SendFunction:
 
     @property
     def next_functions(self):
-        import torch
-
-        edge = torch.autograd.graph.get_gradient_edge(self.tensor)
-        return ((edge.node, edge.output_nr),)
+        return (_gradient_edge(self.tensor),)
 
     def name(self):
         """The kind of node, as autograd nodes name themselves."""
@@ -141,6 +135,21 @@ class SendFunction:
 
     def __repr__(self):
         return f"SendFunction(shape={tuple(self.tensor.shape)})"
+
+
+def _gradient_edge(tensor):
+    """``(node, output_nr)``: where ``tensor``'s gradient goes (its
+    ``grad_fn``, or a leaf's ``AccumulateGrad``), as
+    ``torch.autograd.graph.get_gradient_edge`` gives it for strided
+    tensors; for a sparse leaf, which that cannot take (it views the
+    tensor), the node a product of it lists first."""
+    import torch
+
+    if tensor.layout == torch.strided or tensor.grad_fn is not None:
+        edge = torch.autograd.graph.get_gradient_edge(tensor)
+        return (edge.node, edge.output_nr)
+    with torch.enable_grad():
+        return (tensor * 1).grad_fn.next_functions[0]
 
 
 def _get_max_id():

@@ -26,6 +26,9 @@ _rpc = _ferry.rpc
 #: type, as PyTorch's ``torch.distributed.rpc.internal.RemoteException``.
 RemoteException = collections.namedtuple("RemoteException", ["msg", "exception_type"])
 
+#: The tensor layouts that travel out of band as themselves.
+_OUT_OF_BAND_LAYOUTS = (torch.strided, torch.sparse_coo)
+
 # Persistent ids are ints: 2*i for tensor i, 2*i+1 for RRef i.
 
 
@@ -40,9 +43,10 @@ class _Pickler(pickle.Pickler):
     def persistent_id(self, obj):
         # Exactly torch.Tensor: subclasses (nn.Parameter) reduce through
         # their own __reduce_ex__ to plain tensors, which then land here.
-        # Strided only: a sparse tensor has no storage of its own and
-        # reduces to its dense parts (indices, values), which land here.
-        if type(obj) is torch.Tensor and obj.layout == torch.strided:
+        # Strided and sparse COO (which travels as its indices and values,
+        # with its autograd identity, as PyTorch's RPC sends it); other
+        # layouts (CSR, ...) reduce to their dense parts, which land here.
+        if type(obj) is torch.Tensor and obj.layout in _OUT_OF_BAND_LAYOUTS:
             self.tensors.append(obj)
             return 2 * (len(self.tensors) - 1)
         if type(obj) is _RRef:
