@@ -1,7 +1,9 @@
 // The two things distributed autograd needs from libtorch's engine that
 // the tch crate does not expose: a backward pass with explicit incoming
 // gradients (torch::autograd::grad with grad_outputs) that never touches
-// `.grad`, and the leaves (AccumulateGrad variables) a pass reaches.
+// `.grad`, and the leaves (AccumulateGrad variables) a pass reaches; then
+// what happens to a leaf's gradient as in PyTorch's distributed engine:
+// its AccumulateGrad node's hooks, and libtorch's accumulation rules.
 // Tensors cross as `at::Tensor*`, the representation tch uses; returned
 // tensors are heap-allocated for tch to own and free.
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -475,4 +478,60 @@ char* ferry_backward_weight(void* split, const at::Tensor* const* params, int np
 
 // Frees a capture of ferry_backward_input that will not be used.
 void ferry_free_split(void* split) { delete static_cast<Split*>(split); }
+
+// What PyTorch's distributed engine does with a gradient that reached a
+// leaf (DistAccumulateGradCaptureHook), in three steps so that the caller
+// holds its context's lock only for the second:
+//
+// 1. ferry_leaf_pre_hooks: runs the pre hooks of `leaf`'s AccumulateGrad
+//    node on `grad`. Writes the gradient they give to `*out` and returns
+//    1, or returns 0 (nothing written) when the node has none.
+// 2. ferry_accumulate_grad: libtorch's own AccumulateGrad::accumulateGrad
+//    with grad mode off: `new_grad` is kept as it is (no copy) when
+//    nothing but the caller's `expected_refs` references hold it and it
+//    obeys the gradient layout contract (sparse: contiguous indices and
+//    values), cloned otherwise; added to `old` (null: none yet) in place
+//    where libtorch can. Writes the leaf's gradient to `*out`.
+// 3. ferry_leaf_post_hooks: runs the node's post hooks with no outputs and
+//    `grad` as the input, as PyTorch's distributed engine does.
+//
+// Each returns nullptr or an error text to free with ferry_free_error.
+char* ferry_leaf_pre_hooks(const at::Tensor* leaf, const at::Tensor* grad, at::Tensor** out,
+                           int* changed) {
+  return guarded("ferry_leaf_pre_hooks", [&]() -> char* {
+      *changed = 0;
+      auto node = torch::autograd::impl::try_get_grad_accumulator(*leaf);
+      if (!node || node->pre_hooks().empty()) return nullptr;
+      variable_list grads{*grad};
+      for (const auto& hook : node->pre_hooks()) grads = (*hook)(grads);
+      *out = new at::Tensor(grads.empty() ? at::Tensor() : grads[0]);
+      *changed = 1;
+      return nullptr;
+  });
+}
+
+char* ferry_accumulate_grad(const at::Tensor* leaf, const at::Tensor* old,
+                            const at::Tensor* new_grad, int expected_refs, at::Tensor** out) {
+  return guarded("ferry_accumulate_grad", [&]() -> char* {
+      c10::AutoGradMode grad_mode(false);
+      at::Tensor acc = old != nullptr ? *old : at::Tensor();
+      at::Tensor updated;
+      torch::autograd::AccumulateGrad::accumulateGrad(
+          *leaf, acc, *new_grad, static_cast<size_t>(expected_refs),
+          [&](at::Tensor&& g) { updated = std::move(g); });
+      *out = new at::Tensor(updated.defined() ? updated : acc);
+      return nullptr;
+  });
+}
+
+char* ferry_leaf_post_hooks(const at::Tensor* leaf, const at::Tensor* grad) {
+  return guarded("ferry_leaf_post_hooks", [&]() -> char* {
+      auto node = torch::autograd::impl::try_get_grad_accumulator(*leaf);
+      if (!node) return nullptr;
+      const variable_list no_outputs;
+      variable_list grads{*grad};
+      for (const auto& hook : node->post_hooks()) (*hook)(no_outputs, grads);
+      return nullptr;
+  });
+}
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tch::Tensor;
 
-use crate::engine_shim::tensor_id;
+use crate::engine_shim::{accumulate_grad, tensor_id};
 use crate::waiting_root::WaitingRoot;
 
 /// A recv function: a received tensor (a leaf here) whose gradient goes
@@ -77,27 +77,27 @@ impl Context {
         self.state.lock().known_workers.insert(worker);
     }
 
-    /// Adds `grad` to the gradient kept for `leaf`. Either may be sparse:
-    /// a sparse sum stays sparse, a dense and a sparse one sum to a dense
-    /// one (libtorch adds a sparse tensor to a dense one, not the other
-    /// way round).
+    /// Adds `grad` to the gradient kept for `leaf`, by libtorch's rules
+    /// for `.grad` (`AccumulateGrad::accumulateGrad`), as PyTorch's
+    /// distributed autograd context does: the first gradient is kept as it
+    /// is, without a copy, when the caller's handle is the only reference
+    /// to it and its layout suits the leaf (a copy otherwise, so that no
+    /// one else's tensor becomes the context's gradient); later ones are
+    /// added, in place where libtorch can. Either may be sparse: a sparse
+    /// sum stays sparse, a dense and a sparse one sum to a dense one.
     pub(crate) fn accumulate(
         state: &mut ContextState,
         leaf: &Tensor,
-        grad: Tensor,
+        grad: &Tensor,
     ) -> Result<(), String> {
-        match state.grads.entry(tensor_id(leaf)) {
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                let old = &e.get().1;
-                let sum = if old.is_sparse() && !grad.is_sparse() {
-                    grad.f_add(old)
-                } else {
-                    old.f_add(&grad)
-                };
-                e.get_mut().1 = sum.map_err(|e| format!("cannot accumulate a gradient: {e}"))?;
-            }
+        let key = tensor_id(leaf);
+        let old = state.grads.get(&key).map(|(_, g)| g);
+        let sum = accumulate_grad(leaf, old, grad, 1)
+            .map_err(|e| format!("cannot accumulate a gradient: {e}"))?;
+        match state.grads.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().1 = sum,
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert((leaf.shallow_clone(), grad));
+                e.insert((leaf.shallow_clone(), sum));
             }
         }
         Ok(())
@@ -239,7 +239,7 @@ mod tests {
         ] {
             let mut state = ContextState::default();
             for g in grads {
-                Context::accumulate(&mut state, &leaf, g).unwrap();
+                Context::accumulate(&mut state, &leaf, &g).unwrap();
             }
             let got = &state.grads[&tensor_id(&leaf)].1;
             assert_eq!(got.is_sparse(), stays_sparse);
@@ -249,9 +249,9 @@ mod tests {
         }
         // A gradient of another shape is an error, not a panic.
         let mut state = ContextState::default();
-        Context::accumulate(&mut state, &leaf, dense.copy()).unwrap();
+        Context::accumulate(&mut state, &leaf, &dense.copy()).unwrap();
         let wrong = Tensor::ones([4], (tch::Kind::Double, tch::Device::Cpu));
-        assert!(Context::accumulate(&mut state, &leaf, wrong).is_err());
+        assert!(Context::accumulate(&mut state, &leaf, &wrong).is_err());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tch::Tensor;
 
 use crate::container::DistAutogradContainer;
 use crate::context::Context;
-use crate::engine_shim::{grad, leaves, tensor_id};
+use crate::engine_shim::{grad, leaf_post_hooks, leaf_pre_hooks, leaves, tensor_id};
 use crate::error::error_proper;
 use crate::message::{AutogradMessage, PropagateReply, AUTOGRAD_SERVICE};
 use crate::waiting_root::{Job, WaitingRoot};
@@ -34,17 +34,52 @@ use crate::AutogradError;
 type Outgoing = (u32, u64, Tensor);
 
 /// Runs one local pass; returns the gradients that go to other workers.
+///
+/// A gradient that reaches a leaf of this worker goes where PyTorch's
+/// distributed engine puts it: the leaf's `AccumulateGrad` node's pre
+/// hooks, then the context (`Context::accumulate`, holding every
+/// gradient of the pass until all are accumulated, so that one gradient
+/// two leaves share is copied for each, never kept for one), then the
+/// node's post hooks. Hooks run outside the context's lock: they may call
+/// back into it.
 fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Outgoing>, String> {
     let leaves = leaves(roots)?;
     let grads = grad(roots, seeds, &leaves, true)?;
+    let recvs: Vec<Option<(u32, u64)>> = {
+        let state = ctx.state.lock();
+        leaves
+            .iter()
+            .map(|leaf| {
+                state
+                    .recvs
+                    .get(&tensor_id(leaf))
+                    .map(|r| (r.sender, r.message_id))
+            })
+            .collect()
+    };
     let mut out = Vec::new();
-    let mut state = ctx.state.lock();
-    for (leaf, g) in leaves.iter().zip(grads) {
+    // (leaf, the gradient its pre hooks gave, if they changed it, and the
+    // pass's own gradient).
+    let mut local: Vec<(&Tensor, Option<Tensor>, &Tensor)> = Vec::new();
+    for ((leaf, g), recv) in leaves.iter().zip(&grads).zip(recvs) {
         let Some(g) = g else { continue };
-        match state.recvs.get(&tensor_id(leaf)) {
-            Some(recv) => out.push((recv.sender, recv.message_id, g)),
-            None => Context::accumulate(&mut state, leaf, g)?,
+        match recv {
+            Some((sender, message_id)) => out.push((sender, message_id, g.shallow_clone())),
+            None => local.push((leaf, leaf_pre_hooks(leaf, g)?, g)),
         }
+    }
+    {
+        let mut state = ctx.state.lock();
+        for (leaf, hooked, g) in &local {
+            match hooked {
+                Some(h) if !h.defined() => {}
+                Some(h) => Context::accumulate(&mut state, leaf, h)?,
+                None => Context::accumulate(&mut state, leaf, g)?,
+            }
+        }
+    }
+    for (leaf, hooked, g) in &local {
+        leaf_post_hooks(leaf, hooked.as_ref().unwrap_or(g))?;
     }
     Ok(out)
 }

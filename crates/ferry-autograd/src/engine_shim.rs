@@ -51,6 +51,20 @@ extern "C" {
         outputs: *mut *mut AtTensor,
     ) -> *mut c_char;
     fn ferry_free_split(split: *mut c_void);
+    fn ferry_leaf_pre_hooks(
+        leaf: *const AtTensor,
+        grad: *const AtTensor,
+        out: *mut *mut AtTensor,
+        changed: *mut c_int,
+    ) -> *mut c_char;
+    fn ferry_accumulate_grad(
+        leaf: *const AtTensor,
+        old: *const AtTensor,
+        new_grad: *const AtTensor,
+        expected_refs: c_int,
+        out: *mut *mut AtTensor,
+    ) -> *mut c_char;
+    fn ferry_leaf_post_hooks(leaf: *const AtTensor, grad: *const AtTensor) -> *mut c_char;
     fn ferry_leaves(
         roots: *const *const AtTensor,
         n: c_int,
@@ -94,6 +108,46 @@ fn owned_outputs(out: Vec<*mut AtTensor>) -> Vec<Option<Tensor>> {
             t.defined().then_some(t)
         })
         .collect()
+}
+
+/// The gradient `leaf`'s `AccumulateGrad` node's pre hooks make of
+/// `grad`, or `None` when it has none (PyTorch's distributed engine runs
+/// them before accumulating).
+pub(crate) fn leaf_pre_hooks(leaf: &Tensor, grad: &Tensor) -> Result<Option<Tensor>, String> {
+    let mut out = std::ptr::null_mut();
+    let mut changed: c_int = 0;
+    // SAFETY: live tch tensors for the call; the shim writes `out` only
+    // when it sets `changed`.
+    check(unsafe { ferry_leaf_pre_hooks(ptr(leaf), ptr(grad), &mut out, &mut changed) })?;
+    Ok((changed != 0).then(|| own(out)))
+}
+
+/// `leaf`'s gradient once `new_grad` is added to `old`, by libtorch's
+/// `AccumulateGrad::accumulateGrad` with grad mode off: with no `old`,
+/// `new_grad` itself (no copy) when the caller's `expected_refs` handles
+/// are all that hold it and its layout suits the leaf, a copy otherwise;
+/// with one, their sum, in place in `old` where libtorch can (sparse and
+/// dense in any order).
+pub(crate) fn accumulate_grad(
+    leaf: &Tensor,
+    old: Option<&Tensor>,
+    new_grad: &Tensor,
+    expected_refs: usize,
+) -> Result<Tensor, String> {
+    let mut out = std::ptr::null_mut();
+    let old = old.map_or(std::ptr::null(), ptr);
+    let refs = c_int::try_from(expected_refs).unwrap_or(c_int::MAX);
+    // SAFETY: live tch tensors (or null for `old`) for the call; on
+    // success the shim writes `out`.
+    check(unsafe { ferry_accumulate_grad(ptr(leaf), old, ptr(new_grad), refs, &mut out) })?;
+    Ok(own(out))
+}
+
+/// Runs `leaf`'s `AccumulateGrad` node's post hooks with `grad` as its
+/// input (PyTorch's distributed engine runs them after accumulating).
+pub(crate) fn leaf_post_hooks(leaf: &Tensor, grad: &Tensor) -> Result<(), String> {
+    // SAFETY: live tch tensors for the call.
+    check(unsafe { ferry_leaf_post_hooks(ptr(leaf), ptr(grad)) })
 }
 
 /// The identity of a tensor: its TensorImpl, shared by its shallow clones.

@@ -496,3 +496,42 @@ fn an_error_three_hops_away_names_its_origin_once() {
         },
     );
 }
+
+/// Gradients land in the context by libtorch's rules for `.grad`, as in
+/// PyTorch's distributed autograd: `a + b` hands both leaves one
+/// expanded (stride 0) gradient, which each leaf gets as a contiguous copy
+/// of its own, so accumulating into one never changes the other; and a
+/// gradient arriving from another worker, which nothing else holds,
+/// accumulates like a local one.
+#[test]
+fn shared_and_expanded_gradients_become_each_leafs_own() {
+    world_ok(
+        "shared_and_expanded_gradients_become_each_leafs_own",
+        2,
+        |rank| {
+            let container = init(rank);
+            if rank == 0 {
+                let a = tch::Tensor::randn([3, 4], F64).set_requires_grad(true);
+                let b = tch::Tensor::randn([3, 4], F64).set_requires_grad(true);
+                let ctx = ferry_autograd::context().unwrap();
+                let loss = (&a + &b).sum(tch::Kind::Double);
+                ctx.backward(&[loss.shallow_clone()], true).unwrap();
+                let grads = ctx.gradients();
+                let (ga, gb) = (grads.get(&a).unwrap(), grads.get(&b).unwrap());
+                assert!(ga.is_contiguous() && gb.is_contiguous());
+                assert_ne!(ga.data_ptr(), gb.data_ptr(), "one buffer per leaf");
+                let ones = tch::Tensor::ones([3, 4], F64);
+                assert_close(ga, &ones, "a");
+                // Again, plus a gradient from worker1 for a: a's grows, b's
+                // keeps its own.
+                let y: Tensor = SCALE.rpc_sync(name(1), (t(&a), 3.0)).unwrap();
+                let more = loss + y.sum(tch::Kind::Double);
+                ctx.backward(&[more], false).unwrap();
+                let grads = ctx.gradients();
+                assert_close(grads.get(&a).unwrap(), &(&ones * 5.0), "a after both");
+                assert_close(grads.get(&b).unwrap(), &(&ones * 2.0), "b after both");
+            }
+            finish(&container);
+        },
+    );
+}

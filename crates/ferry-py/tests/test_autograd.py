@@ -426,3 +426,52 @@ def test_sparse_gradients_accumulate_over_a_nested_call(workers):
     )
     close(grads[a].to_dense(), expected[0].to_dense())
     close(grads[b].to_dense(), expected[1].to_dense())
+
+
+# --- where gradients land ----------------------------------------------------------
+
+
+class _PassThrough(torch.autograd.Function):
+    """Hands its gradient on as it is, noting where its bytes live."""
+
+    grad_ptr = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _PassThrough.grad_ptr = grad.data_ptr()
+        return grad
+
+
+def test_a_gradient_nothing_else_holds_is_kept_without_a_copy(workers):
+    a, b = leaves((4,), (4,), seed=5)
+    with dist_autograd.context() as context_id:
+        # The only reference to the gradient reaching a: kept as it is.
+        dist_autograd.backward(context_id, [(_PassThrough.apply(a) * 2).sum()])
+        assert dist_autograd.get_gradients(context_id)[a].data_ptr() == _PassThrough.grad_ptr
+    with dist_autograd.context() as context_id:
+        # One expanded gradient for both a and b: each gets its own copy.
+        dist_autograd.backward(context_id, [(a + b).sum()])
+        grads = dist_autograd.get_gradients(context_id)
+        assert grads[a].data_ptr() != grads[b].data_ptr()
+        assert grads[a].is_contiguous() and torch.equal(grads[a], torch.ones(4))
+
+
+def test_a_leafs_accumulate_grad_hooks_run_once_per_backward(workers):
+    calls = []
+    t = torch.rand(3, requires_grad=True)
+    doubled = t + t  # both edges reach t's one AccumulateGrad node
+    node = doubled.grad_fn.next_functions[0][0]
+    node.register_prehook(lambda grad_outputs: (grad_outputs[0] * 10,))
+    node.register_hook(lambda outputs, inputs: calls.append(inputs[0].clone()))
+    with dist_autograd.context() as context_id:
+        out = rpc.rpc_sync("worker1", fns.identity, args=(doubled,))
+        dist_autograd.backward(context_id, [out.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    # The pre hook scaled what accumulated; the post hook saw it, once.
+    assert torch.equal(grads[t], torch.full((3,), 20.0))
+    assert len(calls) == 1 and torch.equal(calls[0], grads[t])
+    assert t.grad is None
