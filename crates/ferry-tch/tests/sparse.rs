@@ -364,3 +364,58 @@ fn forged_sparse_layouts_are_typed_errors() {
     let err = receive_as_tensor(&value).unwrap_err();
     assert!(err.to_string().contains("not int64"), "{err}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Any layout with any parts (random sizes, split, index values,
+    /// coalesced claim, and shapes off by a little) decodes to a valid
+    /// sparse tensor or is an error, never a panic; what decodes has every
+    /// index in bounds, is coalesced when it says so, and densifies.
+    #[test]
+    fn forged_sparse_parts_never_panic(
+        size in proptest::collection::vec(0i64..4, 0..4),
+        split in proptest::prelude::any::<proptest::sample::Index>(),
+        nnz in 0i64..5,
+        index_values in proptest::collection::vec(-1i64..5, 0..20),
+        coalesced in proptest::prelude::any::<bool>(),
+        in_bounds in proptest::prelude::any::<bool>(),
+        rows_off in proptest::prop_oneof![6 => proptest::strategy::Just(0i64), 1 => -1i64..=1],
+        values_off in proptest::prop_oneof![6 => proptest::strategy::Just(0i64), 1 => -1i64..=1],
+    ) {
+        let sparse_dim = split.index(size.len() + 1);
+        let rows = (sparse_dim as i64 + rows_off).max(0);
+        let n = (rows * nnz) as usize;
+        let indices: Vec<i64> = (0..n)
+            .map(|i| {
+                let v = index_values.get(i).copied().unwrap_or(0);
+                // Mostly within the row's size, to reach the rebuild.
+                match size.get(i / nnz.max(1) as usize) {
+                    Some(&d) if in_bounds && d > 0 => v.rem_euclid(d),
+                    _ => v,
+                }
+            })
+            .collect();
+        let mut value_shape = vec![(nnz + values_off).max(0)];
+        value_shape.extend_from_slice(&size[sparse_dim..]);
+        let count: i64 = value_shape.iter().product();
+        let values: Vec<f32> = (0..count).map(|i| i as f32).collect();
+        let value = forged(
+            &indices,
+            &[rows, nnz],
+            &values,
+            &value_shape,
+            layout(&size, sparse_dim as u32, coalesced),
+        );
+        if let Ok(t) = receive_as_tensor(&value) {
+            proptest::prop_assert!(t.is_sparse());
+            proptest::prop_assert_eq!(t.size(), size.clone());
+            proptest::prop_assert_eq!(t.is_coalesced(), coalesced);
+            let dense = t.to_dense(None, false);
+            proptest::prop_assert_eq!(dense.size(), size.clone());
+            if coalesced {
+                proptest::prop_assert!(t.internal_indices().equal(&t.coalesce().internal_indices()));
+            }
+        }
+    }
+}
