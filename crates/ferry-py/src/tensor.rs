@@ -14,7 +14,9 @@
 //! built, and gradients flow back into that graph. A tensor coming in is
 //! the fresh libtorch tensor the receiver allocated (a leaf that requires
 //! grad, with its recv function recorded, when it travelled in a
-//! context), handed to Python as it is.
+//! context), handed to Python as it is. A sparse COO tensor converts the
+//! same way (an alias shares its indices and values); ferry-tch sends it
+//! as those two and rebuilds it on arrival.
 
 use std::ffi::{c_char, c_void, CStr};
 
