@@ -2,6 +2,7 @@
 //! on every worker, with typed arguments and results through serde.
 
 use std::any::type_name;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -258,9 +259,15 @@ pub(crate) struct Function {
 ///     .add(GREET, |name| async move { format!("hello, {name}") });
 /// assert_eq!(functions.names(), ["add", "div", "greet"]);
 /// ```
+///
+/// Functions known only once the worker runs (a Python program defining
+/// them as it goes) are added to a [`LateFunctions`] it also serves
+/// ([`serve_late`](Self::serve_late)).
 #[derive(Clone, Default)]
 pub struct Functions {
     map: HashMap<String, Function>,
+    /// Looked up for a name `map` lacks.
+    late: Option<LateFunctions>,
 }
 
 impl Functions {
@@ -325,25 +332,105 @@ impl Functions {
         self.insert(name, Function { signature, body })
     }
 
-    /// Whether a function is registered under `name`.
+    /// Whether a function is registered under `name`, here or (now) in
+    /// the [`LateFunctions`] this registry serves.
     pub fn contains(&self, name: &str) -> bool {
         self.map.contains_key(name)
+            || self
+                .late
+                .as_ref()
+                .is_some_and(|late| late.0.read().map.contains_key(name))
     }
 
-    /// The registered names, sorted.
+    /// The names registered here, sorted (not those of the
+    /// [`LateFunctions`] it serves, which may change at any time).
     pub fn names(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self.map.keys().map(String::as_str).collect();
         v.sort_unstable();
         v
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<&Function> {
-        self.map.get(name)
+    /// Serves the functions `late` holds too, those added to it later
+    /// included: a call of a name not registered here is looked up there
+    /// when it arrives. A name registered here is never looked up there.
+    /// Replaces the registry an earlier call gave.
+    ///
+    /// ```
+    /// use ferry_rpc::{Function, Functions, LateFunctions};
+    ///
+    /// const LATER: Function<i64, i64> = Function::new("later");
+    ///
+    /// let late = LateFunctions::new();
+    /// let mut functions = Functions::new();
+    /// functions.serve_late(late.clone());
+    /// assert!(!functions.contains("later"));
+    /// // Once the agent runs with `functions`, say.
+    /// late.update(|f| {
+    ///     f.add(LATER, |x| x + 1);
+    /// });
+    /// assert!(functions.contains("later"));
+    /// ```
+    pub fn serve_late(&mut self, late: LateFunctions) -> &mut Self {
+        self.late = Some(late);
+        self
+    }
+
+    /// The function registered under `name`: here (borrowed), or a copy of
+    /// the one the [`LateFunctions`] hold now.
+    pub(crate) fn get(&self, name: &str) -> Option<Cow<'_, Function>> {
+        if let Some(f) = self.map.get(name) {
+            return Some(Cow::Borrowed(f));
+        }
+        let late = self.late.as_ref()?.0.read();
+        late.map.get(name).cloned().map(Cow::Owned)
     }
 
     pub(crate) fn insert(&mut self, name: &str, f: Function) -> &mut Self {
         self.map.insert(name.to_string(), f);
         self
+    }
+}
+
+/// A registry of remote functions shared with the agents that serve it
+/// ([`Functions::serve_late`]): a function added to it while they run is
+/// served from then on, one removed is unknown from then on (a call
+/// already running finishes). For bindings whose functions are defined as
+/// the program goes (a Python worker registering one after `init_rpc`);
+/// a call of a name before it is added fails as any call of an unknown
+/// function does. Clones share the registry.
+#[derive(Clone, Default)]
+pub struct LateFunctions(Arc<parking_lot::RwLock<Functions>>);
+
+impl LateFunctions {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs `update` on the registry (to add, replace or remove
+    /// functions) and returns what it returns; calls arriving afterwards
+    /// see the change. A [`LateFunctions`] the registry itself is given to
+    /// serve is not looked up through it.
+    pub fn update<T>(&self, update: impl FnOnce(&mut Functions) -> T) -> T {
+        update(&mut self.0.write())
+    }
+
+    /// Removes the function registered under `name`; whether there was one.
+    pub fn remove(&self, name: &str) -> bool {
+        self.0.write().map.remove(name).is_some()
+    }
+
+    /// The names registered now, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.0.read().map.keys().cloned().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl std::fmt::Debug for LateFunctions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.names()).finish()
     }
 }
 

@@ -111,7 +111,8 @@ pub use dynamic::RawFuture;
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{
-    panic_message, short_type_name, Functions, Signature, SignatureId, SignatureSchema,
+    panic_message, short_type_name, Functions, LateFunctions, Signature, SignatureId,
+    SignatureSchema,
 };
 pub use name::{validate_name, WorkerInfo, WorkerRef, MAX_NAME_LEN};
 pub use options::{

@@ -288,7 +288,7 @@ impl Inner {
                 by_schema,
             ));
         }
-        Ok(function.clone())
+        Ok(function.into_owned())
     }
 
     /// Hands a service message to its service; returns whether it left a
