@@ -54,6 +54,7 @@ mod cuda;
 mod dtype;
 pub mod grad;
 mod outgoing;
+mod raw;
 mod sparse;
 mod tensor;
 pub mod tree;
@@ -66,6 +67,7 @@ pub use alloc::TchAllocator;
 #[cfg(feature = "cuda")]
 pub use cuda::load_cuda_backend;
 pub use dtype::{dtype_of, kind_of};
+pub use raw::AsRaw;
 pub use tensor::Tensor;
 
 // SAFETY: a `Tensor` is a handle (an intrusive pointer) on a libtorch

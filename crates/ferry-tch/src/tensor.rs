@@ -231,7 +231,7 @@ impl<'de> Deserialize<'de> for EntryIn {
 }
 
 /// Copies a [`RawTensor`] into a new libtorch tensor of the same view.
-fn from_raw(raw: &RawTensor) -> Result<tch::Tensor, String> {
+pub(crate) fn from_raw(raw: &RawTensor) -> Result<tch::Tensor, String> {
     let kind = kind_of(raw.dtype());
     let bytes = raw.to_contiguous_bytes();
     let t =
