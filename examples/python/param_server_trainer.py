@@ -61,7 +61,8 @@ def main():
         with torch.no_grad():
             return float(loss_of(params, x, y))
 
-    # Registered before init_rpc: a worker's functions are fixed when it starts.
+    # Registered before init_rpc, so that the server finds it on its first
+    # call (a registration after init_rpc is found from then on).
     rpc.register("evaluate", evaluate, args=PARAMS, returns="f64")
     rpc.init_rpc(f"trainer{rank}", rank=rank)
     print(f"trainer{rank}: the server's push is {rpc.describe(args.ps, 'push')}")

@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use crate::error::Error;
 
 use crate::tensor;
-use crate::wire::{PickleBytes, Pickled, PyRRef};
+use crate::wire::{PickleBytes, Pickled, PickledRRef, PyRRef, RustRRef, RustRRefWire};
 
 /// The Python module that pickles and runs calls.
 pub const INTERNAL: &str = "ferry.rpc._internal";
@@ -18,8 +18,8 @@ pub const INTERNAL: &str = "ferry.rpc._internal";
 pub type Parts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyList>, Bound<'py, PyList>);
 
 /// Takes Python's `(bytes, tensors, rrefs)` into a [`Pickled`]: every
-/// tensor as a libtorch alias of it, every RRef as a handle on the same
-/// reference.
+/// tensor as a libtorch alias of it, every RRef (to a Python or a Rust
+/// value) as a handle on the same reference.
 pub fn from_parts(
     bytes: &Bound<'_, PyBytes>,
     tensors: &Bound<'_, PyList>,
@@ -32,16 +32,26 @@ pub fn from_parts(
     let rrefs = rrefs
         .iter()
         .map(|r| {
-            r.cast::<PyRRef>()
-                .map(|r| r.get().rref.clone())
-                .map_err(|_| {
-                    Error::Argument(
-                        "an RRef to a value of a Rust function travels only in calls of \
-                         functions named by a str (registered functions), not in pickled \
-                         Python calls"
-                            .into(),
-                    )
-                })
+            if let Ok(r) = r.cast::<PyRRef>() {
+                return Ok(PickledRRef::Python(r.get().rref.clone()));
+            }
+            match r.cast::<RustRRef>() {
+                Ok(r) => {
+                    let r = r.get();
+                    Ok(PickledRRef::Rust(RustRRefWire {
+                        rref: r.rref.clone(),
+                        shape: r.shape.clone(),
+                        node: r.node,
+                    }))
+                }
+                Err(_) => Err(Error::Argument(format!(
+                    "{} in a pickle's RRefs",
+                    r.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ))),
+            }
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Pickled {
@@ -64,7 +74,12 @@ pub fn to_parts(py: Python<'_>, pickled: Pickled) -> Result<Parts<'_>, Error> {
     }
     let rrefs = PyList::empty(py);
     for rref in pickled.rrefs {
-        rrefs.append(Bound::new(py, PyRRef { rref })?)?;
+        match rref {
+            PickledRRef::Python(rref) => rrefs.append(Bound::new(py, PyRRef { rref })?)?,
+            PickledRRef::Rust(RustRRefWire { rref, shape, node }) => {
+                rrefs.append(Bound::new(py, RustRRef { rref, shape, node })?)?
+            }
+        }
     }
     Ok((bytes, tensors, rrefs))
 }

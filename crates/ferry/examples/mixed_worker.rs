@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry::rpc::describe::DESCRIBE;
 use ferry::tensor::tch::{self, Kind};
 use ferry::tensor::Tensor;
-use ferry::{Function, Functions, RRef, RpcError, RpcOptions, Schema};
+use ferry::{Function, Functions, RRef, RawTensor, RpcError, RpcOptions, Schema};
 use serde::{Deserialize, Serialize};
 
 /// A struct crossing as a Python `dict`.
@@ -45,6 +46,15 @@ struct Params {
     step: u64,
 }
 
+/// A struct argument: its fields are the function's arguments, which
+/// Python passes by position or by keyword (`alpha` may be left out).
+#[derive(Debug, Serialize, Deserialize, Schema)]
+struct Axpy {
+    x: Tensor,
+    y: Tensor,
+    alpha: Option<f64>,
+}
+
 /// What a tensor arrived as: dtype, sizes, strides, and its values as
 /// `f64`s (a zero-size tensor has none).
 type Meta = (String, Vec<i64>, Vec<i64>, Vec<f64>);
@@ -65,7 +75,20 @@ const SCALE: Function<(Tensor, f64), Tensor> = Function::new("scale");
 const FAIL: Function<String, String> = Function::new("fail");
 const MAKE: Function<(String, Vec<f32>), Params> = Function::new("make");
 const READ: Function<RRef<Params>, (String, u64)> = Function::new("read");
+const SCALED_WEIGHTS: Function<(RRef<Params>, f32), Tensor> = Function::new("scaled_weights");
 const RREFS_EMPTY: Function<u64, String> = Function::new("rrefs_empty");
+const AXPY: Function<Axpy, Tensor> = Function::new("axpy");
+const RAW_ECHO: Function<Vec<RawTensor>, Vec<RawTensor>> = Function::new("raw_echo");
+/// dtype, sizes and strides of a tensor, as a `RawTensor` holds them.
+type RawMeta = (String, Vec<i64>, Vec<i64>);
+const RAW_META: Function<Vec<RawTensor>, Vec<RawMeta>> = Function::new("raw_meta");
+const RAW_MAKE: Function<(), Vec<RawTensor>> = Function::new("raw_make");
+/// What `call_late` found: `py_late`'s signature as described (none if
+/// it is not registered), its result's values (none if the call failed)
+/// and the call's error.
+type Late = (Option<String>, Option<Vec<f64>>, String);
+/// Describes and calls `py_late` on the worker named.
+const CALL_LATE: Function<String, Late> = Function::new("call_late");
 const CALL_PYTHON: Function<String, Vec<String>> = Function::new("call_python");
 
 // The functions the Python worker registers, as Rust declares them.
@@ -73,6 +96,9 @@ const PY_SCALE: Function<(Tensor, f32), Tensor> = Function::new("py_scale");
 const PY_ECHO: Function<Vec<Tensor>, Vec<Tensor>> = Function::new("py_echo");
 const PY_POINT: Function<Point, Point> = Function::new("py_point");
 const PY_FAIL: Function<String, String> = Function::new("py_fail");
+const PY_RAW_ECHO: Function<Vec<RawTensor>, Vec<RawTensor>> = Function::new("py_raw_echo");
+/// Registered by the Python worker after `init_rpc`.
+const PY_LATE: Function<(Tensor, i64), Tensor> = Function::new("py_late");
 /// `py_scale` declared with other types: refused as a wrong type.
 const PY_SCALE_WRONG: Function<(i64, i64), i64> = Function::new("py_scale");
 
@@ -98,6 +124,45 @@ fn rust_tensors() -> Vec<Tensor> {
         Tensor::from(tch::Tensor::arange(5, (Kind::Int8, tch::Device::Cpu)).slice(0, 0, 5, 2)),
         Tensor::from(tch::Tensor::ones([2, 2], (Kind::Half, tch::Device::Cpu))),
     ]
+}
+
+/// `RawTensor`s of several dtypes, one of no elements and one of no
+/// dimensions.
+fn raw_tensors() -> Vec<RawTensor> {
+    let made = [
+        RawTensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0, 5.0, 6.0], &[2, 3]),
+        RawTensor::from_slice(&[-2i64, -1, 0, 1], &[4]),
+        RawTensor::from_slice(&[0.5f64; 0], &[0, 3]),
+        RawTensor::from_slice(&[7u8, 8, 9], &[3]),
+        RawTensor::from_slice(&[-3i16, 3], &[2, 1]),
+        RawTensor::from_slice(&[2.5f64], &[]),
+    ];
+    made.into_iter()
+        .map(|t| t.expect("a RawTensor of a slice and its shape"))
+        .collect()
+}
+
+/// Calls `py_late`, described first, on worker `py`.
+fn call_late(py: String) -> Late {
+    let described = match DESCRIBE.rpc_sync(py.as_str(), "py_late".to_string()) {
+        Ok(d) => d.map(|d| d.signature_text()),
+        Err(e) => Some(format!("describe failed: {e}")),
+    };
+    let x = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+    match PY_LATE.rpc_sync(py.as_str(), (Tensor::from(x), 10)) {
+        Ok(y) => {
+            let values =
+                y.0.to_kind(Kind::Double)
+                    .iter::<f64>()
+                    .map(|it| it.collect())
+                    .unwrap_or_default();
+            (described, Some(values), String::new())
+        }
+        Err(RpcError::UnknownFunction { function, .. }) => {
+            (described, None, format!("unknown function {function}"))
+        }
+        Err(e) => (described, None, e.to_string()),
+    }
 }
 
 fn same(a: &tch::Tensor, b: &tch::Tensor) -> bool {
@@ -164,6 +229,14 @@ fn call_python(py: String) -> Vec<String> {
         ),
         other => check(false, format!("py_fail gave {other:?}")),
     }
+    let raw = raw_tensors();
+    match PY_RAW_ECHO.rpc_sync(py.as_str(), raw.clone()) {
+        Ok(back) => check(
+            back == raw,
+            format!("py_raw_echo: sent {raw:?}, got {back:?}"),
+        ),
+        Err(e) => check(false, format!("py_raw_echo failed: {e}")),
+    }
     match PY_SCALE_WRONG.rpc_sync(py.as_str(), (1, 2)) {
         Err(RpcError::WrongType { expected, .. }) => check(
             expected == "fn((Tensor, f32)) -> Tensor",
@@ -228,6 +301,30 @@ fn functions() -> Functions {
             r.with_local_value(|p| (p.name.clone(), p.step))
                 .map_err(|e| e.to_string())
         })
+        .add(
+            SCALED_WEIGHTS,
+            |(r, k): (RRef<Params>, f32)| -> Result<Tensor, String> {
+                r.with_local_value(|p| Tensor::from(&p.weights.0 * f64::from(k)))
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .add(AXPY, |a: Axpy| {
+            Tensor::from(&a.x.0 * a.alpha.unwrap_or(1.0) + &a.y.0)
+        })
+        .add(RAW_ECHO, |ts: Vec<RawTensor>| ts)
+        .add(RAW_META, |ts: Vec<RawTensor>| {
+            ts.iter()
+                .map(|t| {
+                    (
+                        t.dtype().to_string(),
+                        t.shape().to_vec(),
+                        t.strides().to_vec(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .add(RAW_MAKE, |()| raw_tensors())
+        .add(CALL_LATE, call_late)
         .add(RREFS_EMPTY, |ms: u64| -> Result<String, String> {
             let ctx = ferry::rref::RRefContext::current().map_err(|e| e.to_string())?;
             match ctx.wait_until_empty(Duration::from_millis(ms)) {

@@ -19,7 +19,7 @@
 //! | newtype struct | its field's value |
 //! | `enum`: unit variant | its name, `"Stop"` |
 //! | `enum`: other variants | a one-entry `dict`, `{"Move": payload}` (a value, a `tuple`, a `dict`) |
-//! | `Tensor` | `torch.Tensor` (out of band, no copy) |
+//! | `Tensor`, `RawTensor` | `torch.Tensor` (out of band, no copy) |
 //! | `RRef<T>` | `ferry.rpc.RRef` to a value a Rust function made |
 
 use std::sync::Arc;
@@ -33,8 +33,8 @@ use pyo3::types::{
 
 use crate::error::Error;
 use crate::interop::value::{Dyn, MAX_DEPTH};
-use crate::interop::RustRRef;
 use crate::tensor;
+use crate::wire::RustRRef;
 
 /// Where in a value a conversion failed, and why.
 #[derive(Debug)]
@@ -252,7 +252,7 @@ impl<'a> ToDyn<'a> {
                 self.path.pop();
                 Ok(Dyn::Variant(at, Box::new(value?)))
             }
-            ShapeNode::Opaque { name, .. } if name == "Tensor" => {
+            ShapeNode::Opaque { name, .. } if name == "Tensor" || name == "RawTensor" => {
                 if !tensor::is_tensor(obj) {
                     return Err(wrong(self));
                 }
@@ -266,7 +266,7 @@ impl<'a> ToDyn<'a> {
                     Some(Ok(h)) => Ok(Dyn::RRef(h.get().rref.clone())),
                     Some(Err(_)) => Err(self.mismatch(
                         node,
-                        "an RRef to a Python value (only RRefs to values of Rust functions travel to them)".into(),
+                        "an RRef to a Python value (a Rust function takes RRefs to values of Rust functions)".into(),
                     )),
                     None => Err(wrong(self)),
                 }
@@ -374,6 +374,35 @@ fn short_repr(obj: &Bound<'_, PyAny>) -> String {
         .map(|r| r.to_string())
         .unwrap_or_else(|_| "?".into());
     r.chars().take(40).collect()
+}
+
+/// Whether `obj`, given alone for a struct argument, is the whole struct
+/// rather than its first field: a `dict` whose keys all name fields, or an
+/// object with every field as an attribute that is no tensor, number,
+/// string, byte string, `list`, `tuple` or `None`.
+pub fn is_whole_struct(obj: &Bound<'_, PyAny>, fields: &[(String, u32)]) -> bool {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return d.keys().iter().all(|k| {
+            k.cast::<PyString>()
+                .ok()
+                .and_then(|k| k.to_str().ok().map(|k| fields.iter().any(|(n, _)| n == k)))
+                .unwrap_or(false)
+        });
+    }
+    let plain = obj.is_none()
+        || tensor::is_tensor(obj)
+        || obj.is_instance_of::<PyInt>()
+        || obj.is_instance_of::<PyFloat>()
+        || obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>();
+    !plain
+        && !fields.is_empty()
+        && fields
+            .iter()
+            .all(|(name, _)| obj.hasattr(name.as_str()).unwrap_or(false))
 }
 
 /// `value`, of node `node` of `shape`, as a Python object. Tensors become

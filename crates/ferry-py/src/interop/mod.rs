@@ -6,7 +6,10 @@
 //!   its worker for its description once
 //!   ([`DESCRIBE`], cached per worker and
 //!   name): the argument and result shapes, the signature a call carries.
-//!   The arguments are converted to a [`Dyn`] by the argument shape
+//!   Keywords name the fields of a struct argument (`arguments`: a Rust
+//!   function names its arguments with a struct argument type; a tuple's
+//!   items have no names). The arguments are converted to a [`Dyn`] by the
+//!   argument shape
 //!   (`convert`: a wrong value is a `TypeError` naming the function, its
 //!   signature and where the value went wrong), encoded in the Rust type's
 //!   own layout ([`value::Shaped`]) and sent as an ordinary typed call
@@ -18,12 +21,17 @@
 //! - **RRefs to Rust values.** `rpc.remote("rust", "make", ...)` runs the
 //!   function by the RRef protocol ([`DynRRef::remote`]); the RRef
 //!   ([`RustRRef`]) keeps the result shape, so `to_here()` fetches the
-//!   value as the owner's type and converts it. It travels (in the
-//!   arguments of Rust functions) as an RRef to that type.
+//!   value as the owner's type and converts it. It travels as an RRef to
+//!   that type, in the arguments of Rust functions and, with its shape
+//!   (`crate::wire::RustRRefWire`), in pickled Python calls and results:
+//!   forked by the RRef protocol either way. Its proxies
+//!   (`rref.rpc_sync().f(x)`) call the owner's function `f` with the RRef
+//!   first, the closest a Rust value has to a method.
 //! - **Rust calls Python.** `ferry.rpc.register(name, fn, args=...,
 //!   returns=...)` declares a Python function for Rust callers, its shapes
-//!   in the text Ferry writes shapes in (`parse`). At `init_rpc` each
-//!   becomes a registration ([`Functions::add_dynamic`]) whose signature
+//!   in the text Ferry writes shapes in (`parse`), at any time. Each
+//!   becomes a registration ([`Functions::add_dynamic`]) in a
+//!   [`LateFunctions`] every worker of the process serves, whose signature
 //!   hashes as the declared Rust types do, so a Rust caller's
 //!   `Function<A, R>` of those types reaches it (others are refused as
 //!   wrong types); its arguments are decoded by the declared shape and
@@ -36,16 +44,17 @@
 //! [`Agent::call_dynamic`]: ferry::rpc::Agent::call_dynamic
 //! [`Functions::add_dynamic`]: ferry::rpc::Functions::add_dynamic
 
+pub mod bind;
 pub mod convert;
 pub mod parse;
 pub mod value;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ferry::rpc::describe::{Description, OwnedShape, ShapeNode, DESCRIBE};
-use ferry::rpc::{CallOptions, Functions, RpcError, Signature, Value, WorkerRef};
+use ferry::rpc::{CallOptions, Functions, LateFunctions, RpcError, Signature, Value, WorkerRef};
 use ferry::rref::DynRRef;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -55,6 +64,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::error::Error;
 use crate::rpc::call::{timeout_of, worker_ref};
 use crate::rpc::complete;
+pub use crate::wire::RustRRef;
 use convert::{to_python, ToDyn};
 use value::{Dyn, OwnedDyn, Seed, Shaped};
 
@@ -135,25 +145,67 @@ fn described(
     Ok(d)
 }
 
-/// Python's positional arguments as the value of the argument shape: a
-/// tuple shape takes them as its items, `()` takes none, any other shape
-/// takes exactly one.
+/// Python's arguments as the value of the argument shape (see
+/// [`bind_fields`] for a struct's):
+///
+/// - a tuple takes the positional arguments as its items (its items have
+///   no names, so no keywords);
+/// - `()` takes none;
+/// - a struct takes its fields as a Python function `def f(a, b)` takes
+///   its parameters, by position in declaration order or by name; one
+///   positional argument alone that is the whole struct (a `dict` keyed
+///   by field names, or an object with every field as an attribute) is
+///   taken as it;
+/// - any other shape takes exactly one positional argument.
+///
+/// With `method`, the first argument must be an RRef (an RRef proxy's
+/// call: the RRef is the receiver).
 fn arguments(
     d: &Described,
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
+    method: bool,
 ) -> Result<Dyn, Error> {
     let type_error =
         |why: String| Error::Python(PyTypeError::new_err(format!("{} {why}", d.title())));
-    if kwargs.is_some_and(|k| !k.is_empty()) {
-        return Err(type_error(
-            "takes positional arguments only (a Rust function has no keywords)".into(),
-        ));
-    }
-    let mut to_dyn = ToDyn::new(&d.args);
+    let kwargs = kwargs.filter(|k| !k.is_empty());
     let root = d.args.node(0);
+    if method {
+        let first = match root {
+            ShapeNode::Tuple(items) => items.first().copied(),
+            ShapeNode::Struct { fields, .. } => fields.first().map(|(_, t)| *t),
+            ShapeNode::Unit => None,
+            _ => Some(0),
+        };
+        let is_rref = first.is_some_and(
+            |n| matches!(d.args.node(n), ShapeNode::Opaque { name, .. } if name == "RRef"),
+        );
+        if !is_rref {
+            return Err(type_error(
+                "is not a method of an RRef: its first argument is not an RRef (a proxy of an \
+                 RRef to a Rust value calls the owner's function of that name with the RRef \
+                 as its first argument)"
+                    .into(),
+            ));
+        }
+    }
+    let no_keywords = |why: &str| match kwargs {
+        Some(k) => {
+            let names: Vec<String> = k.keys().iter().map(|k| short_repr(&k)).collect();
+            Err(type_error(format!(
+                "takes no keyword arguments (got {}): {why}",
+                names.join(", ")
+            )))
+        }
+        None => Ok(()),
+    };
+    let mut to_dyn = ToDyn::new(&d.args);
     let value = match root {
         ShapeNode::Tuple(items) => {
+            no_keywords(
+                "its argument type is a tuple, whose items have no names (a Rust function \
+                 names its arguments with a struct argument type)",
+            )?;
             if args.len() != items.len() {
                 return Err(type_error(format!(
                     "takes {} arguments, {} given",
@@ -164,6 +216,7 @@ fn arguments(
             to_dyn.convert(args.as_any(), 0)
         }
         ShapeNode::Unit => {
+            no_keywords("it takes no arguments")?;
             if !args.is_empty() {
                 return Err(type_error(format!(
                     "takes no arguments, {} given",
@@ -172,7 +225,24 @@ fn arguments(
             }
             Ok(Dyn::Unit)
         }
+        ShapeNode::Struct { fields, .. } => {
+            let whole = match (args.len(), kwargs) {
+                (1, None) => {
+                    let arg = args.get_item(0)?;
+                    convert::is_whole_struct(&arg, fields).then_some(arg)
+                }
+                _ => None,
+            };
+            match whole {
+                Some(arg) => to_dyn.convert(&arg, 0),
+                None => {
+                    let dict = bind_fields(&d.args, fields, args, kwargs).map_err(type_error)?;
+                    to_dyn.convert(dict.as_any(), 0)
+                }
+            }
+        }
         _ => {
+            no_keywords("its argument is one value, with no name")?;
             if args.len() != 1 {
                 return Err(type_error(format!(
                     "takes 1 argument, {} given",
@@ -183,6 +253,63 @@ fn arguments(
         }
     };
     value.map_err(|m| type_error(format!("got a wrong argument: {m}")))
+}
+
+/// The fields of a struct argument, as a `dict`, from the call's
+/// positional and keyword arguments ([`bind::bind`]: as Python binds a
+/// call of `def f(a, b)`, an `Option` field neither gives `None`); or
+/// why the call does not fit.
+fn bind_fields<'py>(
+    shape: &OwnedShape,
+    fields: &[(String, u32)],
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> Result<Bound<'py, PyDict>, String> {
+    let py = args.py();
+    let params: Vec<bind::Param<'_>> = fields
+        .iter()
+        .map(|(name, node)| bind::Param {
+            name,
+            optional: matches!(shape.node(*node), ShapeNode::Option(_)),
+        })
+        .collect();
+    let keywords: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
+        kwargs.map(|k| k.iter().collect()).unwrap_or_default();
+    let names: Vec<Option<String>> = keywords
+        .iter()
+        .map(|(k, _)| {
+            k.cast::<pyo3::types::PyString>()
+                .ok()
+                .and_then(|k| k.to_str().ok().map(str::to_string))
+        })
+        .collect();
+    if let Some(((key, _), _)) = keywords.iter().zip(&names).find(|(_, n)| n.is_none()) {
+        return Err(format!(
+            "got a keyword that is not a str: {}",
+            short_repr(key)
+        ));
+    }
+    let name_refs: Vec<Option<&str>> = names.iter().map(Option::as_deref).collect();
+    let sources = bind::bind(&params, args.len(), &name_refs)?;
+    let bound = PyDict::new(py);
+    for ((name, _), source) in fields.iter().zip(sources) {
+        let value = match source {
+            bind::Source::Positional(i) => args.get_item(i).map_err(|e| e.to_string())?,
+            bind::Source::Keyword(k) => keywords[k].1.clone(),
+            bind::Source::Absent => py.None().into_bound(py),
+        };
+        bound.set_item(name, value).map_err(|e| e.to_string())?;
+    }
+    Ok(bound)
+}
+
+/// A short `repr` of a Python value, for an error.
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let r = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into());
+    r.chars().take(40).collect()
 }
 
 /// Decodes a reply's payload by `shape`'s node `node`.
@@ -220,9 +347,10 @@ fn rust_error(e: RpcError) -> Error {
 
 /// Calls the Rust function `function` on worker `to` with `args` and
 /// returns its result (GIL released while it runs); raises `TypeError` for
-/// arguments that do not fit its argument type.
+/// arguments that do not fit its argument type. `method`: an RRef proxy's
+/// call, the RRef first ([`arguments`]).
 #[pyfunction]
-#[pyo3(signature = (to, function, args, kwargs, timeout))]
+#[pyo3(signature = (to, function, args, kwargs, timeout, method=false))]
 fn rpc_sync<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -230,11 +358,12 @@ fn rpc_sync<'py>(
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
     timeout: f64,
+    method: bool,
 ) -> Result<Bound<'py, PyAny>, Error> {
     let to = worker_ref(to)?;
     let timeout = timeout_of(timeout)?;
     let d = described(py, &to, function, timeout)?;
-    let value = arguments(&d, args, kwargs)?;
+    let value = arguments(&d, args, kwargs, method)?;
     let agent = ferry::rpc::agent()?;
     let result = py.detach(|| {
         let reply = agent
@@ -259,7 +388,8 @@ fn rpc_sync<'py>(
 /// error)` gets the result or the exception, on a thread of ferry-py's
 /// own with the GIL held. Conversion errors raise at once.
 #[pyfunction]
-#[pyo3(signature = (to, function, args, kwargs, timeout, on_done))]
+#[pyo3(signature = (to, function, args, kwargs, timeout, on_done, method=false))]
+#[allow(clippy::too_many_arguments)]
 fn rpc_async<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -268,11 +398,12 @@ fn rpc_async<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
     timeout: f64,
     on_done: Py<PyAny>,
+    method: bool,
 ) -> Result<(), Error> {
     let to = worker_ref(to)?;
     let timeout = timeout_of(timeout)?;
     let d = described(py, &to, function, timeout)?;
-    let value = arguments(&d, args, kwargs)?;
+    let value = arguments(&d, args, kwargs, method)?;
     let agent = ferry::rpc::agent()?;
     let future = py.detach(|| {
         agent.call_dynamic(
@@ -306,7 +437,7 @@ fn rpc_async<'py>(
 /// Runs the Rust function `function` on worker `to`, its result kept
 /// there, and returns at once the handle of an RRef to it.
 #[pyfunction]
-#[pyo3(signature = (to, function, args, kwargs, timeout))]
+#[pyo3(signature = (to, function, args, kwargs, timeout, method=false))]
 fn remote<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -314,11 +445,12 @@ fn remote<'py>(
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
     timeout: f64,
+    method: bool,
 ) -> Result<RustRRef, Error> {
     let to = worker_ref(to)?;
     let timeout = timeout_of(timeout)?;
     let d = described(py, &to, function, timeout)?;
-    let value = arguments(&d, args, kwargs)?;
+    let value = arguments(&d, args, kwargs, method)?;
     let options = CallOptions {
         timeout,
         agent: None,
@@ -345,18 +477,6 @@ fn describe(
     let to = worker_ref(to)?;
     let d = described(py, &to, function, timeout_of(timeout)?)?;
     Ok(d.description.signature_text())
-}
-
-/// The handle of an RRef to a value a Rust function made (`ferry.rpc.RRef`
-/// wraps it): the reference, and the shape its value is read by.
-#[pyclass(name = "RustRRefHandle", module = "ferry._ferry.interop", frozen)]
-pub struct RustRRef {
-    /// The reference, held by the RRef protocol.
-    pub rref: DynRRef,
-    /// The shape of which a node is the value's.
-    pub shape: Arc<OwnedShape>,
-    /// The value's node.
-    pub node: u32,
 }
 
 #[pymethods]
@@ -427,24 +547,31 @@ struct Registration {
     function: Py<PyAny>,
     args: Arc<OwnedShape>,
     result: Arc<OwnedShape>,
-    signature: Signature,
 }
 
-/// The registrations made before `init_rpc`, by name.
-static REGISTERED: Mutex<Vec<(String, Arc<Registration>)>> = Mutex::new(Vec::new());
+/// The Python functions registered for Rust callers (`register`), served
+/// by this process's workers from the moment each is registered, before
+/// `init_rpc` or after.
+static REGISTERED: LazyLock<LateFunctions> = LazyLock::new(LateFunctions::new);
+
+/// The prefix of the names of Ferry's own functions, which `register`
+/// refuses.
+const RESERVED: &str = "ferry.";
 
 /// Registers `function` under `name` for Rust callers, its argument and
 /// result types declared as shapes in text (`"(Tensor, f32)"`,
 /// `"Point { x: i64, y: i64 }"`): a Rust `Function<A, R>` whose `A` and `R`
-/// have those shapes calls it. Before `init_rpc` only: a worker's
-/// functions are fixed when it starts. Raises `ValueError` for a shape
-/// that does not parse.
+/// have those shapes calls it. At any time, before `init_rpc` or after:
+/// a call or a description (`ferry.describe`) that arrives once it
+/// returns finds it, one before finds no such function. Registering a
+/// name again replaces its function. Raises `ValueError` for a shape that
+/// does not parse or a name of Ferry's own (`ferry.` first).
 #[pyfunction]
 #[pyo3(signature = (name, function, args, returns))]
 fn register(name: String, function: Py<PyAny>, args: &str, returns: &str) -> PyResult<()> {
-    if ferry::rpc::agent().is_ok_and(|a| a.is_running()) {
-        return Err(PyRuntimeError::new_err(format!(
-            "register {name:?} before init_rpc: a worker's functions are fixed when it starts"
+    if name.starts_with(RESERVED) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{name:?}: names starting with {RESERVED:?} are Ferry's own functions'"
         )));
     }
     let shape = |text: &str, what: &str| {
@@ -467,29 +594,28 @@ fn register(name: String, function: Py<PyAny>, args: &str, returns: &str) -> PyR
         function,
         args: Arc::new(args_shape),
         result: Arc::new(result_shape),
-        signature,
     });
-    let mut registered = REGISTERED.lock();
-    registered.retain(|(n, _)| *n != name);
-    registered.push((name, registration));
-    Ok(())
-}
-
-/// Adds the Python functions registered for Rust callers to `functions`.
-pub fn add_registered(functions: &mut Functions) {
-    for (name, r) in REGISTERED.lock().iter() {
-        let decoding = r.clone();
-        let running = r.clone();
-        let name_run = name.clone();
+    let decoding = registration.clone();
+    let running = registration;
+    let name_run = name.clone();
+    REGISTERED.update(|functions| {
         functions.add_dynamic(
-            name,
-            r.signature,
+            &name,
+            signature,
             move |bytes, tensors| {
                 decode(&decoding.args, 0, bytes, tensors).map_err(|e| e.to_string())
             },
             move |args: Dyn| run_registered(&name_run, &running, args),
         );
-    }
+    });
+    tracing::debug!(function = %name, "registered a Python function for Rust callers");
+    Ok(())
+}
+
+/// Makes `functions` serve the Python functions registered for Rust
+/// callers, those registered later included.
+pub fn add_registered(functions: &mut Functions) {
+    functions.serve_late(REGISTERED.clone());
 }
 
 /// Runs a registered Python function on arguments from a Rust caller.

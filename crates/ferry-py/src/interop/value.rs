@@ -4,8 +4,9 @@
 //! the serde calls that type's own impl makes) and decoded from it
 //! ([`Seed`], a `DeserializeSeed`), so a Rust function receives its own
 //! argument type and its result is read as it wrote it. Tensors inside
-//! travel out of band as `ferry_tch::Tensor`s, RRefs as forks
-//! ([`DynRRef`]).
+//! travel out of band as `ferry_tch::Tensor`s (a `RawTensor` shape's as
+//! [`AsRaw`]: a `RawTensor`'s layout, no autograd metadata), RRefs as
+//! forks ([`DynRRef`]).
 //!
 //! Names of structs, fields and variants are not part of the payload
 //! format (postcard writes none, and the signature's hash pins them on
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use ferry::rpc::describe::{OwnedShape, OwnedVariantData, ShapeNode};
 use ferry::rref::DynRRef;
-use ferry::tensor::Tensor;
+use ferry::tensor::{AsRaw, Tensor};
 use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
@@ -60,7 +61,7 @@ pub enum Dyn {
     /// An enum's variant: its position among the shape's variants, and
     /// what it holds (`Unit`, the value, or a `List` of fields).
     Variant(usize, Box<Dyn>),
-    /// A tensor.
+    /// A tensor (of a `Tensor` or a `RawTensor` shape).
     Tensor(Tensor),
     /// An RRef.
     RRef(DynRRef),
@@ -230,6 +231,9 @@ impl Serialize for Shaped<'_> {
                 }
             }
             (ShapeNode::Opaque { name, .. }, Dyn::Tensor(t)) if name == "Tensor" => t.serialize(s),
+            (ShapeNode::Opaque { name, .. }, Dyn::Tensor(t)) if name == "RawTensor" => {
+                AsRaw(t.shallow_clone()).serialize(s)
+            }
             (ShapeNode::Opaque { name, .. }, Dyn::RRef(r)) if name == "RRef" => r.serialize(s),
             _ => Err(self.mismatch()),
         }
@@ -350,6 +354,9 @@ impl<'de> DeserializeSeed<'de> for Seed<'_> {
             ShapeNode::Enum { .. } => d.deserialize_enum("", &[], reader(vec![])),
             ShapeNode::Opaque { name, .. } if name == "Tensor" => {
                 Tensor::deserialize(d).map(Dyn::Tensor)
+            }
+            ShapeNode::Opaque { name, .. } if name == "RawTensor" => {
+                AsRaw::deserialize(d).map(|t| Dyn::Tensor(Tensor::from(t.0)))
             }
             ShapeNode::Opaque { name, .. } if name == "RRef" => {
                 DynRRef::deserialize(d).map(Dyn::RRef)
@@ -584,6 +591,54 @@ mod tests {
         assert_eq!(again.payload, encoded.payload);
         let back: Value = payload::decode(&again.payload, Vec::new()).unwrap();
         assert_eq!(back, sample());
+    }
+
+    /// Tensors of both kinds by their shapes: a `RawTensor`'s entry read
+    /// and written as a `RawTensor` writes it, a `Tensor`'s with its
+    /// autograd metadata; the bytes a Rust value wrote are written again,
+    /// and read back as that value.
+    #[test]
+    fn tensors_and_raw_tensors_keep_their_layouts() {
+        use ferry::tensor::{tch, TchAllocator};
+        use ferry::transport::Allocator;
+
+        type Tensors = (ferry::RawTensor, Tensor, Vec<ferry::RawTensor>);
+        let loopback = |encoded: &payload::Encoded| -> Vec<payload::IncomingTensor> {
+            encoded
+                .tensors
+                .iter()
+                .map(|t| {
+                    let descriptor = t.descriptor();
+                    let mut dest = TchAllocator.allocate(&descriptor).unwrap();
+                    dest.as_mut_bytes().copy_from_slice(t.bytes());
+                    payload::IncomingTensor {
+                        descriptor,
+                        storage: dest.finish().unwrap(),
+                    }
+                })
+                .collect()
+        };
+        let raw = |v: &[f32], shape: &[i64]| ferry::RawTensor::from_slice(v, shape).unwrap();
+        let value: Tensors = (
+            raw(&[1.0, 2.0, 3.0, 4.0], &[2, 2]),
+            Tensor::from(
+                tch::Tensor::from_slice(&[5i64, 6, 7, 8, 9, 10])
+                    .reshape([2, 3])
+                    .tr(),
+            ),
+            vec![raw(&[], &[0, 2]), raw(&[8.5], &[])],
+        );
+        let shape = OwnedShape::of(<Tensors as Schema>::SHAPE).unwrap();
+        assert_eq!(shape.to_string(), "(RawTensor, Tensor, [RawTensor])");
+        let encoded = payload::encode(&value).unwrap();
+        let dynv =
+            payload::decode_seed(Seed::root(&shape), &encoded.payload, loopback(&encoded)).unwrap();
+        let again = payload::encode(&Shaped::root(&shape, &dynv)).unwrap();
+        assert_eq!(again.payload, encoded.payload);
+        let back: Tensors = payload::decode(&again.payload, loopback(&again)).unwrap();
+        assert_eq!(back.0, value.0);
+        assert!(back.1.equal(&value.1) && back.1.stride() == [1, 3]);
+        assert_eq!(back.2, value.2);
     }
 
     /// Any bytes decode to a value or an error by any shape: never a panic,

@@ -8,8 +8,11 @@ result types (their shapes in serde's data model); the arguments are
 converted to the argument type by that shape and the result back from
 the result type (``ferry._ferry.interop``'s docs give the mapping:
 ``int`` for integers, ``dict`` for structs, ``torch.Tensor`` for tensors,
-out of band). Arguments that do not fit raise ``TypeError`` naming the
-function, its signature and the value.
+out of band). Positional arguments fill a tuple argument's items or a
+struct argument's fields in order; keywords name a struct argument's
+fields (an ``Option`` field left out is ``None``). Arguments that do not
+fit raise ``TypeError`` naming the function, its signature and the value
+or keyword.
 """
 
 import torch
@@ -25,14 +28,17 @@ def _args(args):
     return tuple(args) if args is not None else ()
 
 
-def rpc_sync(to, name, args, kwargs, timeout):
-    """``rpc_sync`` of the function registered as ``name`` on ``to``."""
-    return _interop.rpc_sync(to, name, _args(args), kwargs, float(timeout))
+def rpc_sync(to, name, args, kwargs, timeout, method=False):
+    """``rpc_sync`` of the function registered as ``name`` on ``to``.
+    ``method``: an RRef proxy's call, the RRef the first argument (the
+    function must take an RRef first, else ``TypeError``)."""
+    return _interop.rpc_sync(to, name, _args(args), kwargs, float(timeout), method)
 
 
-def rpc_async(to, name, args, kwargs, timeout):
+def rpc_async(to, name, args, kwargs, timeout, method=False):
     """``rpc_async`` of the function registered as ``name`` on ``to``: a
-    ``torch.futures.Future`` of its result."""
+    ``torch.futures.Future`` of its result. ``method`` as for
+    ``rpc_sync``."""
     fut = torch.futures.Future()
 
     def on_done(value, error):
@@ -41,14 +47,17 @@ def rpc_async(to, name, args, kwargs, timeout):
         else:
             fut.set_result(value)
 
-    _interop.rpc_async(to, name, _args(args), kwargs, float(timeout), on_done)
+    _interop.rpc_async(to, name, _args(args), kwargs, float(timeout), on_done, method)
     return fut
 
 
-def remote(to, name, args, kwargs, timeout):
+def remote(to, name, args, kwargs, timeout, method=False):
     """``remote`` of the function registered as ``name`` on ``to``: an
-    ``RRef`` to its result, which stays there."""
-    return RRef._from_handle(_interop.remote(to, name, _args(args), kwargs, float(timeout)))
+    ``RRef`` to its result, which stays there. ``method`` as for
+    ``rpc_sync``."""
+    return RRef._from_handle(
+        _interop.remote(to, name, _args(args), kwargs, float(timeout), method)
+    )
 
 
 def _rref_debug_info():

@@ -237,9 +237,11 @@ def register(name, func, *, args, returns):
     ``args="(Tensor, f32)"``, ``returns="Tensor"``; structs as
     ``"Point { x: i64, y: i64 }"``, enums as ``"enum Op { Add(i64), Stop }"``.
     A tuple shape's items are ``func``'s positional arguments, ``"()"`` none,
-    any other shape its one argument. Call it before ``init_rpc`` (a
-    worker's functions are fixed when it starts); ``ValueError`` for a shape
-    that does not parse."""
+    any other shape its one argument. Call it at any time, before
+    ``init_rpc`` or after: a call or description that arrives once it
+    returns finds the function (one before: no such function). Registering
+    a name again replaces its function. ``ValueError`` for a shape that
+    does not parse, or a name starting with ``"ferry."`` (Ferry's own)."""
     _ferry.interop.register(name, func, args, returns)
 
 

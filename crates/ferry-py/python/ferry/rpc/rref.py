@@ -18,7 +18,9 @@ class RRef:
     makes one owned by the callee, holding the function's result. An RRef
     travels inside the arguments and results of ``rpc_sync``,
     ``rpc_async`` and ``remote``; the owner keeps the value as long as any
-    worker can reach it.
+    worker can reach it. So does an RRef to a value of a Rust function
+    (``remote`` of a function named by a ``str``), in calls of Python and
+    Rust functions alike.
     """
 
     __slots__ = ("_handle", "_type")
@@ -91,6 +93,11 @@ class RRef:
         ``torch.futures.Future`` of it."""
         import torch
 
+        if type(self._handle) is _RustHandle:
+            raise RuntimeError(
+                f"an RRef to a value of a Rust function ({self._handle.type_name()}) has "
+                "no Python type"
+            )
         if self._type is not None:
             if blocking:
                 return self._type
@@ -139,7 +146,11 @@ class RRef:
 
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         """A proxy running the value's methods on the owner with
-        ``rpc_sync``: ``rref.rpc_sync().method(*args)``."""
+        ``rpc_sync``: ``rref.rpc_sync().method(*args)``. For an RRef to a
+        value of a Rust function, which has no methods,
+        ``rref.rpc_sync().f(*args)`` calls the owner's function ``f``
+        (registered by name) with ``(rref, *args)``: a Rust function taking
+        an ``RRef<T>`` first is the value's method."""
         return _Proxy(self, "rpc_sync", timeout)
 
     def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
@@ -185,10 +196,24 @@ def _invoke(rref, api, name, timeout, *args, **kwargs):
     the value's type is looked up first (asked of the owner once per RRef,
     ``RRef._get_type``), and a method it lacks is an ``AttributeError`` on
     the caller: raised at once for ``rpc_sync`` and ``remote``, the
-    future's error for ``rpc_async``."""
+    future's error for ``rpc_async``.
+
+    A value of a Rust function has no methods: ``name`` is the owner's
+    function of that name (registered by name) taking the RRef as its
+    first argument, ``args`` and ``kwargs`` the rest; one that takes no
+    RRef first is a ``TypeError`` naming it and its signature, one the
+    owner lacks a ``RuntimeError`` naming it."""
     from ferry.rpc import _internal
     from ferry.rpc import api as rpc_api
 
+    if type(rref._handle) is _RustHandle:
+        # A Rust value has no methods: the owner's function of that name
+        # taking the RRef first stands for one.
+        from ferry.rpc import _interop
+
+        return getattr(_interop, api)(
+            rref.owner_name(), name, (rref, *args), kwargs, timeout, method=True
+        )
     call = getattr(rpc_api, api)
 
     def start(rref_type):
