@@ -7,9 +7,8 @@ use ferry_transport::RawTensor;
 use ferry_wire::payload;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::alloc::{take_landed, Received};
 use crate::outgoing::Outgoing;
-use crate::tensor::from_raw;
+use crate::tensor::EntryIn;
 
 /// A libtorch tensor written as a `ferry_transport::RawTensor` is: its
 /// entry in the message's tensor table alone, with no autograd metadata
@@ -53,29 +52,11 @@ impl Serialize for AsRaw {
 }
 
 impl<'de> Deserialize<'de> for AsRaw {
+    /// The libtorch tensor the bytes landed in (`TchAllocator`), or a copy
+    /// of another allocator's `RawTensor`, as a [`Tensor`](crate::Tensor)'s
+    /// entry is read.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let incoming = payload::deserialize_tensor(d)?;
-        let desc = incoming.descriptor;
-        let storage = match incoming.storage.downcast::<RawTensor>() {
-            Ok(raw) => {
-                return match take_landed(*raw) {
-                    // `TchAllocator` received it: the libtorch tensor the
-                    // bytes landed in.
-                    Ok(t) => Ok(AsRaw(t)),
-                    // Another allocator received it: one copy into libtorch.
-                    Err(raw) => from_raw(&raw).map(AsRaw).map_err(payload::custom_error),
-                };
-            }
-            Err(other) => other,
-        };
-        match storage.downcast::<Received>() {
-            Ok(t) => Ok(AsRaw(t.0)),
-            Err(_) => Err(payload::custom_error(format!(
-                "received a {} tensor of shape {:?} into storage that is neither a libtorch \
-                 tensor nor a RawTensor",
-                desc.dtype, desc.shape
-            ))),
-        }
+        EntryIn::deserialize(d).map(|EntryIn(t, _)| AsRaw(t))
     }
 }
 

@@ -199,7 +199,7 @@ enum BodyIn {
 
 /// A received table entry: the libtorch tensor and the descriptor it
 /// arrived with.
-struct EntryIn(tch::Tensor, TensorDescriptor);
+pub(crate) struct EntryIn(pub(crate) tch::Tensor, pub(crate) TensorDescriptor);
 
 impl<'de> Deserialize<'de> for EntryIn {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -231,7 +231,7 @@ impl<'de> Deserialize<'de> for EntryIn {
 }
 
 /// Copies a [`RawTensor`] into a new libtorch tensor of the same view.
-pub(crate) fn from_raw(raw: &RawTensor) -> Result<tch::Tensor, String> {
+fn from_raw(raw: &RawTensor) -> Result<tch::Tensor, String> {
     let kind = kind_of(raw.dtype());
     let bytes = raw.to_contiguous_bytes();
     let t =
