@@ -281,6 +281,19 @@ def late_registration():
     rpc.register("py_late", lambda t, k: t * k, args="(Tensor, i64)", returns="Tensor")
     _, values, error = rpc.rpc_sync(RUST, "call_late", args=("py",))
     assert values == [10.0, 20.0, 30.0] and error == "", (values, error)
+    # A Python caller's description (cached) is forgotten once the callee
+    # refuses a call by it: registered again with other types, the first
+    # call is refused as of a wrong type, the next one asks again.
+    t = torch.arange(3.0)
+    torch.testing.assert_close(rpc.rpc_sync("py", "py_late", args=(t, 2)), t * 2)
+    rpc.register("py_late", lambda t, k: t + k, args="(Tensor, f64)", returns="Tensor")
+    try:
+        rpc.rpc_sync("py", "py_late", args=(t, 2))
+        raise AssertionError("a call by a stale description accepted")
+    except RuntimeError as e:
+        assert "py_late" in str(e), str(e)
+    torch.testing.assert_close(rpc.rpc_sync("py", "py_late", args=(t, 0.5)), t + 0.5)
+    assert rpc.describe("py", "py_late") == "fn((Tensor, f64)) -> Tensor"
 
 
 AXPY = "Axpy { x: Tensor, y: Tensor, alpha: Option<f64> }"

@@ -100,6 +100,22 @@ pub fn forget_descriptions() {
     DESCRIBED.lock().take();
 }
 
+/// Forgets the cached description of a call's function when its callee
+/// refused the call as of a wrong type or an unknown function (the
+/// function was registered again with other types, or removed), so that
+/// the next call asks for it again; passes the error on.
+fn forget_refused(d: &Described, e: RpcError) -> RpcError {
+    if matches!(
+        e,
+        RpcError::WrongType { .. } | RpcError::UnknownFunction { .. }
+    ) {
+        if let Some(m) = DESCRIBED.lock().as_mut() {
+            m.remove(&(d.worker.clone(), d.description.function.clone()));
+        }
+    }
+    e
+}
+
 /// The description of `function` on `to`: cached, or asked for with the
 /// GIL released.
 fn described(
@@ -375,7 +391,7 @@ fn rpc_sync<'py>(
                 timeout,
             )
             .wait()
-            .map_err(rust_error)?;
+            .map_err(|e| rust_error(forget_refused(&d, e)))?;
         drop(value);
         agent
             .enter(|| decode(&d.result, 0, &reply.payload, reply.tensors))
@@ -417,14 +433,16 @@ fn rpc_async<'py>(
     drop(value);
     complete::spawn(future, move |py, outcome| {
         let on_done = on_done.bind(py);
-        let value = outcome.map_err(rust_error).and_then(|reply| {
-            let dynv = agent
-                .enter(|| decode(&d.result, 0, &reply.payload, reply.tensors))
-                .map_err(|e| {
-                    Error::Argument(format!("cannot read the result of {}: {e}", d.title()))
-                })?;
-            to_python(py, &d.result, 0, dynv)
-        });
+        let value = outcome
+            .map_err(|e| rust_error(forget_refused(&d, e)))
+            .and_then(|reply| {
+                let dynv = agent
+                    .enter(|| decode(&d.result, 0, &reply.payload, reply.tensors))
+                    .map_err(|e| {
+                        Error::Argument(format!("cannot read the result of {}: {e}", d.title()))
+                    })?;
+                to_python(py, &d.result, 0, dynv)
+            });
         match value {
             Ok(v) => on_done.call1((v, py.None())),
             Err(e) => on_done.call1((py.None(), PyErr::from(e).value(py))),
