@@ -92,6 +92,8 @@ pub(crate) struct Inner {
     endpoint: Endpoint,
     pub(crate) handle: Handle,
     runtime: Mutex<Option<Runtime>>,
+    /// Where plain function bodies run (see [`crate::blocking_pool`]).
+    pub(crate) bodies: crate::blocking_pool::BlockingPool,
     pub(crate) functions: Functions,
     services: HashMap<MessageKind, Arc<dyn Service>>,
     layers: Vec<Arc<dyn std::any::Any + Send + Sync>>,
@@ -185,6 +187,12 @@ impl Agent {
             endpoint,
             handle: handle.clone(),
             runtime: Mutex::new(Some(runtime)),
+            bodies: crate::blocking_pool::BlockingPool::new(
+                handle.clone(),
+                options.channel_config.spin,
+                options.hooks.thread_starts.clone(),
+                &options.name,
+            ),
             functions: crate::dynamic::with_builtins(options.functions.clone()),
             services: options.hooks.services.iter().cloned().collect(),
             layers: options.hooks.layers.clone(),
@@ -367,6 +375,7 @@ impl Agent {
                 });
             }
         }
+        inner.bodies.close();
         if let Some(rt) = inner.runtime.lock().take() {
             rt.shutdown_background();
         }

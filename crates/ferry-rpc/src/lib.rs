@@ -63,6 +63,7 @@
 extern crate self as ferry_rpc;
 
 mod agent;
+mod blocking_pool;
 mod boxed;
 mod call;
 mod calling;
@@ -104,6 +105,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
+pub use blocking_pool::on_body_thread;
 pub use boxed::BoxFuture;
 pub use call::{wait_all, RpcFuture};
 pub use calling::{by_name, ByName, Call, CallOptions};

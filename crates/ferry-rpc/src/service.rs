@@ -134,8 +134,8 @@ impl Hooks {
         self
     }
     /// Runs `start` first on every thread the agent starts: its I/O
-    /// threads and the blocking pool's threads, which run the registered
-    /// functions. For per-thread settings of a library the functions call,
+    /// threads, its body threads and the blocking pool's threads, which
+    /// run the registered functions. For per-thread settings of a library the functions call,
     /// which a thread does not inherit from the one that made them (libtorch's
     /// intra-op thread count: `ferry_tch::install` adds such a hook). Hooks
     /// run in the order they were added.

@@ -235,14 +235,14 @@ impl Inner {
         };
         match body {
             Body::Blocking(f) => {
-                self.handle.spawn_blocking(move || {
+                self.bodies.spawn(Box::new(move || {
                     current::enter(&agent, || {
                         scopes.run(|| {
                             let result = f(&payload[offset..], tensors);
                             done(result)
                         })
                     })
-                });
+                }));
                 false
             }
             Body::Async(f) => {
