@@ -20,8 +20,10 @@
 //!   by Ferry's RRef protocol. Calls are two functions every Python worker
 //!   registers ([`wire::CALL`], [`wire::REMOTE`]), called through
 //!   ferry-rpc and ferry-rref's public API with the GIL released.
-//! - **On the callee** those functions run on the agent's blocking pool and
-//!   take the GIL only around the Python work (unpickle, call, pickle). A
+//! - **On the callee** those functions run on the agent's body threads
+//!   (which keep their Python thread state: [`gil::attach`]) or blocking
+//!   pool and take the GIL only around the Python work (unpickle, call,
+//!   pickle). A
 //!   future of `rpc_async` is completed by a runtime of this crate's own
 //!   ([`rpc::complete`]), its Python callbacks on that runtime's blocking
 //!   pool: no agent runtime thread ever waits for the GIL, but the owner of

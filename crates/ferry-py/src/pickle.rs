@@ -4,6 +4,7 @@
 
 use ferry::tensor::Tensor;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::error::Error;
@@ -92,10 +93,11 @@ pub fn from_tuple(parts: &Bound<'_, PyAny>) -> Result<Pickled, Error> {
 
 /// Pickles `object` with `ferry.rpc._internal.dumps`, taking the GIL.
 pub fn dumps_object(object: &Py<PyAny>) -> Result<Pickled, Error> {
-    Python::attach(|py| {
-        let parts = py
-            .import(INTERNAL)?
-            .call_method1("dumps", (object.bind(py),))?;
+    crate::gil::attach(|py| {
+        static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let parts = DUMPS
+            .import(py, INTERNAL, "dumps")?
+            .call1((object.bind(py),))?;
         from_tuple(&parts)
     })
 }

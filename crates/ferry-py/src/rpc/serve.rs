@@ -5,6 +5,7 @@
 
 use ferry::Functions;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use crate::error::Error;
 use crate::pickle::{self, INTERNAL};
@@ -26,11 +27,11 @@ pub fn functions() -> Functions {
 /// (`ferry.rpc._internal.run`: an exception is caught there and comes
 /// back as PyTorch's `RemoteException` would).
 fn call(args: Pickled) -> Result<PyReply, Error> {
-    Python::attach(|py| {
+    crate::gil::attach(|py| {
         let (bytes, tensors, rrefs) = pickle::to_parts(py, args)?;
-        let out = py
-            .import(INTERNAL)?
-            .call_method1("run", (bytes, tensors, rrefs))?;
+        static RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let run = RUN.import(py, INTERNAL, "run")?;
+        let out = run.call1((bytes, tensors, rrefs))?;
         let (raised, parts): (bool, Bound<'_, PyAny>) = out.extract()?;
         let pickled = pickle::from_tuple(&parts)?;
         Ok(if raised {
@@ -45,11 +46,12 @@ fn call(args: Pickled) -> Result<PyReply, Error> {
 /// itself (`ferry.rpc._internal.run_object`), the value of the RRef that
 /// `remote` made.
 fn remote(args: Pickled) -> Result<PyObj, Error> {
-    Python::attach(|py| {
+    crate::gil::attach(|py| {
         let (bytes, tensors, rrefs) = pickle::to_parts(py, args)?;
-        let out = py
-            .import(INTERNAL)?
-            .call_method1("run_object", (bytes, tensors, rrefs))?;
+        static RUN_OBJECT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let out = RUN_OBJECT
+            .import(py, INTERNAL, "run_object")?
+            .call1((bytes, tensors, rrefs))?;
         let (raised, object): (bool, Py<PyAny>) = out.extract()?;
         Ok(PyObj::Live { object, raised })
     })

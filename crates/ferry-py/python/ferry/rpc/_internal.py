@@ -11,6 +11,7 @@ storage, never pickled) and RRefs as forks by Ferry's RRef protocol.
 import collections
 import io
 import pickle
+import threading
 import traceback
 
 import torch
@@ -56,12 +57,12 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    """Unpickles what ``_Pickler`` wrote, given its tensors and RRefs."""
+    """Unpickles what ``_Pickler`` wrote, given its tensors and RRefs (set
+    as ``_tensors`` and ``_rrefs`` before ``load``: no ``__init__`` of its
+    own, one Python call less per message)."""
 
-    def __init__(self, file, tensors, rrefs):
-        super().__init__(file)
-        self._tensors = tensors
-        self._rrefs = rrefs
+    _tensors = ()
+    _rrefs = ()
 
     def persistent_load(self, pid):
         if type(pid) is not int or pid < 0:
@@ -78,17 +79,50 @@ class _Unpickler(pickle.Unpickler):
         return table[index]
 
 
+#: Per thread: a pickler and its buffer, reused from one message to the
+#: next (making them costs about as much as pickling a small call).
+_local = threading.local()
+
+#: A buffer that grew past this is not kept for the next message.
+_KEPT_BUFFER_BYTES = 1 << 20
+
+
 def dumps(obj):
     """``obj`` pickled: ``(bytes, tensors, rref handles)``."""
-    buf = io.BytesIO()
-    p = _Pickler(buf)
-    p.dump(obj)
-    return buf.getvalue(), p.tensors, p.rrefs
+    p = getattr(_local, "pickler", None)
+    if p is None or p.busy:
+        # First use on this thread, or pickling inside a pickling (an
+        # object's reduction that makes a call): a pickler of its own.
+        buf = io.BytesIO()
+        p = _Pickler(buf)
+        p.buf = buf
+        if getattr(_local, "pickler", None) is None:
+            _local.pickler = p
+    buf = p.buf
+    p.busy = True
+    try:
+        p.dump(obj)
+        return buf.getvalue(), p.tensors, p.rrefs
+    finally:
+        # Ready for the next message, holding nothing of this one.
+        p.busy = False
+        p.tensors = []
+        p.rrefs = []
+        p.clear_memo()
+        if buf.tell() > _KEPT_BUFFER_BYTES:
+            if _local.pickler is p:
+                _local.pickler = None
+        else:
+            buf.seek(0)
+            buf.truncate()
 
 
 def loads(data, tensors, rrefs):
     """The object ``dumps`` gave ``(data, tensors, rrefs)`` for."""
-    return _Unpickler(io.BytesIO(data), tensors, rrefs).load()
+    u = _Unpickler(io.BytesIO(data))
+    u._tensors = tensors
+    u._rrefs = rrefs
+    return u.load()
 
 
 def _current_worker():
