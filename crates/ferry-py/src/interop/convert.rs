@@ -368,7 +368,8 @@ fn sequence<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
     obj.cast::<PyTuple>().ok().map(|t| t.iter().collect())
 }
 
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+/// A short `repr` of a Python value (40 characters at most), for an error.
+pub(crate) fn short_repr(obj: &Bound<'_, PyAny>) -> String {
     let r = obj
         .repr()
         .map(|r| r.to_string())

@@ -65,7 +65,7 @@ use crate::error::Error;
 use crate::rpc::call::{timeout_of, worker_ref};
 use crate::rpc::complete;
 pub use crate::wire::RustRRef;
-use convert::{to_python, ToDyn};
+use convert::{short_repr, to_python, ToDyn};
 use value::{Dyn, OwnedDyn, Seed, Shaped};
 
 /// A Rust function as a Python caller knows it: its description, its
@@ -317,15 +317,6 @@ fn bind_fields<'py>(
         bound.set_item(name, value).map_err(|e| e.to_string())?;
     }
     Ok(bound)
-}
-
-/// A short `repr` of a Python value, for an error.
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
-    let r = obj
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "?".into());
-    r.chars().take(40).collect()
 }
 
 /// Decodes a reply's payload by `shape`'s node `node`.
