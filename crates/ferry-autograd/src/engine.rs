@@ -18,7 +18,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use ferry_rpc::{Agent, RemoteError, ServiceFuture};
+use ferry_rpc::{Agent, RawFuture, RemoteError};
 use ferry_wire::payload;
 use tch::Tensor;
 
@@ -86,7 +86,7 @@ fn run_pass(ctx: &Context, roots: &[Tensor], seeds: &[Tensor]) -> Result<Vec<Out
 
 /// The replies of gradients sent by [`send`], one per gradient: the
 /// worker it went to and its reply (or why it could not be sent).
-type Replies = Vec<(u32, Result<ServiceFuture, AutogradError>)>;
+type Replies = Vec<(u32, Result<RawFuture, AutogradError>)>;
 
 /// Sends each gradient to the worker that sent its tensor.
 fn send(agent: &Agent, context_id: u64, outgoing: Vec<Outgoing>) -> Replies {

@@ -47,8 +47,6 @@ mod connections;
 mod serving;
 mod shutdown;
 
-pub use calls::ServiceFuture;
-
 const RUNNING: u8 = 0;
 const JOINING: u8 = 1;
 const STOPPED: u8 = 2;

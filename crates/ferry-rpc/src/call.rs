@@ -418,6 +418,37 @@ impl<T> std::fmt::Debug for RpcFuture<T> {
     }
 }
 
+/// An undecoded reply: of a dynamic call ([`Agent::call_dynamic`](crate::Agent::call_dynamic)) or of a
+/// service message ([`Agent::call_service`](crate::Agent::call_service)). Await it or
+/// [`wait`](RawFuture::wait) for it, then decode it with
+/// [`ferry_wire::payload::decode`]. Errors are the call's [`RpcError`]s,
+/// as a typed call's.
+#[derive(Debug)]
+#[must_use = "a RawFuture does nothing until awaited or waited for"]
+pub struct RawFuture(pub(crate) RpcFuture<()>);
+
+impl RawFuture {
+    /// Blocks the calling thread until the reply arrives.
+    pub fn wait(self) -> Result<IncomingMessage, RpcError> {
+        self.0.wait_raw()
+    }
+
+    /// Whether the outcome has arrived.
+    pub fn is_done(&self) -> bool {
+        self.0.is_done()
+    }
+}
+
+impl std::future::Future for RawFuture {
+    type Output = Result<IncomingMessage, RpcError>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.get_mut().0.poll_raw(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

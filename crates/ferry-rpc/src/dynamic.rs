@@ -14,16 +14,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_transport::IncomingMessage;
 use ferry_wire::payload::IncomingTensor;
 use serde::Serialize;
 
-use crate::call::RpcFuture;
+use crate::call::{RawFuture, RpcFuture};
 use crate::describe::{self, Description};
 use crate::functions::{panic_message, Body, Function, Signature, SignatureSchema};
 use crate::protocol::{Failure, FailureKind};
 use crate::schema::Shape;
-use crate::{watch, Agent, Functions, RpcError, SignatureId, Value, WorkerRef};
+use crate::{watch, Agent, Functions, SignatureId, Value, WorkerRef};
 
 /// What a dynamic call's errors show as its caller's signature (a
 /// description gave the caller nothing else to write).
@@ -63,35 +62,6 @@ impl Agent {
                 Err(e) => RpcFuture::failed(e, function, shown),
             },
         )
-    }
-}
-
-/// The undecoded reply of a dynamic call ([`Agent::call_dynamic`]): await
-/// it or [`wait`](RawFuture::wait) for it. Errors are the call's
-/// [`RpcError`]s, as a typed call's.
-#[derive(Debug)]
-#[must_use = "a RawFuture does nothing until awaited or waited for"]
-pub struct RawFuture(RpcFuture<()>);
-
-impl RawFuture {
-    /// Blocks the calling thread until the reply arrives.
-    pub fn wait(self) -> Result<IncomingMessage, RpcError> {
-        self.0.wait_raw()
-    }
-
-    /// Whether the outcome has arrived.
-    pub fn is_done(&self) -> bool {
-        self.0.is_done()
-    }
-}
-
-impl std::future::Future for RawFuture {
-    type Output = Result<IncomingMessage, RpcError>;
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        self.get_mut().0.poll_raw(cx)
     }
 }
 

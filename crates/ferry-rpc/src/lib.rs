@@ -104,12 +104,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-pub use agent::{Agent, LinkInfo, ServiceFuture, WeakAgent};
+pub use agent::{Agent, LinkInfo, WeakAgent};
 pub use blocking_pool::on_body_thread;
 pub use boxed::BoxFuture;
-pub use call::{wait_all, RpcFuture};
+pub use call::{wait_all, RawFuture, RpcFuture};
 pub use calling::{by_name, ByName, Call, CallOptions};
-pub use dynamic::RawFuture;
 pub use error::{Absence, RemoteError, RpcError, MAX_ERROR_TEXT_BYTES};
 pub use fallible::{error_text, BoxError};
 pub use functions::{

@@ -14,7 +14,7 @@ use ferry_wire::{Flags, MessageKind};
 use serde::Serialize;
 use tracing::{debug, warn};
 
-use crate::call::{CallSlot, RpcFuture};
+use crate::call::{CallSlot, RawFuture, RpcFuture};
 use crate::functions::Signature;
 use crate::outbox::SendError;
 use crate::pending::{self, Dropped, Replied};
@@ -53,7 +53,7 @@ impl Agent {
         kind: MessageKind,
         message: Encoded,
         timeout: Duration,
-    ) -> ServiceFuture {
+    ) -> RawFuture {
         let inner = &self.inner;
         let sig = Signature::of::<(), ()>();
         let result = (|| {
@@ -82,30 +82,9 @@ impl Agent {
             Ok((slot, inner.workers[rank as usize].name.clone(), name))
         })();
         match result {
-            Ok((slot, worker, name)) => ServiceFuture(RpcFuture::new(slot, worker, name, sig)),
-            Err(e) => ServiceFuture(RpcFuture::failed(e, "service", sig)),
+            Ok((slot, worker, name)) => RawFuture(RpcFuture::new(slot, worker, name, sig)),
+            Err(e) => RawFuture(RpcFuture::failed(e, "service", sig)),
         }
-    }
-}
-
-/// The reply of a service message: await it or [`wait`](ServiceFuture::wait).
-#[derive(Debug)]
-pub struct ServiceFuture(RpcFuture<()>);
-
-impl ServiceFuture {
-    /// Blocks until the reply arrives; decode it with [`ferry_wire::payload::decode`].
-    pub fn wait(self) -> Result<IncomingMessage, RpcError> {
-        self.0.wait_raw()
-    }
-}
-
-impl std::future::Future for ServiceFuture {
-    type Output = Result<IncomingMessage, RpcError>;
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        self.get_mut().0.poll_raw(cx)
     }
 }
 
