@@ -121,6 +121,10 @@ pub(crate) fn take_landed(raw: RawTensor) -> Result<tch::Tensor, RawTensor> {
     raw.into_owner::<Landed>().map(|(landed, _)| landed.0)
 }
 
+/// Host destinations this large or larger are advised as transparent huge
+/// pages ([`ferry_transport::advise_huge_pages`]): two huge pages.
+const ADVISE_HUGE_PAGES_FROM: usize = 4 << 20;
+
 impl Allocator for TchAllocator {
     fn allocate(
         &self,
@@ -160,8 +164,11 @@ impl Allocator for TchAllocator {
                 .map_err(|e| alloc("the view", e))?;
             (storage, view)
         };
-        if !on_device {
-            advise_huge_pages(storage.data_ptr().cast(), len);
+        // The bytes are about to land: in 2 MiB pages where THP allows
+        // (a `cma` reader of them then walks 2 MiB pages too).
+        if !on_device && len >= ADVISE_HUGE_PAGES_FROM {
+            // SAFETY: the storage's `len` bytes are its live allocation.
+            unsafe { ferry_transport::advise_huge_pages(storage.data_ptr().cast(), len) };
         }
         Ok(Box::new(TchBuffer {
             storage,
@@ -170,72 +177,5 @@ impl Allocator for TchAllocator {
             on_device,
             descriptor: host,
         }))
-    }
-}
-
-/// A transparent huge page's size on x86-64 and aarch64 (4 KiB pages).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Asks for transparent huge pages (`MADV_HUGEPAGE`) on the whole 2 MiB
-/// pages inside a destination of `len` bytes at `ptr`, as
-/// ferry-transport's `BufferPool` does for its buffers: the bytes are
-/// about to be written, so the kernel faults them in 2 MiB at a time (20
-/// faults for 40 MB instead of 10,240), and a peer that later reads them
-/// with `process_vm_readv` (`cma`) walks 2 MiB pages. Destinations under
-/// two huge pages are left alone; where THP is off or unsupported the
-/// advice is refused and nothing changes.
-fn advise_huge_pages(ptr: *mut u8, len: usize) {
-    let Some((start, end)) = huge_page_span(ptr as usize, len) else {
-        return;
-    };
-    #[cfg(not(target_os = "linux"))]
-    let _ = (start, end);
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: [start, end) lies inside the live allocation of `len`
-        // bytes at `ptr`; MADV_HUGEPAGE only changes how its pages are
-        // backed, never their contents.
-        let rc =
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        if rc != 0 {
-            tracing::trace!(
-                error = %std::io::Error::last_os_error(),
-                "no transparent huge pages for a received tensor"
-            );
-        }
-    }
-}
-
-/// The whole huge pages `[start, end)` inside `len` bytes at `addr`, if
-/// the destination spans at least two huge pages' worth of bytes.
-fn huge_page_span(addr: usize, len: usize) -> Option<(usize, usize)> {
-    if len < 2 * HUGE_PAGE {
-        return None;
-    }
-    let start = addr.checked_next_multiple_of(HUGE_PAGE)?;
-    let end = addr.checked_add(len)? / HUGE_PAGE * HUGE_PAGE;
-    (end > start).then_some((start, end))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_span_is_the_whole_huge_pages_inside_the_destination() {
-        let mb = 1 << 20;
-        // Small destinations are left alone.
-        assert_eq!(huge_page_span(0, 4 * mb - 1), None);
-        // Aligned: all of it.
-        assert_eq!(huge_page_span(2 * mb, 4 * mb), Some((2 * mb, 6 * mb)));
-        // Unaligned on both ends: the inner whole pages only.
-        assert_eq!(
-            huge_page_span(2 * mb + 64, 40 * mb),
-            Some((4 * mb, 42 * mb))
-        );
-        // Two pages' worth of bytes straddling three pages: one whole page.
-        assert_eq!(huge_page_span(mb, 4 * mb), Some((2 * mb, 4 * mb)));
-        // Past the top of the address space: no overflow, no span.
-        assert_eq!(huge_page_span(usize::MAX - mb, 4 * mb), None);
     }
 }

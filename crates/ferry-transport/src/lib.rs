@@ -105,5 +105,5 @@ pub use framing::{
 };
 pub use keepalive::{Keepalive, KeepaliveError};
 pub use message::{IncomingMessage, OutgoingMessage};
-pub use pool::{BufferPool, PoolStats, DEFAULT_POOL_LIMIT, POOL_MIN};
+pub use pool::{advise_huge_pages, BufferPool, PoolStats, DEFAULT_POOL_LIMIT, POOL_MIN};
 pub use tensor::{Element, RawTensor, Storage, STORAGE_ALIGN};

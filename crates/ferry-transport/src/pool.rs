@@ -93,6 +93,41 @@ unsafe impl Send for Block {}
 // SAFETY: no interior mutability; access to the bytes goes through Storage.
 unsafe impl Sync for Block {}
 
+/// Asks for transparent huge pages (`MADV_HUGEPAGE`) on the whole 2 MiB
+/// pages inside the `len` bytes at `ptr`, memory about to be written: the
+/// kernel then faults them in 2 MiB at a time, and a peer reading them
+/// with `process_vm_readv` (`cma`) walks 2 MiB pages. The pool's buffers
+/// are aligned for it; ferry-tch's allocator advises the tensors it
+/// receives into. Where THP is off or unsupported the advice is refused
+/// and nothing changes.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` must lie inside one live allocation of this process
+/// (the advice changes how its pages are backed, never their contents).
+pub unsafe fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    if let Some((start, end)) = huge_page_span(ptr as usize, len) {
+        // SAFETY: [start, end) lies inside the caller's allocation.
+        let advised = unsafe {
+            rustix::mm::madvise(
+                start as *mut c_void,
+                end - start,
+                rustix::mm::Advice::LinuxHugepage,
+            )
+        };
+        if let Err(e) = advised {
+            tracing::trace!(error = %e, "no transparent huge pages for a buffer");
+        }
+    }
+}
+
+/// The whole huge pages `[start, end)` inside `len` bytes at `addr`, if any.
+fn huge_page_span(addr: usize, len: usize) -> Option<(usize, usize)> {
+    let start = addr.checked_next_multiple_of(HUGE_PAGE)?;
+    let end = addr.checked_add(len)? / HUGE_PAGE * HUGE_PAGE;
+    (end > start).then_some((start, end))
+}
+
 impl Block {
     fn map(class: usize) -> Result<Block, TransportError> {
         let map_len = class + HUGE_PAGE;
@@ -112,15 +147,8 @@ impl Block {
         let offset = base.as_ptr().align_offset(HUGE_PAGE);
         // SAFETY: offset < HUGE_PAGE, and the mapping is class + HUGE_PAGE long.
         let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(offset)) };
-        // SAFETY: advising a range inside our own mapping. Failure (no THP
-        // support) only loses the speed-up.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                ptr.as_ptr().cast::<c_void>(),
-                class,
-                rustix::mm::Advice::LinuxHugepage,
-            )
-        };
+        // SAFETY: the range lies inside our own live mapping.
+        unsafe { advise_huge_pages(ptr.as_ptr(), class) };
         Ok(Block {
             base,
             map_len,
@@ -315,6 +343,24 @@ impl std::fmt::Debug for BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_span_is_the_whole_huge_pages_inside_the_range() {
+        let mb = 1 << 20;
+        // Less than one whole huge page inside: none.
+        assert_eq!(huge_page_span(mb, 2 * mb), None);
+        // Aligned: all of it.
+        assert_eq!(huge_page_span(2 * mb, 4 * mb), Some((2 * mb, 6 * mb)));
+        // Unaligned on both ends: the inner whole pages only.
+        assert_eq!(
+            huge_page_span(2 * mb + 64, 40 * mb),
+            Some((4 * mb, 42 * mb))
+        );
+        // Two pages' worth of bytes straddling three pages: one whole page.
+        assert_eq!(huge_page_span(mb, 4 * mb), Some((2 * mb, 4 * mb)));
+        // Past the top of the address space: no overflow, no span.
+        assert_eq!(huge_page_span(usize::MAX - mb, 4 * mb), None);
+    }
 
     #[test]
     fn size_classes_round_up_by_at_most_an_eighth() {
