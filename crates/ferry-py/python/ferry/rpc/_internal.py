@@ -11,8 +11,10 @@ storage, never pickled) and RRefs as forks by Ferry's RRef protocol.
 import collections
 import io
 import pickle
+import sys
 import threading
 import traceback
+import types
 
 import torch
 
@@ -87,8 +89,14 @@ _local = threading.local()
 _KEPT_BUFFER_BYTES = 1 << 20
 
 
+#: The types whose values pickle alone: no tensor or RRef can be inside.
+_ATOMS = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+
 def dumps(obj):
     """``obj`` pickled: ``(bytes, tensors, rref handles)``."""
+    if type(obj) in _ATOMS:
+        return pickle.dumps(obj, protocol=5), [], []
     p = getattr(_local, "pickler", None)
     if p is None or p.busy:
         # First use on this thread, or pickling inside a pickling (an
@@ -119,10 +127,109 @@ def dumps(obj):
 
 def loads(data, tensors, rrefs):
     """The object ``dumps`` gave ``(data, tensors, rrefs)`` for."""
+    if not tensors and not rrefs:
+        # No persistent id inside (each one is an entry of a table):
+        # the C unpickler alone, which refuses one if a peer forged it.
+        return pickle.loads(data)
     u = _Unpickler(io.BytesIO(data))
     u._tensors = tensors
     u._rrefs = rrefs
     return u.load()
+
+
+# A call travels in one of two forms. The general one is the pickle of
+# ``(function, args, kwargs)``; it starts with pickle's PROTO opcode
+# (0x80). A function or class that pickles by reference alone (a plain
+# Python function or a class, found by module and qualified name) travels
+# as a *reference*: byte 0x01, the length of the function's own pickle (2
+# bytes, little-endian), that pickle, then the pickle of ``(args, kwargs)``
+# or nothing when both are empty. Both sides keep the references they met:
+# the caller does not pickle the function again, the callee does not look
+# it up again, and an empty call pickles nothing at all.
+
+_REFERENCE = 1
+_REFERENCE_HEAD = 3
+_REFERENCE_TYPES = (types.FunctionType, type)
+
+#: Each side keeps at most this many references (then starts over).
+_KEPT_REFERENCES = 4096
+
+#: Caller: function -> its reference (the form's head).
+_references = {}
+
+#: Callee: a reference (the form's head) -> its function.
+_referenced = {}
+
+
+def _named(func):
+    """Whether ``func`` is what its module and qualified name find now
+    (as pickle checks when it pickles it by reference)."""
+    found = sys.modules.get(func.__module__)
+    for part in func.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is func
+
+
+def _reference(func):
+    """The head of the reference form for ``func``, or None where it does
+    not pickle by reference alone (a lambda, a bound method, a partial,
+    a callable object: those travel in the general form)."""
+    head = _references.get(func)
+    if head is not None:
+        if _named(func):
+            return head
+        del _references[func]
+        return None
+    if type(func) not in _REFERENCE_TYPES or not _named(func):
+        return None
+    try:
+        own = pickle.dumps(func, protocol=5)
+    except Exception:
+        return None
+    if len(own) > 0xFFFF:
+        return None
+    if len(_references) >= _KEPT_REFERENCES:
+        _references.clear()
+    head = bytes((_REFERENCE,)) + len(own).to_bytes(2, "little") + own
+    _references[func] = head
+    return head
+
+
+def dumps_call(func, args, kwargs):
+    """The call ``func(*args, **kwargs)`` pickled, in the reference form
+    where ``func`` allows: ``(bytes, tensors, rref handles)``."""
+    args = tuple(args) if args is not None else ()
+    kwargs = dict(kwargs) if kwargs else {}
+    head = _reference(func)
+    if head is None:
+        return dumps((func, args, kwargs))
+    if not args and not kwargs:
+        return head, [], []
+    data, tensors, rrefs = dumps((args, kwargs))
+    return head + data, tensors, rrefs
+
+
+def loads_call(data, tensors, rrefs):
+    """``(function, args, kwargs)`` of a call ``dumps_call`` pickled."""
+    if not data or data[0] != _REFERENCE:
+        return loads(data, tensors, rrefs)
+    end = _REFERENCE_HEAD + int.from_bytes(data[1:_REFERENCE_HEAD], "little")
+    if len(data) < end:
+        raise pickle.UnpicklingError(
+            f"a call's function reference of {end - _REFERENCE_HEAD} bytes "
+            f"in a message of {len(data)}"
+        )
+    head = data[:end]
+    func = _referenced.get(head)
+    if func is None or not _named(func):
+        func = pickle.loads(head[_REFERENCE_HEAD:])
+        if len(_referenced) >= _KEPT_REFERENCES:
+            _referenced.clear()
+        _referenced[head] = func
+    if len(data) == end:
+        return func, (), {}
+    args, kwargs = loads(data[end:], tensors, rrefs)
+    return func, args, kwargs
 
 
 def _current_worker():
@@ -192,7 +299,7 @@ def run_object(data, tensors, rrefs):
     the object being the result or the ``RemoteException``."""
     try:
         try:
-            func, args, kwargs = loads(data, tensors, rrefs)
+            func, args, kwargs = loads_call(data, tensors, rrefs)
         except AttributeError as e:
             # A function or class the caller has and this worker lacks.
             raise RuntimeError(

@@ -149,9 +149,7 @@ def _to(to):
 
 
 def _pickled_call(func, args, kwargs):
-    return _internal.dumps(
-        (func, tuple(args) if args is not None else (), dict(kwargs) if kwargs else {})
-    )
+    return _internal.dumps_call(func, args, kwargs)
 
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
