@@ -1,9 +1,11 @@
-"""The two forms a call is pickled in (``ferry.rpc._internal``), without
-workers: the reference form for functions and classes found by module and
-qualified name, the general form for everything else, and what each side
-does when a name is rebound or a message is forged."""
+"""The forms a call is pickled in (``ferry.rpc._internal``), without
+workers: the reference forms for functions and classes found by module and
+qualified name (arguments pickled, or the arguments being the message's
+tensors), the general form for everything else, and what each side does
+when a name is rebound or a message is forged."""
 
 import functools
+import io
 import pickle
 import sys
 import types
@@ -21,6 +23,9 @@ def plain(x=0, *, y=0):
 class Plain:
     def method(self):
         return 1
+
+
+_REF = pickle.dumps(plain, protocol=5)
 
 
 @pytest.fixture
@@ -55,6 +60,52 @@ def test_arguments_follow_the_reference_and_keep_their_tensors():
     func, args, kwargs = _internal.loads_call(data, tensors, rrefs)
     assert func is plain
     assert args[0] is t and args[1] == 2 and kwargs["y"] is t
+
+
+def test_distinct_tensor_arguments_are_the_message_tensors():
+    a, b = torch.ones(2), torch.zeros(3, 2).t()
+    data, tensors, rrefs = _internal.dumps_call(plain, (a, b), None)
+    assert data[0] == 2 and data[3:] == pickle.dumps(plain, protocol=5)
+    assert tensors == [a, b] and rrefs == []
+    func, args, kwargs = _internal.loads_call(data, tensors, rrefs)
+    assert func is plain and args[0] is a and args[1] is b and kwargs == {}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param("repeated", id="one tensor twice"),
+        pytest.param("parameter", id="a Parameter (a subclass)"),
+        pytest.param("mixed", id="a tensor and an int"),
+    ],
+)
+def test_other_arguments_are_pickled_and_keep_their_identity(args):
+    t = torch.ones(2)
+    args = {
+        "repeated": (t, t),
+        "parameter": (torch.nn.Parameter(torch.ones(2)),),
+        "mixed": (t, 3),
+    }[args]
+    data, tensors, rrefs = _internal.dumps_call(plain, args, None)
+    assert data[0] == 1
+    _, got, _ = _internal.loads_call(data, tensors, rrefs)
+    assert len(got) == len(args)
+    if len(args) > 1 and args[0] is args[1]:
+        assert got[0] is got[1]
+    if isinstance(args[0], torch.nn.Parameter):
+        assert isinstance(got[0], torch.nn.Parameter)
+
+
+def test_a_lone_tensor_result_is_its_persistent_id():
+    t = torch.arange(4)
+    data, tensors, rrefs = _internal.dumps(t)
+    assert tensors == [t] and rrefs == []
+    class Ids(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return ("pid", pid)
+
+    assert Ids(io.BytesIO(data)).load() == ("pid", 0)
+    assert _internal.load_reply(False, data, tensors, rrefs) is t
 
 
 def test_classes_travel_by_reference():
@@ -110,8 +161,13 @@ def test_a_rebound_name_is_found_again_on_both_sides(module):
 
 @pytest.mark.parametrize(
     "data",
-    [b"\x01", b"\x01\xff\xff" + b"x" * 10, b"\x01\x03\x00abc"],
-    ids=["no length", "length past the end", "not a pickle"],
+    [
+        b"\x01",
+        b"\x01\xff\xff" + b"x" * 10,
+        b"\x01\x03\x00abc",
+        b"\x02" + (len(_REF)).to_bytes(2, "little") + _REF + b"extra",
+    ],
+    ids=["no length", "length past the end", "not a pickle", "tensor form with bytes after"],
 )
 def test_a_forged_reference_is_an_unpickling_error(data):
     with pytest.raises(pickle.UnpicklingError):

@@ -93,10 +93,30 @@ _KEPT_BUFFER_BYTES = 1 << 20
 _ATOMS = frozenset((type(None), bool, int, float, complex, str, bytes))
 
 
+def _pickled_by_itself(obj):
+    """``obj`` pickled by a ``_Pickler`` of its own: the bytes."""
+    buf = io.BytesIO()
+    _Pickler(buf).dump(obj)
+    return buf.getvalue()
+
+
+#: What ``_Pickler`` writes for a lone tensor: its persistent id, 0.
+_ONE_TENSOR = _pickled_by_itself(torch.empty(0))
+
+
+def _out_of_band(obj):
+    """Whether ``obj`` is a tensor that travels out of band as itself (what
+    ``_Pickler.persistent_id`` pulls out)."""
+    return type(obj) is torch.Tensor and obj.layout in _OUT_OF_BAND_LAYOUTS
+
+
 def dumps(obj):
     """``obj`` pickled: ``(bytes, tensors, rref handles)``."""
     if type(obj) in _ATOMS:
         return pickle.dumps(obj, protocol=5), [], []
+    if _out_of_band(obj):
+        # What the pickler writes for a lone tensor, without running it.
+        return _ONE_TENSOR, [obj], []
     p = getattr(_local, "pickler", None)
     if p is None or p.busy:
         # First use on this thread, or pickling inside a pickling (an
@@ -131,33 +151,39 @@ def loads(data, tensors, rrefs):
         # No persistent id inside (each one is an entry of a table):
         # the C unpickler alone, which refuses one if a peer forged it.
         return pickle.loads(data)
+    if data == _ONE_TENSOR and len(tensors) == 1 and not rrefs:
+        return tensors[0]
     u = _Unpickler(io.BytesIO(data))
     u._tensors = tensors
     u._rrefs = rrefs
     return u.load()
 
 
-# A call travels in one of two forms. The general one is the pickle of
+# A call travels in one of three forms. The general one is the pickle of
 # ``(function, args, kwargs)``; it starts with pickle's PROTO opcode
 # (0x80). A function or class that pickles by reference alone (a plain
 # Python function or a class, found by module and qualified name) travels
-# as a *reference*: byte 0x01, the length of the function's own pickle (2
-# bytes, little-endian), that pickle, then the pickle of ``(args, kwargs)``
-# or nothing when both are empty. Both sides keep the references they met:
-# the caller does not pickle the function again, the callee does not look
-# it up again, and an empty call pickles nothing at all.
+# as a *reference*: a form byte, the length of the function's own pickle
+# (2 bytes, little-endian) and that pickle, then
+# - form 0x01: the pickle of ``(args, kwargs)``, or nothing when both
+#   are empty;
+# - form 0x02: nothing: the arguments are the message's tensors, in order
+#   (a call whose arguments are all distinct tensors and no keywords).
+# Both sides keep the references they met: the caller does not pickle the
+# function again, the callee does not look it up again.
 
-_REFERENCE = 1
+_PICKLED_ARGS = 1
+_TENSOR_ARGS = 2
 _REFERENCE_HEAD = 3
 _REFERENCE_TYPES = (types.FunctionType, type)
 
 #: Each side keeps at most this many references (then starts over).
 _KEPT_REFERENCES = 4096
 
-#: Caller: function -> its reference (the form's head).
+#: Caller: function -> its reference (the length and the pickle).
 _references = {}
 
-#: Callee: a reference (the form's head) -> its function.
+#: Callee: a reference (the length and the pickle) -> its function.
 _referenced = {}
 
 
@@ -171,13 +197,13 @@ def _named(func):
 
 
 def _reference(func):
-    """The head of the reference form for ``func``, or None where it does
-    not pickle by reference alone (a lambda, a bound method, a partial,
-    a callable object: those travel in the general form)."""
-    head = _references.get(func)
-    if head is not None:
+    """The reference of ``func`` (the length and its pickle), or None
+    where it does not pickle by reference alone (a lambda, a bound method,
+    a partial, a callable object: those travel in the general form)."""
+    ref = _references.get(func)
+    if ref is not None:
         if _named(func):
-            return head
+            return ref
         del _references[func]
         return None
     if type(func) not in _REFERENCE_TYPES or not _named(func):
@@ -190,28 +216,45 @@ def _reference(func):
         return None
     if len(_references) >= _KEPT_REFERENCES:
         _references.clear()
-    head = bytes((_REFERENCE,)) + len(own).to_bytes(2, "little") + own
-    _references[func] = head
-    return head
+    ref = len(own).to_bytes(2, "little") + own
+    _references[func] = ref
+    return ref
+
+
+def _distinct_tensors(args):
+    """Whether ``args`` are all tensors that travel as themselves, no two
+    the same object (the pickle would send a repeated one once)."""
+    for a in args:
+        if not _out_of_band(a):
+            return False
+    return len(args) == 1 or len(set(map(id, args))) == len(args)
 
 
 def dumps_call(func, args, kwargs):
-    """The call ``func(*args, **kwargs)`` pickled, in the reference form
+    """The call ``func(*args, **kwargs)`` pickled, in a reference form
     where ``func`` allows: ``(bytes, tensors, rref handles)``."""
     args = tuple(args) if args is not None else ()
     kwargs = dict(kwargs) if kwargs else {}
-    head = _reference(func)
-    if head is None:
+    ref = _reference(func)
+    if ref is None:
         return dumps((func, args, kwargs))
-    if not args and not kwargs:
-        return head, [], []
+    if not kwargs:
+        if not args:
+            return _PICKLED_ARGS_BYTE + ref, [], []
+        if _distinct_tensors(args):
+            return _TENSOR_ARGS_BYTE + ref, list(args), []
     data, tensors, rrefs = dumps((args, kwargs))
-    return head + data, tensors, rrefs
+    return _PICKLED_ARGS_BYTE + ref + data, tensors, rrefs
+
+
+_PICKLED_ARGS_BYTE = bytes((_PICKLED_ARGS,))
+_TENSOR_ARGS_BYTE = bytes((_TENSOR_ARGS,))
 
 
 def loads_call(data, tensors, rrefs):
     """``(function, args, kwargs)`` of a call ``dumps_call`` pickled."""
-    if not data or data[0] != _REFERENCE:
+    form = data[0] if data else None
+    if form != _PICKLED_ARGS and form != _TENSOR_ARGS:
         return loads(data, tensors, rrefs)
     end = _REFERENCE_HEAD + int.from_bytes(data[1:_REFERENCE_HEAD], "little")
     if len(data) < end:
@@ -219,13 +262,20 @@ def loads_call(data, tensors, rrefs):
             f"a call's function reference of {end - _REFERENCE_HEAD} bytes "
             f"in a message of {len(data)}"
         )
-    head = data[:end]
-    func = _referenced.get(head)
+    ref = data[1:end]
+    func = _referenced.get(ref)
     if func is None or not _named(func):
-        func = pickle.loads(head[_REFERENCE_HEAD:])
+        func = pickle.loads(ref[_REFERENCE_HEAD - 1 :])
         if len(_referenced) >= _KEPT_REFERENCES:
             _referenced.clear()
-        _referenced[head] = func
+        _referenced[ref] = func
+    if form == _TENSOR_ARGS:
+        if len(data) != end or rrefs:
+            raise pickle.UnpicklingError(
+                "a call whose arguments are its tensors carries "
+                f"{len(data) - end} more bytes and {len(rrefs)} RRefs"
+            )
+        return func, tuple(tensors), {}
     if len(data) == end:
         return func, (), {}
     args, kwargs = loads(data[end:], tensors, rrefs)
