@@ -134,6 +134,8 @@ def _set_rpc_timeout(rpc_timeout):
 
 def _to(to):
     """The worker ``to`` names, as the compiled side takes it."""
+    if type(to) is str:
+        return to
     if isinstance(to, WorkerInfo):
         return to.name
     if isinstance(to, (str, int)):
@@ -148,10 +150,6 @@ def _to(to):
     )
 
 
-def _pickled_call(func, args, kwargs):
-    return _internal.dumps_call(func, args, kwargs)
-
-
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns its
     result; raises what it raised there (same type, the callee's message
@@ -162,7 +160,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     arguments and result converted by its declared types."""
     if isinstance(func, str):
         return _interop.rpc_sync(_to(to), func, args, kwargs, timeout)
-    data, tensors, rrefs = _pickled_call(func, args, kwargs)
+    data, tensors, rrefs = _internal.dumps_call(func, args, kwargs)
     reply = _rpc.rpc_sync(_to(to), data, tensors, rrefs, float(timeout))
     return _internal.load_reply(*reply)
 
@@ -195,7 +193,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     if isinstance(func, str):
         fut = _interop.rpc_async(_to(to), func, args, kwargs, timeout)
     else:
-        data, tensors, rrefs = _pickled_call(func, args, kwargs)
+        data, tensors, rrefs = _internal.dumps_call(func, args, kwargs)
         fut = torch.futures.Future()
 
         def on_done(reply, error):
@@ -223,7 +221,7 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     names a function registered by name, as for ``rpc_sync``."""
     if isinstance(func, str):
         return _interop.remote(_to(to), func, args, kwargs, timeout)
-    data, tensors, rrefs = _pickled_call(func, args, kwargs)
+    data, tensors, rrefs = _internal.dumps_call(func, args, kwargs)
     return RRef._from_handle(_rpc.remote(_to(to), data, tensors, rrefs, float(timeout)))
 
 
