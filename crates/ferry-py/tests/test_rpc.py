@@ -41,6 +41,17 @@ def test_an_unknown_worker_is_a_runtime_error(workers):
         rpc.rpc_sync("nobody", fns.add, args=(1, 2))
 
 
+def test_link_info_names_the_transport_and_channels_of_a_link(workers):
+    rpc.rpc_sync("worker1", fns.add, args=(1, 1))
+    link = rpc.link_info("worker1")
+    assert set(link) == {"transport", "outgoing", "incoming"}
+    assert link["transport"] in {"shm", "tcp"}
+    assert link["outgoing"] and link["incoming"]
+    assert rpc.link_info(rpc.get_worker_info("worker1")) == link
+    with pytest.raises(RuntimeError, match="nobody"):
+        rpc.link_info("nobody")
+
+
 def test_an_unpicklable_function_fails_on_the_caller(workers):
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         rpc.rpc_sync("worker1", lambda: 1)

@@ -98,6 +98,27 @@ fn get_worker_info(to: Option<&Bound<'_, PyAny>>) -> Result<(String, u32), Error
     Ok((info.name, info.id))
 }
 
+/// The link to worker `to` once it is up: `(transport, outgoing,
+/// incoming)`, the transport carrying the frames and the channels of the
+/// tensors this worker sends to and receives from it, one name per
+/// (source, target) device pair; `None` before the link is up.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn link_info(to: &Bound<'_, PyAny>) -> Result<Option<(String, Vec<String>, Vec<String>)>, Error> {
+    let to = call::worker_ref(to)?;
+    let agent = ferry::rpc::agent()?;
+    let names = |choices: Vec<ferry::wire::ChannelChoice>| -> Vec<String> {
+        choices.into_iter().map(|c| c.channel).collect()
+    };
+    Ok(agent.link_info(to)?.map(|link| {
+        (
+            link.transport.to_string(),
+            names(link.outgoing),
+            names(link.incoming),
+        )
+    }))
+}
+
 /// `(name, rank)` of every worker of the group, by rank.
 #[pyfunction]
 fn workers() -> Result<Vec<(String, u32)>, Error> {
@@ -132,6 +153,7 @@ pub fn register(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shutdown, &m)?)?;
     m.add_function(wrap_pyfunction!(get_worker_info, &m)?)?;
     m.add_function(wrap_pyfunction!(workers, &m)?)?;
+    m.add_function(wrap_pyfunction!(link_info, &m)?)?;
     m.add_function(wrap_pyfunction!(get_rpc_timeout, &m)?)?;
     m.add_function(wrap_pyfunction!(set_rpc_timeout, &m)?)?;
     m.add_function(wrap_pyfunction!(call::rpc_sync, &m)?)?;

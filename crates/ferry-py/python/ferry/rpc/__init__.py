@@ -52,6 +52,24 @@ def retain_freed_memory():
     return _ferry.rpc.retain_freed_memory()
 
 
+def link_info(to):
+    """The link to worker ``to`` (a name, rank or ``WorkerInfo``) once it
+    is up, or None: ``{"transport": ..., "outgoing": [...], "incoming":
+    [...]}``, the transport carrying the frames (``"shm"``, ``"tcp"``,
+    ``"ucx"``) and the channels of the tensors this worker sends to and
+    receives from it (``"cma"``, ``"shm"``, ``"mpt"``, ``"inline"``, ...).
+    Ferry picks them itself (``FERRY_TRANSPORTS`` and ``FERRY_CHANNELS``
+    narrow the choice); a Ferry extension, not in torch.distributed.rpc."""
+    from ferry import _ferry
+    from ferry.rpc.api import _to
+
+    link = _ferry.rpc.link_info(_to(to))
+    if link is None:
+        return None
+    transport, outgoing, incoming = link
+    return {"transport": transport, "outgoing": outgoing, "incoming": incoming}
+
+
 def is_available():
     """Whether RPC is available (``torch.distributed.rpc.is_available``):
     always, where ``ferry.rpc`` imports."""
@@ -60,6 +78,7 @@ def is_available():
 
 __all__ = [
     "retain_freed_memory",
+    "link_info",
     "BackendType",
     "RpcBackendOptions",
     "backend_registry",
