@@ -39,13 +39,14 @@ def worker_env(rank, world_size, port, extra=None):
     return env
 
 
-def start(script_args, ranks, world_size, port, extra_env=None):
-    """Starts ``python <script_args...>`` once per rank in ``ranks``."""
+def start(script_args, ranks, world_size, port, extra_env=None, prefix=None):
+    """Starts ``python <script_args...>`` once per rank in ``ranks``; with
+    ``prefix(rank)``, a command prefix for each (``nsenter`` onto a host)."""
     procs = []
     for rank in ranks:
         procs.append(
             subprocess.Popen(
-                [sys.executable, *script_args],
+                [*(prefix(rank) if prefix else []), sys.executable, *script_args],
                 env=worker_env(rank, world_size, port, extra_env),
                 cwd=HERE,
             )
