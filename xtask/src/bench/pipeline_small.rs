@@ -12,6 +12,12 @@
 //! µs; target median ≤ [`TARGET_HANDOFF_US`]), with the transit and
 //! wake-up medians it splits into. Each number is the median over
 //! [`RUNS`] runs, with their spread.
+//!
+//! Under the table, the host's own floor for such a hand-off, without
+//! Ferry (`benches/src/bin/wake_floor.rs`): an eventfd wake-up between two
+//! processes with the receiver's core idle, and with it kept awake by a
+//! yielding poller. What the hand-off measures above the floor is
+//! Ferry's runtime, or the two processes' threads waiting for a core.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +28,7 @@ use super::doc::{self, Part};
 use super::options::Options;
 use super::results::{out_path, remove_stale, write_result};
 use crate::bench::table;
-use crate::steps::{cmd, root, run, Steps};
+use crate::steps::{cargo, cmd, root, run, Steps};
 
 /// The small model: width and batch (8 layers, as the main rows).
 const SHAPE: &[&str] = &["--width", "256", "--batch", "64"];
@@ -67,6 +73,21 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, binary: &Path) -> Result<()> 
             results.push(table::read_result(&root().join(&out))?);
         }
         write_result(&pooled_out, &pool(&results))?;
+        let floor_out = out_path(FLOOR);
+        remove_stale(&floor_out)?;
+        steps.step("host: wake_floor (eventfd wake-up, no Ferry)", || {
+            let mut c = cargo(&[
+                "run",
+                "--release",
+                "-p",
+                "ferry-benches",
+                "--bin",
+                "wake_floor",
+                "--",
+            ]);
+            c.arg("--out").arg(root().join(&floor_out));
+            run(&mut c)
+        })?;
     }
     steps.step_with("table: pipeline, small model", || {
         let path = root().join(&pooled_out);
@@ -75,11 +96,39 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, binary: &Path) -> Result<()> 
             return Ok("skipped");
         }
         let pooled = table::read_result(&path)?;
-        let text = format!("{}\n\n{}", heading(), render(&pooled));
+        let floor = table::read_result(&root().join(out_path(FLOOR))).ok();
+        let text = format!(
+            "{}\n\n{}{}",
+            heading(),
+            render(&pooled),
+            floor.as_ref().map(render_floor).unwrap_or_default()
+        );
         println!("\n{text}");
         doc::record(Part::Pipeline, &text);
         Ok("ok")
     })
+}
+
+/// The host's floor, `wake_floor`'s result: `target/ferry-bench/{FLOOR}`.
+const FLOOR: &str = "wake_floor.json";
+
+/// The floor's lines under the table.
+fn render_floor(floor: &Value) -> String {
+    let line = |variant: &str, what: &str| match (
+        floor[variant]["median_us"].as_f64(),
+        floor[variant]["p10_us"].as_f64(),
+        floor[variant]["p90_us"].as_f64(),
+    ) {
+        (Some(m), Some(lo), Some(hi)) => {
+            format!("  {what}: {m:.1} us median [p10 {lo:.1}, p90 {hi:.1}]\n")
+        }
+        _ => String::new(),
+    };
+    format!(
+        "host floor, without Ferry (wake_floor: an eventfd wake-up between two processes):\n{}{}",
+        line("idle", "receiver's core idle"),
+        line("busy", "receiver's core kept awake by a yielding poller")
+    )
 }
 
 /// The fields of a cell pooled over the runs, as JSON pointers.
@@ -275,6 +324,19 @@ mod tests {
                         "transit_median_us": handoff / 2.0, "wake_median_us": 5.0},
             "costs_ms_of_median_step": {"0": {"F": 0.1, "B": 0.4, "I": 0.2, "W": 0.2}},
         })
+    }
+
+    #[test]
+    fn the_floor_prints_both_variants_and_nothing_without_figures() {
+        let floor = json!({
+            "idle": {"median_us": 33.04, "p10_us": 24.5, "p90_us": 35.3},
+            "busy": {"median_us": 4.1, "p10_us": 3.7, "p90_us": 4.7},
+        });
+        let text = render_floor(&floor);
+        assert!(text.contains("receiver's core idle: 33.0 us median [p10 24.5, p90 35.3]"));
+        assert!(text.contains("yielding poller: 4.1 us median [p10 3.7, p90 4.7]"));
+        let partial = render_floor(&json!({"idle": {"median_us": 30.0}}));
+        assert_eq!(partial.lines().count(), 1, "{partial}");
     }
 
     #[test]
