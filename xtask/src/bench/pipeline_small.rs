@@ -26,9 +26,9 @@ use serde_json::{json, Value};
 
 use super::doc::{self, Part};
 use super::options::Options;
-use super::results::{out_path, remove_stale, write_result};
+use super::results::{bench_bin, out_path, remove_stale, write_result};
 use crate::bench::table;
-use crate::steps::{cargo, cmd, root, run, Steps};
+use crate::steps::{cmd, root, run, Steps};
 
 /// The small model: width and batch (8 layers, as the main rows).
 const SHAPE: &[&str] = &["--width", "256", "--batch", "64"];
@@ -76,16 +76,8 @@ pub(crate) fn main(steps: &mut Steps, o: &Options, binary: &Path) -> Result<()> 
         let floor_out = out_path(FLOOR);
         remove_stale(&floor_out)?;
         steps.step("host: wake_floor (eventfd wake-up, no Ferry)", || {
-            let mut c = cargo(&[
-                "run",
-                "--release",
-                "-p",
-                "ferry-benches",
-                "--bin",
-                "wake_floor",
-                "--",
-            ]);
-            c.arg("--out").arg(root().join(&floor_out));
+            let mut c = bench_bin("wake_floor");
+            c.arg("--").arg("--out").arg(root().join(&floor_out));
             run(&mut c)
         })?;
     }

@@ -20,7 +20,7 @@ use super::doc::{self, Part};
 use super::options::Options;
 use super::peers::{peer_script, PEERS_DIR};
 use super::report::Table;
-use super::results::{out_path, release_binary, remove_stale, write_result};
+use super::results::{bench_bin, out_path, release_binary, remove_stale, write_result};
 use crate::bench::table::{self, median, Better, Metric, RowSpec};
 use crate::setup::{ferry_py_dir, venv_python, with_libtorch};
 use crate::steps::{cargo, cmd, root, run, Steps};
@@ -224,14 +224,7 @@ fn run_script(o: &Options, script: &Path, module: &str, out: &Path) -> Result<()
 /// and cell length, its result written to `out`.
 fn run_rust_side(o: &Options, out: &Path) -> Result<()> {
     let quick = usize::from(o.quick);
-    let mut c = cargo(&[
-        "run",
-        "--release",
-        "-p",
-        "ferry-benches",
-        "--bin",
-        "rpc_latency",
-    ]);
+    let mut c = bench_bin("rpc_latency");
     c.arg("--").arg("--latency-only");
     if o.quick {
         c.arg("--quick");
