@@ -336,6 +336,7 @@ fn cell(
     order.sort_by(|&a, &b| timed[a].total.total_cmp(&timed[b].total));
     let median = &timed[order[order.len() / 2]];
     let handoffs = HandOffSummary::of(timed.iter().flat_map(|s| s.timeline.handoffs()));
+    let waiting = HandOffSummary::of_waiting(timed.iter().flat_map(|s| s.timeline.handoffs()));
     let costs = median.timeline.measured_costs();
     let costs: Value = costs
         .stage_overrides
@@ -383,13 +384,8 @@ fn cell(
         "pipeline_step_over_simulated": ratio(&|s| s.step * 1e3),
         "makespan_over_simulated": ratio(&|s| s.timeline.makespan_ms()),
         "bubble_measured": median.timeline.bubble(),
-        "handoff": handoffs.map(|h| json!({
-            "count": h.count,
-            "median_us": h.median_us,
-            "p90_us": h.p90_us,
-            "transit_median_us": h.transit_median_us,
-            "wake_median_us": h.wake_median_us,
-        })),
+        "handoff": handoffs.map(handoff_json),
+        "handoff_waiting": waiting.map(handoff_json),
         "costs_ms_of_median_step": costs,
         "times_s": totals,
         "losses": losses,
@@ -621,4 +617,15 @@ fn main() -> Result<()> {
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// A hand-off summary as the bench's JSON writes it.
+fn handoff_json(h: HandOffSummary) -> Value {
+    json!({
+        "count": h.count,
+        "median_us": h.median_us,
+        "p90_us": h.p90_us,
+        "transit_median_us": h.transit_median_us,
+        "wake_median_us": h.wake_median_us,
+    })
 }

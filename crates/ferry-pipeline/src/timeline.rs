@@ -30,6 +30,13 @@ pub struct HandOff {
     /// arrived (an idle receiver): then [`total_us`](Self::total_us) is
     /// the whole hand-off latency.
     pub idle: bool,
+    /// Whether the receiving action was already waiting when the value
+    /// was *sent* (a subset of [`idle`](Self::idle)): the receiver had
+    /// nothing else to run for the whole hand-off, so its latency is the
+    /// runtime's and the host's wake-up alone. An idle receiver that was
+    /// still computing at the send may have had no core free to read the
+    /// value before its action ended (two processes on two cores, say).
+    pub waiting: bool,
     /// From the send to the value in the receiver's mailbox.
     pub transit_us: f64,
     /// From the value in the mailbox (or, if it came first, from the
@@ -130,6 +137,7 @@ impl Timeline {
                 microbatch: h.microbatch as usize,
                 activation: h.forward,
                 idle: h.asked_ns < h.received_ns,
+                waiting: h.asked_ns <= h.sent_ns,
                 transit_us: us(h.received_ns, h.sent_ns),
                 wake_us: us(h.started_ns, h.received_ns.max(h.asked_ns)),
                 total_us: us(h.started_ns, h.sent_ns),
@@ -265,5 +273,52 @@ impl HandOffSummary {
     /// example those of many steps' timelines).
     pub fn of<'a>(handoffs: impl IntoIterator<Item = &'a HandOff>) -> Option<HandOffSummary> {
         summarize(handoffs.into_iter().filter(|h| h.idle))
+    }
+
+    /// The summary of the hand-offs among `handoffs` whose receiver was
+    /// already waiting at the send ([`HandOff::waiting`]).
+    pub fn of_waiting<'a>(
+        handoffs: impl IntoIterator<Item = &'a HandOff>,
+    ) -> Option<HandOffSummary> {
+        summarize(handoffs.into_iter().filter(|h| h.waiting))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handoff(idle: bool, waiting: bool, total_us: f64) -> HandOff {
+        HandOff {
+            stage: 1,
+            microbatch: 0,
+            activation: true,
+            idle,
+            waiting,
+            transit_us: total_us - 5.0,
+            wake_us: 5.0,
+            total_us,
+        }
+    }
+
+    #[test]
+    fn summaries_count_idle_receivers_and_those_waiting_at_the_send() {
+        let all = [
+            handoff(false, false, 900.0),
+            handoff(true, false, 400.0),
+            handoff(true, false, 300.0),
+            handoff(true, true, 60.0),
+            handoff(true, true, 40.0),
+            handoff(true, true, 50.0),
+        ];
+        let idle = HandOffSummary::of(&all).expect("idle hand-offs");
+        assert_eq!(idle.count, 5);
+        assert_eq!(idle.median_us, 60.0);
+        let waiting = HandOffSummary::of_waiting(&all).expect("waiting hand-offs");
+        assert_eq!(waiting.count, 3);
+        assert_eq!(waiting.median_us, 50.0);
+        assert_eq!(waiting.p90_us, 60.0);
+        assert_eq!(waiting.transit_median_us, 45.0);
+        assert!(HandOffSummary::of_waiting(&all[..3]).is_none());
     }
 }

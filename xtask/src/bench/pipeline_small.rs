@@ -136,6 +136,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("handoff_p90_us", "/handoff/p90_us"),
     ("transit_median_us", "/handoff/transit_median_us"),
     ("wake_median_us", "/handoff/wake_median_us"),
+    ("waiting_median_us", "/handoff_waiting/median_us"),
 ];
 
 /// Every cell's fields over the runs: median, least, greatest and each
@@ -204,7 +205,9 @@ fn heading() -> String {
     format!(
         "Pipeline, small model (8 x Linear(256, 256) + ReLU, batch 64; Ferry alone): \
          measured step / simulated (target <= {TARGET_SIMULATED}) and the hand-off to an idle \
-         receiver (median target <= {TARGET_HANDOFF_US} us), medians over the runs [spread]"
+         receiver (median target <= {TARGET_HANDOFF_US} us; an idle receiver asked before the \
+         value came; \"waiting at send\": the median over those whose receiver already waited \
+         when it was sent), medians over the runs [spread]"
     )
 }
 
@@ -240,6 +243,7 @@ pub(crate) fn render(pooled: &Value) -> String {
         "transit".into(),
         "wake".into(),
         "".into(),
+        "waiting at send".into(),
     ]];
     for row in pooled["rows"].as_array().into_iter().flatten() {
         let actions = match (
@@ -273,9 +277,10 @@ pub(crate) fn render(pooled: &Value) -> String {
                 TARGET_HANDOFF_US,
             )
             .into(),
+            cell(row, "waiting_median_us", 0),
         ]);
     }
-    let mut width = [0usize; 11];
+    let mut width = [0usize; 12];
     for l in &lines {
         for (w, c) in width.iter_mut().zip(l) {
             *w = (*w).max(c.chars().count());
@@ -314,6 +319,7 @@ mod tests {
             "makespan_over_simulated": {"median": ratio - 0.05},
             "handoff": {"median_us": handoff, "p90_us": handoff * 2.0,
                         "transit_median_us": handoff / 2.0, "wake_median_us": 5.0},
+            "handoff_waiting": {"median_us": handoff / 4.0},
             "costs_ms_of_median_step": {"0": {"F": 0.1, "B": 0.4, "I": 0.2, "W": 0.2}},
         })
     }
@@ -344,6 +350,7 @@ mod tests {
         assert_eq!(row["handoff_median_us"]["median"], 45.0);
         assert_eq!(row["handoff_median_us"]["max"], 60.0);
         assert_eq!(row["action_ms"]["max"], 0.4);
+        assert_eq!(row["waiting_median_us"]["median"], 11.25);
         let text = render(&pooled);
         let line = text.lines().nth(1).expect("a row");
         assert!(line.starts_with("ZBVZeroBubble mb=4"), "{text}");
