@@ -4,8 +4,8 @@
 //! they are freed (`mmap`/`munmap`), so every large tensor a worker
 //! receives lands in fresh pages and pays a page fault per 2 MiB huge page
 //! (ferry-tch advises them; per 4 KiB where THP is off) on both sides of
-//! a call (about 5 ms of a 15 ms 40 MB round trip on a 2-vCPU host). Ferry's Rust workers pool their receive
-//! buffers; a Python worker receives into fresh libtorch tensors. Keeping
+//! a call (about 5 ms of a 15 ms 40 MB round trip on a 2-vCPU host).
+//! Ferry's Rust workers pool their receive buffers; a Python worker receives into fresh libtorch tensors. Keeping
 //! blocks of up to [`KEEP_UP_TO`] in glibc's heap for reuse changes the
 //! whole process's allocator and keeps freed memory in the process (up to
 //! the largest tensors it has held at once), so it is the program's

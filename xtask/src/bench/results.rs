@@ -12,14 +12,14 @@ use crate::steps::root;
 /// Where results go, relative to the repository root.
 pub(crate) const OUT_DIR: &str = "target/ferry-bench";
 
-/// `target/ferry-bench/<name>`, relative to the repository root (every
-/// command runs from there).
 /// `cargo run --release -p ferry-benches --bin NAME`: one of
 /// `benches/src/bin/`, built if needed; its own arguments follow a `--`.
 pub(crate) fn bench_bin(name: &str) -> std::process::Command {
     crate::steps::cargo(&["run", "--release", "-p", "ferry-benches", "--bin", name])
 }
 
+/// `target/ferry-bench/<name>`, relative to the repository root (every
+/// command runs from there).
 pub(crate) fn out_path(name: &str) -> PathBuf {
     Path::new(OUT_DIR).join(name)
 }

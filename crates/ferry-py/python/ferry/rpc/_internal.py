@@ -174,6 +174,8 @@ def loads(data, tensors, rrefs):
 
 _PICKLED_ARGS = 1
 _TENSOR_ARGS = 2
+_PICKLED_ARGS_BYTE = bytes((_PICKLED_ARGS,))
+_TENSOR_ARGS_BYTE = bytes((_TENSOR_ARGS,))
 _REFERENCE_HEAD = 3
 _REFERENCE_TYPES = (types.FunctionType, type)
 
@@ -199,15 +201,13 @@ def _named(func):
 def _reference(func):
     """The reference of ``func`` (the length and its pickle), or None
     where it does not pickle by reference alone (a lambda, a bound method,
-    a partial, a callable object: those travel in the general form)."""
-    ref = _references.get(func)
-    if ref is not None:
-        if _named(func):
-            return ref
-        del _references[func]
-        return None
+    a partial, a callable object, a function its name no longer finds:
+    those travel in the general form)."""
     if type(func) not in _REFERENCE_TYPES or not _named(func):
         return None
+    ref = _references.get(func)
+    if ref is not None:
+        return ref
     try:
         own = pickle.dumps(func, protocol=5)
     except Exception:
@@ -245,10 +245,6 @@ def dumps_call(func, args, kwargs):
             return _TENSOR_ARGS_BYTE + ref, list(args), []
     data, tensors, rrefs = dumps((args, kwargs))
     return _PICKLED_ARGS_BYTE + ref + data, tensors, rrefs
-
-
-_PICKLED_ARGS_BYTE = bytes((_PICKLED_ARGS,))
-_TENSOR_ARGS_BYTE = bytes((_TENSOR_ARGS,))
 
 
 def loads_call(data, tensors, rrefs):
