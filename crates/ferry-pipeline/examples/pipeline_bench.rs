@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ferry_autograd::OptimizerKind;
-use ferry_pipeline::{HandOffSummary, Pipeline, Timeline};
+use ferry_pipeline::{HandOffSummary, HostCores, Pipeline, Timeline};
 use ferry_rpc::{Function, Functions, RpcOptions};
 use ferry_schedule::ScheduleKind;
 use serde_json::{json, Value};
@@ -123,6 +123,10 @@ struct Config {
     /// (`PipelineBuilder::wait_spin`; default: Ferry's 3000).
     #[arg(long)]
     wait_spin_us: Option<u64>,
+    /// Whether the host has a core for every busy thread
+    /// (`PipelineBuilder::host_cores`; default: each rank finds out).
+    #[arg(long, value_enum)]
+    host_cores: Option<Cores>,
     /// Skip the one-process baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -139,6 +143,15 @@ struct Config {
     /// Where to write the JSON result (stdout when absent).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+}
+
+/// `--host-cores`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Cores {
+    /// `HostCores::Scarce`.
+    Scarce,
+    /// `HostCores::Spare`.
+    Spare,
 }
 
 /// clap's parser for a schedule name.
@@ -279,13 +292,20 @@ fn cell(
         };
         builder = builder.stage(worker, model::BLOCKS, args);
     }
-    let mut pipeline = builder
+    let mut builder = builder
         .schedule(kind)
         .microbatches(microbatches)
         .loss(model::MSE)
         .optimizer(OptimizerKind::sgd(c.lr))
         .timeout(Duration::from_secs_f64(c.rpc_timeout))
-        .wait_spin(c.wait_spin())
+        .wait_spin(c.wait_spin());
+    if let Some(cores) = c.host_cores {
+        builder = builder.host_cores(match cores {
+            Cores::Scarce => HostCores::Scarce,
+            Cores::Spare => HostCores::Spare,
+        });
+    }
+    let mut pipeline = builder
         // The peer's outputs stay on its last rank; so do Ferry's.
         .return_outputs(false)
         .build()?;
@@ -592,7 +612,8 @@ fn main() -> Result<()> {
             "schedules": c.schedules, "microbatches": c.microbatches, "steps": c.steps,
             "warmup": c.warmup, "layers": c.layers, "width": c.width, "batch": c.batch,
             "lr": c.lr, "threads": c.threads, "spin_us": result["spin_us"],
-            "wait_spin_us": c.wait_spin().as_micros() as u64, "quick": c.quick, "rpc_timeout": c.rpc_timeout,
+            "wait_spin_us": c.wait_spin().as_micros() as u64,
+            "host_cores": c.host_cores.map(|h| format!("{h:?}")), "quick": c.quick, "rpc_timeout": c.rpc_timeout,
         },
         "host": {
             "cpu_count": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),

@@ -9,6 +9,7 @@ use ferry_rpc::{Agent, RpcFuture};
 use ferry_schedule::{Action, ActionKind};
 use ferry_tch::tree::Flat;
 use ferry_tch::Tensor;
+use ferry_transport::spin::HostCores;
 use parking_lot::Mutex;
 
 use crate::erased::ErasedLoss;
@@ -56,6 +57,9 @@ pub(crate) struct RankActor {
     /// How long a wait for an input polls before it sleeps
     /// ([`PipelineBuilder::wait_spin`](crate::PipelineBuilder::wait_spin)).
     pub wait_spin: Duration,
+    /// Whether the host has cores to spare, if the driver said
+    /// ([`PipelineBuilder::host_cores`](crate::PipelineBuilder::host_cores)).
+    pub host_cores: Option<HostCores>,
 }
 
 /// A failure inside a step, before it is named for the driver.
@@ -100,6 +104,15 @@ fn now_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether this host has a core for each of its workers' compute threads
+/// (libtorch's intra-op threads), its waiting stage and its ring reader.
+fn host_cores(agent: &Agent) -> HostCores {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let processes = agent.local_topology().local_world_size as usize;
+    let compute_threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+    HostCores::of(cores, processes, compute_threads)
+}
+
 impl RankActor {
     fn last_stage(&self) -> usize {
         self.stage_workers.len() - 1
@@ -118,8 +131,11 @@ impl RankActor {
         let step = request.step;
         // The stages compute between their messages: while the step runs,
         // this process's ring readers give the cores back after a short
-        // spin (see `compute_bound`).
-        let _compute_bound = ferry_transport::spin::compute_bound();
+        // spin where the host is short of cores, and poll while an input is
+        // awaited where it is not (see `compute_bound`).
+        let _compute_bound = ferry_transport::spin::compute_bound(
+            self.host_cores.unwrap_or_else(|| host_cores(agent)),
+        );
         let span =
             tracing::debug_span!("pipeline step", worker = %self.worker, rank = self.rank, step);
         let _span = span.enter();

@@ -10,11 +10,13 @@ use ferry_rpc::{Agent, RpcError, WorkerRef};
 use ferry_schedule::Schedule;
 use ferry_tch::tree::{self, Flat, TreeError};
 use ferry_tch::Tensor;
+use ferry_transport::spin::HostCores;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Awaited, PipelineError};
+use crate::host::PipelineHost;
 use crate::microbatch::{split_tensor, Split};
 use crate::plan::{plan, Plan, ScheduleSpec};
 use crate::protocol::{
@@ -39,6 +41,7 @@ pub struct PipelineBuilder<O, I = Tensor> {
     optimizer: Option<OptimizerKind>,
     timeout: Option<Duration>,
     wait_spin: Duration,
+    host_cores: Option<HostCores>,
     return_outputs: bool,
     _types: PhantomData<fn(I) -> O>,
 }
@@ -70,6 +73,7 @@ impl<O, I> PipelineBuilder<O, I> {
             optimizer: self.optimizer,
             timeout: self.timeout,
             wait_spin: self.wait_spin,
+            host_cores: self.host_cores,
             return_outputs: self.return_outputs,
             _types: PhantomData,
         }
@@ -148,6 +152,23 @@ impl<O, I> PipelineBuilder<O, I> {
         self
     }
 
+    /// Whether the workers' hosts have a core for every busy thread: each
+    /// worker's compute (libtorch's intra-op threads), its rank waiting
+    /// for input and its ring reader. By default each rank finds out when
+    /// a step starts ([`HostCores::of`] the CPUs it may run on, its
+    /// host's `LOCAL_WORLD_SIZE` workers and libtorch's threads).
+    ///
+    /// With cores to spare, a rank waiting for an input has its process's
+    /// ring readers poll for it, so the message costs no wake-up of its
+    /// reader (tens of µs on a virtual machine); with too few, they sleep
+    /// soon, leaving the cores to the compute. Set it where the count is
+    /// wrong: a CPU quota below the CPUs the process may run on, or other
+    /// busy programs on the host.
+    pub fn host_cores(mut self, cores: HostCores) -> Self {
+        self.host_cores = Some(cores);
+        self
+    }
+
     /// Checks the declaration and the schedule, then builds every stage on
     /// its worker. Nothing is built when a check fails.
     pub fn build(self) -> Result<Pipeline<O, I>, PipelineError>
@@ -214,6 +235,7 @@ impl<O, I> PipelineBuilder<O, I> {
                     scale_grads: self.scale_grads,
                     optimizer: optimizer.clone(),
                     wait_spin_us: u64::try_from(self.wait_spin.as_micros()).unwrap_or(u64::MAX),
+                    spare_cores: self.host_cores.map(|c| c == HostCores::Spare),
                 };
                 CREATE
                     .agent(&agent)
@@ -329,6 +351,7 @@ impl Pipeline<()> {
             optimizer: None,
             timeout: None,
             wait_spin: DEFAULT_WAIT_SPIN,
+            host_cores: None,
             return_outputs: true,
             _types: PhantomData,
         }
@@ -489,8 +512,17 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         let last = self.plan.stage_to_rank[self.plan.stage_to_rank.len() - 1];
         let mut inputs = Some(inputs);
         let mut targets = Some(targets);
-        let mut calls: FuturesUnordered<_> = (0..self.plan.ranks.len())
-            .map(|rank| {
+        // The rank on this very worker, if any, runs on this thread: its
+        // inputs and reply skip the wire, and its step starts and ends
+        // without a wake-up of another thread.
+        let host = self.agent.layer::<PipelineHost>();
+        let me = &self.agent.worker_info().name;
+        let here = host
+            .as_ref()
+            .and_then(|_| self.plan.ranks.iter().position(|w| w == me));
+        let mut local = None;
+        let calls: FuturesUnordered<_> = (0..self.plan.ranks.len())
+            .filter_map(|rank| {
                 let request = RunStep {
                     pipeline: self.id,
                     step,
@@ -509,6 +541,10 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                     outputs: !train || self.return_outputs,
                     wait_limit_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
                 };
+                if Some(rank) == here {
+                    local = Some(request);
+                    return None;
+                }
                 // A rank's whole step gets twice the limit of one wait, so
                 // that a wait that times out is reported (naming the stage
                 // that did not deliver) before the call to the stalled rank.
@@ -516,39 +552,81 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                     .agent(&self.agent)
                     .timeout(self.timeout.saturating_mul(2))
                     .rpc_async(self.plan.ranks[rank].as_str(), request);
-                async move { (rank, call.await) }
+                Some(async move { (rank, call.await) })
             })
             .collect();
-        let mut replies: Vec<Option<StepReply>> =
-            (0..self.plan.ranks.len()).map(|_| None).collect();
-        let mut failure: Option<PipelineError> = None;
-        let mut aborted = false;
-        futures::executor::block_on(async {
+        // At the first failure of a remote rank, every rank is told to
+        // stop the step (this worker's too, whose wait then ends).
+        let aborter = self.aborter(step);
+        let remote = async move {
+            let mut calls = calls;
+            let mut results = Vec::new();
+            let mut aborted = false;
             while let Some((rank, result)) = calls.next().await {
-                let error = match result {
-                    Ok(Ok(reply)) => {
-                        replies[rank] = Some(reply);
-                        continue;
-                    }
-                    Ok(Err(failure)) => failure_error(failure, self.id, step),
-                    Err(source) => self.worker_error(rank, source),
-                };
                 if !aborted {
-                    aborted = true;
-                    self.abort(step, &error.to_string());
+                    if let Some(reason) = aborter.reason(rank, &result) {
+                        aborted = true;
+                        aborter.abort(&reason);
+                    }
                 }
-                // The root cause wins over what it caused: a failed action
-                // over a value that never came, that over a worker that did
-                // not answer in time, and everything over the aborts.
-                if failure.as_ref().is_none_or(|f| blame(&error) < blame(f)) {
-                    failure = Some(error);
-                }
+                results.push((rank, result));
             }
-        });
+            results
+        };
+        let mut results = match (local, host, here) {
+            (Some(request), Some(host), Some(rank)) => {
+                let (tx, rx) = futures::channel::oneshot::channel();
+                self.agent.spawn(async move {
+                    let _ = tx.send(remote.await);
+                });
+                // As on a thread of the agent's: the caller's grad mode
+                // (a `no_grad` around `step`, say) is not the stages'.
+                let result = self.agent.enter(|| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        tch::with_grad(|| host.run_step(&self.agent, request))
+                    }))
+                });
+                let result = match result {
+                    Ok(reply) => Ok(reply),
+                    Err(panic) => Err(RpcError::Remote {
+                        worker: me.clone(),
+                        function: RUN_STEP.name().to_owned(),
+                        message: ferry_rpc::panic_message(&*panic),
+                        omitted_bytes: 0,
+                    }),
+                };
+                let aborter = self.aborter(step);
+                if let Some(reason) = aborter.reason(rank, &result) {
+                    aborter.abort(&reason);
+                }
+                let mut results = futures::executor::block_on(rx).unwrap_or_default();
+                results.push((rank, result));
+                results
+            }
+            _ => futures::executor::block_on(remote),
+        };
+        results.sort_by_key(|(rank, _)| *rank);
+        let mut replies: Vec<StepReply> = Vec::with_capacity(results.len());
+        let mut failure: Option<PipelineError> = None;
+        for (rank, result) in results {
+            let error = match result {
+                Ok(Ok(reply)) => {
+                    replies.push(reply);
+                    continue;
+                }
+                Ok(Err(failure)) => failure_error(failure, self.id, step),
+                Err(source) => self.worker_error(rank, source),
+            };
+            // The root cause wins over what it caused: a failed action
+            // over a value that never came, that over a worker that did
+            // not answer in time, and everything over the aborts.
+            if failure.as_ref().is_none_or(|f| blame(&error) < blame(f)) {
+                failure = Some(error);
+            }
+        }
         if let Some(e) = failure {
             return Err(e);
         }
-        let replies: Vec<StepReply> = replies.into_iter().flatten().collect();
         let timeline = self
             .trace
             .then(|| Timeline::new(&self.plan.lowered, &replies));
@@ -574,19 +652,14 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         })
     }
 
-    /// Tells every rank to stop `step`.
-    fn abort(&self, step: u64, reason: &str) {
-        for worker in &self.plan.ranks {
-            // Best effort: a rank that cannot be reached stops at its own
-            // time limit.
-            drop(ABORT.agent(&self.agent).timeout(self.timeout).rpc_async(
-                worker.as_str(),
-                Abort {
-                    pipeline: self.id,
-                    step,
-                    reason: reason.to_owned(),
-                },
-            ));
+    /// What tells every rank to stop `step`.
+    fn aborter(&self, step: u64) -> Aborter {
+        Aborter {
+            agent: self.agent.clone(),
+            ranks: self.plan.ranks.clone(),
+            pipeline: self.id,
+            step,
+            timeout: self.timeout,
         }
     }
 
@@ -684,6 +757,46 @@ fn blame(error: &PipelineError) -> u8 {
 }
 
 /// The driver's error for a rank's failure.
+/// A rank's answer to its step, or why none came.
+type RankResult = Result<Result<StepReply, StepFailure>, RpcError>;
+
+/// Tells every rank of a pipeline to stop a step.
+struct Aborter {
+    agent: Agent,
+    ranks: Vec<String>,
+    pipeline: u64,
+    step: u64,
+    timeout: Duration,
+}
+
+impl Aborter {
+    /// Why the step is to stop, if `rank`'s `result` is a failure.
+    fn reason(&self, rank: usize, result: &RankResult) -> Option<String> {
+        match result {
+            Ok(Ok(_)) => None,
+            Ok(Err(failure)) => {
+                Some(failure_error(failure.clone(), self.pipeline, self.step).to_string())
+            }
+            Err(source) => Some(format!("worker {} failed: {source}", self.ranks[rank])),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        for worker in &self.ranks {
+            // Best effort: a rank that cannot be reached stops at its own
+            // time limit.
+            drop(ABORT.agent(&self.agent).timeout(self.timeout).rpc_async(
+                worker.as_str(),
+                Abort {
+                    pipeline: self.pipeline,
+                    step: self.step,
+                    reason: reason.to_owned(),
+                },
+            ));
+        }
+    }
+}
+
 fn failure_error(failure: StepFailure, pipeline: u64, step: u64) -> PipelineError {
     match failure {
         StepFailure::Stage {

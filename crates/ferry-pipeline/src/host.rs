@@ -10,6 +10,7 @@ use ferry_autograd::optim::{LocalOptimizer, OptimizerKind};
 use ferry_rpc::{Agent, Functions, RpcOptions};
 use ferry_schedule::Action;
 use ferry_tch::Tensor;
+use ferry_transport::spin::HostCores;
 use parking_lot::Mutex;
 
 use crate::actor::RankActor;
@@ -104,13 +105,24 @@ impl PipelineHost {
             local_stages,
             mailbox: Default::default(),
             wait_spin: Duration::from_micros(request.wait_spin_us),
+            host_cores: request.spare_cores.map(|spare| {
+                if spare {
+                    HostCores::Spare
+                } else {
+                    HostCores::Scarce
+                }
+            }),
         };
         tracing::debug!(worker = %actor.worker, pipeline = request.pipeline, rank = actor.rank, stages = ?actor.local_stages, "pipeline rank created");
         self.ranks.lock().insert(request.pipeline, Arc::new(actor));
         Ok(())
     }
 
-    fn run_step(&self, agent: &Agent, request: RunStep) -> Result<StepReply, StepFailure> {
+    pub(crate) fn run_step(
+        &self,
+        agent: &Agent,
+        request: RunStep,
+    ) -> Result<StepReply, StepFailure> {
         let Some(actor) = self.rank(request.pipeline) else {
             return Err(StepFailure::UnknownPipeline {
                 worker: agent.worker_info().name.clone(),

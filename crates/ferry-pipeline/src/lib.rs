@@ -105,6 +105,7 @@ mod timeline;
 pub use driver::{Pipeline, PipelineBuilder, StepOutput, DEFAULT_WAIT_SPIN, DROP_TIMEOUT};
 pub use error::{Awaited, PipelineError};
 pub use ferry_pipeline_macros::Split;
+pub use ferry_transport::spin::HostCores;
 pub use host::{install, PipelineHost};
 pub use memory::{
     retain_freed_memory, RetainMemoryError, ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD,

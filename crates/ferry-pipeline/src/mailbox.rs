@@ -139,7 +139,13 @@ impl<V> Mailbox<V> {
         if spin.is_zero() {
             return None;
         }
-        let mut taken = None;
+        let mut taken = State::take_now(&mut self.state.lock(), key);
+        if taken.is_some() {
+            return taken;
+        }
+        // The process's ring readers poll meanwhile if the host has the
+        // cores for it.
+        let _awaiting = ferry_transport::spin::awaiting_input();
         spin_until(spin, || {
             taken = State::take_now(&mut self.state.lock(), key);
             taken.is_some()

@@ -67,6 +67,10 @@ pub(crate) struct CreateRank {
     pub optimizer: Option<Vec<u8>>,
     /// How long a wait for an input polls before it sleeps, µs.
     pub wait_spin_us: u64,
+    /// Whether the rank's host has cores to spare
+    /// ([`PipelineBuilder::host_cores`](crate::PipelineBuilder::host_cores));
+    /// `None`: the rank finds out.
+    pub spare_cores: Option<bool>,
 }
 
 /// Runs one step on a rank.

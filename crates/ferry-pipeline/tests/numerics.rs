@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use ferry_pipeline::ScheduleSpec;
+use ferry_pipeline::{HostCores, ScheduleSpec};
 use ferry_schedule::{Schedule, ScheduleKind};
 
 const STEPS: usize = 3;
@@ -15,10 +15,25 @@ const MICROBATCHES: usize = 4;
 
 /// Trains `schedule` on workers 0 and 1 and compares with one process.
 fn check(schedule: ScheduleSpec, stages: usize, workers: &[u32], sum: bool) {
-    let label = format!("{schedule:?} sum={sum}");
+    check_on(schedule, stages, workers, sum, None);
+}
+
+/// [`check`], with the hosts' cores said (`None`: each rank finds out).
+fn check_on(
+    schedule: ScheduleSpec,
+    stages: usize,
+    workers: &[u32],
+    sum: bool,
+    cores: Option<HostCores>,
+) {
+    let label = format!("{schedule:?} sum={sum} cores={cores:?}");
     let args = block_args(stages);
     let (want_losses, want_params) = reference(&args, MICROBATCHES, sum, STEPS, ROWS);
-    let mut pipeline = pipeline(workers, &args, schedule, MICROBATCHES, sum).unwrap();
+    let mut builder = builder(workers, &args, schedule, MICROBATCHES, sum);
+    if let Some(cores) = cores {
+        builder = builder.host_cores(cores);
+    }
+    let mut pipeline = builder.build().unwrap();
     for (step, want) in want_losses.iter().enumerate() {
         let (x, y) = batch(step as i64, ROWS);
         let out = pipeline
@@ -97,6 +112,43 @@ fn every_generated_schedule_matches_one_process_with_a_sum_loss() {
         return;
     };
     assert_eq!(outputs[0].values("CHECKED").len(), 7);
+}
+
+/// Cores to spare or not, said rather than counted: the ring readers poll
+/// while a stage awaits its input, or sleep soon. Training is the same.
+/// The driver holds stages (its rank runs on its own thread) or none
+/// (every rank is called).
+#[test]
+fn training_is_the_same_whether_readers_poll_or_sleep_and_wherever_the_driver_is() {
+    let Some(outputs) = ferry_testkit::world_ok(
+        "training_is_the_same_whether_readers_poll_or_sleep_and_wherever_the_driver_is",
+        3,
+        |rank| {
+            start(rank);
+            if rank == 0 {
+                for cores in [HostCores::Spare, HostCores::Scarce] {
+                    check_on(
+                        ScheduleKind::Interleaved1F1B.into(),
+                        4,
+                        LOOP_4,
+                        false,
+                        Some(cores),
+                    );
+                    check_on(
+                        ScheduleKind::ZbvZeroBubble.into(),
+                        4,
+                        &[1, 2, 2, 1],
+                        true,
+                        Some(cores),
+                    );
+                }
+            }
+            ferry_rpc::shutdown().unwrap();
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(outputs[0].values("CHECKED").len(), 4);
 }
 
 /// A schedule written by hand in PyTorch's CSV form (compute only): 1F1B

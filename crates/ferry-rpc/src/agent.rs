@@ -83,6 +83,8 @@ pub struct LinkInfo {
 }
 
 pub(crate) struct Inner {
+    /// Where this worker sits on its host.
+    local: crate::topology::LocalTopology,
     pub(crate) me: WorkerInfo,
     pub(crate) workers: Vec<WorkerInfo>,
     by_name: HashMap<String, u32>,
@@ -178,6 +180,7 @@ impl Agent {
         endpoint.keepalive = options.keepalive;
         endpoint.auth = options.auth.clone();
         let inner = Arc::new(Inner {
+            local: options.local,
             me,
             workers: rendezvous.workers,
             by_name,
@@ -299,6 +302,12 @@ impl Agent {
     /// This worker.
     pub fn worker_info(&self) -> &WorkerInfo {
         &self.inner.me
+    }
+
+    /// Where this worker sits on its host (`LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`, `GROUP_RANK`, as [`RpcOptions`] had them).
+    pub fn local_topology(&self) -> crate::topology::LocalTopology {
+        self.inner.local
     }
 
     /// Every worker of the group, by rank.

@@ -7,7 +7,8 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// How many times a side that finds what it waits for not there yet (a
@@ -30,49 +31,163 @@ pub const SPIN_ITERATIONS: u32 = 64;
 pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
 /// The most a shared-memory ring's reader spins while a [`ComputeBound`]
-/// guard lives in its process.
+/// guard for [`HostCores::Scarce`] lives in its process.
 pub const COMPUTE_BOUND_SPIN: Duration = Duration::from_micros(5);
 
-/// How many [`ComputeBound`] guards are alive in this process.
+/// How many [`ComputeBound`] guards for [`HostCores::Scarce`] are alive in
+/// this process.
 static COMPUTE_BOUND: AtomicUsize = AtomicUsize::new(0);
+/// How many for [`HostCores::Spare`].
+static SPARE_CORES: AtomicUsize = AtomicUsize::new(0);
+/// How many [`AwaitingInput`] guards are alive in this process.
+static AWAITING: AtomicUsize = AtomicUsize::new(0);
+/// Readers asleep on their eventfd while a [`HostCores::Spare`] guard
+/// lives, woken when an input comes to be awaited.
+static SLEEPERS: Mutex<Vec<Waker>> = Mutex::new(Vec::new());
+
+/// Whether the host has a core for every thread that a process computing
+/// between its messages keeps busy, its readers included: what a
+/// [`ComputeBound`] guard tells the readers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostCores {
+    /// Fewer cores than busy threads (two processes on two cores, say): a
+    /// spinning reader takes a core from a stage's compute or from the
+    /// thread that is to take the message, so readers spin at most
+    /// [`COMPUTE_BOUND_SPIN`] before they sleep.
+    Scarce,
+    /// A core for each: readers keep their own spin, and while an input is
+    /// awaited in the process ([`awaiting_input`]) they keep polling their
+    /// rings, so the awaited message costs no wake-up of its reader.
+    Spare,
+}
+
+impl HostCores {
+    /// [`HostCores::Spare`] when `cores` (the CPUs this process may run
+    /// on) give each of `processes` processes on the host its
+    /// `compute_threads`, a thread that waits for input and one that reads
+    /// it; else [`HostCores::Scarce`].
+    ///
+    /// ```
+    /// use ferry_transport::spin::HostCores;
+    ///
+    /// assert_eq!(HostCores::of(2, 2, 1), HostCores::Scarce);
+    /// assert_eq!(HostCores::of(16, 2, 1), HostCores::Spare);
+    /// assert_eq!(HostCores::of(16, 4, 4), HostCores::Scarce);
+    /// ```
+    pub fn of(cores: usize, processes: usize, compute_threads: usize) -> HostCores {
+        let needed = processes
+            .max(1)
+            .saturating_mul(compute_threads.saturating_add(2));
+        if cores >= needed {
+            HostCores::Spare
+        } else {
+            HostCores::Scarce
+        }
+    }
+}
 
 /// Says that this process computes between its messages (a pipeline stage
-/// running a step, say), so that until the guard is dropped the readers of
-/// its shared-memory rings spin at most [`COMPUTE_BOUND_SPIN`] after a
-/// message before they sleep, whatever their own spin.
+/// running a step, say), and whether its host has [`HostCores`] to spare,
+/// until the guard is dropped.
 ///
 /// A reader's spin pays off when the next message follows within it, as
 /// the reply to a call does. Between a pipeline's stages the next message
-/// comes an action later (hundreds of microseconds or more), so the spin
-/// only takes CPU from the stages' compute and from the thread that is to
-/// take the message; on a host with fewer cores than busy threads that
-/// delays hand-offs between stages several-fold.
-pub fn compute_bound() -> ComputeBound {
-    COMPUTE_BOUND.fetch_add(1, Ordering::Relaxed);
-    ComputeBound { _private: () }
+/// comes an action later (hundreds of microseconds or more). Where cores
+/// are [`Scarce`](HostCores::Scarce), the spin only takes CPU from the
+/// stages' compute and from the thread that is to take the message, which
+/// delays hand-offs between stages several-fold: readers spin at most
+/// [`COMPUTE_BOUND_SPIN`]. Where they are [`Spare`](HostCores::Spare), the
+/// waits are what costs: readers keep polling while the process awaits an
+/// input ([`awaiting_input`]).
+pub fn compute_bound(cores: HostCores) -> ComputeBound {
+    match cores {
+        HostCores::Scarce => COMPUTE_BOUND.fetch_add(1, Ordering::Relaxed),
+        HostCores::Spare => SPARE_CORES.fetch_add(1, Ordering::Relaxed),
+    };
+    ComputeBound { cores }
 }
 
 /// See [`compute_bound`].
-#[must_use = "the readers spin briefly only while the guard lives"]
+#[must_use = "the readers' spin follows the guard only while it lives"]
 #[derive(Debug)]
 pub struct ComputeBound {
-    _private: (),
+    cores: HostCores,
 }
 
 impl Drop for ComputeBound {
     fn drop(&mut self) {
-        COMPUTE_BOUND.fetch_sub(1, Ordering::Relaxed);
+        match self.cores {
+            HostCores::Scarce => COMPUTE_BOUND.fetch_sub(1, Ordering::Relaxed),
+            HostCores::Spare => SPARE_CORES.fetch_sub(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// Says that a thread of this process is waiting for an input from
+/// another process (a pipeline stage polling for its activation, say),
+/// until the guard is dropped. Under a [`HostCores::Spare`] guard, the
+/// readers asleep on their rings are woken and poll them, yielding to
+/// their runtime between rounds, for as long as an input is awaited: the
+/// message then costs no eventfd wake-up of its reader (on a virtual
+/// machine, tens of microseconds). Otherwise the guard changes nothing.
+pub fn awaiting_input() -> AwaitingInput {
+    AWAITING.fetch_add(1, Ordering::SeqCst);
+    if SPARE_CORES.load(Ordering::Relaxed) > 0 {
+        let sleepers =
+            std::mem::take(&mut *SLEEPERS.lock().unwrap_or_else(PoisonError::into_inner));
+        for waker in sleepers {
+            waker.wake();
+        }
+    }
+    AwaitingInput { _private: () }
+}
+
+/// See [`awaiting_input`].
+#[must_use = "the readers keep polling only while the guard lives"]
+#[derive(Debug)]
+pub struct AwaitingInput {
+    _private: (),
+}
+
+impl Drop for AwaitingInput {
+    fn drop(&mut self) {
+        AWAITING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// The spin a ring's reader configured with `configured` uses now: at most
-/// [`COMPUTE_BOUND_SPIN`] while a [`ComputeBound`] guard lives.
+/// [`COMPUTE_BOUND_SPIN`] while a [`ComputeBound`] guard for
+/// [`HostCores::Scarce`] lives.
 pub fn reader_spin(configured: Duration) -> Duration {
     if COMPUTE_BOUND.load(Ordering::Relaxed) > 0 {
         configured.min(COMPUTE_BOUND_SPIN)
     } else {
         configured
     }
+}
+
+/// Whether a ring's reader that found its ring empty after its spin
+/// should poll it again soon rather than sleep: an input is awaited in
+/// this process, whose host has cores to spare ([`awaiting_input`]).
+pub(crate) fn keep_polling() -> bool {
+    AWAITING.load(Ordering::SeqCst) > 0 && SPARE_CORES.load(Ordering::Relaxed) > 0
+}
+
+/// Registers a reader about to sleep on its eventfd, to be woken when an
+/// input comes to be awaited ([`awaiting_input`]); only under a
+/// [`HostCores::Spare`] guard. Returns [`keep_polling`] as it stands once
+/// registered, so an input awaited meanwhile is not missed.
+pub(crate) fn sleep_until_awaited(waker: &Waker) -> bool {
+    if SPARE_CORES.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    {
+        let mut sleepers = SLEEPERS.lock().unwrap_or_else(PoisonError::into_inner);
+        if !sleepers.iter().any(|w| w.will_wake(waker)) {
+            sleepers.push(waker.clone());
+        }
+    }
+    keep_polling()
 }
 
 /// Re-checks `ready()` for up to `budget` in rounds of [`SPIN_ITERATIONS`]

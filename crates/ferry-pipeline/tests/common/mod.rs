@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use ferry_autograd::OptimizerKind;
-use ferry_pipeline::{LossFn, Pipeline, Stage, StageFn, Stages};
+use ferry_pipeline::{LossFn, Pipeline, PipelineBuilder, Stage, StageFn, Stages};
 use ferry_rpc::{BoxError, RpcOptions};
 use ferry_tch::Tensor;
 use serde::{Deserialize, Serialize};
@@ -211,6 +211,17 @@ pub(crate) fn pipeline(
     microbatches: usize,
     sum: bool,
 ) -> Result<Pipeline<Tensor>, ferry_pipeline::PipelineError> {
+    builder(workers, args, schedule, microbatches, sum).build()
+}
+
+/// [`pipeline`]'s builder, for a test to set more before it builds.
+pub(crate) fn builder(
+    workers: &[u32],
+    args: &[BlockArgs],
+    schedule: impl Into<ferry_pipeline::ScheduleSpec>,
+    microbatches: usize,
+    sum: bool,
+) -> PipelineBuilder<Tensor, Tensor> {
     let mut builder = Pipeline::builder();
     for (w, a) in workers.iter().zip(args) {
         builder = builder.stage(*w, BLOCK, *a);
@@ -221,7 +232,6 @@ pub(crate) fn pipeline(
         .loss(if sum { MSE_SUM } else { MSE_MEAN })
         .scale_grads(!sum)
         .optimizer(OptimizerKind::sgd(lr(sum, ROWS)))
-        .build()
 }
 
 /// Asserts `a` and `b` agree at PyTorch's pipelining tolerance.

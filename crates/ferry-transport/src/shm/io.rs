@@ -21,6 +21,11 @@ use super::segment::Segment;
 use super::wake::{Signal, Wait};
 use crate::spin::{spin_until, yield_once, SPIN_BUDGET};
 
+/// How long one poll of a reader that keeps polling while an input is
+/// awaited ([`crate::spin::awaiting_input`]) spins before it hands its
+/// thread back to the runtime, to be polled again.
+const KEEP_POLLING_SPIN: Duration = Duration::from_micros(5);
+
 /// Wake-ups handled within one `poll` before yielding to the executor (a
 /// guard against a peer that signals without making progress).
 const MAX_WAKES_PER_POLL: u32 = 8;
@@ -277,14 +282,36 @@ impl AsyncRead for ShmReader {
                     std::task::ready!(yield_once(cx));
                 }
                 let ring = &this.ring;
-                let spin = crate::spin::reader_spin(this.spin);
+                let polling = crate::spin::keep_polling();
+                let spin = if polling {
+                    KEEP_POLLING_SPIN
+                } else {
+                    crate::spin::reader_spin(this.spin)
+                };
                 if spin_until(spin, || ring.readable() > 0 || ring.is_closed()) {
                     continue;
+                }
+                if polling {
+                    // An input is awaited and the host has a core for this
+                    // reader: poll again at once, without sleeping, after
+                    // a spin short enough that the runtime's other tasks
+                    // (other readers) still run every few microseconds.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
                 if !this.ring.arm_reader_wait() {
                     continue;
                 }
                 this.armed = true;
+                if crate::spin::sleep_until_awaited(cx.waker()) {
+                    this.disarm();
+                    continue;
+                }
+            } else if crate::spin::keep_polling() {
+                // Woken for an input awaited in this process: poll instead
+                // of sleeping.
+                this.disarm();
+                continue;
             }
             if this.gone.poll(cx) {
                 this.disarm();

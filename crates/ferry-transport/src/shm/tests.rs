@@ -373,8 +373,16 @@ fn poll_pending_once(r: &mut ShmReader, cx: &mut std::task::Context<'_>) {
     assert!(tokio::io::AsyncRead::poll_read(Pin::new(r), cx, &mut buf).is_pending());
 }
 
+/// Held by the tests that watch a reader arm its sleep: the spin policy
+/// ([`crate::spin::compute_bound`], [`crate::spin::awaiting_input`]) is
+/// process-wide, and one of them changes it.
+static SPIN_POLICY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() {
+    let _policy = SPIN_POLICY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -406,5 +414,88 @@ fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() 
         })
         .await;
         assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
+    }));
+}
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct CountWakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl CountWakes {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn with_cores_to_spare_a_sleeping_reader_polls_while_an_input_is_awaited() {
+    use crate::spin::{awaiting_input, compute_bound, HostCores};
+    let _policy = SPIN_POLICY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bounded(async {
+        let ((mut r, _w), (_other_reader, mut w)) = link_pair(4096, None, None);
+        let _spare = compute_bound(HostCores::Spare);
+        let wakes = std::sync::Arc::new(CountWakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        // Nothing awaited: a reader of an empty ring spins, then sleeps.
+        poll_pending_once(&mut r, &mut cx);
+        assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
+        assert_eq!(wakes.count(), 0);
+        // An input comes to be awaited: the sleeping reader is woken...
+        let awaiting = awaiting_input();
+        assert_eq!(wakes.count(), 1);
+        // ...and polls rather than sleeps: not armed, its task asked to be
+        // polled again at once.
+        poll_pending_once(&mut r, &mut cx);
+        assert!(format!("{r:?}").contains("armed: false"), "{r:?}");
+        assert_eq!(wakes.count(), 2);
+        // The message needs no eventfd signal: the next poll reads it.
+        let written = tokio::io::AsyncWrite::poll_write(Pin::new(&mut w), &mut cx, b"hand-off");
+        assert!(matches!(written, Poll::Ready(Ok(8))), "{written:?}");
+        let mut bytes = [0u8; 8];
+        let mut buf = tokio::io::ReadBuf::new(&mut bytes);
+        let read = tokio::io::AsyncRead::poll_read(Pin::new(&mut r), &mut cx, &mut buf);
+        assert!(matches!(read, Poll::Ready(Ok(()))), "{read:?}");
+        assert_eq!(buf.filled(), b"hand-off");
+        // Nothing awaited any more: the reader sleeps again.
+        drop(awaiting);
+        poll_pending_once(&mut r, &mut cx);
+        assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
+    }));
+}
+
+#[test]
+fn with_cores_scarce_an_awaited_input_leaves_the_reader_asleep() {
+    use crate::spin::{awaiting_input, compute_bound, HostCores};
+    let _policy = SPIN_POLICY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bounded(async {
+        let ((mut r, _w), _other_side) = link_pair(4096, None, None);
+        let _scarce = compute_bound(HostCores::Scarce);
+        let wakes = std::sync::Arc::new(CountWakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        poll_pending_once(&mut r, &mut cx);
+        let _awaiting = awaiting_input();
+        poll_pending_once(&mut r, &mut cx);
+        assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
+        assert_eq!(wakes.count(), 0);
     }));
 }
