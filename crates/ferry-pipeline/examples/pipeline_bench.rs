@@ -168,6 +168,20 @@ fn schedule_name(text: &str) -> std::result::Result<String, String> {
 }
 
 impl Config {
+    /// `--host-cores`, else what the ranks find: `HostCores::of` this
+    /// host's CPUs, the 2 workers and `--threads`.
+    fn cores(&self) -> HostCores {
+        match self.host_cores {
+            Some(Cores::Scarce) => HostCores::Scarce,
+            Some(Cores::Spare) => HostCores::Spare,
+            None => HostCores::of(
+                std::thread::available_parallelism().map_or(1, usize::from),
+                2,
+                usize::try_from(self.threads).unwrap_or(1),
+            ),
+        }
+    }
+
     /// `--wait-spin-us`, else the pipeline's default.
     fn wait_spin(&self) -> Duration {
         self.wait_spin_us
@@ -299,11 +313,8 @@ fn cell(
         .optimizer(OptimizerKind::sgd(c.lr))
         .timeout(Duration::from_secs_f64(c.rpc_timeout))
         .wait_spin(c.wait_spin());
-    if let Some(cores) = c.host_cores {
-        builder = builder.host_cores(match cores {
-            Cores::Scarce => HostCores::Scarce,
-            Cores::Spare => HostCores::Spare,
-        });
+    if c.host_cores.is_some() {
+        builder = builder.host_cores(c.cores());
     }
     let mut pipeline = builder
         // The peer's outputs stay on its last rank; so do Ferry's.
@@ -617,6 +628,7 @@ fn main() -> Result<()> {
         },
         "host": {
             "cpu_count": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "cores": format!("{:?}", c.cores()),
             "loadavg_start": result["loadavg_start"],
             "loadavg_end": result["loadavg_end"],
         },

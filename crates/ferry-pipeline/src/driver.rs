@@ -599,7 +599,20 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                 if let Some(reason) = aborter.reason(rank, &result) {
                     aborter.abort(&reason);
                 }
-                let mut results = futures::executor::block_on(rx).unwrap_or_default();
+                // The task ends only with every call answered; it is
+                // dropped unfinished only by an immediate shutdown.
+                let mut results = futures::executor::block_on(rx).unwrap_or_else(|_| {
+                    (0..self.plan.ranks.len())
+                        .filter(|&r| r != rank)
+                        .map(|r| {
+                            let shut_down = RpcError::ShutDown {
+                                worker: self.plan.ranks[r].clone(),
+                                function: RUN_STEP.name().to_owned(),
+                            };
+                            (r, Err(shut_down))
+                        })
+                        .collect()
+                });
                 results.push((rank, result));
                 results
             }

@@ -198,7 +198,14 @@ pub(crate) fn pool(runs: &[Value]) -> Value {
             row
         })
         .collect();
-    json!({"bench": "ferry_pipeline_small", "shape": SHAPE, "rows": rows})
+    let host = &runs.first().unwrap_or(&Value::Null)["host"];
+    json!({
+        "bench": "ferry_pipeline_small",
+        "shape": SHAPE,
+        "rows": rows,
+        "cores": host["cores"],
+        "cpu_count": host["cpu_count"],
+    })
 }
 
 fn heading() -> String {
@@ -296,7 +303,26 @@ pub(crate) fn render(pooled: &Value) -> String {
         text.push_str(cells.join("  ").trim_end());
         text.push('\n');
     }
+    text.push_str(&cores_line(pooled));
     text
+}
+
+/// What the ranks' readers did, by the host's cores
+/// (`ferry_pipeline::HostCores`): a line under the table.
+fn cores_line(pooled: &Value) -> String {
+    let cpus = pooled["cpu_count"].as_u64().unwrap_or(0);
+    match pooled["cores"].as_str() {
+        Some("Spare") => format!(
+            "host cores: Spare ({cpus} CPUs; 2 workers x (compute thread, waiting rank, ring \
+             reader) need 6): readers poll while a rank awaits its input\n"
+        ),
+        Some("Scarce") => format!(
+            "host cores: Scarce ({cpus} CPUs; 2 workers x (compute thread, waiting rank, ring \
+             reader) need 6): readers sleep 5 us after a message, and a woken one waits for a \
+             core behind the compute\n"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// Where `pipeline_bench` is, as the main rows built it.
@@ -355,6 +381,11 @@ mod tests {
         let line = text.lines().nth(1).expect("a row");
         assert!(line.starts_with("ZBVZeroBubble mb=4"), "{text}");
         assert_eq!(line.matches("met").count(), 2, "{text}");
+        // No host record in these runs: no line on the cores.
+        assert!(!text.contains("host cores"), "{text}");
+        let runs = [json!({"host": {"cores": "Scarce", "cpu_count": 2}, "cells": []})];
+        let text = render(&pool(&runs));
+        assert!(text.contains("host cores: Scarce (2 CPUs;"), "{text}");
     }
 
     #[test]
