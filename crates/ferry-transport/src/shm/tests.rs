@@ -378,8 +378,8 @@ fn poll_pending_once(r: &mut ShmReader, cx: &mut std::task::Context<'_>) {
 /// process-wide, and one of them changes it.
 static SPIN_POLICY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() {
+/// Runs `test` on a one-thread runtime, bounded, holding [`SPIN_POLICY`].
+fn under_spin_policy(test: impl Future<Output = ()>) {
     let _policy = SPIN_POLICY
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -387,7 +387,12 @@ fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() 
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(bounded(async {
+    rt.block_on(bounded(test));
+}
+
+#[test]
+fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() {
+    under_spin_policy(async {
         let ((mut r, _w), _other_side) = link_pair(4096, None, None);
         let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();
@@ -414,7 +419,7 @@ fn yield_before_spin_lets_queued_tasks_run_before_the_reader_spins_and_sleeps() 
         })
         .await;
         assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
-    }));
+    });
 }
 
 /// A waker that counts its wake-ups.
@@ -436,14 +441,7 @@ impl CountWakes {
 #[test]
 fn with_cores_to_spare_a_sleeping_reader_polls_while_an_input_is_awaited() {
     use crate::spin::{awaiting_input, compute_bound, HostCores};
-    let _policy = SPIN_POLICY
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(bounded(async {
+    under_spin_policy(async {
         let ((mut r, _w), (_other_reader, mut w)) = link_pair(4096, None, None);
         let _spare = compute_bound(HostCores::Spare);
         let wakes = std::sync::Arc::new(CountWakes::default());
@@ -473,20 +471,13 @@ fn with_cores_to_spare_a_sleeping_reader_polls_while_an_input_is_awaited() {
         drop(awaiting);
         poll_pending_once(&mut r, &mut cx);
         assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
-    }));
+    });
 }
 
 #[test]
 fn with_cores_scarce_an_awaited_input_leaves_the_reader_asleep() {
     use crate::spin::{awaiting_input, compute_bound, HostCores};
-    let _policy = SPIN_POLICY
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(bounded(async {
+    under_spin_policy(async {
         let ((mut r, _w), _other_side) = link_pair(4096, None, None);
         let _scarce = compute_bound(HostCores::Scarce);
         let wakes = std::sync::Arc::new(CountWakes::default());
@@ -497,5 +488,5 @@ fn with_cores_scarce_an_awaited_input_leaves_the_reader_asleep() {
         poll_pending_once(&mut r, &mut cx);
         assert!(format!("{r:?}").contains("armed: true"), "{r:?}");
         assert_eq!(wakes.count(), 0);
-    }));
+    });
 }
