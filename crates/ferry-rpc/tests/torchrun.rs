@@ -86,13 +86,19 @@ fn worker_binary() -> PathBuf {
     worker
 }
 
-/// The most recently modified file under `dir`.
+/// The most recently modified file under `dir` that goes into the worker:
+/// unit-test modules (`tests.rs`, `*_tests.rs`, compiled only under
+/// `cfg(test)`) do not, and editing one does not rebuild it.
 fn newest(dir: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
     let mut best: Option<(PathBuf, std::time::SystemTime)> = None;
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
         let found = if path.is_dir() {
             newest(&path)
+        } else if name == "tests.rs" || name.ends_with("_tests.rs") {
+            None
         } else {
             entry
                 .metadata()
