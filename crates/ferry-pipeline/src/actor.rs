@@ -57,9 +57,10 @@ pub(crate) struct RankActor {
     /// How long a wait for an input polls before it sleeps
     /// ([`PipelineBuilder::wait_spin`](crate::PipelineBuilder::wait_spin)).
     pub wait_spin: Duration,
-    /// Whether the host has cores to spare, if the driver said
-    /// ([`PipelineBuilder::host_cores`](crate::PipelineBuilder::host_cores)).
-    pub host_cores: Option<HostCores>,
+    /// Whether the host has cores to spare: as the driver said
+    /// ([`PipelineBuilder::host_cores`](crate::PipelineBuilder::host_cores)),
+    /// else [`host_cores`] when the rank was built.
+    pub host_cores: HostCores,
 }
 
 /// A failure inside a step, before it is named for the driver.
@@ -106,7 +107,7 @@ fn now_ns() -> u64 {
 
 /// Whether this host has a core for each of its workers' compute threads
 /// (libtorch's intra-op threads), its waiting stage and its ring reader.
-fn host_cores(agent: &Agent) -> HostCores {
+pub(crate) fn host_cores(agent: &Agent) -> HostCores {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let processes = agent.local_topology().local_world_size as usize;
     let compute_threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
@@ -133,9 +134,7 @@ impl RankActor {
         // this process's ring readers give the cores back after a short
         // spin where the host is short of cores, and poll while an input is
         // awaited where it is not (see `compute_bound`).
-        let _compute_bound = ferry_transport::spin::compute_bound(
-            self.host_cores.unwrap_or_else(|| host_cores(agent)),
-        );
+        let _compute_bound = ferry_transport::spin::compute_bound(self.host_cores);
         let span =
             tracing::debug_span!("pipeline step", worker = %self.worker, rank = self.rank, step);
         let _span = span.enter();

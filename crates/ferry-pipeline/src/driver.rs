@@ -1,6 +1,7 @@
 //! The driver's side: declaring a pipeline, building its stages on their
 //! workers, and running training and evaluation steps.
 
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -155,8 +156,8 @@ impl<O, I> PipelineBuilder<O, I> {
     /// Whether the workers' hosts have a core for every busy thread: each
     /// worker's compute (libtorch's intra-op threads), its rank waiting
     /// for input and its ring reader. By default each rank finds out when
-    /// a step starts ([`HostCores::of`] the CPUs it may run on, its
-    /// host's `LOCAL_WORLD_SIZE` workers and libtorch's threads).
+    /// it is built ([`HostCores::of`] the CPUs it may run on, its host's
+    /// `LOCAL_WORLD_SIZE` workers and libtorch's threads then).
     ///
     /// With cores to spare, a rank waiting for an input has its process's
     /// ring readers poll for it, so the message costs no wake-up of its
@@ -515,11 +516,11 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         // The rank on this very worker, if any, runs on this thread: its
         // inputs and reply skip the wire, and its step starts and ends
         // without a wake-up of another thread.
-        let host = self.agent.layer::<PipelineHost>();
         let me = &self.agent.worker_info().name;
-        let here = host
-            .as_ref()
-            .and_then(|_| self.plan.ranks.iter().position(|w| w == me));
+        let here = self
+            .agent
+            .layer::<PipelineHost>()
+            .and_then(|host| Some((self.plan.ranks.iter().position(|w| w == me)?, host)));
         let mut local = None;
         let calls: FuturesUnordered<_> = (0..self.plan.ranks.len())
             .filter_map(|rank| {
@@ -541,7 +542,7 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
                     outputs: !train || self.return_outputs,
                     wait_limit_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
                 };
-                if Some(rank) == here {
+                if here.as_ref().is_some_and(|(r, _)| *r == rank) {
                     local = Some(request);
                     return None;
                 }
@@ -558,65 +559,27 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
         // At the first failure of a remote rank, every rank is told to
         // stop the step (this worker's too, whose wait then ends).
         let aborter = self.aborter(step);
-        let remote = async move {
-            let mut calls = calls;
-            let mut results = Vec::new();
-            let mut aborted = false;
-            while let Some((rank, result)) = calls.next().await {
-                if !aborted {
-                    if let Some(reason) = aborter.reason(rank, &result) {
-                        aborted = true;
-                        aborter.abort(&reason);
+        let remote = {
+            let aborter = aborter.clone();
+            async move {
+                let mut calls = calls;
+                let mut results = Vec::new();
+                let mut aborted = false;
+                while let Some((rank, result)) = calls.next().await {
+                    if !aborted {
+                        if let Some(reason) = aborter.reason(rank, &result) {
+                            aborted = true;
+                            aborter.abort(&reason);
+                        }
                     }
+                    results.push((rank, result));
                 }
-                results.push((rank, result));
-            }
-            results
-        };
-        let mut results = match (local, host, here) {
-            (Some(request), Some(host), Some(rank)) => {
-                let (tx, rx) = futures::channel::oneshot::channel();
-                self.agent.spawn(async move {
-                    let _ = tx.send(remote.await);
-                });
-                // As on a thread of the agent's: the caller's grad mode
-                // (a `no_grad` around `step`, say) is not the stages'.
-                let result = self.agent.enter(|| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        tch::with_grad(|| host.run_step(&self.agent, request))
-                    }))
-                });
-                let result = match result {
-                    Ok(reply) => Ok(reply),
-                    Err(panic) => Err(RpcError::Remote {
-                        worker: me.clone(),
-                        function: RUN_STEP.name().to_owned(),
-                        message: ferry_rpc::panic_message(&*panic),
-                        omitted_bytes: 0,
-                    }),
-                };
-                let aborter = self.aborter(step);
-                if let Some(reason) = aborter.reason(rank, &result) {
-                    aborter.abort(&reason);
-                }
-                // The task ends only with every call answered; it is
-                // dropped unfinished only by an immediate shutdown.
-                let mut results = futures::executor::block_on(rx).unwrap_or_else(|_| {
-                    (0..self.plan.ranks.len())
-                        .filter(|&r| r != rank)
-                        .map(|r| {
-                            let shut_down = RpcError::ShutDown {
-                                worker: self.plan.ranks[r].clone(),
-                                function: RUN_STEP.name().to_owned(),
-                            };
-                            (r, Err(shut_down))
-                        })
-                        .collect()
-                });
-                results.push((rank, result));
                 results
             }
-            _ => futures::executor::block_on(remote),
+        };
+        let mut results = match here.zip(local) {
+            Some(((rank, host), request)) => self.run_here(rank, &host, request, &aborter, remote),
+            None => futures::executor::block_on(remote),
         };
         results.sort_by_key(|(rank, _)| *rank);
         let mut replies: Vec<StepReply> = Vec::with_capacity(results.len());
@@ -663,6 +626,55 @@ impl<O: DeserializeOwned, I: Serialize> Pipeline<O, I> {
             outputs,
             timeline,
         })
+    }
+
+    /// Runs `rank`, this worker's, on this thread while `remote` (the
+    /// other ranks' calls) runs on the agent's runtime; every rank's
+    /// result.
+    fn run_here(
+        &self,
+        rank: usize,
+        host: &PipelineHost,
+        request: RunStep,
+        aborter: &Aborter,
+        remote: impl Future<Output = Vec<(usize, RankResult)>> + Send + 'static,
+    ) -> Vec<(usize, RankResult)> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.agent.spawn(async move {
+            let _ = tx.send(remote.await);
+        });
+        // As on a thread of the agent's: the caller's grad mode (a
+        // `no_grad` around `step`, say) is not the stages'.
+        let result = self.agent.enter(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tch::with_grad(|| host.run_step(&self.agent, request))
+            }))
+        });
+        let result = result.map_err(|panic| RpcError::Remote {
+            worker: self.plan.ranks[rank].clone(),
+            function: RUN_STEP.name().to_owned(),
+            message: ferry_rpc::panic_message(&*panic),
+            omitted_bytes: 0,
+        });
+        if let Some(reason) = aborter.reason(rank, &result) {
+            aborter.abort(&reason);
+        }
+        // The task ends only with every call answered; it is dropped
+        // unfinished only by an immediate shutdown.
+        let mut results = futures::executor::block_on(rx).unwrap_or_else(|_| {
+            (0..self.plan.ranks.len())
+                .filter(|&r| r != rank)
+                .map(|r| {
+                    let shut_down = RpcError::ShutDown {
+                        worker: self.plan.ranks[r].clone(),
+                        function: RUN_STEP.name().to_owned(),
+                    };
+                    (r, Err(shut_down))
+                })
+                .collect()
+        });
+        results.push((rank, result));
+        results
     }
 
     /// What tells every rank to stop `step`.
@@ -774,6 +786,7 @@ fn blame(error: &PipelineError) -> u8 {
 type RankResult = Result<Result<StepReply, StepFailure>, RpcError>;
 
 /// Tells every rank of a pipeline to stop a step.
+#[derive(Clone)]
 struct Aborter {
     agent: Agent,
     ranks: Vec<String>,

@@ -105,13 +105,11 @@ impl PipelineHost {
             local_stages,
             mailbox: Default::default(),
             wait_spin: Duration::from_micros(request.wait_spin_us),
-            host_cores: request.spare_cores.map(|spare| {
-                if spare {
-                    HostCores::Spare
-                } else {
-                    HostCores::Scarce
-                }
-            }),
+            host_cores: match request.spare_cores {
+                Some(true) => HostCores::Spare,
+                Some(false) => HostCores::Scarce,
+                None => crate::actor::host_cores(agent),
+            },
         };
         tracing::debug!(worker = %actor.worker, pipeline = request.pipeline, rank = actor.rank, stages = ?actor.local_stages, "pipeline rank created");
         self.ranks.lock().insert(request.pipeline, Arc::new(actor));

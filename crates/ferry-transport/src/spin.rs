@@ -100,11 +100,16 @@ impl HostCores {
 /// waits are what costs: readers keep polling while the process awaits an
 /// input ([`awaiting_input`]).
 pub fn compute_bound(cores: HostCores) -> ComputeBound {
-    match cores {
-        HostCores::Scarce => COMPUTE_BOUND.fetch_add(1, Ordering::Relaxed),
-        HostCores::Spare => SPARE_CORES.fetch_add(1, Ordering::Relaxed),
-    };
+    guards(cores).fetch_add(1, Ordering::Relaxed);
     ComputeBound { cores }
+}
+
+/// The count of live [`ComputeBound`] guards for `cores`.
+fn guards(cores: HostCores) -> &'static AtomicUsize {
+    match cores {
+        HostCores::Scarce => &COMPUTE_BOUND,
+        HostCores::Spare => &SPARE_CORES,
+    }
 }
 
 /// See [`compute_bound`].
@@ -116,10 +121,7 @@ pub struct ComputeBound {
 
 impl Drop for ComputeBound {
     fn drop(&mut self) {
-        match self.cores {
-            HostCores::Scarce => COMPUTE_BOUND.fetch_sub(1, Ordering::Relaxed),
-            HostCores::Spare => SPARE_CORES.fetch_sub(1, Ordering::Relaxed),
-        };
+        guards(self.cores).fetch_sub(1, Ordering::Relaxed);
     }
 }
 

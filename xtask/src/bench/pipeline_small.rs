@@ -313,12 +313,12 @@ fn cores_line(pooled: &Value) -> String {
     let cpus = pooled["cpu_count"].as_u64().unwrap_or(0);
     match pooled["cores"].as_str() {
         Some("Spare") => format!(
-            "host cores: Spare ({cpus} CPUs; 2 workers x (compute thread, waiting rank, ring \
-             reader) need 6): readers poll while a rank awaits its input\n"
+            "host cores: Spare ({cpus} CPUs for 2 workers' compute threads, waiting ranks and \
+             ring readers): readers poll while a rank awaits its input\n"
         ),
         Some("Scarce") => format!(
-            "host cores: Scarce ({cpus} CPUs; 2 workers x (compute thread, waiting rank, ring \
-             reader) need 6): readers sleep 5 us after a message, and a woken one waits for a \
+            "host cores: Scarce ({cpus} CPUs for 2 workers' compute threads, waiting ranks and \
+             ring readers): readers sleep 5 us after a message, and a woken one waits for a \
              core behind the compute\n"
         ),
         _ => String::new(),
@@ -385,7 +385,7 @@ mod tests {
         assert!(!text.contains("host cores"), "{text}");
         let runs = [json!({"host": {"cores": "Scarce", "cpu_count": 2}, "cells": []})];
         let text = render(&pool(&runs));
-        assert!(text.contains("host cores: Scarce (2 CPUs;"), "{text}");
+        assert!(text.contains("host cores: Scarce (2 CPUs for"), "{text}");
     }
 
     #[test]
